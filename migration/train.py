@@ -1,0 +1,223 @@
+"""The migrated training step: one jitted region per optimizer step.
+
+Forward, backward, gradient accumulation over micro-batches (a `lax.scan` inside the same jit, so
+one compile and one dispatch per global step), loss scaling for fp16, and the optimizer update.
+State is donated. Data parallelism is `jax.make_mesh` + `NamedSharding`: parameters replicated,
+each micro-batch sharded along the mesh's "data" axis; XLA inserts the gradient all-reduce (this
+replaces `pmap` + `lax.pmean`).
+
+The same `TrainProgram` serves a measured run (concrete arrays) and compile-only planning
+(`abstract_state` / `abstract_batch` as `jax.ShapeDtypeStruct`s on any mesh, a deviceless one too).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+
+from migration.config import RunConfig
+from migration.policies import (
+    PRECISION_POLICIES,
+    REMAT_POLICIES,
+    DynamicLossScale,
+    LossScaleState,
+    PrecisionPolicy,
+    RematPolicy,
+    all_finite,
+)
+from workloads import get_workload
+from workloads.base import Batch, Workload
+
+DATA_AXIS = "data"
+
+
+class TrainState(NamedTuple):
+    params: Any  # nnx.State of nnx.Param, float32
+    model_state: Any  # nnx.State of everything else (e.g. BatchNorm statistics); may be empty
+    opt_state: Any
+    loss_scale: LossScaleState | None  # None unless the precision policy scales the loss
+    step: jax.Array  # int32 scalar
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainProgram:
+    """Everything the step needs, resolved once from a RunConfig."""
+
+    workload: Workload
+    model_cfg: Any
+    precision: PrecisionPolicy
+    remat: RematPolicy
+    per_device_batch: int
+    devices: int
+    accumulation_steps: int
+    learning_rate: float
+    seed: int
+    loss_scale: DynamicLossScale = DynamicLossScale()
+
+    @classmethod
+    def from_config(cls, cfg: RunConfig, *, loss_scale: DynamicLossScale | None = None) -> "TrainProgram":
+        workload = get_workload(cfg.workload)
+        return cls(
+            workload=workload,
+            model_cfg=workload.config(cfg.preset),
+            precision=PRECISION_POLICIES[cfg.precision],
+            remat=REMAT_POLICIES[cfg.remat],
+            per_device_batch=cfg.per_device_batch,
+            devices=cfg.devices,
+            accumulation_steps=cfg.accumulation_steps,
+            learning_rate=cfg.learning_rate,
+            seed=cfg.seed,
+            loss_scale=loss_scale or DynamicLossScale(),
+        )
+
+    # -- sizes -------------------------------------------------------------------------------
+    @property
+    def micro_batch(self) -> int:
+        """Examples per micro-batch across all devices."""
+        return self.per_device_batch * self.devices
+
+    @property
+    def global_batch(self) -> int:
+        return self.micro_batch * self.accumulation_steps
+
+    # -- model and optimizer -----------------------------------------------------------------
+    def build_model(self, seed: int) -> nnx.Module:
+        return self.workload.build(
+            self.model_cfg,
+            dtype=self.precision.compute_dtype,
+            block_wrap=self.remat.block_wrap(),
+            rngs=nnx.Rngs(seed),
+        )
+
+    @property
+    def optimizer(self) -> optax.GradientTransformation:
+        return optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(self.learning_rate, weight_decay=1e-4))
+
+    def graphdef(self) -> Any:
+        graphdef, _, _ = nnx.split(nnx.eval_shape(lambda: self.build_model(0)), nnx.Param, ...)
+        return graphdef
+
+    def init_state(self) -> TrainState:
+        """Fresh parameters and optimizer state (call under jit, see `init_state_fn`)."""
+        _, params, model_state = nnx.split(self.build_model(self.seed), nnx.Param, ...)
+        loss_scale = self.loss_scale.init() if self.precision.loss_scaling else None
+        return TrainState(params, model_state, self.optimizer.init(params), loss_scale, jnp.zeros((), jnp.int32))
+
+    # -- data --------------------------------------------------------------------------------
+    def make_batch(self, index: int | jax.Array) -> Batch:
+        """Global batch number `index`, laid out (accumulation_steps, micro_batch, ...)."""
+        key = jax.random.fold_in(jax.random.key(self.seed + 1), index)
+        flat = self.workload.make_batch(self.model_cfg, key, self.global_batch)
+        return jax.tree.map(lambda x: x.reshape(self.accumulation_steps, self.micro_batch, *x.shape[1:]), flat)
+
+    def batch_shapes(self) -> dict[str, jax.ShapeDtypeStruct]:
+        shapes = self.workload.batch_shapes(self.model_cfg, self.micro_batch)
+        return {k: jax.ShapeDtypeStruct((self.accumulation_steps, *v.shape), v.dtype) for k, v in shapes.items()}
+
+    # -- the step ----------------------------------------------------------------------------
+    def step_fn(self):
+        """The pure step `(state, batch) -> (state, metrics)`."""
+        graphdef = self.graphdef()
+        workload, tx, accum = self.workload, self.optimizer, self.accumulation_steps
+        scaler = self.loss_scale if self.precision.loss_scaling else None
+
+        def micro_step(params, model_state, micro: Batch, scale):
+            def scaled_loss(p):
+                model = nnx.merge(graphdef, p, model_state, copy=True)
+                loss = workload.loss(model, micro)
+                _, _, new_model_state = nnx.split(model, nnx.Param, ...)
+                return loss * scale, (loss, new_model_state)
+
+            grads, (loss, new_model_state) = jax.grad(scaled_loss, has_aux=True)(params)
+            return grads, loss, new_model_state
+
+        def step(state: TrainState, batch: Batch):
+            scale = state.loss_scale.scale if scaler else jnp.ones((), jnp.float32)
+            if accum == 1:
+                micro = jax.tree.map(lambda x: x[0], batch)
+                grads, loss, model_state = micro_step(state.params, state.model_state, micro, scale)
+            else:
+                def body(carry, micro):
+                    grad_sum, loss_sum, ms = carry
+                    g, l, ms = micro_step(state.params, ms, micro, scale)
+                    return (jax.tree.map(jnp.add, grad_sum, g), loss_sum + l, ms), None
+
+                zeros = jax.tree.map(jnp.zeros_like, state.params)
+                init = (zeros, jnp.zeros((), jnp.float32), state.model_state)
+                (grad_sum, loss_sum, model_state), _ = jax.lax.scan(body, init, batch)
+                grads = jax.tree.map(lambda g: g / accum, grad_sum)
+                loss = loss_sum / accum
+            grads = jax.tree.map(lambda g: g / scale, grads)
+            updates, opt_state = tx.update(grads, state.opt_state, state.params)
+            params = optax.apply_updates(state.params, updates)
+            metrics = {"loss": loss, "grad_norm": optax.global_norm(grads), "loss_scale": scale}
+            loss_scale = None
+            if scaler:
+                finite = all_finite(grads)
+                keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
+                params, opt_state = keep(params, state.params), keep(opt_state, state.opt_state)
+                model_state = keep(model_state, state.model_state)
+                loss_scale = scaler.update(state.loss_scale, finite)
+                metrics["skipped"] = ~finite
+            new_state = TrainState(params, model_state, opt_state, loss_scale, state.step + 1)
+            return new_state, metrics
+
+        return step
+
+
+# -- sharding and jit ---------------------------------------------------------------------------
+
+def make_data_mesh(devices: list[Any]) -> Mesh:
+    # Auto axes: XLA's partitioner places the gradient all-reduce (explicit axes would demand an
+    # out_sharding on every gather, e.g. the embedding lookup).
+    return jax.make_mesh((len(devices),), (DATA_AXIS,), axis_types=(AxisType.Auto,), devices=devices)
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    return NamedSharding(mesh, P())
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+    """(accumulation_steps, micro_batch, ...): micro-batch split over the data axis."""
+    return NamedSharding(mesh, P(None, DATA_AXIS))
+
+
+def abstract_state(program: TrainProgram, mesh: Mesh) -> TrainState:
+    shapes = jax.eval_shape(program.init_state)
+    rep = replicated(mesh)
+    return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=rep), shapes)
+
+
+def abstract_batch(program: TrainProgram, mesh: Mesh) -> dict[str, jax.ShapeDtypeStruct]:
+    bs = batch_sharding(mesh)
+    return {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=bs) for k, v in program.batch_shapes().items()}
+
+
+def jit_step(program: TrainProgram, mesh: Mesh):
+    """The jitted step with explicit shardings (so outputs never drift) and donated state."""
+    state_sharding = jax.tree.map(lambda _: replicated(mesh), jax.eval_shape(program.init_state))
+    batch_sh = {k: batch_sharding(mesh) for k in program.batch_shapes()}
+    return jax.jit(
+        program.step_fn(),
+        in_shardings=(state_sharding, batch_sh),
+        out_shardings=(state_sharding, replicated(mesh)),
+        donate_argnums=0,
+    )
+
+
+def init_state_on(program: TrainProgram, mesh: Mesh) -> TrainState:
+    state_sharding = jax.tree.map(lambda _: replicated(mesh), jax.eval_shape(program.init_state))
+    return jax.jit(program.init_state, out_shardings=state_sharding)()
+
+
+def batch_maker(program: TrainProgram, mesh: Mesh):
+    """A jitted `index -> batch` placed with the step's batch sharding (compiled once)."""
+    sharding = {k: batch_sharding(mesh) for k in program.batch_shapes()}
+    make = jax.jit(program.make_batch, out_shardings=sharding)
+    return lambda index: make(jnp.asarray(index, jnp.int32))

@@ -1,0 +1,85 @@
+"""Worker process entry point: `python -m migration.worker --events-fd N` (config JSON on stdin).
+
+Sets JAX's environment from the config *before* JAX is first imported, runs one measured run (or,
+with --probe-env, reports the environment), writes JSON-lines events to the given file descriptor
+and exits. Exit code 0 on success, 1 on a failed run, 2 on an invalid config.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+from typing import Any
+
+from migration.config import ConfigError, RunConfig, validate
+from migration.environment import worker_environment
+from migration.report import json_safe
+
+OOM_MARKERS = ("RESOURCE_EXHAUSTED", "Out of memory", "out of memory", "OOM when allocating")
+
+
+class EventWriter:
+    def __init__(self, fd: int):
+        self.fd = fd
+        self.t0 = time.time()
+
+    def __call__(self, kind: str, **fields: Any) -> None:
+        event = {"event": kind, "t": round(time.time() - self.t0, 6), **fields}
+        data = (json.dumps(json_safe(event), allow_nan=False, default=str) + "\n").encode()
+        while data:
+            data = data[os.write(self.fd, data):]
+
+
+def classify_exception(exc: BaseException) -> tuple[str, str]:
+    """(failure kind, one-paragraph message a user can act on)."""
+    text = str(exc)
+    first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+    if isinstance(exc, ConfigError):
+        return "invalid", text
+    if any(m in text for m in OOM_MARKERS) or isinstance(exc, MemoryError):
+        return "oom", (
+            f"out of memory: {first[:400]}. Lower the per-device batch (and raise accumulation "
+            "steps to keep the global batch), choose a rematerialisation policy, or use bf16."
+        )
+    return "crashed", f"{type(exc).__name__}: {first[:500]}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m migration.worker")
+    parser.add_argument("--events-fd", type=int, required=True)
+    parser.add_argument("--probe-env", action="store_true")
+    args = parser.parse_args(argv)
+    emit = EventWriter(args.events_fd)
+    try:
+        cfg = RunConfig(**json.loads(sys.stdin.read() or "{}"))
+    except (TypeError, ValueError) as exc:
+        emit("failed", kind="invalid", message=f"config: {exc}")
+        return 2
+    os.environ.update(worker_environment(cfg))  # before the first `import jax`
+    try:
+        validate(cfg)
+    except ConfigError as exc:
+        emit("failed", kind="invalid", message=str(exc))
+        return 2
+    try:
+        if args.probe_env:
+            from migration.envinfo import collect_environment
+
+            emit("environment", **collect_environment())
+        else:
+            from migration.measure import measured_run
+
+            measured_run(cfg, emit)
+    except Exception as exc:  # the worker's one boundary: every failure becomes an event
+        kind, message = classify_exception(exc)
+        emit("failed", kind=kind, message=message, traceback=traceback.format_exc(limit=8)[-4000:])
+        return 2 if kind == "invalid" else 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

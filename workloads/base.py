@@ -1,0 +1,101 @@
+"""The protocol every workload follows, and the pieces they share.
+
+A workload owns four things: a frozen config per preset, a Flax NNX model builder, a synthetic
+data generator with fixed shapes whose labels follow a rule the model can learn, and its cost
+(parameter count and analytic training FLOPs per example). The training step in `migration/`
+knows nothing else about a model.
+
+Precision and rematerialisation reach a model only as two arguments of `build`: the compute dtype
+(parameters stay in float32) and `block_wrap`, a function applied to each block's call (identity
+or a `nnx.remat` with a policy). Model code never asks which platform it runs on.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+Batch = dict[str, jax.Array]
+BlockWrap = Callable[[Callable[..., Any]], Callable[..., Any]]
+
+
+def no_wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The `block_wrap` for "no rematerialisation"."""
+    return fn
+
+
+def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
+    """Mean softmax cross-entropy, always reduced in float32 whatever the compute dtype."""
+    import optax  # local: keeps `import workloads` light for the config layer
+
+    return optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), labels).mean()
+
+
+class Workload(abc.ABC):
+    """One trainable workload. Subclasses are final and stateless; configs carry the sizes."""
+
+    name: ClassVar[str]
+    description: ClassVar[str]
+    presets: ClassVar[Mapping[str, Any]]
+    default_preset: ClassVar[str]
+
+    def config(self, preset: str) -> Any:
+        return self.presets[preset]
+
+    @abc.abstractmethod
+    def build(self, cfg: Any, *, dtype: Any, block_wrap: BlockWrap, rngs: nnx.Rngs) -> nnx.Module:
+        """The model, parameters in float32, computing in `dtype`, each block wrapped."""
+
+    @abc.abstractmethod
+    def batch_shapes(self, cfg: Any, batch_size: int) -> dict[str, jax.ShapeDtypeStruct]:
+        """Shapes and dtypes of one batch (fixed: no shape ever depends on the data)."""
+
+    @abc.abstractmethod
+    def make_batch(self, cfg: Any, key: jax.Array, batch_size: int) -> Batch:
+        """A synthetic batch drawn from a fixed, learnable distribution. Jittable."""
+
+    @abc.abstractmethod
+    def loss(self, model: nnx.Module, batch: Batch) -> jax.Array:
+        """Scalar float32 training loss (mean over the batch)."""
+
+    @abc.abstractmethod
+    def param_count(self, cfg: Any) -> int:
+        """Analytic number of trainable parameters."""
+
+    @abc.abstractmethod
+    def flops_per_example(self, cfg: Any) -> float:
+        """Analytic model FLOPs of one training example: forward plus backward (3x forward).
+
+        Recomputation by rematerialisation is not counted, so MFU stays comparable across policies.
+        """
+
+    def tokens_per_example(self, cfg: Any) -> int | None:
+        """Tokens in one example, for tokens/s; None where the notion does not apply."""
+        return None
+
+    def describe(self, cfg: Any) -> dict[str, Any]:
+        return {"workload": self.name, **dataclasses.asdict(cfg)}
+
+
+def prototype_classification_batch(
+    key: jax.Array, batch_size: int, shape: tuple[int, ...], num_classes: int, signal: float
+) -> Batch:
+    """Inputs = `signal` x a fixed prototype per class plus unit Gaussian noise; label = class.
+
+    With d input values, two classes' means are about signal * sqrt(2d) apart against unit noise:
+    the presets pick `signal` so that the task is learnable but not solved in a handful of steps.
+
+    The prototypes come from a constant key, so every batch, seed and device count samples the same
+    task; only the draw of labels and noise depends on `key`.
+    """
+    prototypes = jax.random.normal(jax.random.key(20261129), (num_classes, *shape), jnp.float32)
+    k_label, k_noise = jax.random.split(key)
+    labels = jax.random.randint(k_label, (batch_size,), 0, num_classes, dtype=jnp.int32)
+    x = signal * prototypes[labels] + jax.random.normal(k_noise, (batch_size, *shape), jnp.float32)
+    return {"x": x, "label": labels}
