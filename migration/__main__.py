@@ -18,6 +18,11 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"error: {message} (see {self.prog} --help)\n")
 
 
+_FLAGS = {"per_device_batch": "--batch", "accumulation_steps": "--accum", "warmup_steps": "--warmup",
+          "learning_rate": "--lr", "timeout_s": "--timeout", "memory_fraction": "--mem-fraction",
+          "visible_devices": "--gpus", "xla_flags": "--xla-flags"}
+
+
 def _range(field: str) -> str:
     lo, hi = LIMITS[field]
     return f"{lo:g} to {hi:g}"
@@ -105,7 +110,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         handle = start_run(cfg)
     except ConfigError as exc:
-        print(f"error: invalid config: {exc}", file=sys.stderr)
+        flag = _FLAGS.get(exc.field)
+        print(f"error: invalid config: {exc}" + (f" (flag {flag})" if flag else ""), file=sys.stderr)
         return 2
 
     def progress(ev: dict[str, Any]) -> None:

@@ -16,6 +16,7 @@ Failures raise; the worker turns them into a `failed` event. How figures are tak
 
 from __future__ import annotations
 
+import contextlib
 import resource
 import statistics
 import sys
@@ -77,6 +78,16 @@ def device_memory_stats(devices: list[Any]) -> tuple[int | None, int | None]:
     return (max(peaks) if peaks else None), (min(limits) if limits else None)
 
 
+@contextlib.contextmanager
+def stage(name: str):
+    """Label any failure with the phase of the run it happened in (read by the worker)."""
+    try:
+        yield
+    except Exception as exc:
+        exc.add_note(f"stage: {name}")
+        raise
+
+
 def measured_run(cfg: RunConfig, emit: Emit) -> None:
     platform = jax.default_backend()
     platform = "gpu" if platform in ("gpu", "cuda", "rocm") else platform
@@ -114,18 +125,21 @@ def measured_run(cfg: RunConfig, emit: Emit) -> None:
     )
 
     mesh = make_data_mesh(devices)
-    state = init_state_on(program, mesh)
-    make = batch_maker(program, mesh)
-    first = make(0)
-    batch_bytes = sum(x.nbytes for x in jax.tree.leaves(first))
-    pool_size = max(1, min(cfg.steps, DATA_POOL_BYTES // max(batch_bytes, 1)))
-    pool = [first] + [make(i) for i in range(1, pool_size)]
-    jax.block_until_ready(pool)
+    with stage("initialising parameters"):
+        state = init_state_on(program, mesh)
+    with stage("generating the synthetic data"):
+        make = batch_maker(program, mesh)
+        first = make(0)
+        batch_bytes = sum(x.nbytes for x in jax.tree.leaves(first))
+        pool_size = max(1, min(cfg.steps, DATA_POOL_BYTES // max(batch_bytes, 1)))
+        pool = [first] + [make(i) for i in range(1, pool_size)]
+        jax.block_until_ready(pool)
 
     step = jit_step(program, mesh)
-    t0 = time.perf_counter()
-    compiled = step.lower(state, pool[0]).compile()
-    compile_s = time.perf_counter() - t0
+    with stage("compiling the train step"):
+        t0 = time.perf_counter()
+        compiled = step.lower(state, pool[0]).compile()
+        compile_s = time.perf_counter() - t0
     predicted = compiled_peak_bytes(compiled)
     emit("compiled", compile_s=compile_s, predicted_peak_bytes=predicted,
          data_pool_batches=pool_size, data_pool_bytes=batch_bytes * pool_size)
@@ -138,9 +152,11 @@ def measured_run(cfg: RunConfig, emit: Emit) -> None:
     pending = None
     for i in range(cfg.steps + 1):
         if i < cfg.steps:
-            state, metrics = step(state, pool[i % pool_size])
+            with stage(f"running step {i + 1} (the compiled step needs {_gib(predicted)} per device)"):
+                state, metrics = step(state, pool[i % pool_size])
         if pending is not None:  # complete step i-1 while step i runs
-            values = jax.device_get(pending)
+            with stage(f"running step {i} (the compiled step needs {_gib(predicted)} per device)"):
+                values = jax.device_get(pending)
             done = time.perf_counter()
             step_s.append(done - last_done)
             last_done = done
@@ -200,6 +216,10 @@ def measured_run(cfg: RunConfig, emit: Emit) -> None:
         skipped_steps=skipped,
         final_loss_scale=float(values["loss_scale"]) if cfg.precision == "fp16" else None,
     )
+
+
+def _gib(n: int | None) -> str:
+    return "an unknown amount" if n is None else f"{n / 2**30:.2f} GiB"
 
 
 def _jaxlib_version() -> str | None:

@@ -121,14 +121,13 @@ class TrainProgram:
         return {k: jax.ShapeDtypeStruct((self.accumulation_steps, *v.shape), v.dtype) for k, v in shapes.items()}
 
     # -- the step ----------------------------------------------------------------------------
-    def step_fn(self):
-        """The pure step `(state, batch) -> (state, metrics)`."""
-        graphdef = self.graphdef()
-        workload, tx, accum = self.workload, self.optimizer, self.accumulation_steps
-        scaler = self.loss_scale if self.precision.loss_scaling else None
+    def grad_fn(self):
+        """`(params, model_state, micro_batch, scale) -> (grads of scale*loss, loss, model_state)`."""
+        graphdef, workload = self.graphdef(), self.workload
 
         def micro_step(params, model_state, micro: Batch, scale):
             def scaled_loss(p):
+                # copy=True: fresh Variables at this trace level, so BatchNorm may update its stats
                 model = nnx.merge(graphdef, p, model_state, copy=True)
                 loss = workload.loss(model, micro)
                 _, _, new_model_state = nnx.split(model, nnx.Param, ...)
@@ -136,6 +135,14 @@ class TrainProgram:
 
             grads, (loss, new_model_state) = jax.grad(scaled_loss, has_aux=True)(params)
             return grads, loss, new_model_state
+
+        return micro_step
+
+    def step_fn(self):
+        """The pure step `(state, batch) -> (state, metrics)`."""
+        tx, accum = self.optimizer, self.accumulation_steps
+        scaler = self.loss_scale if self.precision.loss_scaling else None
+        micro_step = self.grad_fn()
 
         def step(state: TrainState, batch: Batch):
             scale = state.loss_scale.scale if scaler else jnp.ones((), jnp.float32)

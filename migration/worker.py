@@ -27,7 +27,7 @@ class EventWriter:
         self.fd = fd
         self.t0 = time.time()
 
-    def __call__(self, kind: str, **fields: Any) -> None:
+    def __call__(self, kind: str, /, **fields: Any) -> None:
         event = {"event": kind, "t": round(time.time() - self.t0, 6), **fields}
         data = (json.dumps(json_safe(event), allow_nan=False, default=str) + "\n").encode()
         while data:
@@ -38,14 +38,16 @@ def classify_exception(exc: BaseException) -> tuple[str, str]:
     """(failure kind, one-paragraph message a user can act on)."""
     text = str(exc)
     first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+    stages = [n.removeprefix("stage: ") for n in getattr(exc, "__notes__", []) if n.startswith("stage: ")]
+    where = f" while {stages[0]}" if stages else ""
     if isinstance(exc, ConfigError):
         return "invalid", text
     if any(m in text for m in OOM_MARKERS) or isinstance(exc, MemoryError):
         return "oom", (
-            f"out of memory: {first[:400]}. Lower the per-device batch (and raise accumulation "
+            f"out of memory{where}: {first[:400].rstrip('.')}. Lower the per-device batch (and raise accumulation "
             "steps to keep the global batch), choose a rematerialisation policy, or use bf16."
         )
-    return "crashed", f"{type(exc).__name__}: {first[:500]}"
+    return "crashed", f"{type(exc).__name__}{where}: {first[:500]}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,7 +17,7 @@ class MLPConfig:
     hidden: tuple[int, ...]
     image_size: int = 28
     num_classes: int = 10
-    signal: float = 0.08  # class means ~3 noise standard deviations apart
+    signal: float = 0.15  # class means ~6 noise standard deviations apart
 
     @property
     def in_features(self) -> int:

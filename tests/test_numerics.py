@@ -1,0 +1,156 @@
+"""Numerics of the migrated step on tiny configs, with real compiles on the CPU backend.
+
+Tolerances (float32 unless stated):
+- remat on vs off: loss and every gradient equal to rtol 1e-5 / atol 1e-6 (same math, recomputed);
+- k micro-batches of b vs one batch of k*b: loss and gradient norm of each of 3 steps to rtol 1e-5;
+  parameters after 3 AdamW steps to atol 5e-5 (1/60 of one step's size at lr 3e-3: Adam divides
+  by the gradient's magnitude, so a near-zero gradient turns a 1e-9 difference into a visible one);
+- 4 CPU devices vs 1 device on the same global batch: same tolerances;
+- bf16 vs fp32: per-step loss within 3% relative over 8 steps (bf16 keeps 8 significant bits).
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from migration.config import RunConfig
+from migration.policies import REMAT_POLICIES, DynamicLossScale
+from migration.train import TrainProgram, init_state_on, make_data_mesh
+
+RTOL, ATOL = 1e-5, 2e-6
+PARAM_RTOL, PARAM_ATOL = 1e-4, 5e-5
+
+
+def assert_same_training(ma, mb, state_a, state_b):
+    for key in ("loss", "grad_norm"):
+        np.testing.assert_allclose([m[key] for m in ma], [m[key] for m in mb], rtol=RTOL)
+    assert_trees_close(state_a.params, state_b.params, rtol=PARAM_RTOL, atol=PARAM_ATOL)
+
+
+def assert_trees_close(a, b, rtol=RTOL, atol=ATOL):
+    la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
+    assert len(la) == len(lb) and la
+    for x, y in zip(la, lb):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=rtol, atol=atol)
+
+
+def loss_and_grads(cfg: RunConfig):
+    program = TrainProgram.from_config(cfg)
+    mesh = make_data_mesh(jax.devices()[:1])
+    state = init_state_on(program, mesh)
+    micro = jax.tree.map(lambda x: x[0], program.make_batch(0))
+    grad = jax.jit(program.grad_fn())
+    grads, loss, _ = grad(state.params, state.model_state, micro, jnp.ones((), jnp.float32))
+    return float(loss), jax.device_get(grads)
+
+
+@pytest.mark.parametrize("workload", ["mlp", "cnn", "transformer"])
+@pytest.mark.parametrize("remat", [r for r in REMAT_POLICIES if r != "none"])
+def test_remat_leaves_loss_and_gradients_unchanged(workload, remat):
+    base = RunConfig(workload=workload, preset="tiny", per_device_batch=4)
+    loss0, grads0 = loss_and_grads(base)
+    loss1, grads1 = loss_and_grads(RunConfig(**{**base.to_dict(), "remat": remat}))
+    assert loss1 == pytest.approx(loss0, rel=1e-6)
+    assert_trees_close(grads1, grads0, rtol=1e-5, atol=1e-6)
+
+
+def test_remat_really_changes_the_program():
+    # The policies must reach the compiled step: "full" recomputes, so its jaxpr has a remat region.
+    for remat, expect in (("none", False), ("full", True)):
+        program = TrainProgram.from_config(RunConfig(workload="mlp", preset="tiny", remat=remat))
+        mesh = make_data_mesh(jax.devices()[:1])
+        state = init_state_on(program, mesh)
+        jaxpr = jax.make_jaxpr(program.step_fn())(state, program.make_batch(0))
+        assert ("remat" in str(jaxpr) or "checkpoint" in str(jaxpr)) is expect
+
+
+@pytest.mark.parametrize("workload", ["mlp", "transformer"])
+def test_accumulating_k_micro_batches_equals_one_batch_of_k_times_b(trainer, workload):
+    one = trainer(RunConfig(workload=workload, preset="tiny", per_device_batch=16, accumulation_steps=1))
+    acc = trainer(RunConfig(workload=workload, preset="tiny", per_device_batch=4, accumulation_steps=4))
+    assert one.program.global_batch == acc.program.global_batch == 16
+    m1, m4 = one.run(3), acc.run(3)
+    assert_same_training(m4, m1, acc.state, one.state)
+
+
+@pytest.mark.parametrize("workload", ["mlp", "cnn", "transformer"])
+def test_four_cpu_devices_equal_one_device(trainer, workload):
+    assert len(jax.devices()) >= 4, "conftest sets JAX_NUM_CPU_DEVICES=4"
+    one = trainer(RunConfig(workload=workload, preset="tiny", per_device_batch=8, devices=1))
+    four = trainer(RunConfig(workload=workload, preset="tiny", per_device_batch=2, devices=4))
+    m1, m4 = one.run(3), four.run(3)
+    # The 4-device state really lives on 4 devices:
+    assert len(jax.tree.leaves(four.state.params)[0].sharding.device_set) == 4
+    assert_same_training(m4, m1, four.state, one.state)
+    if workload == "cnn":  # BatchNorm running statistics agree too
+        assert_trees_close(four.state.model_state, one.state.model_state, rtol=PARAM_RTOL, atol=PARAM_ATOL)
+
+
+def test_batchnorm_statistics_are_global_across_devices_not_per_device():
+    """The CNN's BatchNorm normalises over the global micro-batch: per-device statistics (what
+    `pmap` without an axis name gives) produce a different loss, and the sharded step matches
+    the global one (previous test)."""
+    program = TrainProgram.from_config(RunConfig(workload="cnn", preset="tiny", per_device_batch=8))
+    mesh = make_data_mesh(jax.devices()[:1])
+    state = init_state_on(program, mesh)
+    micro = jax.tree.map(lambda x: x[0], program.make_batch(0))
+    grad = jax.jit(program.grad_fn())
+    one = jnp.ones((), jnp.float32)
+    global_grads, _, _ = grad(state.params, state.model_state, micro, one)
+    shards = [grad(state.params, state.model_state, jax.tree.map(lambda x: x[i * 2:(i + 1) * 2], micro), one)[0]
+              for i in range(4)]
+    per_device_grads = jax.tree.map(lambda *g: sum(g) / 4, *shards)
+    flat = lambda t: np.concatenate([np.ravel(x) for x in jax.tree.leaves(t)])
+    g, p = flat(global_grads), flat(per_device_grads)
+    relative_difference = np.linalg.norm(g - p) / np.linalg.norm(g)
+    assert relative_difference > 100 * RTOL  # far outside the tolerance the 4-vs-1 test holds
+
+
+def test_bf16_tracks_fp32_over_a_few_steps(trainer):
+    fp32 = trainer(RunConfig(workload="transformer", preset="tiny", per_device_batch=8, precision="fp32"))
+    bf16 = trainer(RunConfig(workload="transformer", preset="tiny", per_device_batch=8, precision="bf16"))
+    l32 = np.array([m["loss"] for m in fp32.run(8)])
+    l16 = np.array([m["loss"] for m in bf16.run(8)])
+    np.testing.assert_allclose(l16, l32, rtol=0.03)
+    assert l16[-1] < l16[0]
+    # parameters and optimizer state stay float32 under bf16 compute
+    assert {x.dtype for x in jax.tree.leaves(bf16.state.params)} == {jnp.dtype(jnp.float32)}
+
+
+def test_fp16_scaler_backs_off_on_overflow_and_skips_that_update(trainer):
+    # A loss scale of 2^40 overflows float16 in the backward pass at once.
+    t = trainer(RunConfig(workload="transformer", preset="tiny", per_device_batch=8, precision="fp16"),
+                loss_scale=DynamicLossScale(initial_scale=2.0**40))
+    before = jax.device_get(t.state.params)
+    opt_before = jax.device_get(t.state.opt_state)
+    (m,) = t.run(1)
+    assert bool(m["skipped"])
+    assert float(t.state.loss_scale.scale) == 2.0**39
+    assert_trees_close(t.state.params, before, rtol=0, atol=0)  # update skipped
+    assert_trees_close(t.state.opt_state, opt_before, rtol=0, atol=0)
+    # It keeps halving until the gradients are finite, then training proceeds.
+    ms = t.run(30, start=1)
+    skipped = [bool(x["skipped"]) for x in ms]
+    assert skipped[0] and not skipped[-1]
+    assert float(t.state.loss_scale.scale) <= 2.0**20  # backed off by 2^20 or more
+    assert ms[-1]["loss"] < m["loss"]
+
+
+def test_fp16_scaler_grows_after_a_run_of_good_steps(trainer):
+    t = trainer(RunConfig(workload="mlp", preset="tiny", per_device_batch=8, precision="fp16"),
+                loss_scale=DynamicLossScale(initial_scale=2.0**8, growth_interval=3))
+    ms = t.run(7)
+    assert not any(bool(x["skipped"]) for x in ms)
+    assert [float(x["loss_scale"]) for x in ms] == [256, 256, 256, 512, 512, 512, 1024]
+
+
+def test_fp16_computes_in_half_precision_and_bf16_in_bfloat16():
+    for precision, dtype in (("fp16", jnp.float16), ("bf16", jnp.bfloat16), ("fp32", jnp.float32)):
+        program = TrainProgram.from_config(RunConfig(workload="mlp", preset="tiny", precision=precision))
+        mesh = make_data_mesh(jax.devices()[:1])
+        state = init_state_on(program, mesh)
+        jaxpr = str(jax.make_jaxpr(program.step_fn())(state, program.make_batch(0)))
+        dot_lines = [l for l in jaxpr.splitlines() if "dot_general" in l]
+        short = {"float16": "f16", "bfloat16": "bf16", "float32": "f32"}[jnp.dtype(dtype).name]
+        assert dot_lines and all(f"{short}[" in l for l in dot_lines), (precision, dot_lines[:2])
