@@ -9,6 +9,7 @@ shared box) never claims GPU memory.
 
 from __future__ import annotations
 
+import glob
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -72,10 +73,13 @@ def nvidia_gpus() -> list[dict[str, Any]]:
 
 
 def resolve_platform(platform: str) -> str:
-    """'auto' -> 'gpu' when NVML sees an NVIDIA GPU, else 'cpu'."""
+    """'auto' -> 'gpu' when NVML (or, without nvidia-ml-py, the driver's device nodes) shows an
+    NVIDIA GPU, else 'cpu'."""
     if platform != "auto":
         return platform
-    return "gpu" if nvidia_gpus() else "cpu"
+    if nvidia_gpus() or glob.glob("/proc/driver/nvidia/gpus/*"):
+        return "gpu"
+    return "cpu"
 
 
 def worker_environment(cfg: RunConfig, base: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -145,7 +145,8 @@ class TrainProgram:
         micro_step = self.grad_fn()
 
         def step(state: TrainState, batch: Batch):
-            scale = state.loss_scale.scale if scaler else jnp.ones((), jnp.float32)
+            # Without loss scaling the scale is the Python float 1.0: no extra ops are traced.
+            scale = state.loss_scale.scale if scaler else 1.0
             if accum == 1:
                 micro = jax.tree.map(lambda x: x[0], batch)
                 grads, loss, model_state = micro_step(state.params, state.model_state, micro, scale)
@@ -160,10 +161,11 @@ class TrainProgram:
                 (grad_sum, loss_sum, model_state), _ = jax.lax.scan(body, init, batch)
                 grads = jax.tree.map(lambda g: g / accum, grad_sum)
                 loss = loss_sum / accum
-            grads = jax.tree.map(lambda g: g / scale, grads)
+            if scaler:
+                grads = jax.tree.map(lambda g: g / scale, grads)
             updates, opt_state = tx.update(grads, state.opt_state, state.params)
             params = optax.apply_updates(state.params, updates)
-            metrics = {"loss": loss, "grad_norm": optax.global_norm(grads), "loss_scale": scale}
+            metrics = {"loss": loss, "grad_norm": optax.global_norm(grads), "loss_scale": jnp.asarray(scale, jnp.float32)}
             loss_scale = None
             if scaler:
                 finite = all_finite(grads)

@@ -23,13 +23,28 @@ OOM_MARKERS = ("RESOURCE_EXHAUSTED", "Out of memory", "out of memory", "OOM when
 
 
 class EventWriter:
-    def __init__(self, fd: int):
+    """Writes JSON-lines events to a pipe. Step events are batched (flushed at least every
+    `step_flush_s` and before any other event) so that a fast step loop does not wake the
+    reading process once per step."""
+
+    def __init__(self, fd: int, step_flush_s: float = 0.1):
         self.fd = fd
         self.t0 = time.time()
+        self.step_flush_s = step_flush_s
+        self._pending: list[bytes] = []
+        self._last_flush = 0.0
 
     def __call__(self, kind: str, /, **fields: Any) -> None:
-        event = {"event": kind, "t": round(time.time() - self.t0, 6), **fields}
-        data = (json.dumps(json_safe(event), allow_nan=False, default=str) + "\n").encode()
+        now = time.time()
+        event = {"event": kind, "t": round(now - self.t0, 6), **fields}
+        self._pending.append((json.dumps(json_safe(event), allow_nan=False, default=str) + "\n").encode())
+        if kind != "step" or now - self._last_flush >= self.step_flush_s:
+            self.flush()
+
+    def flush(self) -> None:
+        data = b"".join(self._pending)
+        self._pending.clear()
+        self._last_flush = time.time()
         while data:
             data = data[os.write(self.fd, data):]
 

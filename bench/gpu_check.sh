@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# GPU check for the backend core, for a machine with an NVIDIA GPU and JAX's CUDA plugin (gradio
+# not needed). Runs from the repository root in under 8 minutes on an H200:
+#   bash bench/gpu_check.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONUNBUFFERED=1
+echo "== python -m migration env"
+python3 -m migration env --platform gpu || exit 1
+echo
+echo "== gpt2-small on the local GPU"
+python3 bench/gpu_check.py "$@"
