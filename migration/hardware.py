@@ -138,3 +138,93 @@ def cpu_peak_flops(precision: str) -> tuple[float, str]:
     except OSError:
         pass  # a read-only home still gets the figure, just not cached
     return flops, label.format(n=n)
+
+
+# -- TPUs (migration sources) -------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class TpuSpec:
+    key: str
+    name: str
+    generation: str
+    devices: int  # JAX devices in the slice (TensorCores on v2/v3, chips from v4 on)
+    hbm_bytes_per_device: int
+    bf16_tflops_per_device: float
+    bandwidth_bytes_per_s_per_chip: float
+    topology: str  # for jax.experimental.topologies.get_topology_desc(..., "tpu")
+
+
+TPU_SPECS: dict[str, TpuSpec] = {
+    s.key: s
+    for s in [
+        # v3: two TensorCores per chip, each its own JAX device with 16 GiB; 123 TFLOP/s per chip.
+        TpuSpec("tpu-v3-8", "TPU v3-8", "v3", 8, 16 * GiB, 123 / 2, 900e9, "v3:2x2"),
+        TpuSpec("tpu-v4-8", "TPU v4-8", "v4", 4, 32 * GiB, 275, 1228e9, "v4:2x2x1"),
+        TpuSpec("tpu-v5e-8", "TPU v5e-8 (v5 lite)", "v5e", 8, 16 * GB, 197, 819e9, "v5e:2x4"),
+        TpuSpec("tpu-v5p-8", "TPU v5p-8", "v5p", 4, 95 * GB, 459, 2765e9, "v5p:2x2x1"),
+        TpuSpec("tpu-v6e-8", "TPU v6e-8 (Trillium)", "v6e", 8, 32 * GB, 918, 1640e9, "v6e:2x4"),
+    ]
+}
+
+
+# -- XLA GPU target description, for compiling without the device ----------------------------
+
+# Per-compute-capability limits (CUDA C Programming Guide, "Compute Capabilities"):
+# (shared_memory_per_core, shared_memory_per_block_optin, threads_per_core_limit, fpus_per_core)
+_CC_LIMITS: dict[tuple[int, int], tuple[int, int, int, int]] = {
+    (7, 0): (98304, 98304, 2048, 64),
+    (7, 5): (65536, 65536, 1024, 64),
+    (8, 0): (167936, 166912, 2048, 64),
+    (8, 6): (102400, 101376, 1536, 128),
+    (8, 9): (102400, 101376, 1536, 128),
+    (9, 0): (233472, 232448, 2048, 128),
+}
+
+
+def _installed_version(*names: str) -> tuple[int, int] | None:
+    from importlib import metadata
+
+    for name in names:
+        try:
+            parts = metadata.version(name).split(".")
+            return int(parts[0]), int(parts[1])
+        except (metadata.PackageNotFoundError, ValueError, IndexError):
+            continue
+    return None
+
+
+def gpu_target_config(spec: GpuSpec) -> str:
+    """XLA `GpuTargetConfig` text proto describing `spec`, for a deviceless compile.
+
+    cuDNN and CUDA versions are those of the installed CUDA wheels (what the compile links
+    against); the device numbers are the datasheet's.
+    """
+    shared_core, shared_optin, threads_core, fpus = _CC_LIMITS[spec.compute_capability]
+    dnn = _installed_version("nvidia-cudnn-cu12", "nvidia-cudnn-cu13") or (9, 8)
+    cuda = _installed_version("nvidia-cuda-runtime-cu12", "nvidia-cuda-runtime") or (12, 8)
+    major, minor = spec.compute_capability
+    return f"""gpu_device_info {{
+  threads_per_block_limit: 1024
+  threads_per_warp: 32
+  shared_memory_per_block: 49152
+  shared_memory_per_core: {shared_core}
+  threads_per_core_limit: {threads_core}
+  core_count: {spec.sm_count}
+  fpus_per_core: {fpus}
+  block_dim_limit_x: 2147483647
+  block_dim_limit_y: 65535
+  block_dim_limit_z: 65535
+  memory_bandwidth: {int(spec.bandwidth_bytes_per_s)}
+  l2_cache_size: {spec.l2_bytes}
+  clock_rate_ghz: {spec.clock_ghz}
+  device_memory_size: {spec.memory_bytes}
+  shared_memory_per_block_optin: {shared_optin}
+  cuda_compute_capability {{ major: {major} minor: {minor} }}
+  registers_per_core_limit: 65536
+  registers_per_block_limit: 65536
+}}
+platform_name: "CUDA"
+dnn_version_info {{ major: {dnn[0]} minor: {dnn[1]} }}
+runtime_version {{ major: {cuda[0]} minor: {cuda[1]} }}
+device_description_str: "{spec.name}"
+"""
