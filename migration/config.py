@@ -133,3 +133,99 @@ def validate(cfg: RunConfig) -> RunConfig:
     if not isinstance(cfg.visible_devices, str) or not all(i.strip().isdigit() for i in ids):
         raise ConfigError("visible_devices", f"must be empty or comma-separated GPU indices like 0,1; got {cfg.visible_devices!r}")
     return cfg
+
+
+# -- planning ------------------------------------------------------------------------------------
+
+Granularity = Literal["multiple8", "pow2"]
+GRANULARITIES: tuple[str, ...] = get_args(Granularity)
+
+PLAN_LIMITS: dict[str, tuple[float, float]] = {
+    "global_batch": (1, 1_048_576),
+    "per_core_batch": (1, 65536),
+    "gpus": (1, 64),
+    "memory_fraction": (0.05, 1.0),
+    "safety_margin": (0.0, 0.5),
+    "max_per_device_batch": (1, 65536),
+    "timeout_s": (10, 7200),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanRequest:
+    """A TPU-style setup and a GPU target: what `plan_migration` turns into a GPU plan.
+
+    The TPU-style setup is the source slice, its global batch, its per-core batch (default: global
+    batch / the slice's devices), its precision (bf16), no remat and `pmap` over every core.
+    """
+
+    workload: str = "transformer"
+    preset: str = "tiny"
+    source: str = "tpu-v5e-8"
+    global_batch: int = 256
+    per_core_batch: int | None = None
+    source_precision: Precision = "bf16"
+    target: str = "h100-sxm"  # a catalog GPU key, or "local" for this machine's devices
+    gpus: int = 1
+    memory_fraction: float = 0.8  # the share of each GPU the job may use (the guide's 0.8)
+    safety_margin: float = 0.1  # of that share, kept free for fragmentation and library workspaces
+    granularity: Granularity = "multiple8"
+    max_per_device_batch: int = 1024
+    precision: Precision | None = None  # override; default: bf16 where native, else fp16
+    remat: RematName | None = None  # override; default: the cheapest policy that fits
+    accumulation_steps: int | None = None  # override
+    compile_for_tpu: bool = True  # also compile the TPU-style setup for the source TPU where libtpu is installed
+    timeout_s: float = 900.0
+
+    @property
+    def source_per_core_batch(self) -> int:
+        from migration.hardware import TPU_SPECS
+
+        return self.per_core_batch or max(1, self.global_batch // TPU_SPECS[self.source].devices)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "PlanRequest":
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise ConfigError(unknown[0], f"unknown field; allowed fields are {', '.join(sorted(names))}")
+        return validate_plan_request(cls(**data))
+
+
+def _check_range(obj: Any, field: str, limits: dict[str, tuple[float, float]], integer: bool) -> None:
+    value = getattr(obj, field)
+    lo, hi = limits[field]
+    is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if integer and not (isinstance(value, int) and not isinstance(value, bool)):
+        is_number = False
+    if not is_number or not math.isfinite(value) or not lo <= value <= hi:
+        kind = "an integer" if integer else "a number"
+        raise ConfigError(field, f"must be {kind} from {lo:g} to {hi:g}; got {value!r}")
+
+
+def validate_plan_request(req: PlanRequest) -> PlanRequest:
+    from migration.hardware import GPU_SPECS, TPU_SPECS
+    from workloads import WORKLOADS
+
+    _check_choice(req, "workload", tuple(WORKLOADS))
+    _check_choice(req, "preset", tuple(WORKLOADS[req.workload].presets))
+    _check_choice(req, "source", tuple(TPU_SPECS))
+    _check_choice(req, "target", ("local", *GPU_SPECS))
+    for field in ("global_batch", "gpus", "max_per_device_batch"):
+        _check_range(req, field, PLAN_LIMITS, integer=True)
+    if req.per_core_batch is not None:
+        _check_range(req, "per_core_batch", PLAN_LIMITS, integer=True)
+    for field in ("memory_fraction", "safety_margin", "timeout_s"):
+        _check_range(req, field, PLAN_LIMITS, integer=False)
+    _check_choice(req, "source_precision", ("bf16", "fp32"))
+    _check_choice(req, "granularity", GRANULARITIES)
+    if req.precision is not None:
+        _check_choice(req, "precision", PRECISIONS)
+    if req.remat is not None:
+        _check_choice(req, "remat", REMAT_NAMES)
+    if req.accumulation_steps is not None:
+        _check_range(req, "accumulation_steps", LIMITS, integer=True)
+    return req

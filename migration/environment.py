@@ -102,6 +102,22 @@ def worker_environment(cfg: RunConfig, base: Mapping[str, str] | None = None) ->
     return env
 
 
+def planner_environment(target: str, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Environment of a planner worker. Compiles never allocate, and XLA's automatic
+    rematerialisation is disabled so that a predicted fit never hides recomputation.
+
+    A catalog target compiles deviceless on the CPU backend (the CUDA plugin still compiles for
+    the described GPU); "local" compiles for this machine's devices without preallocating."""
+    env = dict(os.environ if base is None else base)
+    flags = [f for f in (env.get("XLA_FLAGS", ""),) if f] + ["--xla_disable_hlo_passes=rematerialization"]
+    env["XLA_FLAGS"] = " ".join(flags)
+    env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
+    env["JAX_SKIP_CUDA_CONSTRAINTS_CHECK"] = "1"
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+    env["JAX_PLATFORMS"] = "cpu" if target != "local" or resolve_platform("auto") == "cpu" else "cuda"
+    return env
+
+
 def jax_env_in_effect(env: Mapping[str, str] | None = None) -> dict[str, str]:
     env = os.environ if env is None else env
     return {k: env[k] for k in JAX_ENV_VARS if k in env}

@@ -21,32 +21,37 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from migration.config import RunConfig, validate
+from migration.config import PlanRequest, RunConfig, validate, validate_plan_request
+from migration.plan import Plan
 from migration.report import RunReport
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 STDERR_TAIL_CHARS = 4000
-TERMINAL_EVENTS = ("finished", "failed")
+TERMINAL_EVENTS = ("finished", "failed", "plan", "environment")
 
 
-class RunHandle:
-    """A started worker. Iterate `events()` to completion, then read `report`."""
+class WorkerProcess:
+    """A started worker. Iterate `events()` to completion; then `outcome` holds
+    (status, failure kind, message) and `stderr_tail` the end of its output."""
 
-    def __init__(self, cfg: RunConfig, *, probe_env: bool = False):
-        self.config = cfg
+    def __init__(self, mode: str, payload: dict[str, Any], timeout_s: float):
+        self.timeout_s = timeout_s
         self.started_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         self._t0 = time.monotonic()
-        self._deadline = self._t0 + cfg.timeout_s
+        self._deadline = self._t0 + timeout_s
         self._events: list[dict[str, Any]] = []
         self._cancelled = threading.Event()
         self._stderr = tempfile.TemporaryFile()
+        self.outcome: tuple[str, str | None, str] | None = None
+        self.stderr_tail = ""
+        self.wall_s: float | None = None
         read_fd, write_fd = os.pipe()
         env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH", "")) if p)
-        args = [sys.executable, "-m", "migration.worker", "--events-fd", str(write_fd)]
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH", ""), str(PROJECT_ROOT)) if p)
+        args = [sys.executable, "-m", "migration.worker", "--events-fd", str(write_fd), "--mode", mode]
         try:
             self._proc = subprocess.Popen(
-                args + (["--probe-env"] if probe_env else []),
+                args,
                 stdin=subprocess.PIPE,
                 stdout=self._stderr,
                 stderr=subprocess.STDOUT,
@@ -58,9 +63,8 @@ class RunHandle:
         finally:
             os.close(write_fd)
         self._fd = read_fd
-        self._proc.stdin.write(json.dumps(cfg.to_dict()).encode())
+        self._proc.stdin.write(json.dumps(payload).encode())
         self._proc.stdin.close()
-        self.report: RunReport | None = None
 
     @property
     def pid(self) -> int:
@@ -71,7 +75,7 @@ class RunHandle:
         return list(self._events)
 
     def cancel(self) -> None:
-        """Stop the run now (safe from another thread). The events iterator then ends."""
+        """Stop the worker now (safe from another thread). The events iterator then ends."""
         self._cancelled.set()
         self._kill()
 
@@ -82,7 +86,7 @@ class RunHandle:
             pass
 
     def events(self) -> Iterator[dict[str, Any]]:
-        """Yield events as the worker writes them; ends with the run (report is then set)."""
+        """Yield events as the worker writes them; ends with the worker."""
         buf = b""
         outcome: tuple[str, str | None, str] | None = None
         try:
@@ -91,7 +95,7 @@ class RunHandle:
                 if remaining <= 0:
                     self._kill()
                     outcome = ("failed", "timeout",
-                               f"timeout: the run took longer than timeout_s={self.config.timeout_s:g} s and was stopped")
+                               f"timeout: the job took longer than timeout_s={self.timeout_s:g} s and was stopped")
                     break
                 ready, _, _ = select.select([self._fd], [], [], min(remaining, 0.5))
                 if not ready:
@@ -107,32 +111,19 @@ class RunHandle:
                     event = json.loads(line)
                     self._events.append(event)
                     yield event
-                    if event["event"] == "finished":
-                        outcome = ("ok", None, "")
-                    elif event["event"] == "failed":
-                        outcome = ("failed", event.get("kind", "crashed"), event.get("message", ""))
-                    elif event["event"] == "environment":
-                        outcome = ("ok", None, "")
+                    if event["event"] in TERMINAL_EVENTS:
+                        outcome = ("failed", event.get("kind", "crashed"), event.get("message", "")) \
+                            if event["event"] == "failed" else ("ok", None, "")
         finally:
             os.close(self._fd)
             self._reap()
         if self._cancelled.is_set() and (outcome is None or outcome[0] != "ok"):
-            outcome = ("cancelled", "cancelled", "cancelled: the run was stopped on request")
+            outcome = ("cancelled", "cancelled", "cancelled: stopped on request")
         if outcome is None:
             outcome = ("failed", "crashed", self._crash_message())
-        status, kind, message = outcome
-        self.report = RunReport.from_events(
-            self.config, self._events, status=status, failure_kind=kind, message=message,
-            stderr_tail=self._stderr_tail(), started_at=self.started_at,
-            wall_s=time.monotonic() - self._t0,
-        )
-
-    def wait(self, on_event: Callable[[dict[str, Any]], None] | None = None) -> RunReport:
-        for event in self.events():
-            if on_event is not None:
-                on_event(event)
-        assert self.report is not None
-        return self.report
+        self.outcome = outcome
+        self.stderr_tail = self._read_stderr_tail()
+        self.wall_s = time.monotonic() - self._t0
 
     def _reap(self) -> None:
         try:
@@ -152,13 +143,73 @@ class RunHandle:
             why = f"the worker exited with code {code} before reporting a result"
         return f"crashed: {why}; the events received so far are kept. See the stderr tail for details."
 
-    def _stderr_tail(self) -> str:
+    def _read_stderr_tail(self) -> str:
         self._stderr.seek(0, os.SEEK_END)
         size = self._stderr.tell()
         self._stderr.seek(max(0, size - STDERR_TAIL_CHARS * 4))
         text = self._stderr.read().decode(errors="replace")
         self._stderr.close()
         return text[-STDERR_TAIL_CHARS:]
+
+
+class RunHandle(WorkerProcess):
+    """A measured run in its worker; after `events()` (or `wait()`), `report` is set."""
+
+    def __init__(self, cfg: RunConfig):
+        self.config = cfg
+        self.report: RunReport | None = None
+        super().__init__("run", cfg.to_dict(), cfg.timeout_s)
+
+    def events(self) -> Iterator[dict[str, Any]]:
+        yield from super().events()
+        status, kind, message = self.outcome
+        if kind == "cancelled":
+            message = "cancelled: the run was stopped on request"
+        self.report = RunReport.from_events(
+            self.config, self._events, status=status, failure_kind=kind, message=message,
+            stderr_tail=self.stderr_tail, started_at=self.started_at, wall_s=self.wall_s,
+        )
+
+    def wait(self, on_event: Callable[[dict[str, Any]], None] | None = None) -> RunReport:
+        for event in self.events():
+            if on_event is not None:
+                on_event(event)
+        assert self.report is not None
+        return self.report
+
+
+class PlanError(RuntimeError):
+    def __init__(self, kind: str, message: str, stderr_tail: str = ""):
+        self.kind = kind
+        self.stderr_tail = stderr_tail
+        super().__init__(message)
+
+
+class PlanHandle(WorkerProcess):
+    """A planner worker; after `events()` (or `wait()`), `plan` is set, or `error` on failure."""
+
+    def __init__(self, req: PlanRequest):
+        self.request = req
+        self.plan: Plan | None = None
+        self.error: PlanError | None = None
+        super().__init__("plan", req.to_dict(), req.timeout_s)
+
+    def events(self) -> Iterator[dict[str, Any]]:
+        yield from super().events()
+        status, kind, message = self.outcome
+        for event in self._events:
+            if event["event"] == "plan":
+                self.plan = Plan.from_dict(event["plan"])
+        if self.plan is None:
+            self.error = PlanError(kind or "crashed", message or "the planner ended without a plan", self.stderr_tail)
+
+    def wait(self, on_event: Callable[[dict[str, Any]], None] | None = None) -> Plan:
+        for event in self.events():
+            if on_event is not None:
+                on_event(event)
+        if self.plan is None:
+            raise self.error
+        return self.plan
 
 
 def start_run(cfg: RunConfig) -> RunHandle:
@@ -173,9 +224,18 @@ def run(cfg: RunConfig, on_event: Callable[[dict[str, Any]], None] | None = None
 def probe_environment(cfg: RunConfig | None = None) -> dict[str, Any]:
     """What a worker with this config's environment sees (backend, devices, versions, GPUs)."""
     cfg = validate(cfg or RunConfig(timeout_s=120))
-    handle = RunHandle(cfg, probe_env=True)
-    report = handle.wait()
-    for event in handle.events_so_far:
-        if event["event"] == "environment":
-            return {k: v for k, v in event.items() if k not in ("event", "t")}
-    raise RuntimeError(f"environment probe failed ({report.failure_kind}): {report.message}\n{report.stderr_tail}")
+    worker = WorkerProcess("probe-env", cfg.to_dict(), cfg.timeout_s)
+    found = [e for e in worker.events() if e["event"] == "environment"]
+    if found:
+        return {k: v for k, v in found[0].items() if k not in ("event", "t")}
+    status, kind, message = worker.outcome
+    raise RuntimeError(f"environment probe failed ({kind}): {message}\n{worker.stderr_tail}")
+
+
+def start_plan(req: PlanRequest) -> PlanHandle:
+    """Validate (raises ConfigError before any process starts), then start the planner worker."""
+    return PlanHandle(validate_plan_request(req))
+
+
+def plan(req: PlanRequest, on_event: Callable[[dict[str, Any]], None] | None = None) -> Plan:
+    return start_plan(req).wait(on_event)

@@ -1,4 +1,5 @@
-"""Worker process entry point: `python -m migration.worker --events-fd N` (config JSON on stdin).
+"""Worker process entry point: `python -m migration.worker --events-fd N [--mode run|probe-env|plan]`
+(config JSON on stdin).
 
 Sets JAX's environment from the config *before* JAX is first imported, runs one measured run (or,
 with --probe-env, reports the environment), writes JSON-lines events to the given file descriptor
@@ -15,8 +16,8 @@ import time
 import traceback
 from typing import Any
 
-from migration.config import ConfigError, RunConfig, validate
-from migration.environment import worker_environment
+from migration.config import ConfigError, PlanRequest, RunConfig, validate, validate_plan_request
+from migration.environment import planner_environment, worker_environment
 from migration.report import json_safe
 
 OOM_MARKERS = ("RESOURCE_EXHAUSTED", "Out of memory", "out of memory", "OOM when allocating")
@@ -68,25 +69,31 @@ def classify_exception(exc: BaseException) -> tuple[str, str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m migration.worker")
     parser.add_argument("--events-fd", type=int, required=True)
-    parser.add_argument("--probe-env", action="store_true")
+    parser.add_argument("--mode", choices=["run", "probe-env", "plan"], default="run")
     args = parser.parse_args(argv)
     emit = EventWriter(args.events_fd)
+    payload = json.loads(sys.stdin.read() or "{}")
     try:
-        cfg = RunConfig(**json.loads(sys.stdin.read() or "{}"))
+        cfg = PlanRequest(**payload) if args.mode == "plan" else RunConfig(**payload)
     except (TypeError, ValueError) as exc:
         emit("failed", kind="invalid", message=f"config: {exc}")
         return 2
-    os.environ.update(worker_environment(cfg))  # before the first `import jax`
+    # Set JAX's environment before the first `import jax`.
+    os.environ.update(planner_environment(cfg.target) if args.mode == "plan" else worker_environment(cfg))
     try:
-        validate(cfg)
+        validate_plan_request(cfg) if args.mode == "plan" else validate(cfg)
     except ConfigError as exc:
         emit("failed", kind="invalid", message=str(exc))
         return 2
     try:
-        if args.probe_env:
+        if args.mode == "probe-env":
             from migration.envinfo import collect_environment
 
             emit("environment", **collect_environment())
+        elif args.mode == "plan":
+            from migration.planner import plan_migration
+
+            emit("plan", plan=plan_migration(cfg, emit).to_dict())
         else:
             from migration.measure import measured_run
 

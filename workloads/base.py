@@ -75,12 +75,31 @@ class Workload(abc.ABC):
         Recomputation by rematerialisation is not counted, so MFU stays comparable across policies.
         """
 
+    @abc.abstractmethod
+    def activation_profile(self, cfg: Any) -> "ActivationProfile":
+        """Rough activation sizes per example, for the planner's analytic fallback estimate."""
+
     def tokens_per_example(self, cfg: Any) -> int | None:
         """Tokens in one example, for tokens/s; None where the notion does not apply."""
         return None
 
     def describe(self, cfg: Any) -> dict[str, Any]:
         return {"workload": self.name, **dataclasses.asdict(cfg)}
+
+
+@dataclasses.dataclass(frozen=True)
+class ActivationProfile:
+    """Elements kept for the backward pass, per example, at the compute dtype unless noted.
+
+    per_block: everything one block keeps without remat; block_input: what a fully
+    rematerialised block keeps (its input); head_fp32: float32 elements outside the blocks
+    (e.g. logits, their softmax and gradient); n_blocks: how many blocks.
+    """
+
+    per_block: float
+    block_input: float
+    n_blocks: int
+    head_fp32: float = 0.0
 
 
 def prototype_classification_batch(

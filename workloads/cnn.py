@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from workloads.base import Batch, BlockWrap, Workload, cross_entropy
+from workloads.base import ActivationProfile, Batch, BlockWrap, Workload, cross_entropy
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,6 +127,13 @@ class CNNWorkload(Workload):
             if (stride, cin) != (1, cout):
                 total += cin * cout + 2 * cout
         return total + cfg.stage_widths[-1] * cfg.num_classes + cfg.num_classes
+
+    def activation_profile(self, cfg: CNNConfig) -> ActivationProfile:
+        # conv, BN and ReLU outputs of both convolutions and the shortcut, at the largest stage
+        sizes = [(res // stride) ** 2 * cout for _, cout, stride, res in cfg.stages()]
+        stem = cfg.image_size**2 * cfg.stage_widths[0]
+        return ActivationProfile(per_block=7 * max(sizes), block_input=max(sizes), n_blocks=len(sizes),
+                                 head_fp32=3 * stem + cfg.image_size**2 * cfg.channels)
 
     def flops_per_example(self, cfg: CNNConfig) -> float:
         r = cfg.image_size

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from workloads.base import Batch, BlockWrap, Workload, cross_entropy, prototype_classification_batch
+from workloads.base import ActivationProfile, Batch, BlockWrap, Workload, cross_entropy, prototype_classification_batch
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,6 +81,11 @@ class MLPWorkload(Workload):
 
     def param_count(self, cfg: MLPConfig) -> int:
         return sum(i * o + o for i, o in cfg.layer_sizes)
+
+    def activation_profile(self, cfg: MLPConfig) -> ActivationProfile:
+        widest = max(cfg.hidden)
+        return ActivationProfile(per_block=2 * widest, block_input=widest, n_blocks=len(cfg.hidden),
+                                 head_fp32=3 * cfg.num_classes + cfg.in_features)
 
     def flops_per_example(self, cfg: MLPConfig) -> float:
         return 3.0 * sum(2.0 * i * o for i, o in cfg.layer_sizes)

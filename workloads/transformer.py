@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from workloads.base import Batch, BlockWrap, Workload, cross_entropy
+from workloads.base import ActivationProfile, Batch, BlockWrap, Workload, cross_entropy
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,6 +143,13 @@ class TransformerWorkload(Workload):
         d = cfg.d_model
         per_block = 4 * d + (3 * d * d + 3 * d) + (d * d + d) + (d * cfg.d_ff + cfg.d_ff) + (cfg.d_ff * d + d)
         return cfg.vocab_size * d + cfg.seq_len * d + cfg.n_layers * per_block + 2 * d
+
+    def activation_profile(self, cfg: TransformerConfig) -> ActivationProfile:
+        # Per layer, after Korthikanti et al. 2022 ("Reducing activation recomputation"), without
+        # dropout masks: ~16 x T x D elements plus the T x T scores and probabilities per head.
+        t, d = cfg.seq_len, cfg.d_model
+        return ActivationProfile(per_block=16 * t * d + 2 * cfg.n_heads * t * t, block_input=t * d,
+                                 n_blocks=cfg.n_layers, head_fp32=3 * t * cfg.vocab_size)
 
     def flops_per_example(self, cfg: TransformerConfig) -> float:
         # Per token: 6 x matmul parameters (blocks + the tied output projection), plus attention
