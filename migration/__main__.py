@@ -8,7 +8,16 @@ import json
 import sys
 from typing import Any
 
-from migration.config import LIMITS, PLATFORMS, PRECISIONS, REMAT_NAMES, ConfigError, RunConfig
+from migration.config import (
+    GRANULARITIES,
+    LIMITS,
+    PLATFORMS,
+    PRECISIONS,
+    REMAT_NAMES,
+    ConfigError,
+    PlanRequest,
+    RunConfig,
+)
 
 GiB = 2**30
 
@@ -61,6 +70,37 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--json", metavar="PATH", help="write the report as JSON")
     run.add_argument("--csv", metavar="PATH", help="write the report as a one-row CSV")
     run.add_argument("--quiet", action="store_true", help="no per-step progress")
+    run.add_argument("--plan", metavar="PLAN_JSON",
+                     help="run a plan made by `plan` (its batch, accumulation, precision and remat replace those flags)")
+
+    from migration.hardware import GPU_SPECS, TPU_SPECS
+
+    p = PlanRequest()
+    pl = sub.add_parser("plan", help="plan a TPU-style setup for a GPU: batch, precision, remat, accumulation, environment")
+    pl.add_argument("--workload", default=p.workload)
+    pl.add_argument("--preset", default=p.preset)
+    pl.add_argument("--source", default=p.source, help=f"TPU source: {', '.join(TPU_SPECS)}")
+    pl.add_argument("--global-batch", dest="global_batch", type=int, default=p.global_batch)
+    pl.add_argument("--per-core-batch", dest="per_core_batch", type=int, default=None,
+                    help="the TPU setup's per-core batch (default: global batch / TPU devices)")
+    pl.add_argument("--source-precision", dest="source_precision", default=p.source_precision, choices=["bf16", "fp32"])
+    pl.add_argument("--target", default=p.target, help=f"GPU target: local, {', '.join(GPU_SPECS)}")
+    pl.add_argument("--gpus", type=int, default=p.gpus)
+    pl.add_argument("--mem-fraction", dest="memory_fraction", type=float, default=p.memory_fraction,
+                    help="share of each GPU the job may use (default 0.8)")
+    pl.add_argument("--safety-margin", dest="safety_margin", type=float, default=p.safety_margin,
+                    help="share of that budget kept free (default 0.1)")
+    pl.add_argument("--granularity", choices=GRANULARITIES, default=p.granularity,
+                    help="per-device batch as a multiple of 8 or a power of two")
+    pl.add_argument("--max-batch", dest="max_per_device_batch", type=int, default=p.max_per_device_batch)
+    pl.add_argument("--precision", choices=PRECISIONS, default=None, help="override the precision decision")
+    pl.add_argument("--remat", choices=REMAT_NAMES, default=None, help="override the remat decision")
+    pl.add_argument("--accum", dest="accumulation_steps", type=int, default=None, help="override the accumulation steps")
+    pl.add_argument("--no-tpu-compile", dest="compile_for_tpu", action="store_false",
+                    help="do not try to compile the TPU-style setup for the source TPU")
+    pl.add_argument("--timeout", dest="timeout_s", type=float, default=p.timeout_s)
+    pl.add_argument("--json", metavar="PATH", help="write the plan as JSON")
+    pl.add_argument("--quiet", action="store_true", help="no progress lines")
     return parser
 
 
@@ -101,12 +141,59 @@ def print_summary(r: Any) -> None:
         print(f"  {key:<{width}}  {value}")
 
 
+def _config_from_plan(args: argparse.Namespace, cfg: RunConfig) -> RunConfig | None:
+    """The run config of a saved plan; for a plan made for another GPU, re-fitted to this
+    machine's memory by a local plan (same global batch, precision and remat)."""
+    from migration.plan import Plan
+    from migration.runner import PlanError, plan as make_plan
+
+    try:
+        saved = Plan.from_json(args.plan)
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        print(f"error: --plan {args.plan}: not a readable plan ({exc})", file=sys.stderr)
+        return None
+    if saved.status != "ok":
+        print(f"error: --plan {args.plan}: the plan is {saved.status}: {saved.message}", file=sys.stderr)
+        return None
+    batch, accum = saved.per_device_batch, saved.accumulation_steps
+    if saved.target != "local":
+        req = PlanRequest(workload=saved.workload, preset=saved.preset, source=saved.source,
+                          global_batch=saved.global_batch, per_core_batch=saved.source_per_core_batch,
+                          target="local", gpus=saved.gpus, memory_fraction=cfg.memory_fraction,
+                          precision=saved.precision, remat=saved.remat, compile_for_tpu=False,
+                          max_per_device_batch=saved.per_device_batch)
+        try:
+            local = make_plan(req)
+        except (PlanError, ConfigError) as exc:
+            print(f"error: could not fit the plan to this machine: {exc}", file=sys.stderr)
+            return None
+        if local.status != "ok":
+            print(f"error: the plan does not fit this machine: {local.message}", file=sys.stderr)
+            return None
+        if (local.per_device_batch, local.accumulation_steps) != (batch, accum):
+            print(f"note: the plan was made for {saved.target_name}; on {local.target_name} its per-device batch "
+                  f"{batch} (x{accum} accumulation) does not fit the local budget, so it runs at {local.per_device_batch} "
+                  f"x{local.accumulation_steps} accumulation (global batch {local.global_batch}, found by "
+                  f"{local.prediction_method}).")
+            batch, accum = local.per_device_batch, local.accumulation_steps
+        else:
+            print(f"note: the plan was made for {saved.target_name}; it also fits {local.target_name} as planned "
+                  f"({local.prediction_method}). Figures measured here are this machine's, not the target's.")
+    return dataclasses.replace(cfg, workload=saved.workload, preset=saved.preset, per_device_batch=batch,
+                               accumulation_steps=accum, precision=saved.precision, remat=saved.remat,
+                               devices=saved.gpus)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from migration.report import write_csv
     from migration.runner import start_run
 
     fields = {f.name for f in dataclasses.fields(RunConfig)}
     cfg = RunConfig(**{k: v for k, v in vars(args).items() if k in fields})
+    if args.plan:
+        cfg = _config_from_plan(args, cfg)
+        if cfg is None:
+            return 2
     try:
         handle = start_run(cfg)
     except ConfigError as exc:
@@ -180,9 +267,77 @@ def cmd_env(args: argparse.Namespace) -> int:
     return 0
 
 
+def print_plan(plan: Any) -> None:
+    print(f"\n{plan.workload}/{plan.preset}: {plan.source_name} (global batch {plan.requested_global_batch}, "
+          f"{plan.source_per_core_batch} per core, {plan.source_precision}) -> {plan.gpus} x {plan.target_name}")
+    print(f"memory budget per GPU: {_fmt_bytes(plan.budget_bytes)} ({plan.memory_fraction:.0%} of "
+          f"{_fmt_bytes(plan.device_memory_bytes)}, minus a {plan.safety_margin:.0%} margin)")
+    print(f"prediction: {plan.prediction_method} -- {plan.prediction_note}")
+    if plan.status != "ok":
+        print(f"\nNOT FEASIBLE: {plan.message}")
+        return
+    print(f"\nplan: {plan.per_device_batch} per GPU x {plan.gpus} GPU(s) x {plan.accumulation_steps} accumulation "
+          f"= global batch {plan.global_batch}{'' if plan.global_batch_exact else ' (NOT the requested ' + str(plan.requested_global_batch) + ')'}, "
+          f"{plan.precision}, remat {plan.remat}; predicted peak {_fmt_bytes(plan.predicted_peak_bytes)} per GPU")
+    for d in plan.decisions:
+        print(f"  {d.decision:<20} {str(d.value):<14} {d.reason}")
+    print("largest batch per remat policy: " + ", ".join(f"{k} {v}" for k, v in plan.max_batch_by_remat.items()))
+    print(f"the TPU-style setup on this target: {plan.tpu_setup_on_target.get('summary', 'n/a')}")
+    src = plan.source_tpu_compile
+    if src.get("status") == "ok":
+        print(f"on the source TPU ({src['device_kind']}): {_fmt_bytes(src['peak_bytes_per_chip'])} per device "
+              f"of {_fmt_bytes(src['hbm_bytes_per_device'])}; the plan uses {_fmt_bytes(plan.predicted_peak_bytes)} per GPU")
+    else:
+        print(f"source TPU compile: {src.get('status')} ({src.get('reason', '')})")
+    print(f"rule of thumb (the guide): batch {plan.rule_of_thumb_batch} -- {plan.rule_of_thumb_note}")
+    print(f"matmul precision: TPU {plan.matmul_precision['tpu']}; GPU {plan.matmul_precision['gpu']}")
+    print("environment for the target:")
+    for name, item in plan.environment.items():
+        print(f"  {name}={item['value']}    # {item['why']}")
+    print(f"search: {plan.compiles} compile(s), {plan.cache_hits} cache hit(s), {plan.search_seconds:.1f} s")
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from migration.runner import PlanError, start_plan
+
+    fields = {f.name for f in dataclasses.fields(PlanRequest)}
+    req = PlanRequest(**{k: v for k, v in vars(args).items() if k in fields})
+    try:
+        handle = start_plan(req)
+    except ConfigError as exc:
+        print(f"error: invalid plan request: {exc}", file=sys.stderr)
+        return 2
+
+    def progress(ev: dict[str, Any]) -> None:
+        if args.quiet:
+            return
+        if ev["event"] == "plan_started":
+            print(f"planning by {ev['method']}: budget {_fmt_bytes(ev['budget_bytes'])} per GPU", flush=True)
+        elif ev["event"] == "candidate":
+            fit = "-" if ev["predicted_bytes"] is None else _fmt_bytes(ev["predicted_bytes"])
+            print(f"  batch {ev['per_device_batch']:>5} remat {ev['remat']:<13} x{ev['accumulation_steps']} accum: "
+                  f"{fit}{' (cached)' if ev['cached'] else ''}  [{ev['seconds']:.1f} s]", flush=True)
+
+    try:
+        result = handle.wait(progress)
+    except PlanError as exc:
+        print(f"error: planning {exc.kind}: {exc}", file=sys.stderr)
+        if exc.kind == "crashed" and exc.stderr_tail:
+            print("--- planner stderr (tail) ---\n" + exc.stderr_tail[-2000:], file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        handle.cancel()
+        return 130
+    print_plan(result)
+    if args.json:
+        result.to_json(args.json)
+        print(f"wrote {args.json}")
+    return 0 if result.status == "ok" else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return {"run": cmd_run, "env": cmd_env}[args.command](args)
+    return {"run": cmd_run, "env": cmd_env, "plan": cmd_plan}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -205,6 +205,7 @@ class Plan:
     cache_hits: int
     search_seconds: float
     max_batch_by_remat: dict[str, int]
+    candidates: list[int]  # the per-device batches the search chose among
     table: list[dict[str, Any]]  # one row per (batch, remat) evaluated: predicted bytes, fits
     rule_of_thumb_batch: int
     rule_of_thumb_note: str

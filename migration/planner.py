@@ -213,11 +213,6 @@ def _environment(req: PlanRequest, spec: GpuSpec | None) -> dict[str, dict[str, 
         why.append("overlap the gradient all-reduce with compute across GPUs")
     if flags:
         env["XLA_FLAGS"] = {"value": " ".join(flags), "why": "; ".join(why)}
-    env["(guide) --xla_gpu_enable_triton_gemm=false"] = {
-        "value": "not set",
-        "why": "the guide disables Triton GEMMs 'for stability'; current XLA autotunes cuBLAS against Triton, "
-               "so keep it on unless a GEMM fails to compile",
-    }
     return env
 
 
@@ -300,6 +295,9 @@ def plan_migration(req: PlanRequest, emit: Emit) -> Plan:
                               f"largest allowed ({req.granularity}) batch that fits {_gib(budget)} under remat {remat}: "
                               f"{max_batch[remat]}; predicted peak {_gib(peak)} per GPU"))
     decisions.append(Decision("accumulation_steps", acc.accumulation_steps, acc.reason))
+    decisions.append(Decision("xla_flags", "no --xla_gpu_enable_triton_gemm=false", (
+        "the guide disables Triton GEMMs 'for stability'; current XLA autotunes cuBLAS against Triton, "
+        "so keep them unless a GEMM fails to compile")))
 
     rot, rot_note = rule_of_thumb_batch(device_memory * req.memory_fraction, params)
     tpu_setup = _tpu_setup_on_target(req, predictor, budget)
@@ -315,6 +313,7 @@ def plan_migration(req: PlanRequest, emit: Emit) -> Plan:
         predicted_peak_bytes=peak, prediction_method=predictor.method, prediction_note=predictor.note,
         param_count=params, compiles=predictor.compiles, cache_hits=predictor.cache_hits,
         search_seconds=round(time.perf_counter() - t0, 2), max_batch_by_remat=max_batch, table=predictor.table,
+        candidates=search_set,
         rule_of_thumb_batch=rot, rule_of_thumb_note=rot_note, tpu_setup_on_target=tpu_setup,
         source_tpu_compile=source_compile, matmul_precision=_matmul_precision_notes(spec, precision),
         environment=_environment(req, spec), decisions=decisions, jax_version=jax.__version__,
@@ -430,7 +429,7 @@ def _infeasible(req, predictor, precision, budget, device_memory, target_name, p
         global_batch_exact=False, precision=precision, remat="full", predicted_peak_bytes=floor,
         prediction_method=predictor.method, prediction_note=predictor.note, param_count=params,
         compiles=predictor.compiles, cache_hits=predictor.cache_hits,
-        search_seconds=round(time.perf_counter() - t0, 2), max_batch_by_remat={}, table=predictor.table,
+        search_seconds=round(time.perf_counter() - t0, 2), max_batch_by_remat={}, table=predictor.table, candidates=[],
         rule_of_thumb_batch=rule_of_thumb_batch(device_memory * req.memory_fraction, params)[0],
         rule_of_thumb_note=rule_of_thumb_batch(device_memory * req.memory_fraction, params)[1],
         tpu_setup_on_target={}, source_tpu_compile={"status": "not requested"},

@@ -149,7 +149,7 @@ class TransformerWorkload(Workload):
         # dropout masks: ~16 x T x D elements plus the T x T scores and probabilities per head.
         t, d = cfg.seq_len, cfg.d_model
         return ActivationProfile(per_block=16 * t * d + 2 * cfg.n_heads * t * t, block_input=t * d,
-                                 n_blocks=cfg.n_layers, head_fp32=3 * t * cfg.vocab_size)
+                                 n_blocks=cfg.n_layers, head_fp32=1.5 * t * cfg.vocab_size)
 
     def flops_per_example(self, cfg: TransformerConfig) -> float:
         # Per token: 6 x matmul parameters (blocks + the tied output projection), plus attention
