@@ -9,4 +9,8 @@ echo "== python -m migration env"
 python3 -m migration env --platform gpu || exit 1
 echo
 echo "== gpt2-small on the local GPU"
-python3 bench/gpu_check.py "$@"
+python3 bench/gpu_check.py "$@" || status=1
+echo
+echo "== planner: predicted vs measured peak memory on the local GPU"
+python3 bench/planner_gpu_check.py || status=1
+exit ${status:-0}

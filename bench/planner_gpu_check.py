@@ -1,0 +1,58 @@
+"""Planner GPU check: plan gpt2-small and gpt2-medium for the local NVIDIA GPU, run each plan and
+compare predicted with measured peak memory (target: within 10%). Beside the on-device
+prediction it prints the deviceless prediction for the catalog H200 (the CPU machine's method),
+made here for the same configuration.
+
+    python bench/planner_gpu_check.py [--steps 10] [--catalog h200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from migration.config import PlanRequest, RunConfig  # noqa: E402
+from migration.runner import plan, run  # noqa: E402
+
+GiB = 2**30
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--catalog", default="h200")
+    parser.add_argument("--global-batch", type=int, default=64)
+    parser.add_argument("--presets", default="gpt2-small,gpt2-medium")
+    parser.add_argument("--platform", default="gpu", help="cpu tries the script on a machine without a GPU")
+    args = parser.parse_args()
+    print(f"{'preset':<12} {'plan':<26} {'pred local':>10} {'pred deviceless':>15} {'measured':>9} {'meas/pred':>9}")
+    bad = 0
+    for preset in args.presets.split(","):
+        local = plan(PlanRequest(workload="transformer", preset=preset, target="local", global_batch=args.global_batch,
+                                 compile_for_tpu=False))
+        deviceless = plan(PlanRequest(workload="transformer", preset=preset, target=args.catalog,
+                                      global_batch=args.global_batch, compile_for_tpu=False,
+                                      precision=local.precision, remat=local.remat,
+                                      accumulation_steps=local.accumulation_steps))
+        report = run(RunConfig(workload="transformer", preset=preset, per_device_batch=local.per_device_batch,
+                               accumulation_steps=local.accumulation_steps, precision=local.precision,
+                               remat=local.remat, steps=args.steps, warmup_steps=2, platform=args.platform, timeout_s=300))
+        desc = f"b{local.per_device_batch} x{local.accumulation_steps} {local.precision} {local.remat}"
+        measured = report.peak_memory_bytes if report.ok else None
+        ratio = measured / local.predicted_peak_bytes if measured else None
+        print(f"{preset:<12} {desc:<26} {local.predicted_peak_bytes / GiB:>10.2f} "
+              f"{deviceless.predicted_peak_bytes / GiB:>15.2f} "
+              f"{(measured or 0) / GiB:>9.2f} {ratio if ratio else float('nan'):>9.3f}  "
+              f"({local.prediction_method} / {deviceless.prediction_method}; run {report.status})", flush=True)
+        if not report.ok or abs(ratio - 1) > 0.10:
+            bad += 1
+            print(f"  outside 10% or failed: {report.failure_kind} {report.message}")
+    print("pred = compiled memory_analysis per GPU; measured = memory_stats peak_bytes_in_use (includes the data pool)")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
