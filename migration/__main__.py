@@ -142,46 +142,21 @@ def print_summary(r: Any) -> None:
 
 
 def _config_from_plan(args: argparse.Namespace, cfg: RunConfig) -> RunConfig | None:
-    """The run config of a saved plan; for a plan made for another GPU, re-fitted to this
-    machine's memory by a local plan (same global batch, precision and remat)."""
     from migration.plan import Plan
-    from migration.runner import PlanError, plan as make_plan
+    from migration.runner import PlanError, run_config_for_plan
 
     try:
         saved = Plan.from_json(args.plan)
     except (OSError, ValueError, TypeError, KeyError) as exc:
         print(f"error: --plan {args.plan}: not a readable plan ({exc})", file=sys.stderr)
         return None
-    if saved.status != "ok":
-        print(f"error: --plan {args.plan}: the plan is {saved.status}: {saved.message}", file=sys.stderr)
+    try:
+        cfg, note = run_config_for_plan(saved, cfg)
+    except (PlanError, ConfigError) as exc:
+        print(f"error: --plan {args.plan}: {exc}", file=sys.stderr)
         return None
-    batch, accum = saved.per_device_batch, saved.accumulation_steps
-    if saved.target != "local":
-        req = PlanRequest(workload=saved.workload, preset=saved.preset, source=saved.source,
-                          global_batch=saved.global_batch, per_core_batch=saved.source_per_core_batch,
-                          target="local", gpus=saved.gpus, memory_fraction=cfg.memory_fraction,
-                          precision=saved.precision, remat=saved.remat, compile_for_tpu=False,
-                          max_per_device_batch=saved.per_device_batch)
-        try:
-            local = make_plan(req)
-        except (PlanError, ConfigError) as exc:
-            print(f"error: could not fit the plan to this machine: {exc}", file=sys.stderr)
-            return None
-        if local.status != "ok":
-            print(f"error: the plan does not fit this machine: {local.message}", file=sys.stderr)
-            return None
-        if (local.per_device_batch, local.accumulation_steps) != (batch, accum):
-            print(f"note: the plan was made for {saved.target_name}; on {local.target_name} its per-device batch "
-                  f"{batch} (x{accum} accumulation) does not fit the local budget, so it runs at {local.per_device_batch} "
-                  f"x{local.accumulation_steps} accumulation (global batch {local.global_batch}, found by "
-                  f"{local.prediction_method}).")
-            batch, accum = local.per_device_batch, local.accumulation_steps
-        else:
-            print(f"note: the plan was made for {saved.target_name}; it also fits {local.target_name} as planned "
-                  f"({local.prediction_method}). Figures measured here are this machine's, not the target's.")
-    return dataclasses.replace(cfg, workload=saved.workload, preset=saved.preset, per_device_batch=batch,
-                               accumulation_steps=accum, precision=saved.precision, remat=saved.remat,
-                               devices=saved.gpus)
+    print(f"note: {note}.")
+    return cfg
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -287,6 +262,9 @@ def print_plan(plan: Any) -> None:
     if src.get("status") == "ok":
         print(f"on the source TPU ({src['device_kind']}): {_fmt_bytes(src['peak_bytes_per_chip'])} per device "
               f"of {_fmt_bytes(src['hbm_bytes_per_device'])}; the plan uses {_fmt_bytes(plan.predicted_peak_bytes)} per GPU")
+    elif src.get("status") == "does-not-fit":
+        print(f"on the source TPU ({src['device_kind']}): the TPU compiler says this setup does not fit its "
+              f"{_fmt_bytes(src['hbm_bytes_per_device'])} per device: {src['reason']}")
     else:
         print(f"source TPU compile: {src.get('status')} ({src.get('reason', '')})")
     print(f"rule of thumb (the guide): batch {plan.rule_of_thumb_batch} -- {plan.rule_of_thumb_note}")

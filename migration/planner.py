@@ -74,17 +74,26 @@ class CompileCache:
             pass
 
 
+class CompileFailed(RuntimeError):
+    """Compiling for the target failed for a reason other than memory."""
+
+
 class MemoryPredictor:
     """Per-device peak bytes of the train step for (precision, remat, batch, accumulation)."""
 
-    def __init__(self, req: PlanRequest, emit: Emit, cache: CompileCache | None = None):
+    def __init__(self, req: PlanRequest, emit: Emit, cache: CompileCache | None = None,
+                 estimate_because: str | None = None):
         self.req = req
         self.emit = emit
         self.cache = cache or CompileCache()
         self.compiles = 0
         self.cache_hits = 0
         self.table: list[dict[str, Any]] = []
-        self.method, self.note, self.mesh, self.target_id = self._setup()
+        if estimate_because:
+            self.method, self.note, self.mesh, self.target_id = (
+                "estimate", f"analytic estimate: {estimate_because}", None, f"estimate:{req.target}")
+        else:
+            self.method, self.note, self.mesh, self.target_id = self._setup()
 
     # -- where we compile ------------------------------------------------------------------
     def _setup(self) -> tuple[str, str, Any, str]:
@@ -155,7 +164,8 @@ class MemoryPredictor:
         except Exception as exc:
             if any(m in str(exc) for m in OOM_MARKERS):
                 return None
-            raise
+            first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+            raise CompileFailed(f"compiling for the target failed ({type(exc).__name__}: {first})") from exc
         return int(stats.argument_size_in_bytes + stats.output_size_in_bytes
                    - stats.alias_size_in_bytes + stats.temp_size_in_bytes)
 
@@ -217,12 +227,21 @@ def _environment(req: PlanRequest, spec: GpuSpec | None) -> dict[str, dict[str, 
 
 
 def plan_migration(req: PlanRequest, emit: Emit) -> Plan:
+    """The plan, by compiles for the target; if a compile fails for a reason other than memory,
+    the whole search is redone by the analytic estimate (never a mix of the two), labelled."""
     t0 = time.perf_counter()
+    try:
+        return _plan(req, emit, MemoryPredictor(req, emit), t0)
+    except CompileFailed as exc:
+        emit("fallback", message=str(exc))
+        return _plan(req, emit, MemoryPredictor(req, emit, estimate_because=str(exc)), t0)
+
+
+def _plan(req: PlanRequest, emit: Emit, predictor: MemoryPredictor, t0: float) -> Plan:
     w = get_workload(req.workload)
     cfg = w.config(req.preset)
     params = w.param_count(cfg)
     source = TPU_SPECS[req.source]
-    predictor = MemoryPredictor(req, emit)
 
     if req.target == "local":
         local = jax.devices()[0]
@@ -402,7 +421,12 @@ def _compile_for_source_tpu(req: PlanRequest) -> dict[str, Any]:
         return {"status": "ok", "peak_bytes_per_chip": peak, "hbm_bytes_per_device": source.hbm_bytes_per_device,
                 "device_kind": topo.devices[0].device_kind}
     except Exception as exc:
-        return {"status": "failed", "reason": str(exc).strip().splitlines()[0][:300]}
+        text = str(exc).strip().splitlines()[0][:400] if str(exc).strip() else type(exc).__name__
+        if any(m in text for m in OOM_MARKERS):
+            # The TPU compiler itself says the unchanged setup exceeds the source's HBM.
+            return {"status": "does-not-fit", "reason": text, "hbm_bytes_per_device": source.hbm_bytes_per_device,
+                    "device_kind": topo.devices[0].device_kind}
+        return {"status": "failed", "reason": text}
 
 
 def _infeasible(req, predictor, precision, budget, device_memory, target_name, params, decisions, t0, emit, spec) -> Plan:

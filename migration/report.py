@@ -154,13 +154,13 @@ def write_csv(reports: list[RunReport], path: str | Path | None = None) -> str:
     writer = csv.DictWriter(buf, fieldnames=list(rows[0]) if rows else [], lineterminator="\n")
     writer.writeheader()
     for row in rows:
-        writer.writerow({k: _csv_cell(v) for k, v in row.items()})
+        writer.writerow({k: csv_cell(v) for k, v in row.items()})
     if path is not None:
         Path(path).write_text(buf.getvalue())
     return buf.getvalue()
 
 
-def _csv_cell(value: Any) -> Any:
+def csv_cell(value: Any) -> Any:
     # A text cell starting with = + - @ would be evaluated by a spreadsheet: neutralise it.
     if isinstance(value, str) and value[:1] in ("=", "+", "-", "@", "\t", "\r"):
         return "'" + value

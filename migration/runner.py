@@ -8,6 +8,7 @@ by the config's `timeout_s`, so no run hangs.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import select
@@ -85,8 +86,10 @@ class WorkerProcess:
         except (ProcessLookupError, PermissionError):
             pass
 
-    def events(self) -> Iterator[dict[str, Any]]:
-        """Yield events as the worker writes them; ends with the worker."""
+    def events(self, heartbeat_s: float | None = None) -> Iterator[dict[str, Any]]:
+        """Yield events as the worker writes them; ends with the worker. With `heartbeat_s`, also
+        yield {"event": "heartbeat", "elapsed_s": ...} whenever the worker is silent that long
+        (lets a UI show time passing and react to a cancel during a long compile)."""
         buf = b""
         outcome: tuple[str, str | None, str] | None = None
         try:
@@ -97,8 +100,10 @@ class WorkerProcess:
                     outcome = ("failed", "timeout",
                                f"timeout: the job took longer than timeout_s={self.timeout_s:g} s and was stopped")
                     break
-                ready, _, _ = select.select([self._fd], [], [], min(remaining, 0.5))
+                ready, _, _ = select.select([self._fd], [], [], min(remaining, heartbeat_s or 0.5))
                 if not ready:
+                    if heartbeat_s:
+                        yield {"event": "heartbeat", "elapsed_s": time.monotonic() - self._t0}
                     continue
                 chunk = os.read(self._fd, 65536)
                 if not chunk:  # the worker closed its end: it exited (or was killed)
@@ -160,8 +165,8 @@ class RunHandle(WorkerProcess):
         self.report: RunReport | None = None
         super().__init__("run", cfg.to_dict(), cfg.timeout_s)
 
-    def events(self) -> Iterator[dict[str, Any]]:
-        yield from super().events()
+    def events(self, heartbeat_s: float | None = None) -> Iterator[dict[str, Any]]:
+        yield from super().events(heartbeat_s)
         status, kind, message = self.outcome
         if kind == "cancelled":
             message = "cancelled: the run was stopped on request"
@@ -194,8 +199,8 @@ class PlanHandle(WorkerProcess):
         self.error: PlanError | None = None
         super().__init__("plan", req.to_dict(), req.timeout_s)
 
-    def events(self) -> Iterator[dict[str, Any]]:
-        yield from super().events()
+    def events(self, heartbeat_s: float | None = None) -> Iterator[dict[str, Any]]:
+        yield from super().events(heartbeat_s)
         status, kind, message = self.outcome
         for event in self._events:
             if event["event"] == "plan":
@@ -239,3 +244,36 @@ def start_plan(req: PlanRequest) -> PlanHandle:
 
 def plan(req: PlanRequest, on_event: Callable[[dict[str, Any]], None] | None = None) -> Plan:
     return start_plan(req).wait(on_event)
+
+
+def run_config_for_plan(saved: Plan, base: RunConfig) -> tuple[RunConfig, str]:
+    """The run config of a plan on this machine, and a note saying how it relates to the plan.
+
+    A plan made for another GPU is re-fitted to this machine's memory by a local plan with the
+    same global batch, precision and remat (raises PlanError when it cannot be)."""
+    if saved.status != "ok":
+        raise PlanError("invalid", f"the plan is {saved.status}: {saved.message}")
+    batch, accum = saved.per_device_batch, saved.accumulation_steps
+    note = f"runs the plan as made ({saved.target_name})"
+    if saved.target != "local":
+        req = PlanRequest(workload=saved.workload, preset=saved.preset, source=saved.source,
+                          global_batch=saved.global_batch, per_core_batch=saved.source_per_core_batch,
+                          target="local", gpus=saved.gpus, memory_fraction=base.memory_fraction,
+                          precision=saved.precision, remat=saved.remat, compile_for_tpu=False,
+                          max_per_device_batch=saved.per_device_batch)
+        local = plan(req)
+        if local.status != "ok":
+            raise PlanError("invalid", f"the plan does not fit this machine: {local.message}")
+        if (local.per_device_batch, local.accumulation_steps) != (batch, accum):
+            note = (f"the plan was made for {saved.target_name}; on {local.target_name} its per-device batch {batch} "
+                    f"(x{accum} accumulation) does not fit the local budget, so it runs at {local.per_device_batch} "
+                    f"x{local.accumulation_steps} accumulation (global batch {local.global_batch}, found by "
+                    f"{local.prediction_method})")
+            batch, accum = local.per_device_batch, local.accumulation_steps
+        else:
+            note = (f"the plan was made for {saved.target_name}; it also fits {local.target_name} as planned "
+                    f"({local.prediction_method}). Figures measured here are this machine's, not the target's")
+    cfg = dataclasses.replace(base, workload=saved.workload, preset=saved.preset, per_device_batch=batch,
+                              accumulation_steps=accum, precision=saved.precision, remat=saved.remat,
+                              devices=saved.gpus)
+    return validate(cfg), note
