@@ -208,8 +208,11 @@ def build_demo(history_path: str | Path = "runs/history.sqlite") -> gr.Blocks:
                         partial = RunReport.from_events(run_cfg, handle.events_so_far, status="running")
                         yield (f"{note}.\n\n{status}", gr.skip(), loss_frame(done + [(name, partial)]), gr.skip())
             finally:
-                if handle.report is None:
-                    handle.cancel()  # Stop, disconnect or error: never leave a worker behind
+                if handle.report is None:  # Stop, disconnect or error: never leave a worker behind,
+                    handle.cancel()        # and keep what it did in the history
+                    history.add_run(RunReport.from_events(
+                        run_cfg, handle.events_so_far, status="cancelled", failure_kind="cancelled",
+                        message="stopped from the app before it finished"), label=name)
             report = handle.report
             history.add_run(report, label=name)
             done.append((name, report))

@@ -1,0 +1,148 @@
+"""End to end through the launched app, by api_name, with gradio_client (a real server, real workers)."""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+gradio_client = pytest.importorskip("gradio_client")
+from gradio_client import Client  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.slow
+
+# Form values in the order of the app's inputs (after steps, learning rate, TPU comparison for /run).
+FORM = ["transformer", "tiny", "tpu-v5e-8", 32, 0, "bf16", "h100-sxm", 1, 0.8, "multiple8", "auto", "auto", 0]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class App:
+    def __init__(self, tmp: Path):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}/"
+        self.db = tmp / "history.sqlite"
+        self.log = open(tmp / "app.log", "w")
+        env = {**os.environ, "MIGRATION_CACHE_DIR": str(tmp / "cache")}
+        self.proc = subprocess.Popen([sys.executable, "app.py", "--port", str(self.port), "--history-db", str(self.db)],
+                                     cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                break
+            except OSError:
+                assert self.proc.poll() is None, (tmp / "app.log").read_text()
+                time.sleep(0.5)
+        self.client = Client(self.url, verbose=False)
+
+    def workers(self) -> list[int]:
+        out = subprocess.run(["pgrep", "-f", "migration.worker"], capture_output=True, text=True).stdout
+        return [int(p) for p in out.split()]
+
+    def close(self):
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        self.proc.wait(timeout=30)
+        self.log.close()
+
+
+@pytest.fixture(scope="module")
+def app(tmp_path_factory):
+    a = App(tmp_path_factory.mktemp("app"))
+    yield a
+    a.close()
+
+
+def test_plan_by_api_name(app):
+    markdown, decisions, memory = app.client.predict(*FORM, api_name="/plan")
+    assert "compiled-for-target" in markdown and "Plan:" in markdown and "rule of thumb" in markdown
+    assert [row[0] for row in decisions["data"]][:4] == ["precision", "remat", "per_device_batch", "accumulation_steps"]
+    assert any(row[2] == "budget" for row in memory["data"])
+
+
+def test_run_streams_progress_then_results_and_exports_csv(app):
+    job = app.client.submit(8, 0.003, False, *FORM, api_name="/run")
+    result = job.result(timeout=300)
+    outputs = job.outputs()
+    assert len(outputs) >= 3  # progress updates arrived before the result
+    assert any("step" in str(o[0]) for o in outputs[:-1])
+    progress, results, losses, csv_path = result
+    assert "Run finished" in progress and "CPU backend" in progress
+    metrics = {row[0]: row[1] for row in results["data"]}
+    assert metrics["status"] == "ok" and metrics["recompilations after the first step"] == "0"
+    assert len(losses["data"]) == 8
+    frame = pd.read_csv(csv_path)
+    assert frame.loc[0, "status"] == "ok" and frame.loc[0, "per_device_batch"] == 32
+    history = app.client.predict("run", "transformer", "ok", api_name="/history")
+    newest = history["data"][0]
+    cols = history["headers"]
+    assert newest[cols.index("samples_per_s")] == pytest.approx(frame.loc[0, "samples_per_s"])
+
+
+def test_cancel_stops_the_worker_and_keeps_history(app):
+    job = app.client.submit(100_000, 0.003, False, *FORM, api_name="/run")
+    deadline = time.time() + 120
+    while time.time() < deadline and not any("step" in str(o[0]) for o in job.outputs()):
+        time.sleep(0.3)
+    assert app.workers(), "a worker should be running"
+    job.cancel()
+    deadline = time.time() + 30
+    while time.time() < deadline and app.workers():
+        time.sleep(0.3)
+    assert app.workers() == []
+    history = app.client.predict("run", "all", "cancelled", api_name="/history")
+    assert history["data"], "the cancelled run is in the history"
+    # the next job starts cleanly
+    result = app.client.submit(3, 0.003, False, *FORM, api_name="/run").result(timeout=300)
+    assert "Run finished" in result[0]
+
+
+def test_two_clients_run_one_after_the_other_and_both_are_in_history(app):
+    other = Client(app.url, verbose=False)
+    before = len(app.client.predict("run", "all", "ok", api_name="/history")["data"])
+    jobs = [c.submit(6, 0.003, False, *FORM, api_name="/run") for c in (app.client, other)]
+    for job in jobs:
+        assert "Run finished" in job.result(timeout=600)[0]
+    history = app.client.predict("run", "all", "ok", api_name="/history")
+    assert len(history["data"]) == before + 2
+    ids = [row[0] for row in history["data"][:2]]
+    csv_path = app.client.predict(",".join(map(str, ids)), api_name="/export_csv")
+    frame = pd.read_csv(csv_path)
+    assert len(frame) == 2
+    # Serialised: the second run's worker started after the first one's ended.
+    runs = frame.sort_values("id")
+    first_end = pd.Timestamp(runs.iloc[0]["started_at"]) + pd.Timedelta(seconds=runs.iloc[0]["wall_s"])
+    assert pd.Timestamp(runs.iloc[1]["started_at"]) >= first_end - pd.Timedelta(seconds=1)
+
+
+def test_compare_and_whole_history_export(app):
+    history = app.client.predict("run", "all", "ok", api_name="/history")
+    ids = [row[0] for row in history["data"][:2]]
+    table, throughput, memory = app.client.predict(",".join(map(str, ids)), api_name="/compare")
+    assert len(table["data"]) == 2 and len(throughput["data"]) == 2
+    frame = pd.read_csv(app.client.predict(api_name="/export_history_csv"))
+    assert {"run", "plan"} <= set(frame["kind"])
+    assert "peak_memory_bytes" in frame.columns and "samples_per_s" in frame.columns
+
+
+def test_bad_input_gets_a_clear_message(app):
+    bad = list(FORM)
+    bad[3] = 0  # global batch
+    with pytest.raises(Exception) as err:
+        app.client.predict(*bad, api_name="/plan")
+    assert "global_batch" in str(err.value) and "Traceback" not in str(err.value)
+
+
+def test_environment_tab_probes_in_a_worker(app):
+    markdown, info = app.client.predict(api_name="/environment")
+    assert info["backend"] == "cpu" and "never initialises" in markdown
