@@ -96,10 +96,10 @@ def plan_frames(p: Plan) -> tuple[pd.DataFrame, pd.DataFrame]:
     rows = [{"per_device_batch": r["per_device_batch"], "predicted_GiB": r["predicted_bytes"] / GiB,
              "series": f"remat {r['remat']}"} for r in p.table if r["predicted_bytes"] is not None
             and r["accumulation_steps"] == 1]
-    batches = sorted({r["per_device_batch"] for r in rows}) or [1]
-    rows += [{"per_device_batch": b, "predicted_GiB": p.budget_bytes / GiB, "series": "budget"} for b in
-             (batches[0], batches[-1])]
-    return decisions, pd.DataFrame(rows, columns=["per_device_batch", "predicted_GiB", "series"])
+    batches = sorted({r["per_device_batch"] for r in rows}) or [p.per_device_batch or 1]
+    rows += [{"per_device_batch": b, "predicted_GiB": p.budget_bytes / GiB, "series": "budget"} for b in batches]
+    memory = pd.DataFrame(rows, columns=["per_device_batch", "predicted_GiB", "series"])
+    return decisions, memory.astype({"per_device_batch": "int64", "predicted_GiB": "float64", "series": "str"})
 
 
 def results_frame(r: RunReport, budget: int | None) -> pd.DataFrame:
@@ -125,7 +125,8 @@ def results_frame(r: RunReport, budget: int | None) -> pd.DataFrame:
 def loss_frame(reports: list[tuple[str, RunReport]]) -> pd.DataFrame:
     rows = [{"step": i + 1, "loss": loss, "run": name} for name, r in reports for i, loss in enumerate(r.losses)
             if isinstance(loss, (int, float))]
-    return pd.DataFrame(rows, columns=["step", "loss", "run"])
+    # Typed even when empty: a plot fixes its axis types from the first frame it is sent.
+    return pd.DataFrame(rows, columns=["step", "loss", "run"]).astype({"step": "int64", "loss": "float64", "run": "str"})
 
 
 def export_path(name: str) -> Path:
@@ -206,7 +207,9 @@ def build_demo(history_path: str | Path = "runs/history.sqlite") -> gr.Blocks:
                     if now - last >= 0.25 or kind in ("compiled", "finished"):
                         last = now
                         partial = RunReport.from_events(run_cfg, handle.events_so_far, status="running")
-                        yield (f"{note}.\n\n{status}", gr.skip(), loss_frame(done + [(name, partial)]), gr.skip())
+                        losses = loss_frame(done + [(name, partial)])
+                        # An empty frame would fix the plot's colour scale with no series: skip it.
+                        yield (f"{note}.\n\n{status}", gr.skip(), losses if len(losses) else gr.skip(), gr.skip())
             finally:
                 if handle.report is None:  # Stop, disconnect or error: never leave a worker behind,
                     handle.cancel()        # and keep what it did in the history
@@ -295,8 +298,9 @@ def build_demo(history_path: str | Path = "runs/history.sqlite") -> gr.Blocks:
                 stop_btn = gr.Button("Stop", variant="stop")
             plan_md = gr.Markdown()
             decisions = gr.Dataframe(label="Decisions", wrap=True)
-            memory_plot = gr.LinePlot(x="per_device_batch", y="predicted_GiB", color="series",
-                                      title="Predicted peak memory per GPU vs batch (budget line)", height=300)
+            memory_plot = gr.ScatterPlot(x="per_device_batch", y="predicted_GiB", color="series",
+                                         title="Predicted peak memory per GPU for each batch the search compiled, "
+                                               "and the budget", height=300)
             progress_md = gr.Markdown()
             results = gr.Dataframe(label="Results", wrap=True)
             loss_plot = gr.LinePlot(x="step", y="loss", color="run", title="Loss", height=300)
@@ -376,7 +380,7 @@ def main() -> None:
     demo.queue(max_size=args.queue_size, default_concurrency_limit=4)
     demo.launch(server_name=args.host, server_port=args.port, root_path=args.root_path or None,
                 auth=read_auth(args.auth_file, env("MIGRATION_AUTH")), enable_monitoring=False, ssr_mode=False,
-                show_error=True, share=False)
+                show_error=True, share=False, run_history=False)
 
 
 if __name__ == "__main__":
