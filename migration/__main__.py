@@ -73,6 +73,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--plan", metavar="PLAN_JSON",
                      help="run a plan made by `plan` (its batch, accumulation, precision and remat replace those flags)")
 
+    chk = sub.add_parser("check", help="read Python files (never run them) for TPU-specific or outdated JAX")
+    chk.add_argument("files", nargs="+", metavar="FILE.py")
+    chk.add_argument("--json", metavar="PATH", help="write the findings as JSON")
+    chk.add_argument("--csv", metavar="PATH", help="write the findings as CSV, one row per finding")
+
     from migration.hardware import GPU_SPECS, TPU_SPECS
 
     p = PlanRequest()
@@ -313,9 +318,40 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0 if result.status == "ok" else 1
 
 
+def cmd_check(args: argparse.Namespace) -> int:
+    import csv
+
+    from migration.codecheck import CodeCheckError, check_files, has_errors
+    from migration.report import csv_cell
+
+    try:
+        findings = check_files(args.files)
+    except (CodeCheckError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for f in findings:
+        print(f"{f.file}:{f.line}:{f.col}: {f.severity} {f.rule} {f.message}\n    write instead: {f.replacement}")
+    counts = {sev: sum(f.severity == sev for f in findings) for sev in ("error", "warning", "info")}
+    if findings:
+        print(f"\n{len(findings)} finding(s): " + ", ".join(f"{n} {sev}" for sev, n in counts.items() if n))
+    else:
+        print(f"no findings in {len(args.files)} file(s)")
+    rows = [f.to_dict() for f in findings]
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump(rows, out, indent=2)
+    if args.csv:
+        with open(args.csv, "w", newline="") as out:
+            writer = csv.DictWriter(out, fieldnames=["file", "line", "col", "rule", "severity", "message", "replacement"],
+                                    lineterminator="\n")
+            writer.writeheader()
+            writer.writerows({k: csv_cell(v) for k, v in row.items()} for row in rows)
+    return 1 if has_errors(findings) else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return {"run": cmd_run, "env": cmd_env, "plan": cmd_plan}[args.command](args)
+    return {"run": cmd_run, "env": cmd_env, "plan": cmd_plan, "check": cmd_check}[args.command](args)
 
 
 if __name__ == "__main__":
