@@ -22,6 +22,8 @@ from typing import Any
 import gradio as gr
 import pandas as pd
 
+from migration import checklist
+from migration.codecheck import CodeCheckError, Finding, check_source
 from migration.config import PRECISIONS, REMAT_NAMES, ConfigError, PlanRequest, RunConfig
 from migration.environment import nvidia_gpus
 from migration.hardware import GPU_SPECS, TPU_SPECS
@@ -129,6 +131,15 @@ def loss_frame(reports: list[tuple[str, RunReport]]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["step", "loss", "run"]).astype({"step": "int64", "loss": "float64", "run": "str"})
 
 
+def checklist_frame(items: list[checklist.ChecklistItem]) -> pd.DataFrame:
+    return pd.DataFrame([dataclasses.asdict(i) for i in items], columns=["id", "item", "status", "evidence", "action"])
+
+
+def findings_frame(findings: list[Finding]) -> pd.DataFrame:
+    return pd.DataFrame([f.to_dict() for f in findings],
+                        columns=["file", "line", "col", "rule", "severity", "message", "replacement"])
+
+
 def export_path(name: str) -> Path:
     EXPORT_DIR.mkdir(parents=True, exist_ok=True)
     return EXPORT_DIR / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{time.monotonic_ns() % 10**6}.csv"
@@ -170,7 +181,7 @@ def build_demo(history_path: str | Path = "runs/history.sqlite") -> gr.Blocks:
         decisions, memory = plan_frames(result)
         return plan_markdown(result), decisions, memory, result.to_dict()
 
-    def do_run(plan_dict, steps, learning_rate, compare_tpu, *form):
+    def do_run(plan_dict, findings_state, steps, learning_rate, compare_tpu, profile, fp32_reference, *form):
         """Generator: progress while the worker runs; the `finally` kills it on Stop or disconnect."""
         try:
             if not plan_dict:
@@ -183,11 +194,17 @@ def build_demo(history_path: str | Path = "runs/history.sqlite") -> gr.Blocks:
             raise gr.Error(f"Invalid input: {exc}")
         except PlanError as exc:
             raise gr.Error(f"Cannot run this plan here: {exc}")
+        trace_dir = EXPORT_DIR / f"trace-{time.strftime('%Y%m%d-%H%M%S')}-{time.monotonic_ns() % 10**6}"
+        if profile:
+            cfg = dataclasses.replace(cfg, profile_steps=3, profile_dir=str(trace_dir))
         runs = [("migrated", cfg)]
+        if fp32_reference and cfg.precision != "fp32":
+            runs.append(("fp32 reference", dataclasses.replace(cfg, precision="fp32", profile_steps=0, profile_dir="")))
         if compare_tpu:
             per_device = max(1, p.requested_global_batch // cfg.devices)
             runs.append(("TPU-style", dataclasses.replace(cfg, per_device_batch=per_device, accumulation_steps=1,
-                                                          precision=p.source_precision, remat="none")))
+                                                          precision=p.source_precision, remat="none",
+                                                          profile_steps=0, profile_dir="")))
         done: list[tuple[str, RunReport]] = []
         for name, run_cfg in runs:
             handle = RunHandle(run_cfg)
@@ -209,7 +226,8 @@ def build_demo(history_path: str | Path = "runs/history.sqlite") -> gr.Blocks:
                         partial = RunReport.from_events(run_cfg, handle.events_so_far, status="running")
                         losses = loss_frame(done + [(name, partial)])
                         # An empty frame would fix the plot's colour scale with no series: skip it.
-                        yield (f"{note}.\n\n{status}", gr.skip(), losses if len(losses) else gr.skip(), gr.skip())
+                        yield (f"{note}.\n\n{status}", gr.skip(), losses if len(losses) else gr.skip(),
+                               *[gr.skip()] * 5)
             finally:
                 if handle.report is None:  # Stop, disconnect or error: never leave a worker behind,
                     handle.cancel()        # and keep what it did in the history
@@ -220,12 +238,43 @@ def build_demo(history_path: str | Path = "runs/history.sqlite") -> gr.Blocks:
             history.add_run(report, label=name)
             done.append((name, report))
         main = done[0][1]
+        by_name = dict(done)
         csv_path = export_path(f"report-{main.workload}-{main.preset}")
         write_csv([r for _, r in done], csv_path)
+        deploy_path = export_path(f"deploy-{main.workload}-{main.preset}").with_suffix(".sh")
+        deploy_path.write_text(checklist.deployment_snippet(p))
+        scaling = [history.run_report(e["id"]) for e in history.entries(kind="run", workload=main.workload, status="ok")
+                   if (e["preset"], e["precision"], e["remat"], e["per_device_batch"]) ==
+                   (main.preset, main.precision, main.remat, main.per_device_batch)]
+        items = checklist.evaluate(p, main, findings=findings_state, profile=main.profile,
+                                   fp32_reference=by_name.get("fp32 reference"), tpu_style_run=by_name.get("TPU-style"),
+                                   scaling_runs=[r for r in scaling if r is not None], deployment_file=deploy_path.name)
+        checklist_path = export_path(f"checklist-{main.workload}-{main.preset}")
+        checklist.to_csv(items, checklist_path)
         headline = "finished" if main.ok else f"failed ({main.failure_kind}): {main.message}"
         cpu_note = " — **CPU backend: these are CPU figures, not GPU ones.**" if main.backend == "cpu" else ""
+        trace = main.profile["path"] if main.profile and main.profile.get("top_ops") else None
         yield (f"{note}.\n\nRun {headline}{cpu_note}", results_frame(main, p.budget_bytes),
-               loss_frame(done), str(csv_path))
+               loss_frame(done), str(csv_path), checklist_frame(items), str(checklist_path), str(deploy_path), trace)
+
+    def do_code_check(text, files):
+        findings: list[Finding] = []
+        try:
+            if text and text.strip():
+                findings += check_source(text, "<pasted>")
+            for f in files or []:
+                path = Path(f if isinstance(f, str) else f.name)
+                if path.suffix != ".py":
+                    raise CodeCheckError(f"{path.name}: only .py files are checked")
+                findings += check_source(path.read_text(encoding="utf-8", errors="replace"), path.name)
+        except CodeCheckError as exc:
+            raise gr.Error(str(exc))
+        if not (text and text.strip()) and not files:
+            raise gr.Error("Paste Python source or upload .py files to check")
+        errors = sum(f.severity == "error" for f in findings)
+        summary = (f"{len(findings)} finding(s), {errors} error(s). The Migrate tab's checklist uses these findings."
+                   if findings else "No findings: nothing TPU-specific or outdated was found.")
+        return summary, findings_frame(findings), findings
 
     def do_history(kind, workload, status):
         return history_frame(history.entries(kind=None if kind == "all" else kind,
@@ -292,6 +341,8 @@ def build_demo(history_path: str | Path = "runs/history.sqlite") -> gr.Blocks:
                     granularity = gr.Dropdown(["multiple8", "pow2"], value="multiple8", label="Batch sizes")
                     learning_rate = gr.Number(3e-3, label="Learning rate")
                     compare_tpu = gr.Checkbox(False, label="Also run the TPU-style setup here (loss comparison)")
+                    profile = gr.Checkbox(False, label="Capture a profile (3 extra steps under jax.profiler.trace)")
+                    fp32_reference = gr.Checkbox(False, label="Also run an fp32 reference (numerics check)")
             with gr.Row():
                 plan_btn = gr.Button("Plan", variant="primary")
                 run_btn = gr.Button("Run on this machine", variant="secondary")
@@ -305,7 +356,13 @@ def build_demo(history_path: str | Path = "runs/history.sqlite") -> gr.Blocks:
             results = gr.Dataframe(label="Results", wrap=True)
             loss_plot = gr.LinePlot(x="step", y="loss", color="run", title="Loss", height=300)
             report_file = gr.File(label="CSV of this report")
+            checklist_table = gr.Dataframe(label="Migration checklist (status, evidence, action)", wrap=True)
+            with gr.Row():
+                checklist_file = gr.File(label="Checklist CSV (one row per item)")
+                deploy_file = gr.File(label="Deployment snippet (environment + start command)")
+                trace_file = gr.File(label="Profile trace (Perfetto / TensorBoard)")
             plan_state = gr.State(None)
+            findings_state = gr.State(None)
         with gr.Tab("History"):
             with gr.Row():
                 f_kind = gr.Dropdown(["all", "run", "plan"], value="all", label="Kind")
@@ -323,6 +380,13 @@ def build_demo(history_path: str | Path = "runs/history.sqlite") -> gr.Blocks:
                 throughput_plot = gr.BarPlot(x="config", y="samples_per_s", title="Throughput (samples/s)", height=280)
                 memory_bar = gr.BarPlot(x="config", y="peak_memory_GiB", title="Peak memory (GiB)", height=280)
             export_file = gr.File(label="CSV export")
+        with gr.Tab("Code check"):
+            gr.Markdown("Reads Python source with `ast`; nothing is ever run. Up to 1 MB per file.")
+            code_text = gr.Code(language="python", label="Paste a training script")
+            code_files = gr.File(label="…or upload .py files", file_count="multiple", file_types=[".py"])
+            code_btn = gr.Button("Check", variant="primary")
+            code_summary = gr.Markdown()
+            code_table = gr.Dataframe(label="Findings", wrap=True)
         with gr.Tab("Environment"):
             env_btn = gr.Button("Probe the environment (in a worker)")
             env_md = gr.Markdown()
@@ -334,9 +398,13 @@ def build_demo(history_path: str | Path = "runs/history.sqlite") -> gr.Blocks:
                         api_visibility="private")
         plan_btn.click(do_plan, form, [plan_md, decisions, memory_plot, plan_state], api_name="plan",
                        concurrency_id="plan", concurrency_limit=2)
-        run_event = run_btn.click(do_run, [plan_state, steps, learning_rate, compare_tpu, *form],
-                                  [progress_md, results, loss_plot, report_file], api_name="run",
+        run_event = run_btn.click(do_run, [plan_state, findings_state, steps, learning_rate, compare_tpu, profile,
+                                           fp32_reference, *form],
+                                  [progress_md, results, loss_plot, report_file, checklist_table, checklist_file,
+                                   deploy_file, trace_file], api_name="run",
                                   concurrency_id="gpu", concurrency_limit=1)
+        code_btn.click(do_code_check, [code_text, code_files], [code_summary, code_table, findings_state],
+                       api_name="code_check")
         stop_btn.click(None, None, None, cancels=[run_event], api_name="stop")
         filters = [f_kind, f_workload, f_status]
         refresh_btn.click(do_history, filters, history_table, api_name="history")

@@ -30,6 +30,7 @@ LIMITS: dict[str, tuple[float, float]] = {
     "seed": (0, 2**31 - 1),
     "timeout_s": (1, 7 * 24 * 3600),
     "memory_fraction": (0.05, 1.0),
+    "profile_steps": (0, 20),
 }
 
 
@@ -66,6 +67,9 @@ class RunConfig:
     preallocate: bool = False
     xla_flags: str = ""
     visible_devices: str = ""  # CUDA_VISIBLE_DEVICES, e.g. "0" or "0,1"; empty: leave as is
+    # Profile capture: this many extra steps after the timed ones, under jax.profiler.trace.
+    profile_steps: int = 0
+    profile_dir: str = ""
 
     @property
     def global_batch(self) -> int:
@@ -110,7 +114,7 @@ def validate(cfg: RunConfig) -> RunConfig:
 
     _check_choice(cfg, "workload", tuple(WORKLOADS))
     _check_choice(cfg, "preset", tuple(WORKLOADS[cfg.workload].presets))
-    for field in ("per_device_batch", "devices", "accumulation_steps", "steps", "warmup_steps", "seed"):
+    for field in ("per_device_batch", "devices", "accumulation_steps", "steps", "warmup_steps", "seed", "profile_steps"):
         _check_int(cfg, field)
     for field in ("learning_rate", "timeout_s", "memory_fraction"):
         _check_float(cfg, field)
@@ -122,6 +126,8 @@ def validate(cfg: RunConfig) -> RunConfig:
             "warmup_steps",
             f"must be smaller than steps ({cfg.steps}) so that at least one step is timed; got {cfg.warmup_steps}",
         )
+    if cfg.profile_steps and not (isinstance(cfg.profile_dir, str) and cfg.profile_dir):
+        raise ConfigError("profile_dir", "must name a folder for the trace when profile_steps > 0")
     if not isinstance(cfg.preallocate, bool):
         raise ConfigError("preallocate", f"must be true or false; got {cfg.preallocate!r}")
     if not isinstance(cfg.xla_flags, str) or "\n" in cfg.xla_flags:

@@ -31,6 +31,7 @@ import optax
 
 from migration.config import ConfigError, RunConfig
 from migration.hardware import cpu_peak_flops, gpu_spec_for_device_kind
+from migration.profiling import summarise_trace
 from migration.environment import jax_env_in_effect
 from migration.train import TrainProgram, batch_maker, init_state_on, jit_step, make_data_mesh
 
@@ -170,6 +171,16 @@ def measured_run(cfg: RunConfig, emit: Emit) -> None:
     jax.block_until_ready(state)
     recompilations = len(compiles) - compiles_before
 
+    profile = None
+    if cfg.profile_steps:
+        # Extra steps after the timed window, so tracing never perturbs the figures above.
+        with stage("profiling"), jax.profiler.trace(cfg.profile_dir, create_perfetto_trace=True):
+            for i in range(cfg.profile_steps):
+                state, metrics = step(state, pool[(cfg.steps + i) % pool_size])
+                jax.block_until_ready(metrics)
+        profile = summarise_trace(cfg.profile_dir, cfg.profile_steps)
+        emit("profiled", profile=profile)
+
     timed = step_s[cfg.warmup_steps:]
     total = sum(timed)
     samples_per_s = program.global_batch * len(timed) / total
@@ -215,6 +226,7 @@ def measured_run(cfg: RunConfig, emit: Emit) -> None:
         recompilations=recompilations,
         skipped_steps=skipped,
         final_loss_scale=float(values["loss_scale"]) if cfg.precision == "fp16" else None,
+        profile=profile,
     )
 
 

@@ -78,6 +78,7 @@ class RunReport:
     losses: list[float] = dataclasses.field(default_factory=list)
     step_ms: list[float] = dataclasses.field(default_factory=list)
     env: dict[str, str] = dataclasses.field(default_factory=dict)
+    profile: dict[str, Any] | None = None  # summary of the profiled steps, when captured
     config: dict[str, Any] = dataclasses.field(default_factory=dict)
     stderr_tail: str = ""
 
@@ -143,8 +144,12 @@ class RunReport:
         return text
 
     def csv_row(self) -> dict[str, Any]:
-        """Scalar fields only (per-step lists and nested dicts stay in the JSON)."""
-        return {k: v for k, v in self.to_dict().items() if not isinstance(v, (list, dict))}
+        """Scalar fields only (per-step lists and nested dicts stay in the JSON); the same columns
+        for every report."""
+        return {k: v for k, v in self.to_dict().items() if k not in NON_SCALAR_FIELDS}
+
+
+NON_SCALAR_FIELDS = ("losses", "step_ms", "env", "profile", "config")
 
 
 def write_csv(reports: list[RunReport], path: str | Path | None = None) -> str:

@@ -47,7 +47,9 @@ class App:
         self.client = Client(self.url, verbose=False)
 
     def workers(self) -> list[int]:
-        out = subprocess.run(["pgrep", "-f", "migration.worker"], capture_output=True, text=True).stdout
+        # only this app's workers (its children), not those of anything else on the machine
+        out = subprocess.run(["pgrep", "-P", str(self.proc.pid), "-f", "migration.worker"],
+                             capture_output=True, text=True).stdout
         return [int(p) for p in out.split()]
 
     def close(self):
@@ -71,12 +73,12 @@ def test_plan_by_api_name(app):
 
 
 def test_run_streams_progress_then_results_and_exports_csv(app):
-    job = app.client.submit(8, 0.003, False, *FORM, api_name="/run")
+    job = app.client.submit(8, 0.003, False, False, False, *FORM, api_name="/run")
     result = job.result(timeout=300)
     outputs = job.outputs()
     assert len(outputs) >= 3  # progress updates arrived before the result
     assert any("step" in str(o[0]) for o in outputs[:-1])
-    progress, results, losses, csv_path = result
+    progress, results, losses, csv_path, items, items_csv, deploy, trace = result
     assert "Run finished" in progress and "CPU backend" in progress
     metrics = {row[0]: row[1] for row in results["data"]}
     assert metrics["status"] == "ok" and metrics["recompilations after the first step"] == "0"
@@ -87,10 +89,27 @@ def test_run_streams_progress_then_results_and_exports_csv(app):
     newest = history["data"][0]
     cols = history["headers"]
     assert newest[cols.index("samples_per_s")] == pytest.approx(frame.loc[0, "samples_per_s"])
+    statuses = {row[0]: row[2] for row in items["data"]}
+    assert statuses["recompilation"] == "pass" and statuses["apis"] == "not checked"
+    assert len(pd.read_csv(items_csv)) == len(items["data"]) >= 12  # one row per checklist item
+    assert "export XLA_PYTHON_CLIENT_PREALLOCATE='false'" in Path(deploy).read_text()
+    assert trace is None
+
+
+def test_checklist_uses_the_code_check_profile_and_fp32_reference(app):
+    source = (ROOT / "tests" / "fixtures" / "codecheck" / "tpu_era_train.py").read_text()
+    # State is per session: the code check and the run must come from the same client session.
+    summary, table, *_ = app.client.predict(source, None, api_name="/code_check")
+    assert "error" in summary and any(row[3] == "REMOVED001" for row in table["data"])
+    result = app.client.submit(6, 0.003, False, True, True, *FORM, api_name="/run").result(timeout=600)
+    items = {row[0]: row for row in result[4]["data"]}
+    assert items["profile"][2] == "pass" and "ms/step" in items["profile"][3]
+    assert items["numerics"][2] in ("pass", "warn") and "fp32" in items["numerics"][3]
+    assert result[7] and result[7].endswith(".json.gz")
 
 
 def test_cancel_stops_the_worker_and_keeps_history(app):
-    job = app.client.submit(100_000, 0.003, False, *FORM, api_name="/run")
+    job = app.client.submit(100_000, 0.003, False, False, False, *FORM, api_name="/run")
     deadline = time.time() + 120
     while time.time() < deadline and not any("step" in str(o[0]) for o in job.outputs()):
         time.sleep(0.3)
@@ -103,14 +122,14 @@ def test_cancel_stops_the_worker_and_keeps_history(app):
     history = app.client.predict("run", "all", "cancelled", api_name="/history")
     assert history["data"], "the cancelled run is in the history"
     # the next job starts cleanly
-    result = app.client.submit(3, 0.003, False, *FORM, api_name="/run").result(timeout=300)
+    result = app.client.submit(3, 0.003, False, False, False, *FORM, api_name="/run").result(timeout=300)
     assert "Run finished" in result[0]
 
 
 def test_two_clients_run_one_after_the_other_and_both_are_in_history(app):
     other = Client(app.url, verbose=False)
     before = len(app.client.predict("run", "all", "ok", api_name="/history")["data"])
-    jobs = [c.submit(6, 0.003, False, *FORM, api_name="/run") for c in (app.client, other)]
+    jobs = [c.submit(6, 0.003, False, False, False, *FORM, api_name="/run") for c in (app.client, other)]
     for job in jobs:
         assert "Run finished" in job.result(timeout=600)[0]
     history = app.client.predict("run", "all", "ok", api_name="/history")
