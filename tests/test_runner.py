@@ -131,3 +131,13 @@ def test_cli_env_prints_backend_and_variables():
     proc = cli("env", timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "backend: cpu" in proc.stdout and "XLA_PYTHON_CLIENT_PREALLOCATE=false" in proc.stdout
+
+
+def test_a_profile_capture_is_summarised_and_kept(tmp_path):
+    report = run(RunConfig(workload="mlp", preset="tiny", steps=4, warmup_steps=1, profile_steps=2,
+                           profile_dir=str(tmp_path / "trace")))
+    assert report.ok, report.message
+    profile = report.profile
+    assert profile["steps"] == 2 and profile["top_ops"] and Path(profile["path"]).exists()
+    assert profile["path"].endswith("perfetto_trace.json.gz")
+    assert report.timed_steps == 3  # the profiled steps are extra, outside the timed window
