@@ -107,7 +107,6 @@ def evaluate(
 
     # 4. Gradient checkpointing
     if plan.status == "ok":
-        limit = max(plan.max_batch_by_remat.values()) if plan.max_batch_by_remat else plan.per_device_batch
         rows = {(r["remat"], r["per_device_batch"]): r["predicted_bytes"] for r in plan.table
                 if r["accumulation_steps"] == 1 and r["predicted_bytes"] is not None}
         same_batch = {remat: rows.get((remat, plan.per_device_batch)) for remat in ("none", plan.remat)}

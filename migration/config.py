@@ -80,11 +80,16 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "RunConfig":
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - names)
-        if unknown:
-            raise ConfigError(unknown[0], f"unknown field; allowed fields are {', '.join(sorted(names))}")
-        return validate(cls(**data))
+        return validate(_construct(cls, data))
+
+
+def _construct(cls: type, data: dict[str, Any]) -> Any:
+    """`cls(**data)`, refusing unknown fields by name (validation is the caller's)."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ConfigError(unknown[0], f"unknown field; allowed fields are {', '.join(sorted(names))}")
+    return cls(**data)
 
 
 def _check_int(cfg: RunConfig, field: str) -> None:
@@ -194,11 +199,7 @@ class PlanRequest:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "PlanRequest":
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - names)
-        if unknown:
-            raise ConfigError(unknown[0], f"unknown field; allowed fields are {', '.join(sorted(names))}")
-        return validate_plan_request(cls(**data))
+        return validate_plan_request(_construct(cls, data))
 
 
 def _check_range(obj: Any, field: str, limits: dict[str, tuple[float, float]], integer: bool) -> None:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from migration.report import json_safe
+from migration.report import JsonExport
 
 MiB = 2**20
 # Least recompute first: the planner takes the first policy that reaches the batch it needs.
@@ -170,7 +170,7 @@ class Decision:
 
 
 @dataclasses.dataclass
-class Plan:
+class Plan(JsonExport):
     """A GPU plan for a TPU-style setup: every decision with its reason, and the evidence."""
 
     status: str  # "ok" or "infeasible"
@@ -217,15 +217,6 @@ class Plan:
     message: str = ""  # for infeasible plans: why, and what would help
     jax_version: str | None = None
     planned_on: str | None = None  # backend of the machine that planned (e.g. cpu)
-
-    def to_dict(self) -> dict[str, Any]:
-        return json_safe(dataclasses.asdict(self))
-
-    def to_json(self, path: str | Path | None = None) -> str:
-        text = json.dumps(self.to_dict(), indent=2, allow_nan=False)
-        if path is not None:
-            Path(path).write_text(text + "\n")
-        return text
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Plan":

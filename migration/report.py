@@ -18,8 +18,21 @@ from typing import Any
 from migration.config import RunConfig
 
 
+class JsonExport:
+    """`to_dict` / `to_json` for result dataclasses (non-finite floats made JSON-safe)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return json_safe(dataclasses.asdict(self))
+
+    def to_json(self, path: str | Path | None = None) -> str:
+        text = json.dumps(self.to_dict(), indent=2, allow_nan=False)
+        if path is not None:
+            Path(path).write_text(text + "\n")
+        return text
+
+
 @dataclasses.dataclass
-class RunReport:
+class RunReport(JsonExport):
     status: str  # "ok", "failed" or "cancelled"
     failure_kind: str | None  # oom, crashed, timeout, invalid, cancelled; None when ok
     message: str
@@ -134,15 +147,6 @@ class RunReport:
         )
 
     # -- export ------------------------------------------------------------------------------
-    def to_dict(self) -> dict[str, Any]:
-        return json_safe(dataclasses.asdict(self))
-
-    def to_json(self, path: str | Path | None = None) -> str:
-        text = json.dumps(self.to_dict(), indent=2, allow_nan=False)
-        if path is not None:
-            Path(path).write_text(text + "\n")
-        return text
-
     def csv_row(self) -> dict[str, Any]:
         """Scalar fields only (per-step lists and nested dicts stay in the JSON); the same columns
         for every report."""

@@ -2,8 +2,6 @@
 
 import dataclasses
 
-import pytest
-
 from migration import checklist
 from migration.codecheck import check_source
 from migration.config import RunConfig
