@@ -190,8 +190,8 @@ def build_demo(history_path: str | Path = "runs/history.sqlite") -> gr.Blocks:
             base = RunConfig(steps=int(steps), learning_rate=float(learning_rate),
                              warmup_steps=min(2, max(0, int(steps) - 1)), timeout_s=3600)
             cfg, note = run_config_for_plan(p, base)
-        except (ConfigError, ValueError) as exc:
-            raise gr.Error(f"Invalid input: {exc}")
+        except (ConfigError, ValueError, TypeError) as exc:
+            raise gr.Error(f"Invalid input: {exc} (steps: a whole number from 1; learning rate: a positive number)")
         except PlanError as exc:
             raise gr.Error(f"Cannot run this plan here: {exc}")
         trace_dir = EXPORT_DIR / f"trace-{time.strftime('%Y%m%d-%H%M%S')}-{time.monotonic_ns() % 10**6}"

@@ -160,6 +160,12 @@ def test_bad_input_gets_a_clear_message(app):
     with pytest.raises(Exception) as err:
         app.client.predict(*bad, api_name="/plan")
     assert "global_batch" in str(err.value) and "Traceback" not in str(err.value)
+    with pytest.raises(Exception) as err:
+        app.client.predict(0, 0.003, False, False, False, *FORM, api_name="/run")
+    assert "steps" in str(err.value) and "Traceback" not in str(err.value)
+    with pytest.raises(Exception) as err:
+        app.client.predict("def broken(:\n", None, api_name="/code_check")
+    assert "not valid Python" in str(err.value)
 
 
 def test_environment_tab_probes_in_a_worker(app):

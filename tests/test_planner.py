@@ -91,7 +91,7 @@ def test_the_plan_compares_the_tpu_setup_and_the_rule_of_thumb():
     p = plan(tiny(target="h100-sxm", global_batch=256))
     assert p.tpu_setup_on_target["per_device_batch"] == 32  # 256 over a v5e-8's 8 chips
     assert p.tpu_setup_on_target["fits"] is True
-    assert 1 <= p.rule_of_thumb_batch <= 64 and "guide" in p.rule_of_thumb_note
+    assert p.rule_of_thumb_batch == 64 and "capped to 1..64" in p.rule_of_thumb_note  # a tiny model hits the cap
     assert p.environment["XLA_PYTHON_CLIENT_MEM_FRACTION"]["value"] == "0.80"
     assert "MXU" in p.matmul_precision["tpu"]
 
