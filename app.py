@@ -420,7 +420,11 @@ def read_auth(path: str | None, env_value: str | None) -> list[tuple[str, str]] 
     """Users as `user:password` lines in a file, or comma-separated in MIGRATION_AUTH."""
     pairs = []
     if path:
-        pairs += [line.strip() for line in Path(path).read_text().splitlines() if line.strip() and not line.startswith("#")]
+        try:
+            text = Path(path).read_text()
+        except OSError as exc:
+            raise SystemExit(f"auth: cannot read the users file {path!r} ({exc.strerror}); expected user:password lines")
+        pairs += [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")]
     if env_value:
         pairs += [p.strip() for p in env_value.split(",") if p.strip()]
     users = []

@@ -209,8 +209,8 @@ def _check_range(obj: Any, field: str, limits: dict[str, tuple[float, float]], i
     if integer and not (isinstance(value, int) and not isinstance(value, bool)):
         is_number = False
     if not is_number or not math.isfinite(value) or not lo <= value <= hi:
-        kind = "an integer" if integer else "a number"
-        raise ConfigError(field, f"must be {kind} from {lo:g} to {hi:g}; got {value!r}")
+        kind, bounds = ("an integer", f"{int(lo)} to {int(hi)}") if integer else ("a number", f"{lo:g} to {hi:g}")
+        raise ConfigError(field, f"must be {kind} from {bounds}; got {value!r}")
 
 
 def validate_plan_request(req: PlanRequest) -> PlanRequest:
