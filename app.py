@@ -23,22 +23,22 @@ import gradio as gr
 import pandas as pd
 
 from migration import checklist
-from migration.codecheck import CodeCheckError, Finding, check_source
+from migration.codecheck import CodeCheck, CodeCheckError, Finding, check_sources
+from migration.common import GiB, fmt_gib
 from migration.config import PRECISIONS, REMAT_NAMES, ConfigError, PlanRequest, RunConfig
-from migration.environment import nvidia_gpus
 from migration.hardware import GPU_SPECS, TPU_SPECS
 from migration.history import SUMMARY_COLUMNS, History
-from migration.plan import Plan
-from migration.report import RunReport, write_csv
-from migration.runner import PlanError, RunHandle, plan as make_plan, probe_environment, run_config_for_plan
+from migration.orchestrate import RunOptions, run_plan
+from migration.report import Plan, RunReport
+from migration.runner import PlanError, plan as make_plan, probe_environment
+from migration.worker_env import nvidia_gpus
 from workloads import WORKLOADS
 
-GiB = 2**30
 EXPORT_DIR = Path(tempfile.gettempdir()) / "tpu-gpu-migration-exports"
 
 
 def _gib(n: Any) -> str:
-    return "n/a" if n is None else f"{n / GiB:.3f} GiB"
+    return fmt_gib(n, 3)
 
 
 def host_banner() -> str:
@@ -73,7 +73,8 @@ def plan_request(workload, preset, source, global_batch, per_core_batch, source_
 def plan_markdown(p: Plan) -> str:
     head = (f"### {p.workload}/{p.preset}: {p.source_name} → {p.gpus} × {p.target_name}\n"
             f"Prediction: **{p.prediction_method}** — {p.prediction_note}. Budget per GPU {_gib(p.budget_bytes)} "
-            f"({p.memory_fraction:.0%} of {_gib(p.device_memory_bytes)} minus a {p.safety_margin:.0%} margin).\n\n")
+            f"({p.memory_fraction:.0%} of {_gib(p.device_memory_bytes)} minus a {p.safety_margin:.0%} margin; device "
+            f"memory: {p.budget_source}).\n\n")
     if p.status != "ok":
         return head + f"**Not feasible.** {p.message}"
     exact = "" if p.global_batch_exact else f" (**not** the requested {p.requested_global_batch})"
@@ -84,13 +85,21 @@ def plan_markdown(p: Plan) -> str:
     env = "\n".join(f"export {k}={v['value']!r}  # {v['why']}" for k, v in p.environment.items())
     return (head + f"**Plan:** {p.per_device_batch} per GPU × {p.gpus} GPU(s) × {p.accumulation_steps} accumulation = "
             f"global batch {p.global_batch}{exact}, **{p.precision}**, remat **{p.remat}**; predicted peak "
-            f"{_gib(p.predicted_peak_bytes)} per GPU.\n\n"
+            f"{_gib(p.predicted_peak_bytes)} per GPU"
+            + (f", predicted step {p.predicted_step_s * 1e3:.1f} ms" if p.predicted_step_s else "")
+            + ". The table below ranks every choice that fits by predicted step time.\n\n"
             f"TPU-style setup on this target: {p.tpu_setup_on_target.get('summary', 'n/a')}.\n\n"
             f"Guide's rule of thumb: batch **{p.rule_of_thumb_batch}** vs the compiler's **{p.per_device_batch}** "
             f"— {p.rule_of_thumb_note}.\n\n" + source_line +
             f"Matmul precision — TPU: {p.matmul_precision['tpu']}; GPU: {p.matmul_precision['gpu']}.\n\n"
             f"Search: {p.compiles} compile(s), {p.cache_hits} cache hit(s), {p.search_seconds:.1f} s.\n\n"
             f"```bash\n{env}\n```")
+
+
+def ranked_frame(p: Plan) -> pd.DataFrame:
+    """The fitting choices, fastest predicted step first (the planner's choice rule)."""
+    return pd.DataFrame(p.ranked_rows(), columns=["remat", "per_device_batch", "accumulation_steps", "global_batch",
+                                                  "device_fill", "predicted_step", "chosen"])
 
 
 def plan_frames(p: Plan) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -179,102 +188,62 @@ def build_demo(history_path: str | Path = "runs/history.sqlite") -> gr.Blocks:
             raise gr.Error(f"Planning failed ({exc.kind}): {exc}")
         history.add_plan(result)
         decisions, memory = plan_frames(result)
-        return plan_markdown(result), decisions, memory, result.to_dict()
+        return plan_markdown(result), decisions, ranked_frame(result), memory, result.to_dict()
 
-    def do_run(plan_dict, findings_state, steps, learning_rate, compare_tpu, profile, fp32_reference, *form):
-        """Generator: progress while the worker runs; the `finally` kills it on Stop or disconnect."""
+    def do_run(plan_dict, code_state, steps, learning_rate, compare_tpu, profile, fp32_reference, *form):
+        """Generator: progress while the worker runs; closing it (Stop, disconnect) kills the worker."""
         try:
-            if not plan_dict:
-                plan_dict = make_plan(plan_request(*form)).to_dict()
-            p = Plan.from_dict(plan_dict)
-            base = RunConfig(steps=int(steps), learning_rate=float(learning_rate),
-                             warmup_steps=min(2, max(0, int(steps) - 1)), timeout_s=3600)
-            cfg, note = run_config_for_plan(p, base)
+            p = Plan.from_dict(plan_dict) if plan_dict else make_plan(plan_request(*form))
+            options = RunOptions(steps=int(steps), learning_rate=float(learning_rate), timeout_s=3600,
+                                 fp32_reference=bool(fp32_reference), tpu_style=bool(compare_tpu), profile=bool(profile))
+            code = CodeCheck.from_dict(code_state) if code_state else None
+            events = run_plan(p, options, EXPORT_DIR, code=code, history=history)
+            first = next(events)  # validates and re-fits the plan before anything is shown
         except (ConfigError, ValueError, TypeError) as exc:
             raise gr.Error(f"Invalid input: {exc} (steps: a whole number from 1; learning rate: a positive number)")
         except PlanError as exc:
             raise gr.Error(f"Cannot run this plan here: {exc}")
-        trace_dir = EXPORT_DIR / f"trace-{time.strftime('%Y%m%d-%H%M%S')}-{time.monotonic_ns() % 10**6}"
-        if profile:
-            cfg = dataclasses.replace(cfg, profile_steps=3, profile_dir=str(trace_dir))
-        runs = [("migrated", cfg)]
-        if fp32_reference and cfg.precision != "fp32":
-            runs.append(("fp32 reference", dataclasses.replace(cfg, precision="fp32", profile_steps=0, profile_dir="")))
-        if compare_tpu:
-            per_device = max(1, p.requested_global_batch // cfg.devices)
-            runs.append(("TPU-style", dataclasses.replace(cfg, per_device_batch=per_device, accumulation_steps=1,
-                                                          precision=p.source_precision, remat="none",
-                                                          profile_steps=0, profile_dir="")))
-        done: list[tuple[str, RunReport]] = []
-        for name, run_cfg in runs:
-            handle = RunHandle(run_cfg)
-            try:
-                last = 0.0
-                status = f"{name}: starting a worker…"
-                for ev in handle.events(heartbeat_s=0.5):
-                    kind = ev["event"]
-                    if kind == "started":
-                        status = f"{name}: started on {ev['device_kind']} ×{ev['device_count']} ({ev['backend']}); compiling…"
-                    elif kind == "compiled":
-                        status = f"{name}: compiled in {ev['compile_s']:.1f} s; running…"
-                    elif kind == "step":
-                        status = (f"{name}: step {ev['index'] + 1} of {run_cfg.steps}, loss {ev['loss']}, "
-                                  f"{ev['step_ms']:.1f} ms")
-                    now = time.monotonic()
-                    if now - last >= 0.25 or kind in ("compiled", "finished"):
-                        last = now
-                        partial = RunReport.from_events(run_cfg, handle.events_so_far, status="running")
-                        losses = loss_frame(done + [(name, partial)])
-                        # An empty frame would fix the plot's colour scale with no series: skip it.
-                        yield (f"{note}.\n\n{status}", gr.skip(), losses if len(losses) else gr.skip(),
-                               *[gr.skip()] * 5)
-            finally:
-                if handle.report is None:  # Stop, disconnect or error: never leave a worker behind,
-                    handle.cancel()        # and keep what it did in the history
-                    history.add_run(RunReport.from_events(
-                        run_cfg, handle.events_so_far, status="cancelled", failure_kind="cancelled",
-                        message="stopped from the app before it finished"), label=name)
-            report = handle.report
-            history.add_run(report, label=name)
-            done.append((name, report))
-        main = done[0][1]
-        by_name = dict(done)
-        csv_path = export_path(f"report-{main.workload}-{main.preset}")
-        write_csv([r for _, r in done], csv_path)
-        deploy_path = export_path(f"deploy-{main.workload}-{main.preset}").with_suffix(".sh")
-        deploy_path.write_text(checklist.deployment_snippet(p))
-        scaling = [history.run_report(e["id"]) for e in history.entries(kind="run", workload=main.workload, status="ok")
-                   if (e["preset"], e["precision"], e["remat"], e["per_device_batch"]) ==
-                   (main.preset, main.precision, main.remat, main.per_device_batch)]
-        items = checklist.evaluate(p, main, findings=findings_state, profile=main.profile,
-                                   fp32_reference=by_name.get("fp32 reference"), tpu_style_run=by_name.get("TPU-style"),
-                                   scaling_runs=[r for r in scaling if r is not None], deployment_file=deploy_path.name)
-        checklist_path = export_path(f"checklist-{main.workload}-{main.preset}")
-        checklist.to_csv(items, checklist_path)
+        note = first["message"]
+        try:
+            for ev in events:
+                if ev["event"] == "progress":
+                    losses = loss_frame(ev["done"] + [(ev["run"], ev["partial"])])
+                    # An empty frame would fix the plot's colour scale with no series: skip it.
+                    yield (f"{note}.\n\n{ev['status']}", gr.skip(), losses if len(losses) else gr.skip(),
+                           *[gr.skip()] * 5)
+                elif ev["event"] == "result":
+                    result = ev["result"]
+        finally:
+            events.close()  # Stop or disconnect: kills the worker and records the run as cancelled
+        main = result.main
         headline = "finished" if main.ok else f"failed ({main.failure_kind}): {main.message}"
         cpu_note = " — **CPU backend: these are CPU figures, not GPU ones.**" if main.backend == "cpu" else ""
-        trace = main.profile["path"] if main.profile and main.profile.get("top_ops") else None
-        yield (f"{note}.\n\nRun {headline}{cpu_note}", results_frame(main, p.budget_bytes),
-               loss_frame(done), str(csv_path), checklist_frame(items), str(checklist_path), str(deploy_path), trace)
+        budget = (result.local_plan or result.plan).budget_bytes
+        yield (f"{note}.\n\nRun {headline}{cpu_note}", results_frame(main, budget), loss_frame(result.runs),
+               result.files["report_csv"], checklist_frame(result.checklist), result.files["checklist_csv"],
+               result.files["deployment"], result.files.get("trace"))
 
     def do_code_check(text, files):
-        findings: list[Finding] = []
+        sources: list[tuple[str, str]] = []
         try:
             if text and text.strip():
-                findings += check_source(text, "<pasted>")
+                sources.append(("<pasted>", text))
             for f in files or []:
                 path = Path(f if isinstance(f, str) else f.name)
                 if path.suffix != ".py":
                     raise CodeCheckError(f"{path.name}: only .py files are checked")
-                findings += check_source(path.read_text(encoding="utf-8", errors="replace"), path.name)
+                sources.append((path.name, path.read_text(encoding="utf-8", errors="replace")))
+            if not sources:
+                raise CodeCheckError("Paste Python source or upload .py files to check")
+            result = check_sources(sources)
         except CodeCheckError as exc:
             raise gr.Error(str(exc))
-        if not (text and text.strip()) and not files:
-            raise gr.Error("Paste Python source or upload .py files to check")
+        findings = list(result.findings)
         errors = sum(f.severity == "error" for f in findings)
-        summary = (f"{len(findings)} finding(s), {errors} error(s). The Migrate tab's checklist uses these findings."
-                   if findings else "No findings: nothing TPU-specific or outdated was found.")
-        return summary, findings_frame(findings), findings
+        summary = (f"{len(findings)} finding(s), {errors} error(s) in {len(result.files)} file(s). "
+                   if findings else "No findings: nothing TPU-specific or outdated was found. ")
+        summary += "The Migrate tab's checklist grades the items about your code from this check."
+        return summary, findings_frame(findings), result.to_dict()
 
     def do_history(kind, workload, status):
         return history_frame(history.entries(kind=None if kind == "all" else kind,
@@ -349,6 +318,7 @@ def build_demo(history_path: str | Path = "runs/history.sqlite") -> gr.Blocks:
                 stop_btn = gr.Button("Stop", variant="stop")
             plan_md = gr.Markdown()
             decisions = gr.Dataframe(label="Decisions", wrap=True)
+            ranked_table = gr.Dataframe(label="Choices that fit, fastest predicted step first", wrap=True)
             memory_plot = gr.ScatterPlot(x="per_device_batch", y="predicted_GiB", color="series",
                                          title="Predicted peak memory per GPU for each batch the search compiled, "
                                                "and the budget", height=300)
@@ -362,7 +332,7 @@ def build_demo(history_path: str | Path = "runs/history.sqlite") -> gr.Blocks:
                 deploy_file = gr.File(label="Deployment snippet (environment + start command)")
                 trace_file = gr.File(label="Profile trace (Perfetto / TensorBoard)")
             plan_state = gr.State(None)
-            findings_state = gr.State(None)
+            code_state = gr.State(None)
         with gr.Tab("History"):
             with gr.Row():
                 f_kind = gr.Dropdown(["all", "run", "plan"], value="all", label="Kind")
@@ -396,14 +366,14 @@ def build_demo(history_path: str | Path = "runs/history.sqlite") -> gr.Blocks:
                 memory_fraction, granularity, remat, precision, accumulation]
         workload.change(lambda w: gr.Dropdown(choices=list(WORKLOADS[w].presets), value="tiny"), workload, preset,
                         api_visibility="private")
-        plan_btn.click(do_plan, form, [plan_md, decisions, memory_plot, plan_state], api_name="plan",
+        plan_btn.click(do_plan, form, [plan_md, decisions, ranked_table, memory_plot, plan_state], api_name="plan",
                        concurrency_id="plan", concurrency_limit=2)
-        run_event = run_btn.click(do_run, [plan_state, findings_state, steps, learning_rate, compare_tpu, profile,
+        run_event = run_btn.click(do_run, [plan_state, code_state, steps, learning_rate, compare_tpu, profile,
                                            fp32_reference, *form],
                                   [progress_md, results, loss_plot, report_file, checklist_table, checklist_file,
                                    deploy_file, trace_file], api_name="run",
                                   concurrency_id="gpu", concurrency_limit=1)
-        code_btn.click(do_code_check, [code_text, code_files], [code_summary, code_table, findings_state],
+        code_btn.click(do_code_check, [code_text, code_files], [code_summary, code_table, code_state],
                        api_name="code_check")
         stop_btn.click(None, None, None, cancels=[run_event], api_name="stop")
         filters = [f_kind, f_workload, f_status]

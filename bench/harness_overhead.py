@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from migration.config import RunConfig  # noqa: E402
-from migration.environment import worker_environment  # noqa: E402
+from migration.worker_env import worker_environment  # noqa: E402
 from migration.runner import run  # noqa: E402
 
 CASES = [  # (workload, preset, batch, precision, steps, warmup)

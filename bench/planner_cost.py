@@ -1,8 +1,18 @@
-"""Planner cost: compiles and seconds of a real plan against a linear scan of the candidates.
+"""Planner cost, like for like: the planner's search against a linear scan of the same candidates.
 
-Plans gpt2-small (global batch 256 from a TPU v5e-8) for an H100 SXM with a fresh compile cache,
-then prints the compiles the search used against the number of candidate batch sizes a linear
-scan would compile (every candidate, for each remat policy the search looked at), and the ratio.
+Both sides run in this one process with the planner worker's environment (deviceless compiles
+for the target, XLA's own rematerialisation off), each with its own cold compile cache:
+
+- planner: `plan_migration` as `python -m migration plan` runs it (bracketed search per policy,
+  policies it can rule out by predicted step time skipped, the chosen choice compiled with its
+  accumulation);
+- linear scan: for the same remat policies the planner searched and the same candidate batches,
+  compile every candidate from the smallest up (above the batch the previous policy reached, as
+  the planner does) until one does not fit, then compile the same
+  chosen choice with its accumulation (a plan is not accepted unverified on either side).
+
+It prints compiles and seconds of each, their ratio, and checks that both found the same largest
+batch for every policy.
 
     python bench/planner_cost.py [--preset gpt2-small] [--target h100-sxm] [--global-batch 256]
 """
@@ -13,39 +23,66 @@ import argparse
 import os
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from migration.config import PlanRequest  # noqa: E402
-from migration.plan import batch_candidates  # noqa: E402
-from migration.runner import plan  # noqa: E402
+from migration.config import PlanRequest, validate_plan_request  # noqa: E402
+from migration.worker_env import planner_environment  # noqa: E402
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser()
+    parser.add_argument("--workload", default="transformer")
     parser.add_argument("--preset", default="gpt2-small")
     parser.add_argument("--target", default="h100-sxm")
     parser.add_argument("--global-batch", type=int, default=256)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as cache:
-        os.environ["MIGRATION_CACHE_DIR"] = cache  # cold cache: every compile counts
-        p = plan(PlanRequest(workload="transformer", preset=args.preset, target=args.target,
-                             global_batch=args.global_batch, compile_for_tpu=False))
-    compile_rows = [r for r in p.table if not r["cached"]]
-    per_compile = sum(r["seconds"] for r in compile_rows) / max(1, len(compile_rows))
-    all_candidates = batch_candidates(min(args.global_batch, 1024), "multiple8")
-    policies = len(p.max_batch_by_remat)
-    linear = len(all_candidates) * policies
+    req = validate_plan_request(PlanRequest(workload=args.workload, preset=args.preset, target=args.target,
+                                            global_batch=args.global_batch, compile_for_tpu=False))
+    os.environ.update(planner_environment(req))  # before JAX is first imported, as in a planner worker
+
+    from migration.memory import CompileCache, MemoryPredictor
+    from migration.planner import plan_migration
+
+    quiet = lambda *a, **k: None  # noqa: E731
+    with tempfile.TemporaryDirectory() as tmp:
+        os.environ["MIGRATION_CACHE_DIR"] = str(Path(tmp) / "planner")
+        t0 = time.perf_counter()
+        p = plan_migration(req, quiet)
+        planner_s = time.perf_counter() - t0
+
+        scan = MemoryPredictor(req, quiet, cache=CompileCache(Path(tmp) / "linear" / "cache.json"))
+        t0 = time.perf_counter()
+        linear_max: dict[str, int] = {}
+        known = 0  # like the planner, a policy that keeps less starts above the previous policy's fit
+        for remat in p.max_batch_by_remat:
+            linear_max[remat] = known
+            for b in (c for c in p.candidates if c > known):
+                peak = scan.predict(p.precision, remat, b)
+                if peak is None or peak > p.budget_bytes:
+                    break
+                linear_max[remat] = b
+            known = max(known, linear_max[remat])
+        scan.predict(p.precision, p.remat, p.per_device_batch, p.accumulation_steps)
+        linear_s = time.perf_counter() - t0
+
+    print(f"{args.workload}/{args.preset}, global batch {args.global_batch}, for {p.target_name} "
+          f"({p.prediction_method}); policies searched: {', '.join(p.max_batch_by_remat)}; "
+          f"{len(p.candidates)} candidate batches {p.candidates[0]}..{p.candidates[-1]}")
     print(f"plan: {p.per_device_batch} per GPU x {p.accumulation_steps} accumulation, {p.precision}, remat {p.remat}; "
-          f"{p.prediction_method}; predicted {p.predicted_peak_bytes / 2**30:.2f} of {p.budget_bytes / 2**30:.2f} GiB")
-    print(f"{'':<34} {'compiles':>9} {'seconds':>9}")
-    print(f"{'planner search (cold cache)':<34} {p.compiles:>9} {p.search_seconds:>9.1f}")
-    print(f"{'linear scan (estimated)':<34} {linear:>9} {linear * per_compile:>9.1f}")
-    print(f"ratio planner / linear scan: {p.compiles / linear:.3f} "
-          f"({len(all_candidates)} multiple-of-8 candidates x {policies} remat policies looked at; "
-          f"linear-scan seconds = candidates x the search's mean {per_compile:.1f} s per compile)")
+          f"predicted {p.predicted_peak_bytes / 2**30:.2f} of {p.budget_bytes / 2**30:.2f} GiB")
+    print(f"{'':<40} {'compiles':>9} {'seconds':>9}")
+    print(f"{'planner search (cold cache)':<40} {p.compiles:>9} {planner_s:>9.1f}")
+    print(f"{'linear scan, same policies (cold cache)':<40} {scan.compiles:>9} {linear_s:>9.1f}")
+    print(f"ratio planner / linear scan: compiles {p.compiles / scan.compiles:.3f}, seconds {planner_s / linear_s:.3f}")
+    same = linear_max == p.max_batch_by_remat
+    print("largest batch per policy, planner: " + ", ".join(f"{k} {v}" for k, v in p.max_batch_by_remat.items())
+          + "; linear scan: " + ", ".join(f"{k} {v}" for k, v in linear_max.items())
+          + ("  (same)" if same else "  (DIFFERENT)"))
+    return 0 if same else 1
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -3,6 +3,10 @@ compare predicted with measured peak memory (target: within 10%). Beside the on-
 prediction it prints the deviceless prediction for the catalog H200 (the CPU machine's method),
 made here for the same configuration.
 
+It refuses to report predicted-vs-measured without a GPU measurement: on a machine without a GPU
+(or when a run did not execute on the GPU backend) it says so and exits with status 2, because a
+CPU figure compared with a CPU compile checks nothing about GPU planning.
+
     python bench/planner_gpu_check.py [--steps 10] [--catalog h200]
 """
 
@@ -17,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from migration.config import PlanRequest, RunConfig  # noqa: E402
 from migration.runner import plan, run  # noqa: E402
 
-GiB = 2**30
+from migration.common import GiB  # noqa: E402
 
 
 def main() -> int:
@@ -26,8 +30,13 @@ def main() -> int:
     parser.add_argument("--catalog", default="h200")
     parser.add_argument("--global-batch", type=int, default=64)
     parser.add_argument("--presets", default="gpt2-small,gpt2-medium")
-    parser.add_argument("--platform", default="gpu", help="cpu tries the script on a machine without a GPU")
     args = parser.parse_args()
+    from migration.worker_env import nvidia_gpus
+
+    if not nvidia_gpus():
+        print("refused: no NVIDIA GPU here (NVML found none), so nothing can be measured on a GPU; "
+              "predicted-vs-measured is only reported for runs on a GPU")
+        return 2
     print(f"{'preset':<12} {'plan':<26} {'pred local':>10} {'pred deviceless':>15} {'measured':>9} {'meas/pred':>9}")
     bad = 0
     for preset in args.presets.split(","):
@@ -39,7 +48,11 @@ def main() -> int:
                                       accumulation_steps=local.accumulation_steps))
         report = run(RunConfig(workload="transformer", preset=preset, per_device_batch=local.per_device_batch,
                                accumulation_steps=local.accumulation_steps, precision=local.precision,
-                               remat=local.remat, steps=args.steps, warmup_steps=2, platform=args.platform, timeout_s=300))
+                               remat=local.remat, steps=args.steps, warmup_steps=2, platform="gpu", timeout_s=300))
+        if report.backend != "gpu":
+            print(f"refused: the {preset} run executed on the {report.backend} backend ({report.status}: "
+                  f"{report.message}); no GPU figure to compare")
+            return 2
         desc = f"b{local.per_device_batch} x{local.accumulation_steps} {local.precision} {local.remat}"
         measured = report.peak_memory_bytes if report.ok else None
         ratio = measured / local.predicted_peak_bytes if measured else None

@@ -1,4 +1,4 @@
-"""Command line: `python -m migration {run,env}`. Formats the backend's results; decides nothing."""
+"""Command line: `python -m migration {env,run,plan,check}`. Formats the backend's results; decides nothing."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from migration.config import (
     RunConfig,
 )
 
-GiB = 2**30
+from migration.common import fmt_gib, write_csv
 
 
 class _Parser(argparse.ArgumentParser):
@@ -29,7 +29,7 @@ class _Parser(argparse.ArgumentParser):
 
 _FLAGS = {"per_device_batch": "--batch", "accumulation_steps": "--accum", "warmup_steps": "--warmup",
           "learning_rate": "--lr", "timeout_s": "--timeout", "memory_fraction": "--mem-fraction",
-          "visible_devices": "--gpus", "xla_flags": "--xla-flags"}
+          "visible_devices": "--visible-devices", "xla_flags": "--xla-flags"}
 
 
 def _range(field: str) -> str:
@@ -66,12 +66,21 @@ def build_parser() -> argparse.ArgumentParser:
                      help="XLA_PYTHON_CLIENT_MEM_FRACTION for the worker")
     run.add_argument("--preallocate", action="store_true", help="let JAX preallocate its GPU memory pool")
     run.add_argument("--xla-flags", default=d.xla_flags, help="extra XLA_FLAGS for the worker")
-    run.add_argument("--gpus", dest="visible_devices", default=d.visible_devices, help="CUDA_VISIBLE_DEVICES, e.g. 0,1")
+    run.add_argument("--visible-devices", dest="visible_devices", default=d.visible_devices,
+                     help="CUDA_VISIBLE_DEVICES for the worker, e.g. 0,1 (the device count is --devices)")
     run.add_argument("--json", metavar="PATH", help="write the report as JSON")
     run.add_argument("--csv", metavar="PATH", help="write the report as a one-row CSV")
     run.add_argument("--quiet", action="store_true", help="no per-step progress")
     run.add_argument("--plan", metavar="PLAN_JSON",
                      help="run a plan made by `plan` (its batch, accumulation, precision and remat replace those flags)")
+    run.add_argument("--checklist", metavar="CSV", help="with --plan: grade the migration checklist and write it as CSV")
+    run.add_argument("--code", nargs="+", metavar="FILE.py", help="with --plan: your training code, for the checklist")
+    run.add_argument("--fp32-reference", action="store_true", help="with --plan: also run an fp32 reference (numerics)")
+    run.add_argument("--tpu-style", action="store_true", help="with --plan: also run the unchanged TPU-style setup here")
+    run.add_argument("--profile", action="store_true", help="with --plan: capture a profile of 3 extra steps")
+    run.add_argument("--history-db", metavar="PATH", help="with --plan: record the runs in this history database")
+    run.add_argument("--export-dir", metavar="DIR", default="runs/exports",
+                     help="with --plan: where the report, checklist and deployment snippet are written")
 
     chk = sub.add_parser("check", help="read Python files (never run them) for TPU-specific or outdated JAX")
     chk.add_argument("files", nargs="+", metavar="FILE.py")
@@ -90,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the TPU setup's per-core batch (default: global batch / TPU devices)")
     pl.add_argument("--source-precision", dest="source_precision", default=p.source_precision, choices=["bf16", "fp32"])
     pl.add_argument("--target", default=p.target, help=f"GPU target: local, {', '.join(GPU_SPECS)}")
-    pl.add_argument("--gpus", type=int, default=p.gpus)
+    pl.add_argument("--gpus", type=int, default=p.gpus, help="number of GPUs of the target")
     pl.add_argument("--mem-fraction", dest="memory_fraction", type=float, default=p.memory_fraction,
                     help="share of each GPU the job may use (default 0.8)")
     pl.add_argument("--safety-margin", dest="safety_margin", type=float, default=p.safety_margin,
@@ -110,7 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _fmt_bytes(n: int | None) -> str:
-    return "n/a" if n is None else f"{n / GiB:.3f} GiB"
+    return fmt_gib(n, 3)
 
 
 def _fmt(value: Any, spec: str, unit: str = "") -> str:
@@ -146,43 +155,9 @@ def print_summary(r: Any) -> None:
         print(f"  {key:<{width}}  {value}")
 
 
-def _config_from_plan(args: argparse.Namespace, cfg: RunConfig) -> RunConfig | None:
-    from migration.plan import Plan
-    from migration.runner import PlanError, run_config_for_plan
-
-    try:
-        saved = Plan.from_json(args.plan)
-    except (OSError, ValueError, TypeError, KeyError) as exc:
-        print(f"error: --plan {args.plan}: not a readable plan ({exc})", file=sys.stderr)
-        return None
-    try:
-        cfg, note = run_config_for_plan(saved, cfg)
-    except (PlanError, ConfigError) as exc:
-        print(f"error: --plan {args.plan}: {exc}", file=sys.stderr)
-        return None
-    print(f"note: {note}.")
-    return cfg
-
-
-def cmd_run(args: argparse.Namespace) -> int:
-    from migration.report import write_csv
-    from migration.runner import start_run
-
-    fields = {f.name for f in dataclasses.fields(RunConfig)}
-    cfg = RunConfig(**{k: v for k, v in vars(args).items() if k in fields})
-    if args.plan:
-        cfg = _config_from_plan(args, cfg)
-        if cfg is None:
-            return 2
-    try:
-        handle = start_run(cfg)
-    except ConfigError as exc:
-        flag = _FLAGS.get(exc.field)
-        print(f"error: invalid config: {exc}" + (f" (flag {flag})" if flag else ""), file=sys.stderr)
-        return 2
-
+def _progress_printer(quiet: bool, steps: int):
     def progress(ev: dict[str, Any]) -> None:
-        if args.quiet:
+        if quiet:
             return
         kind = ev["event"]
         if kind == "started":
@@ -193,28 +168,120 @@ def cmd_run(args: argparse.Namespace) -> int:
         elif kind == "step":
             loss = ev["loss"]
             loss_s = f"{loss:.4f}" if isinstance(loss, float) else str(loss)
-            print(f"step {ev['index'] + 1:>5}/{cfg.steps}  loss {loss_s}  {ev['step_ms']:.2f} ms"
+            print(f"step {ev['index'] + 1:>5}/{steps}  loss {loss_s}  {ev['step_ms']:.2f} ms"
                   + ("  (skipped: non-finite gradients)" if ev.get("skipped") else ""), flush=True)
+    return progress
 
+
+def _write_report(args: argparse.Namespace, report: Any) -> None:
+    from migration.report import write_csv as write_report_csv
+
+    if args.json:
+        report.to_json(args.json)
+        print(f"wrote {args.json}")
+    if args.csv:
+        write_report_csv([report], args.csv)
+        print(f"wrote {args.csv}")
+
+
+def _report_failure(report: Any) -> int:
+    if report.ok:
+        return 0
+    print(f"error: run {report.failure_kind}: {report.message}", file=sys.stderr)
+    if report.failure_kind == "crashed" and report.stderr_tail:
+        print("--- worker stderr (tail) ---\n" + report.stderr_tail[-2000:], file=sys.stderr)
+    return 1
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from migration.runner import start_run
+
+    fields = {f.name for f in dataclasses.fields(RunConfig)}
+    cfg = RunConfig(**{k: v for k, v in vars(args).items() if k in fields})
+    if args.plan:
+        return cmd_run_plan(args, cfg)
+    plan_only = [flag for flag, on in (("--checklist", args.checklist), ("--code", args.code),
+                                       ("--fp32-reference", args.fp32_reference), ("--tpu-style", args.tpu_style),
+                                       ("--profile", args.profile), ("--history-db", args.history_db)) if on]
+    if plan_only:
+        print(f"error: {plan_only[0]} needs --plan PLAN_JSON (the checklist grades a plan and its run)", file=sys.stderr)
+        return 2
     try:
-        report = handle.wait(progress)
+        handle = start_run(cfg)
+    except ConfigError as exc:
+        flag = _FLAGS.get(exc.field)
+        print(f"error: invalid config: {exc}" + (f" (flag {flag})" if flag else ""), file=sys.stderr)
+        return 2
+    try:
+        report = handle.wait(_progress_printer(args.quiet, cfg.steps))
     except KeyboardInterrupt:
         handle.cancel()
         print("\ncancelled", file=sys.stderr)
         return 130
     print_summary(report)
-    if args.json:
-        report.to_json(args.json)
-        print(f"wrote {args.json}")
-    if args.csv:
-        write_csv([report], args.csv)
-        print(f"wrote {args.csv}")
-    if not report.ok:
-        print(f"error: run {report.failure_kind}: {report.message}", file=sys.stderr)
-        if report.failure_kind == "crashed" and report.stderr_tail:
-            print("--- worker stderr (tail) ---\n" + report.stderr_tail[-2000:], file=sys.stderr)
-        return 1
-    return 0
+    _write_report(args, report)
+    return _report_failure(report)
+
+
+def cmd_run_plan(args: argparse.Namespace, cfg: RunConfig) -> int:
+    """`run --plan`: the same runs, history, exports and checklist as the app's Run button."""
+    from pathlib import Path
+
+    from migration.codecheck import CodeCheckError, check_paths
+    from migration.history import History
+    from migration.orchestrate import RunOptions, run_plan
+    from migration.report import Plan
+    from migration.runner import PlanError
+
+    try:
+        saved = Plan.from_json(args.plan)
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        print(f"error: --plan {args.plan}: not a readable plan ({exc})", file=sys.stderr)
+        return 2
+    try:
+        code = check_paths(args.code) if args.code else None
+    except (CodeCheckError, OSError) as exc:
+        print(f"error: --code: {exc}", file=sys.stderr)
+        return 2
+    options = RunOptions(steps=cfg.steps, learning_rate=cfg.learning_rate, timeout_s=cfg.timeout_s,
+                         fp32_reference=args.fp32_reference, tpu_style=args.tpu_style, profile=args.profile)
+    history = History(args.history_db) if args.history_db else None
+    events = run_plan(saved, options, Path(args.export_dir), code=code, history=history)
+    progress = _progress_printer(args.quiet, cfg.steps)
+    result = None
+    try:
+        for ev in events:
+            if ev["event"] == "note":
+                print(f"note: {ev['message']}.")
+            elif ev["event"] == "progress":
+                progress(ev["worker_event"])
+            elif ev["event"] == "result":
+                result = ev["result"]
+    except (PlanError, ConfigError) as exc:
+        print(f"error: --plan {args.plan}: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        events.close()
+        print("\ncancelled", file=sys.stderr)
+        return 130
+    for name, report in result.runs:
+        print(f"\n== {name}")
+        print_summary(report)
+    _write_report(args, result.main)
+    print_checklist(result.checklist)
+    if args.checklist:
+        from migration.checklist import to_csv
+
+        to_csv(result.checklist, args.checklist)
+        print(f"wrote {args.checklist}")
+    print("exports: " + ", ".join(f"{k} {v}" for k, v in result.files.items()))
+    return _report_failure(result.main)
+
+
+def print_checklist(items: list[Any]) -> None:
+    print("\nmigration checklist:")
+    for it in items:
+        print(f"  [{it.status:^11}] {it.item}\n      evidence: {it.evidence}\n      action:   {it.action}")
 
 
 def cmd_env(args: argparse.Namespace) -> int:
@@ -251,7 +318,8 @@ def print_plan(plan: Any) -> None:
     print(f"\n{plan.workload}/{plan.preset}: {plan.source_name} (global batch {plan.requested_global_batch}, "
           f"{plan.source_per_core_batch} per core, {plan.source_precision}) -> {plan.gpus} x {plan.target_name}")
     print(f"memory budget per GPU: {_fmt_bytes(plan.budget_bytes)} ({plan.memory_fraction:.0%} of "
-          f"{_fmt_bytes(plan.device_memory_bytes)}, minus a {plan.safety_margin:.0%} margin)")
+          f"{_fmt_bytes(plan.device_memory_bytes)}, minus a {plan.safety_margin:.0%} margin; device memory: "
+          f"{plan.budget_source})")
     print(f"prediction: {plan.prediction_method} -- {plan.prediction_note}")
     if plan.status != "ok":
         print(f"\nNOT FEASIBLE: {plan.message}")
@@ -261,7 +329,8 @@ def print_plan(plan: Any) -> None:
           f"{plan.precision}, remat {plan.remat}; predicted peak {_fmt_bytes(plan.predicted_peak_bytes)} per GPU")
     for d in plan.decisions:
         print(f"  {d.decision:<20} {str(d.value):<14} {d.reason}")
-    print("largest batch per remat policy: " + ", ".join(f"{k} {v}" for k, v in plan.max_batch_by_remat.items()))
+    print("largest batch per remat policy searched: " + ", ".join(f"{k} {v}" for k, v in plan.max_batch_by_remat.items()))
+    print_ranked(plan)
     print(f"the TPU-style setup on this target: {plan.tpu_setup_on_target.get('summary', 'n/a')}")
     src = plan.source_tpu_compile
     if src.get("status") == "ok":
@@ -278,6 +347,18 @@ def print_plan(plan: Any) -> None:
     for name, item in plan.environment.items():
         print(f"  {name}={item['value']}    # {item['why']}")
     print(f"search: {plan.compiles} compile(s), {plan.cache_hits} cache hit(s), {plan.search_seconds:.1f} s")
+
+
+def print_ranked(plan: Any) -> None:
+    """The fitting choices, fastest first, with their predicted step time."""
+    rows = plan.ranked_rows()
+    if not rows:
+        return
+    print("choices that fit, fastest predicted step first (those that change the global batch last):")
+    print(f"  {'remat':<14} {'batch':>6} {'accum':>6} {'global':>7} {'fill':>6} {'step (predicted)':>17}")
+    for r in rows:
+        print(f"  {r['remat']:<14} {r['per_device_batch']:>6} {r['accumulation_steps']:>6} {r['global_batch']:>7} "
+              f"{r['device_fill']:>6} {r['predicted_step']:>17}{'  <- plan' if r['chosen'] else ''}")
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -319,10 +400,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    import csv
-
     from migration.codecheck import CodeCheckError, check_files, has_errors
-    from migration.report import csv_cell
 
     try:
         findings = check_files(args.files)
@@ -341,11 +419,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         with open(args.json, "w") as out:
             json.dump(rows, out, indent=2)
     if args.csv:
-        with open(args.csv, "w", newline="") as out:
-            writer = csv.DictWriter(out, fieldnames=["file", "line", "col", "rule", "severity", "message", "replacement"],
-                                    lineterminator="\n")
-            writer.writeheader()
-            writer.writerows({k: csv_cell(v) for k, v in row.items()} for row in rows)
+        write_csv(rows, ["file", "line", "col", "rule", "severity", "message", "replacement"], args.csv)
     return 1 if has_errors(findings) else 0
 
 

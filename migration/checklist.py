@@ -1,28 +1,40 @@
-"""The migration checklist, decided from evidence the product gathered.
+"""The migration checklist, graded only from evidence about the user's migrated job.
 
-The guide ends with eight checklist items that teams tick by hand. Here each item gets a status
-(pass, warn, fail, n/a, not checked), the evidence (figures with units and where they came from)
-and the action to take, from a plan, the run of that plan, and optionally the code check's
-findings, a profile summary, an fp32 reference run, the TPU-style setup run locally and runs at
-other device counts.
+The guide ends with eight items that teams tick by hand; four more follow from it. Each item is one
+small function in `ITEMS` (id -> title, the statuses it can return, the function) of the evidence:
+the plan, the run that actually happened (after any re-fit to this machine, with the plan for that
+machine), the code check of the user's own code, and optional extra runs (an fp32 reference, the
+TPU-style setup run here, runs at other device counts).
+
+Grading rules, the same for every item:
+- `pass` only when evidence about the user's job on the target shows it: a measurement on the
+  target GPU, or the code check of the user's own code. This tool's own defaults never pass an item.
+- `warn` when the evidence is only predicted, estimated, or measured on another device than the
+  target (a CPU backend, another GPU model); the action says what would confirm it.
+- `fail` when the evidence shows the item is not met.
+- `not checked` when there is no evidence; the action says what to supply.
+- `n/a` when the item does not apply (an fp32 run needs no fp32 reference).
 """
 
 from __future__ import annotations
 
-import csv
 import dataclasses
-import io
+import math
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
-from migration.codecheck import Finding
-from migration.hardware import TPU_SPECS
-from migration.plan import Plan
-from migration.report import RunReport, csv_cell
+from migration.codecheck import CodeCheck
+from migration.common import fmt_gib, write_csv
+from migration.hardware import TPU_SPECS, gpu_spec_for_device_kind
+from migration.report import Plan, RunReport
 
 PASS, WARN, FAIL, NA, NOT_CHECKED = "pass", "warn", "fail", "n/a", "not checked"
-GiB = 2**30
 NUMERICS_TOLERANCE = 0.05  # final loss within 5% of the fp32 reference over the same steps
+SCALING_EFFICIENCY = 0.8  # per-device throughput at N devices against 1, for a pass
+API_RULES = ("TPU001", "PMAP001", "PMAP002", "REMOVED001", "REMOVED002")
+SHAPE_RULES = ("SHAPE001", "TRACE001")
+DEPLOY_VARS = ("XLA_PYTHON_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_PREALLOCATE", "CUDA_VISIBLE_DEVICES")
+MONITOR_HINT = "read memory_stats() (peak_bytes_in_use, bytes_limit) and NVML utilisation in the training job"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,191 +46,333 @@ class ChecklistItem:
     action: str
 
 
-def _gib(n: float | None) -> str:
-    return "n/a" if n is None else f"{n / GiB:.2f} GiB"
+@dataclasses.dataclass(frozen=True)
+class Evidence:
+    """What the checklist is graded from.
+
+    `run` is the migrated run as it actually ran; `ran_plan` the plan for the machine it ran on
+    when that differs from `plan` (a plan made for another GPU, re-fitted or checked here)."""
+
+    plan: Plan
+    run: RunReport | None = None
+    ran_plan: Plan | None = None
+    code: CodeCheck | None = None
+    fp32_reference: RunReport | None = None
+    tpu_style_run: RunReport | None = None
+    scaling_runs: tuple[RunReport, ...] = ()
+
+    @property
+    def ran(self) -> bool:
+        return self.run is not None and self.run.ok
+
+    @property
+    def budget_plan(self) -> Plan:
+        """The plan whose budget applies to the run: the one for the machine it ran on."""
+        return self.ran_plan or self.plan
+
+    def on_target(self, r: RunReport | None) -> bool:
+        """Whether `r` ran on the plan's target GPU (same catalog entry, or the planned local GPU)."""
+        if r is None or r.backend != "gpu" or not r.device_kind:
+            return False
+        if self.plan.target == "local":
+            return self.plan.planned_device_kind == r.device_kind
+        spec = gpu_spec_for_device_kind(r.device_kind)
+        return spec is not None and spec.key == self.plan.target
+
+    def findings(self, rules: tuple[str, ...]) -> list:
+        return [f for f in (self.code.findings if self.code else ()) if f.rule in rules]
 
 
-def _where(r: RunReport) -> str:
-    return f"measured on {r.device_kind} x{r.device_count} ({r.backend}), JAX {r.jax_version}"
+Grade = tuple[str, str, str]  # status, evidence, action
 
 
-def evaluate(
-    plan: Plan,
-    run: RunReport | None = None,
-    *,
-    findings: list[Finding] | None = None,
-    profile: dict[str, Any] | None = None,
-    fp32_reference: RunReport | None = None,
-    tpu_style_run: RunReport | None = None,
-    scaling_runs: list[RunReport] | None = None,
-    deployment_file: str | None = None,
-) -> list[ChecklistItem]:
-    items: list[ChecklistItem] = []
-    add = lambda *a: items.append(ChecklistItem(*a))
-    ran = run is not None and run.ok
+def where(r: RunReport) -> str:
+    return f"measured on {r.device_kind} x{r.device_count} ({r.backend} backend), JAX {r.jax_version}"
 
-    # 1. Profile for memory and compute bottlenecks
-    if profile and ran:
-        top = ", ".join(f"{o['name']} {o['total_ms'] / max(1, profile['steps']):.2f} ms/step"
-                        for o in profile.get("top_ops", [])[:5])
-        add("profile", "Profile for memory and compute bottlenecks", PASS,
-            f"{profile['steps']} step(s) traced ({profile['path']}); compile {run.compile_s:.2f} s vs step "
-            f"{run.step_ms_median:.2f} ms (median); time by op: {top or 'n/a'}; {_where(run)}",
-            "open the trace in Perfetto (ui.perfetto.dev) or TensorBoard/XProf; attack the largest ops first")
+
+def _elsewhere(ev: Evidence, r: RunReport) -> str:
+    """Why a measurement is not the target's, for a warn."""
+    if r.backend != "gpu":
+        return f"measured on the CPU backend ({r.device_kind}), not on {ev.plan.target_name}"
+    return f"measured on {r.device_kind}, not on the target {ev.plan.target_name}"
+
+
+def _lines(findings: list) -> str:
+    return ", ".join(f"{f.rule} {Path(f.file).name}:{f.line}" for f in findings[:8]) + (" …" if len(findings) > 8 else "")
+
+
+def _code_scope(code: CodeCheck) -> str:
+    return f"code check of {len(code.files)} file(s) ({', '.join(Path(f).name for f in code.files[:4])})"
+
+
+NO_CODE = "your training code was not checked"
+CHECK_CODE = "check your training script (Code check tab, or python -m migration check train.py) and grade again"
+
+
+# -- the items ---------------------------------------------------------------------------------
+
+def grade_profile(ev: Evidence) -> Grade:
+    r = ev.run
+    if not ev.ran or not r.profile or not r.profile.get("top_ops"):
+        timing = f"; compile {r.compile_s:.2f} s vs step {r.step_ms_median:.2f} ms (median)" if ev.ran else ""
+        return NOT_CHECKED, "no profile was captured for this run" + timing, \
+            "run again with profiling on (a few steps under jax.profiler.trace)"
+    p = r.profile
+    top = ", ".join(f"{o['name']} {o['total_ms'] / max(1, p['steps']):.2f} ms/step" for o in p["top_ops"][:5])
+    text = f"{p['steps']} step(s) traced ({p['path']}); time by op: {top}; {where(r)}"
+    if ev.on_target(r):
+        return PASS, text, "open the trace in Perfetto (ui.perfetto.dev) or XProf; attack the largest ops first"
+    return WARN, f"{text}; {_elsewhere(ev, r)}: bottlenecks on the GPU differ", \
+        f"capture the profile on {ev.plan.target_name}"
+
+
+def grade_batch(ev: Evidence) -> Grade:
+    plan, r, bp = ev.plan, ev.run, ev.budget_plan
+    if not plan.ok:
+        return FAIL, plan.message, "choose a larger GPU, a smaller preset, or shard parameters and optimizer state"
+    planned = (f"plan for {plan.target_name}: TPU {plan.source_per_core_batch} per core -> {plan.per_device_batch} per GPU "
+               f"x {plan.gpus} x {plan.accumulation_steps} accumulation = {plan.global_batch} (requested "
+               f"{plan.requested_global_batch}); predicted {fmt_gib(plan.predicted_peak_bytes)} ({plan.prediction_method}) "
+               f"of a {fmt_gib(plan.budget_bytes)} budget")
+    if r is not None and r.failure_kind == "oom":
+        return FAIL, (f"{planned}; the run at {r.per_device_batch} per device x {r.accumulation_steps} ran out of memory "
+                      f"({r.message[:200]})"), "lower the per-device batch (raise accumulation) or choose remat"
+    exact = plan.global_batch_exact
+    if ev.ran and ev.on_target(r) and r.peak_memory_bytes is not None:
+        ran = (f"ran {r.per_device_batch} per device x {r.devices} x {r.accumulation_steps} = {r.global_batch}: measured "
+               f"peak {fmt_gib(r.peak_memory_bytes)} of a {fmt_gib(bp.budget_bytes)} budget; {where(r)}")
+        if r.peak_memory_bytes > bp.budget_bytes:
+            return FAIL, f"{planned}; {ran}", "lower the per-device batch or choose remat: the measured peak is over budget"
+        if not exact:
+            return WARN, f"{planned}; {ran}; the global batch changed", "rescale the learning rate, or choose a divisible global batch"
+        return PASS, f"{planned}; {ran}", "keep the planned batch and accumulation"
+    if ev.ran:
+        refit = (r.per_device_batch, r.accumulation_steps) != (plan.per_device_batch, plan.accumulation_steps)
+        measured = (f"; the run here ({r.per_device_batch} per device x {r.accumulation_steps}, "
+                    f"{'re-fitted to this machine' if refit else 'as planned'}) peaked at "
+                    f"{fmt_gib(r.peak_memory_bytes)} ({r.peak_memory_source}); {_elsewhere(ev, r)}")
     else:
-        add("profile", "Profile for memory and compute bottlenecks", NOT_CHECKED,
-            "no profile was captured for this run" + (f"; compile {run.compile_s:.2f} s vs step {run.step_ms_median:.2f} ms"
-                                                     if ran else ""),
-            "run again with profiling on (a few steps under jax.profiler.trace)")
+        measured = "; not run yet"
+    how = "an analytic estimate" if plan.prediction_method == "estimate" else "a compile for the target"
+    return WARN, planned + measured, f"the fit is {how}, not a measurement: run the plan on {plan.target_name} to confirm"
 
-    # 2. Batch sizes adjusted for GPU memory
-    if plan.status != "ok":
-        add("batch", "Batch sizes adjusted for GPU memory", FAIL, plan.message,
-            "choose a larger GPU, a smaller preset, or shard parameters and optimizer state")
-    else:
-        measured = run.peak_memory_bytes if ran and run.backend == "gpu" else None
-        peak = measured if measured is not None else plan.predicted_peak_bytes
-        margin = plan.budget_bytes - peak if peak is not None else None
-        status = PASS if margin is not None and margin >= 0 and plan.global_batch_exact else \
-            (WARN if margin is not None and margin >= 0 else FAIL)
-        add("batch", "Batch sizes adjusted for GPU memory", status,
-            f"TPU {plan.source_per_core_batch} per core -> GPU {plan.per_device_batch} per device x {plan.gpus} x "
-            f"{plan.accumulation_steps} accumulation = {plan.global_batch} (requested {plan.requested_global_batch}); "
-            f"predicted {_gib(plan.predicted_peak_bytes)} ({plan.prediction_method})"
-            + (f", measured {_gib(measured)}" if measured is not None else
-               (f", measured on {run.backend}: {_gib(run.peak_memory_bytes)} (not a GPU figure)" if ran else ""))
-            + f" of a {_gib(plan.budget_bytes)} budget; margin {_gib(margin)}",
-            "keep the planned batch and accumulation" if status == PASS else
-            "the global batch changed: rescale the learning rate" if status == WARN else
-            "lower the per-device batch or choose remat")
 
-    # 3. Accelerator-specific APIs replaced
-    if findings is None:
-        add("apis", "Accelerator-specific APIs replaced", NOT_CHECKED, "no code was checked",
-            "paste or upload the training script in the Code check tab (or run python -m migration check)")
-    else:
-        errors = [f for f in findings if f.severity == "error"]
-        warnings = [f for f in findings if f.severity == "warning"]
-        status = FAIL if errors else (WARN if warnings else PASS)
-        listed = "; ".join(f"{f.rule} line {f.line}" for f in (errors + warnings)[:8])
-        add("apis", "Accelerator-specific APIs replaced", status,
-            f"code check: {len(errors)} error(s), {len(warnings)} warning(s)" + (f" ({listed})" if listed else ""),
-            "apply each finding's replacement" if findings else "nothing to replace")
+def grade_apis(ev: Evidence) -> Grade:
+    if ev.code is None:
+        return NOT_CHECKED, NO_CODE, CHECK_CODE
+    found = ev.findings(API_RULES)
+    errors = [f for f in found if f.severity == "error"]
+    scope = _code_scope(ev.code)
+    if errors:
+        return FAIL, f"{scope}: {len(errors)} TPU-only or removed API call(s): {_lines(errors)}", "apply each finding's replacement"
+    if found:
+        return WARN, f"{scope}: {len(found)} outdated API use(s): {_lines(found)}", "apply each finding's replacement"
+    return PASS, f"{scope}: no TPU-only, pmap-era or removed APIs ({', '.join(API_RULES)})", "nothing to replace"
 
-    # 4. Gradient checkpointing
-    if plan.status == "ok":
-        rows = {(r["remat"], r["per_device_batch"]): r["predicted_bytes"] for r in plan.table
-                if r["accumulation_steps"] == 1 and r["predicted_bytes"] is not None}
-        same_batch = {remat: rows.get((remat, plan.per_device_batch)) for remat in ("none", plan.remat)}
-        saved = (same_batch["none"] - same_batch[plan.remat]) if all(same_batch.values()) and plan.remat != "none" else None
-        add("remat", "Gradient checkpointing", PASS,
-            f"policy {plan.remat} chosen by compiles; largest batch per policy: "
-            + ", ".join(f"{k} {v}" for k, v in plan.max_batch_by_remat.items())
-            + (f"; saves {_gib(saved)} per GPU at batch {plan.per_device_batch} vs none" if saved else "")
-            + ("; no recompute needed: the batch fits without it" if plan.remat == "none" else
-               "; extra compute: the recomputed part of each block's forward pass (model FLOPs and MFU exclude it)"),
-            "none needed" if plan.remat == "none" else f"keep remat {plan.remat}; compare step time against none at "
-                                                        f"batch {plan.max_batch_by_remat.get('none', 0) or 1}")
-    else:
-        add("remat", "Gradient checkpointing", NA, "the plan is not feasible even with full remat", "see the batch item")
 
-    # 5. Multi-GPU scaling
-    counts = sorted({r.device_count for r in (scaling_runs or []) if r.ok and r.device_count})
-    if len(counts) >= 2:
-        per_device = {r.device_count: r.samples_per_s / r.device_count for r in scaling_runs if r.ok}
-        base = per_device[counts[0]]
-        add("scaling", "Multi-GPU scaling tested", PASS if per_device[counts[-1]] >= 0.8 * base else WARN,
-            "samples/s per device: " + ", ".join(f"{n} device(s) {per_device[n]:,.1f}" for n in counts)
-            + f" ({_where(scaling_runs[0])})", "scale out while per-device throughput holds")
-    else:
-        add("scaling", "Multi-GPU scaling tested", NOT_CHECKED,
-            "runs at only one device count" + (f" ({run.device_count})" if run else ""),
-            "run the plan at 1 and N devices and compare samples/s per device")
+def grade_remat(ev: Evidence) -> Grade:
+    plan, r = ev.plan, ev.run
+    if not plan.ok:
+        return NA, "no remat policy makes the plan fit", "see the batch item"
+    per_policy = ", ".join(f"{k} {v}" for k, v in plan.max_batch_by_remat.items())
+    text = f"policy {plan.remat} ({plan.remat_chosen_by}); largest batch per policy: {per_policy} ({plan.prediction_method})"
+    if plan.remat_chosen_by == "override":
+        return WARN, text + "; set by override: the planner did not compare policies", \
+            "plan again with remat auto to compare policies by predicted step time"
+    if plan.prediction_method == "estimate":
+        return WARN, text + "; chosen from an analytic estimate", \
+            "install the CUDA plugin (jax[cuda12]) so the planner compiles for the target, or run on it"
+    if plan.prediction_method == "compiled-local" and plan.planned_on == "cpu":
+        return WARN, text + "; a CPU-backend compile does not show remat savings", f"plan for {plan.target_name} instead"
+    if ev.ran and ev.on_target(r) and r.remat == plan.remat and r.peak_memory_bytes is not None \
+            and r.peak_memory_bytes <= ev.budget_plan.budget_bytes:
+        return PASS, (f"{text}; the run under {r.remat} peaked at {fmt_gib(r.peak_memory_bytes)} of "
+                      f"{fmt_gib(ev.budget_plan.budget_bytes)}, {r.step_ms_median:.1f} ms per step; {where(r)}"), \
+            "keep it; compare step time against the next policy in the plan's ranking"
+    return WARN, text + "; not yet measured on the target", f"run the plan on {plan.target_name} to confirm the choice"
 
-    # 6. Benchmarked against the existing implementation
-    if ran and tpu_style_run is not None and tpu_style_run.ok:
-        ratio = run.samples_per_s / tpu_style_run.samples_per_s
-        add("benchmark", "Benchmarked against the existing implementation", PASS,
-            f"migrated {run.samples_per_s:,.1f} samples/s vs TPU-style setup {tpu_style_run.samples_per_s:,.1f} "
-            f"samples/s run here ({ratio:.2f}x); {_where(run)}", "keep the migrated setup" if ratio >= 0.9 else
-            "the migrated setup is slower here: check the remat and batch choices")
-    elif ran and run.achieved_tflops:
-        src = TPU_SPECS[plan.source]
-        tpu_peak = src.bf16_tflops_per_device * src.devices
-        estimate = run.samples_per_s * tpu_peak / run.peak_tflops if run.peak_tflops else None
-        add("benchmark", "Benchmarked against the existing implementation", WARN,
-            f"migrated {run.samples_per_s:,.1f} samples/s ({_where(run)}); {src.name} peak-scaled ESTIMATE "
-            + (f"{estimate:,.0f} samples/s" if estimate else "n/a")
-            + f" (the same MFU on {tpu_peak:.0f} bf16 TFLOP/s; not a measurement)",
-            "compare with the job's real TPU throughput, or run the TPU-style setup here too")
-    else:
-        add("benchmark", "Benchmarked against the existing implementation", NOT_CHECKED, "no successful run",
-            "run the plan")
 
-    # 7. Monitoring of GPU utilisation and memory
-    if ran and run.backend == "gpu":
-        add("monitoring", "Monitoring of GPU memory and utilisation", PASS,
-            f"peak memory read from memory_stats(): {_gib(run.peak_memory_bytes)} of {_gib(run.device_memory_limit_bytes)} "
-            f"limit; GPU memory used by other processes read through NVML (Environment tab)",
-            "keep reading memory_stats() and NVML in production monitoring")
-    else:
-        add("monitoring", "Monitoring of GPU memory and utilisation", NOT_CHECKED if not ran else WARN,
-            "no GPU on this host: memory figures are CPU figures" if ran else "no successful run",
-            "run on the GPU box to read memory_stats() and NVML")
+def grade_scaling(ev: Evidence) -> Grade:
+    runs = [r for r in ev.scaling_runs if r.ok and r.device_count and r.samples_per_s]
+    counts = sorted({r.device_count for r in runs})
+    if len(counts) < 2:
+        shown = f" ({ev.run.device_count})" if ev.run is not None and ev.run.device_count else ""
+        return NOT_CHECKED, f"runs of this configuration at only one device count{shown}", \
+            "run the plan at 1 and N devices and compare samples/s per device"
+    per_device = {r.device_count: r.samples_per_s / r.device_count for r in runs}
+    text = "samples/s per device: " + ", ".join(f"{n} device(s) {per_device[n]:,.1f}" for n in counts) + f"; {where(runs[0])}"
+    if not all(ev.on_target(r) for r in runs):
+        return WARN, f"{text}; {_elsewhere(ev, runs[0])}: XLA's CPU devices share the host's cores", \
+            f"measure on {ev.plan.gpus}+ x {ev.plan.target_name}"
+    efficiency = per_device[counts[-1]] / per_device[counts[0]]
+    if efficiency >= SCALING_EFFICIENCY:
+        return PASS, f"{text}; efficiency {efficiency:.0%}", "scale out while per-device throughput holds"
+    return WARN, f"{text}; efficiency {efficiency:.0%} (under {SCALING_EFFICIENCY:.0%})", \
+        "overlap the all-reduce (latency-hiding scheduler) or raise the per-device batch"
 
-    # 8. Deployment configuration
-    env = "; ".join(f"{k}={v['value']}" for k, v in plan.environment.items())
-    add("deployment", "Deployment configuration updated", PASS if deployment_file else WARN,
-        f"environment for the target: {env}" + (f"; shell snippet: {deployment_file}" if deployment_file else ""),
-        "download the snippet and start the job with it" if deployment_file else "write the environment block")
 
+def grade_benchmark(ev: Evidence) -> Grade:
+    r, tpu = ev.run, ev.tpu_style_run
+    if not ev.ran:
+        return NOT_CHECKED, "no successful run of the plan", "run the plan"
+    if tpu is not None and tpu.ok:
+        ratio = r.samples_per_s / tpu.samples_per_s
+        text = (f"migrated {r.samples_per_s:,.1f} samples/s vs the TPU-style setup {tpu.samples_per_s:,.1f} samples/s "
+                f"run here ({ratio:.2f}x); {where(r)}")
+        if not (ev.on_target(r) and ev.on_target(tpu)):
+            return WARN, f"{text}; {_elsewhere(ev, r)}", f"repeat the comparison on {ev.plan.target_name}"
+        if ratio >= 0.9:
+            return PASS, text, "keep the migrated setup"
+        return WARN, text, "the migrated setup is slower: check the ranking's next choice (remat, batch)"
+    src = TPU_SPECS[ev.plan.source]
+    tpu_peak = src.bf16_tflops_per_device * src.devices
+    estimate = r.samples_per_s * tpu_peak / r.peak_tflops if r.peak_tflops else None
+    failed = f"; the TPU-style setup run here {tpu.failure_kind}" if tpu is not None else ""
+    return WARN, (f"migrated {r.samples_per_s:,.1f} samples/s ({where(r)}); {src.name} peak-scaled ESTIMATE "
+                  + (f"{estimate:,.0f} samples/s" if estimate else "n/a")
+                  + f" (the same MFU on {tpu_peak:.0f} bf16 TFLOP/s; not a measurement){failed}"), \
+        "compare with the job's real TPU throughput, or run the TPU-style setup here too"
+
+
+def grade_monitoring(ev: Evidence) -> Grade:
+    measured = (f"; this run's peak {fmt_gib(ev.run.peak_memory_bytes)} ({ev.run.peak_memory_source})"
+                if ev.ran else "")
+    if ev.code is None:
+        return NOT_CHECKED, NO_CODE + measured, CHECK_CODE
+    uses = ev.code.monitoring
+    if uses:
+        listed = ", ".join(f"{u.call} {Path(u.file).name}:{u.line}" for u in uses[:6])
+        return PASS, f"{_code_scope(ev.code)}: your code reads device memory or utilisation: {listed}{measured}", \
+            "keep it, and alert on bytes_in_use near bytes_limit"
+    return WARN, f"{_code_scope(ev.code)}: no memory_stats(), NVML or profiler calls found{measured}", MONITOR_HINT
+
+
+def _env(ev: Evidence, name: str) -> list:
+    return [s for s in ev.code.env_settings if s.name == name]
+
+
+def grade_deployment(ev: Evidence) -> Grade:
+    if ev.code is None:
+        return NOT_CHECKED, NO_CODE, "download the deployment snippet and check your launcher with the code check"
+    late = ev.findings(("ENV001",))
+    if late:
+        return FAIL, f"{_code_scope(ev.code)}: set after `import jax`, so JAX ignores them: {_lines(late)}", \
+            "set them before the first import of jax, or in the launching shell (see the deployment snippet)"
+    tpu_env = [s for s in ev.code.env_settings if s.value and "tpu" in s.value.lower()]
+    if tpu_env:
+        return FAIL, f"{_code_scope(ev.code)}: TPU-specific settings: " + ", ".join(
+            f"{s.name}={s.value} line {s.line}" for s in tpu_env), "remove them; use the deployment snippet's environment"
+    found = [s for s in ev.code.env_settings if s.name in DEPLOY_VARS and s.before_import]
+    if found:
+        return PASS, f"{_code_scope(ev.code)}: sets " + ", ".join(f"{s.name}={s.value} (line {s.line})" for s in found) \
+            + " before importing jax", "keep them in step with the plan's environment"
+    return WARN, f"{_code_scope(ev.code)}: sets none of {', '.join(DEPLOY_VARS)}", \
+        "set them in the launcher (the deployment snippet does), or before importing jax"
+
+
+def grade_preallocation(ev: Evidence) -> Grade:
+    if ev.code is None:
+        return NOT_CHECKED, NO_CODE, CHECK_CODE
+    settings = _env(ev, "XLA_PYTHON_CLIENT_PREALLOCATE") + _env(ev, "XLA_PYTHON_CLIENT_MEM_FRACTION")
+    late = [s for s in settings if not s.before_import]
+    if late:
+        return FAIL, "set after `import jax` (ignored): " + ", ".join(f"{s.name} line {s.line}" for s in late), \
+            "move them before the first import of jax"
+    on = [s for s in settings if s.name == "XLA_PYTHON_CLIENT_PREALLOCATE" and (s.value or "").lower() in ("true", "1")]
+    if on:
+        return WARN, f"your code turns preallocation on (line {on[0].line}): the job takes 75% of the card at start-up", \
+            "set XLA_PYTHON_CLIENT_PREALLOCATE=false on a shared GPU"
+    if settings:
+        return PASS, f"{_code_scope(ev.code)}: " + ", ".join(f"{s.name}={s.value} (line {s.line})" for s in settings), \
+            "keep preallocation off on a shared GPU"
+    return WARN, f"{_code_scope(ev.code)}: neither XLA_PYTHON_CLIENT_PREALLOCATE nor XLA_PYTHON_CLIENT_MEM_FRACTION is set", \
+        "set XLA_PYTHON_CLIENT_PREALLOCATE=false (or a memory fraction) before importing jax, or in the launcher"
+
+
+def grade_recompilation(ev: Evidence) -> Grade:
+    if not ev.ran:
+        return NOT_CHECKED, "no successful run", "run the plan"
+    r = ev.run
+    measured = f"{r.recompilations} XLA compile(s) after the first step (jax.monitoring); {where(r)}"
+    if r.recompilations:
+        return FAIL, measured, "fix shapes or dtypes that change between steps (weak types, the last batch)"
+    if ev.code is None:
+        return WARN, f"{measured}; {NO_CODE} for shapes that change between steps", CHECK_CODE
+    found = ev.findings(SHAPE_RULES)
+    if found:
+        return WARN, f"{measured}; your code: {_lines(found)}", "drop or pad the last batch; use lax.cond for traced branches"
+    return PASS, f"{measured}; {_code_scope(ev.code)}: no varying batch shapes or traced Python branches", "none"
+
+
+def grade_host_sync(ev: Evidence) -> Grade:
+    if ev.code is None:
+        return NOT_CHECKED, NO_CODE, CHECK_CODE
+    found = ev.findings(("SYNC001",))
+    if found:
+        return WARN, f"{_code_scope(ev.code)}: {len(found)} host sync(s) in the step loop: {_lines(found)}", \
+            "keep metrics on the device and fetch them every N steps"
+    return PASS, f"{_code_scope(ev.code)}: no host sync in the training loop", "none"
+
+
+def grade_numerics(ev: Evidence) -> Grade:
+    r, ref = ev.run, ev.fp32_reference
+    if ev.ran and r.precision == "fp32":
+        return NA, "the run is fp32", "none"
+    if not ev.ran or ref is None or not ref.ok or not r.losses or not ref.losses:
+        return NOT_CHECKED, "no fp32 reference run over the same steps", "run an fp32 reference over the same steps"
+    n = min(len(r.losses), len(ref.losses))
+    a, b = r.losses[n - 1], ref.losses[n - 1]
+    if not (isinstance(a, float) and math.isfinite(a)):
+        return FAIL, f"{r.precision} loss after {n} steps is {a}; fp32 {b:.4f}; {where(r)}", \
+            "check loss scaling (fp16) or use bf16"
+    rel = abs(a - b) / max(abs(b), 1e-12)
+    text = (f"loss after {n} steps: {r.precision} {a:.4f} vs fp32 {b:.4f} ({rel:.1%} apart; tolerance "
+            f"{NUMERICS_TOLERANCE:.0%}); {where(r)}")
+    if rel > NUMERICS_TOLERANCE:
+        return WARN, text, "check loss scaling or use bf16; compare over more steps"
+    if not ev.on_target(r):
+        return WARN, f"{text}; {_elsewhere(ev, r)}: GPU kernels round differently", \
+            f"repeat the comparison on {ev.plan.target_name}"
+    return PASS, text, "none"
+
+
+@dataclasses.dataclass(frozen=True)
+class ItemSpec:
+    title: str
+    statuses: tuple[str, ...]  # every status the function can return
+    grade: Callable[[Evidence], Grade]
+
+
+ITEMS: dict[str, ItemSpec] = {
+    # The guide's eight items
+    "profile": ItemSpec("Profile for memory and compute bottlenecks", (PASS, WARN, NOT_CHECKED), grade_profile),
+    "batch": ItemSpec("Batch sizes adjusted for GPU memory", (PASS, WARN, FAIL), grade_batch),
+    "apis": ItemSpec("Accelerator-specific APIs replaced", (PASS, WARN, FAIL, NOT_CHECKED), grade_apis),
+    "remat": ItemSpec("Gradient checkpointing", (PASS, WARN, NA), grade_remat),
+    "scaling": ItemSpec("Multi-GPU scaling tested", (PASS, WARN, NOT_CHECKED), grade_scaling),
+    "benchmark": ItemSpec("Benchmarked against the existing implementation", (PASS, WARN, NOT_CHECKED), grade_benchmark),
+    "monitoring": ItemSpec("Monitoring of GPU memory and utilisation", (PASS, WARN, NOT_CHECKED), grade_monitoring),
+    "deployment": ItemSpec("Deployment configuration updated", (PASS, WARN, FAIL, NOT_CHECKED), grade_deployment),
     # Checks the guide implies
-    if ran:
-        add("recompilation", "No recompilation after warm-up", PASS if run.recompilations == 0 else FAIL,
-            f"{run.recompilations} XLA compile(s) after the first step (jax.monitoring); {_where(run)}",
-            "none" if run.recompilations == 0 else "fix shapes/dtypes that change between steps (weak types, last batch)")
-    else:
-        add("recompilation", "No recompilation after warm-up", NOT_CHECKED, "no successful run", "run the plan")
-    sync_findings = [f for f in (findings or []) if f.rule == "SYNC001"]
-    add("host_sync", "No host synchronisation in the step loop",
-        WARN if sync_findings else (PASS if ran else NOT_CHECKED),
-        ("this tool's step loop dispatches one step ahead and reads metrics after; " if ran else "")
-        + (f"your code: {len(sync_findings)} SYNC001 finding(s) at line(s) "
-           + ", ".join(str(f.line) for f in sync_findings) if sync_findings else
-           ("your code: no host sync found" if findings is not None else "your code: not checked")),
-        "fetch metrics every N steps" if sync_findings else "none")
-    prealloc = (run.env or {}).get("XLA_PYTHON_CLIENT_PREALLOCATE") if run else None
-    add("preallocation", "Memory preallocation on a shared GPU",
-        PASS if prealloc == "false" else (WARN if prealloc else NOT_CHECKED),
-        f"XLA_PYTHON_CLIENT_PREALLOCATE={prealloc}, XLA_PYTHON_CLIENT_MEM_FRACTION="
-        f"{(run.env or {}).get('XLA_PYTHON_CLIENT_MEM_FRACTION') if run else 'n/a'} in the run's worker",
-        "keep preallocation off on a shared GPU" if prealloc == "false" else
-        "set XLA_PYTHON_CLIENT_PREALLOCATE=false so the job does not take 75% of the card at start-up")
-    if ran and fp32_reference is not None and fp32_reference.ok and run.losses and fp32_reference.losses:
-        n = min(len(run.losses), len(fp32_reference.losses))
-        a, b = run.losses[n - 1], fp32_reference.losses[n - 1]
-        rel = abs(a - b) / max(abs(b), 1e-12)
-        add("numerics", f"Numerics of {run.precision} against fp32", PASS if rel <= NUMERICS_TOLERANCE else WARN,
-            f"loss after {n} steps: {run.precision} {a:.4f} vs fp32 {b:.4f} ({rel:.1%} apart; tolerance "
-            f"{NUMERICS_TOLERANCE:.0%}); {_where(run)}",
-            "none" if rel <= NUMERICS_TOLERANCE else "check loss scaling / use bf16; compare over more steps")
-    else:
-        add("numerics", "Numerics of the chosen precision against fp32", NOT_CHECKED if not (ran and run.precision == "fp32") else NA,
-            "no fp32 reference run" if not (ran and run.precision == "fp32") else "the run is fp32",
-            "run an fp32 reference over the same steps")
+    "recompilation": ItemSpec("No recompilation after warm-up", (PASS, WARN, FAIL, NOT_CHECKED), grade_recompilation),
+    "host_sync": ItemSpec("No host synchronisation in the step loop", (PASS, WARN, NOT_CHECKED), grade_host_sync),
+    "preallocation": ItemSpec("Memory preallocation on a shared GPU", (PASS, WARN, FAIL, NOT_CHECKED), grade_preallocation),
+    "numerics": ItemSpec("Numerics of the chosen precision against fp32", (PASS, WARN, FAIL, NA, NOT_CHECKED),
+                         grade_numerics),
+}
+
+
+def evaluate(ev: Evidence) -> list[ChecklistItem]:
+    items = []
+    for item_id, spec in ITEMS.items():
+        status, evidence, action = spec.grade(ev)
+        items.append(ChecklistItem(item_id, spec.title, status, evidence, action))
     return items
 
 
 def to_csv(items: list[ChecklistItem], path: str | Path | None = None) -> str:
     """One row per item: id, item, status, evidence, action."""
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=["id", "item", "status", "evidence", "action"], lineterminator="\n")
-    writer.writeheader()
-    for it in items:
-        writer.writerow({k: csv_cell(v) for k, v in dataclasses.asdict(it).items()})
-    if path is not None:
-        Path(path).write_text(buf.getvalue())
-    return buf.getvalue()
+    return write_csv([dataclasses.asdict(i) for i in items], ["id", "item", "status", "evidence", "action"], path)
 
 
 def deployment_snippet(plan: Plan, command: str = "python -m migration run --plan plan.json") -> str:

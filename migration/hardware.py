@@ -1,10 +1,11 @@
 """Accelerator facts in one table, and the peak FLOP/s that MFU is measured against.
 
-GPU figures are the vendors' datasheet numbers (dense, i.e. without structured sparsity; the
-datasheets print the sparse figure twice as large). Sources: NVIDIA V100, T4, A10, L4, A100, H100
-and H200 datasheets; NVIDIA Ada GPU architecture whitepaper (RTX 4090, fp32-accumulate tensor
-rate); CUDA C Programming Guide, "Compute Capabilities" table (per-SM limits). TPU figures: Google
-Cloud TPU system-architecture pages. See also ../shared/reference/hardware.md.
+GPU device numbers (SM count, memory as the device reports it, bandwidth, L2, clock) come from
+XLA's captured GPU target descriptions (openxla/xla, xla/backends/gpu/target_config/specs/) where
+one exists, cited per entry; otherwise from the vendor's datasheet, in decimal GB, which is a
+little below what cards report. Peaks are the datasheets' dense figures by matmul unit (fp32 on
+CUDA cores, TF32, bf16, fp16). Per-SM limits: CUDA C Programming Guide, "Compute Capabilities".
+TPU figures: Google Cloud TPU system-architecture pages. See also ../shared/reference/hardware.md.
 
 On the CPU backend there is no datasheet peak worth the name: the worker measures one large
 matrix product per dtype once per machine and caches it (see `cpu_peak_flops`).
@@ -13,81 +14,123 @@ matrix product per dtype once per machine and caches it (see `cpu_peak_flops`).
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-import re
 import time
 from pathlib import Path
+
+from migration.common import cache_dir, read_json, write_json_atomic
 
 GB = 1000**3
 GiB = 1024**3
 TFLOPS = 1e12
+
+# What the matrix products of a run really execute in, and the peak each is measured against.
+# fp32 products run as TF32 on compute capability 8.0+ unless the matmul precision is "highest".
+MATMUL_UNITS: dict[str, str] = {
+    "fp32": "fp32 on CUDA cores (matmul precision 'highest', or no TF32 below compute capability 8.0)",
+    "tf32": "TF32 tensor cores (XLA's default for fp32 products on compute capability 8.0+)",
+    "bf16": "bf16 tensor cores",
+    "fp16": "fp16 tensor cores",
+}
+
+XLA_SPECS = "openxla/xla xla/backends/gpu/target_config/specs/"
 
 
 @dataclasses.dataclass(frozen=True)
 class GpuSpec:
     key: str
     name: str
-    device_kind_pattern: str  # regex on jax Device.device_kind
+    device_kinds: tuple[str, ...]  # exact jax Device.device_kind strings this entry stands for
     compute_capability: tuple[int, int]
     sm_count: int
-    memory_bytes: int
+    memory_bytes: int  # what the device reports (captured), else the datasheet figure
     bandwidth_bytes_per_s: float
     l2_bytes: int
     clock_ghz: float
-    peak_tflops: dict[str, float]  # dense tensor-core (or plain fp32) peaks by compute dtype
-    bf16_native: bool
+    peak_tflops: dict[str, float]  # dense peaks by matmul unit (MATMUL_UNITS keys)
+    source: str  # where the device numbers come from
 
-    def peak_flops(self, precision: str, fp32_matmul: str = "tf32") -> float | None:
-        """Dense peak for the dtype the matrix products run in (fp32 may run as TF32)."""
-        key = "tf32" if precision == "fp32" and fp32_matmul == "tf32" else precision
-        value = self.peak_tflops.get(key)
+    @property
+    def bf16_native(self) -> bool:
+        return self.compute_capability >= (8, 0)
+
+    def peak_flops(self, unit: str) -> float | None:
+        """Dense peak FLOP/s of one device for a matmul unit (None: the unit does not exist here)."""
+        value = self.peak_tflops.get(unit)
         return None if value is None else value * TFLOPS
 
 
+def _spec(key, name, kinds, cc, sms, memory, bandwidth, l2, clock, peaks, source) -> GpuSpec:
+    return GpuSpec(key, name, kinds, cc, sms, int(memory), float(bandwidth), int(l2), clock, peaks, source)
+
+
+# Peaks: NVIDIA datasheets, dense (the datasheets print sparse figures twice as large); the RTX 4090
+# figure is the Ada whitepaper's fp32-accumulate tensor rate. Device numbers: XLA's captured GPU
+# target descriptions where one exists (cited per entry), else the datasheet (decimal GB).
 GPU_SPECS: dict[str, GpuSpec] = {
     s.key: s
     for s in [
-        GpuSpec("v100-32gb", "V100 SXM2 32GB", r"V100", (7, 0), 80, 32 * GB, 900e9, 6 * 2**20, 1.53,
-                {"fp16": 125, "fp32": 15.7}, False),
-        GpuSpec("t4", "T4", r"\bT4\b", (7, 5), 40, 16 * GB, 320e9, 4 * 2**20, 1.59,
-                {"fp16": 65, "fp32": 8.1}, False),
-        GpuSpec("a10", "A10", r"\bA10\b(?!0)", (8, 6), 72, 24 * GB, 600e9, 6 * 2**20, 1.695,
-                {"bf16": 125, "fp16": 125, "tf32": 62.5, "fp32": 31.2}, True),
-        GpuSpec("l4", "L4", r"\bL4\b", (8, 9), 58, 24 * GB, 300e9, 48 * 2**20, 2.04,
-                {"bf16": 121, "fp16": 121, "tf32": 60, "fp32": 30.3}, True),
-        GpuSpec("rtx-4090", "GeForce RTX 4090", r"4090", (8, 9), 128, 24 * GB, 1008e9, 72 * 2**20, 2.52,
-                {"bf16": 165, "fp16": 165, "tf32": 82.6, "fp32": 82.6}, True),
-        GpuSpec("a100-40gb", "A100 SXM4 40GB", r"A100.*40GB", (8, 0), 108, 40 * GB, 1555e9, 40 * 2**20, 1.41,
-                {"bf16": 312, "fp16": 312, "tf32": 156, "fp32": 19.5}, True),
-        GpuSpec("a100-80gb", "A100 SXM4 80GB", r"A100", (8, 0), 108, 80 * GB, 2039e9, 40 * 2**20, 1.41,
-                {"bf16": 312, "fp16": 312, "tf32": 156, "fp32": 19.5}, True),
-        GpuSpec("h100-pcie", "H100 PCIe 80GB", r"H100.*PCIe", (9, 0), 114, 80 * GB, 2000e9, 50 * 2**20, 1.755,
-                {"bf16": 756, "fp16": 756, "tf32": 378, "fp32": 51}, True),
-        GpuSpec("h100-sxm", "H100 SXM5 80GB", r"H100", (9, 0), 132, 80 * GB, 3350e9, 50 * 2**20, 1.98,
-                {"bf16": 989, "fp16": 989, "tf32": 494.7, "fp32": 67}, True),
-        GpuSpec("h200", "H200 SXM 141GB", r"H200", (9, 0), 132, 141 * GB, 4800e9, 50 * 2**20, 1.98,
-                {"bf16": 989, "fp16": 989, "tf32": 494.7, "fp32": 67}, True),
+        _spec("v100-16gb", "V100 SXM2 16GB", ("Tesla V100-SXM2-16GB",), (7, 0), 80, 16935682048, 898048000000,
+              6291456, 1.53, {"fp16": 125, "fp32": 15.7}, XLA_SPECS + "v100.txtpb"),
+        _spec("v100-32gb", "V100 SXM2 32GB", ("Tesla V100-SXM2-32GB",), (7, 0), 80, 32 * GB, 900e9,
+              6 * 2**20, 1.53, {"fp16": 125, "fp32": 15.7}, "V100 datasheet (no public capture)"),
+        _spec("t4", "T4", ("Tesla T4",), (7, 5), 40, 16 * GB, 320e9, 4 * 2**20, 1.59,
+              {"fp16": 65, "fp32": 8.1}, "T4 datasheet (no public capture)"),
+        _spec("a10", "A10", ("NVIDIA A10",), (8, 6), 72, 24 * GB, 600e9, 6 * 2**20, 1.695,
+              {"bf16": 125, "fp16": 125, "tf32": 62.5, "fp32": 31.2}, "A10 datasheet (no public capture)"),
+        _spec("l4", "L4", ("NVIDIA L4",), (8, 9), 58, 24 * GB, 300e9, 48 * 2**20, 2.04,
+              {"bf16": 121, "fp16": 121, "tf32": 60, "fp32": 30.3}, "L4 datasheet (no public capture)"),
+        _spec("rtx-4090", "GeForce RTX 4090", ("NVIDIA GeForce RTX 4090",), (8, 9), 128, 24 * GB, 1008e9,
+              72 * 2**20, 2.52, {"bf16": 165, "fp16": 165, "tf32": 82.6, "fp32": 82.6},
+              "Ada whitepaper (no public capture)"),
+        _spec("a100-40gb", "A100 SXM4 40GB", ("NVIDIA A100-SXM4-40GB",), (8, 0), 108, 42331013120,
+              1555200000000, 41943040, 1.41, {"bf16": 312, "fp16": 312, "tf32": 156, "fp32": 19.5},
+              XLA_SPECS + "a100_sxm_40.txtpb"),
+        _spec("a100-80gb", "A100 SXM4 80GB", ("NVIDIA A100-SXM4-80GB",), (8, 0), 108, 85100068864,
+              2039040000000, 41943040, 1.41, {"bf16": 312, "fp16": 312, "tf32": 156, "fp32": 19.5},
+              XLA_SPECS + "a100_sxm_80.txtpb"),
+        _spec("h100-pcie", "H100 PCIe 80GB", ("NVIDIA H100 PCIe",), (9, 0), 114, 84942979072, 2039040000000,
+              52428800, 1.755, {"bf16": 756, "fp16": 756, "tf32": 378, "fp32": 51}, XLA_SPECS + "h100_pcie.txtpb"),
+        _spec("h100-sxm", "H100 SXM5 80GB", ("NVIDIA H100 80GB HBM3",), (9, 0), 132, 84942979072, 3352320000000,
+              52428800, 1.98, {"bf16": 989, "fp16": 989, "tf32": 494.7, "fp32": 67}, XLA_SPECS + "h100_sxm.txtpb"),
+        _spec("h100-nvl", "H100 NVL 94GB", ("NVIDIA H100 NVL",), (9, 0), 132, 94 * GB, 3900e9, 50 * 2**20, 1.785,
+              {"bf16": 835.5, "fp16": 835.5, "tf32": 417.5, "fp32": 60}, "H100 NVL datasheet (no public capture)"),
+        _spec("h200", "H200 SXM 141GB", ("NVIDIA H200", "NVIDIA H200 141GB HBM3e"), (9, 0), 132, 151397597184,
+              4800e9, 52428800, 1.98, {"bf16": 989, "fp16": 989, "tf32": 494.7, "fp32": 67},
+              XLA_SPECS + "h200.txtpb"),
     ]
 }
 
 
 def gpu_spec_for_device_kind(device_kind: str) -> GpuSpec | None:
-    """The catalog entry a JAX device kind (e.g. 'NVIDIA H100 80GB HBM3') belongs to, if any.
-
-    Entries are tried in table order, so the more specific pattern of a family comes first.
-    """
+    """The catalog entry whose device kind is exactly `device_kind` (case and surrounding spaces
+    aside), or None: a 16 GB V100 never borrows the 32 GB entry's memory or an H100 NVL the SXM's."""
+    wanted = device_kind.strip().lower()
     for spec in GPU_SPECS.values():
-        if re.search(spec.device_kind_pattern, device_kind, flags=re.IGNORECASE):
+        if wanted in (k.lower() for k in spec.device_kinds):
             return spec
     return None
 
 
+def matmul_unit(precision: str, fp32_matmul: str) -> str:
+    """The MATMUL_UNITS key a run's products execute in: its compute dtype, or for fp32 compute
+    what fp32 products really run as (see `fp32_matmul_precision`)."""
+    return fp32_matmul if precision == "fp32" else precision
+
+
+def fp32_matmul_precision(platform: str, compute_capability: tuple[int, int] | None, setting: str | None) -> str:
+    """What fp32 matrix products run as: "fp32" or "tf32".
+
+    `setting` is jax_default_matmul_precision. On NVIDIA GPUs XLA runs fp32 products as TF32 on
+    compute capability 8.0+ unless the precision is "highest" ("float32"); "high" and "default"
+    ("tensorfloat32", "bfloat16", "fastest" and None) all allow TF32 there. CPUs compute fp32.
+    """
+    if platform != "gpu" or setting in ("highest", "float32"):
+        return "fp32"
+    return "tf32" if compute_capability is not None and compute_capability >= (8, 0) else "fp32"
+
+
 # -- CPU: measured once per machine ------------------------------------------------------------
-
-def _cache_dir() -> Path:
-    return Path(os.environ.get("MIGRATION_CACHE_DIR", Path.home() / ".cache" / "tpu-gpu-migration"))
-
 
 def _cpu_model() -> str:
     try:
@@ -110,11 +153,8 @@ def cpu_peak_flops(precision: str) -> tuple[float, str]:
 
     dtype = {"fp32": jnp.float32, "bf16": jnp.bfloat16, "fp16": jnp.float16}[precision]
     key = f"{_cpu_model()}|{os.cpu_count()}|jax {jax.__version__}|{precision}"
-    path = _cache_dir() / "cpu_peak.json"
-    try:
-        cache = json.loads(path.read_text())
-    except (OSError, ValueError):
-        cache = {}
+    path = cache_dir() / "cpu_peak.json"
+    cache = read_json(path, {})
     label = f"measured on this CPU: best of 5 {{n}}x{{n}} {precision} matrix products"
     if key in cache:
         return cache[key]["flops"], cache[key]["label"] + " (cached)"
@@ -130,13 +170,7 @@ def cpu_peak_flops(precision: str) -> tuple[float, str]:
         best = min(best, time.perf_counter() - t0)
     flops = 2.0 * n**3 / best
     cache[key] = {"flops": flops, "label": label.format(n=n), "measured_at": time.strftime("%Y-%m-%d")}
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(cache, indent=1))
-        tmp.replace(path)
-    except OSError:
-        pass  # a read-only home still gets the figure, just not cached
+    write_json_atomic(path, cache)  # a read-only home still gets the figure, just not cached
     return flops, label.format(n=n)
 
 
@@ -197,7 +231,7 @@ def gpu_target_config(spec: GpuSpec) -> str:
     """XLA `GpuTargetConfig` text proto describing `spec`, for a deviceless compile.
 
     cuDNN and CUDA versions are those of the installed CUDA wheels (what the compile links
-    against); the device numbers are the datasheet's.
+    against); the device numbers are the catalog entry's (see its `source`).
     """
     shared_core, shared_optin, threads_core, fpus = _CC_LIMITS[spec.compute_capability]
     dnn = _installed_version("nvidia-cudnn-cu12", "nvidia-cudnn-cu13") or (9, 8)

@@ -8,8 +8,6 @@ WAL journaling lets readers proceed while a run is being written.
 from __future__ import annotations
 
 import contextlib
-import csv
-import io
 import json
 import sqlite3
 import time
@@ -17,8 +15,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from migration.plan import Plan
-from migration.report import RunReport, csv_cell
+from migration.common import write_csv
+from migration.report import Plan, RunReport
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS entries (
@@ -114,15 +112,7 @@ class History:
         fields = list(SUMMARY_COLUMNS)
         for row in rows:
             fields.extend(k for k in row if k not in fields)
-        buf = io.StringIO()
-        writer = csv.DictWriter(buf, fieldnames=fields, lineterminator="\n")
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({k: csv_cell(row.get(k)) for k in fields})
-        if path is not None:
-            Path(path).write_text(buf.getvalue())
-        return buf.getvalue()
-
+        return write_csv(rows, fields, path)
 
 def _summary(row: dict[str, Any]) -> dict[str, Any]:
     payload = json.loads(row.pop("payload"))

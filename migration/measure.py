@@ -17,6 +17,7 @@ Failures raise; the worker turns them into a `failed` event. How figures are tak
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import resource
 import statistics
 import sys
@@ -29,11 +30,12 @@ import jax
 import numpy as np
 import optax
 
+from migration.common import compiled_peak_bytes, fmt_gib
 from migration.config import ConfigError, RunConfig
-from migration.hardware import cpu_peak_flops, gpu_spec_for_device_kind
+from migration.hardware import MATMUL_UNITS, cpu_peak_flops, fp32_matmul_precision, gpu_spec_for_device_kind, matmul_unit
 from migration.profiling import summarise_trace
-from migration.environment import jax_env_in_effect
 from migration.train import TrainProgram, batch_maker, init_state_on, jit_step, make_data_mesh
+from migration.worker_env import jax_env_in_effect
 
 Emit = Callable[..., None]
 
@@ -43,28 +45,6 @@ DATA_POOL_BYTES = 64 * 2**20  # distinct batches kept on device, at most this ma
 
 def percentile(values: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(values), q))
-
-
-def fp32_matmul_precision(platform: str, device: Any) -> str:
-    """How fp32 matrix products actually run here (XLA's default unless JAX is told otherwise)."""
-    setting = jax.config.jax_default_matmul_precision
-    if setting in ("highest", "float32"):
-        return "fp32"
-    if platform == "gpu":
-        cc = getattr(device, "compute_capability", "0.0")
-        major = int(str(cc).split(".")[0] or 0)
-        if setting in ("bfloat16", "default", "fastest"):
-            return "bf16" if setting != "default" or major >= 8 else "fp32"
-        return "tf32" if major >= 8 else "fp32"
-    return "fp32"  # the CPU backend computes fp32 products in fp32
-
-
-def compiled_peak_bytes(compiled: Any) -> int | None:
-    stats = compiled.memory_analysis()
-    if stats is None:
-        return None
-    return int(stats.argument_size_in_bytes + stats.output_size_in_bytes
-               - stats.alias_size_in_bytes + stats.temp_size_in_bytes)
 
 
 def device_memory_stats(devices: list[Any]) -> tuple[int | None, int | None]:
@@ -89,7 +69,56 @@ def stage(name: str):
         raise
 
 
+def peak_flops_for(platform: str, device: Any, precision: str, fp32_matmul: str, devices: int) -> tuple[float | None, str]:
+    """The dense peak the run's matrix products are measured against, and a label saying which
+    unit it is (one table: hardware.MATMUL_UNITS), for all `devices` together."""
+    if platform != "gpu":
+        # XLA's CPU devices share the host's cores, so the host's peak is the peak of them all.
+        return cpu_peak_flops(precision)
+    unit = matmul_unit(precision, fp32_matmul)
+    spec = gpu_spec_for_device_kind(device.device_kind)
+    if spec is None:
+        return None, f"unknown GPU '{device.device_kind}': no catalog peak, MFU not computed"
+    per_device = spec.peak_flops(unit)
+    if per_device is None:
+        return None, f"{spec.name} has no {unit} tensor cores: no peak for this precision, MFU not computed"
+    return per_device * devices, f"datasheet dense peak of {spec.name} x {devices} for {MATMUL_UNITS[unit]}"
+
+
+@dataclasses.dataclass
+class _Timed:
+    step_s: list[float]
+    losses: list[float]
+    skipped: int
+    last_metrics: dict[str, Any]
+    recompilations: int
+
+
 def measured_run(cfg: RunConfig, emit: Emit) -> None:
+    """The run's stages: where it runs, data, compile, the timed loop, profile, figures."""
+    platform, devices = _devices(cfg)
+    program = TrainProgram.from_config(cfg)
+    fp32_matmul = _announce(cfg, emit, platform, devices, program)
+    compiles = _count_compiles()
+    mesh = make_data_mesh(devices)
+    with stage("initialising parameters"):
+        state = init_state_on(program, mesh)
+    pool = _data_pool(cfg, program, mesh)
+    step = jit_step(program, mesh)
+    with stage("compiling the train step"):
+        t0 = time.perf_counter()
+        compiled = step.lower(state, pool[0]).compile()
+        compile_s = time.perf_counter() - t0
+    predicted = compiled_peak_bytes(compiled)
+    emit("compiled", compile_s=compile_s, predicted_peak_bytes=predicted, data_pool_batches=len(pool),
+         data_pool_bytes=sum(x.nbytes for x in jax.tree.leaves(pool)))
+    state, timed = _timed_loop(cfg, emit, step, state, pool, predicted, compiles)
+    profile = _profile(cfg, emit, step, state, pool)
+    emit("finished", compile_s=compile_s, predicted_peak_bytes=predicted, profile=profile,
+         **_figures(cfg, program, platform, devices, fp32_matmul, timed, predicted))
+
+
+def _devices(cfg: RunConfig) -> tuple[str, list[Any]]:
     platform = jax.default_backend()
     platform = "gpu" if platform in ("gpu", "cuda", "rocm") else platform
     available = jax.devices()
@@ -99,35 +128,41 @@ def measured_run(cfg: RunConfig, emit: Emit) -> None:
             f"{cfg.devices} requested but this machine's {platform} backend has {len(available)} "
             f"({available[0].device_kind}); allowed: 1 to {len(available)}",
         )
-    devices = available[: cfg.devices]
-    kind = devices[0].device_kind
-    program = TrainProgram.from_config(cfg)
-    workload, mcfg = program.workload, program.model_cfg
-    matmul = fp32_matmul_precision(platform, devices[0])
+    return platform, available[: cfg.devices]
+
+
+def _announce(cfg: RunConfig, emit: Emit, platform: str, devices: list[Any], program: TrainProgram) -> str:
+    cc = getattr(devices[0], "compute_capability", None)
+    cc = tuple(int(x) for x in str(cc).split(".")[:2]) if cc else None
+    fp32_matmul = fp32_matmul_precision(platform, cc, jax.config.jax_default_matmul_precision)
     emit(
         "started",
         backend=platform,
-        device_kind=kind,
+        device_kind=devices[0].device_kind,
         device_count=len(devices),
         jax_version=jax.__version__,
         jaxlib_version=getattr(jax.lib, "__version__", None) or _jaxlib_version(),
         flax_version=flax.__version__,
         optax_version=optax.__version__,
         python_version=sys.version.split()[0],
-        param_count=workload.param_count(mcfg),
+        param_count=program.workload.param_count(program.model_cfg),
         global_batch=program.global_batch,
-        fp32_matmul_precision=matmul,
+        fp32_matmul_precision=fp32_matmul,
         env=jax_env_in_effect(),
     )
+    return fp32_matmul
 
+
+def _count_compiles() -> list[float]:
     compiles: list[float] = []
     jax.monitoring.register_event_duration_secs_listener(
         lambda name, secs, **_: compiles.append(secs) if name == BACKEND_COMPILE_EVENT else None
     )
+    return compiles
 
-    mesh = make_data_mesh(devices)
-    with stage("initialising parameters"):
-        state = init_state_on(program, mesh)
+
+def _data_pool(cfg: RunConfig, program: TrainProgram, mesh: Any) -> list[Any]:
+    """Distinct batches kept on the device (at most DATA_POOL_BYTES), cycled through by the loop."""
     with stage("generating the synthetic data"):
         make = batch_maker(program, mesh)
         first = make(0)
@@ -135,82 +170,79 @@ def measured_run(cfg: RunConfig, emit: Emit) -> None:
         pool_size = max(1, min(cfg.steps, DATA_POOL_BYTES // max(batch_bytes, 1)))
         pool = [first] + [make(i) for i in range(1, pool_size)]
         jax.block_until_ready(pool)
+    return pool
 
-    step = jit_step(program, mesh)
-    with stage("compiling the train step"):
-        t0 = time.perf_counter()
-        compiled = step.lower(state, pool[0]).compile()
-        compile_s = time.perf_counter() - t0
-    predicted = compiled_peak_bytes(compiled)
-    emit("compiled", compile_s=compile_s, predicted_peak_bytes=predicted,
-         data_pool_batches=pool_size, data_pool_bytes=batch_bytes * pool_size)
 
+def _timed_loop(cfg: RunConfig, emit: Emit, step: Any, state: Any, pool: list[Any], predicted: int | None,
+                compiles: list[float]) -> tuple[Any, _Timed]:
+    """Steps dispatched one ahead; each step's time is the interval between the completions of
+    consecutive steps, read when its metrics arrive (the device never waits for the host)."""
     compiles_before = len(compiles)
-    step_s: list[float] = []
-    losses: list[float] = []
-    skipped = 0
+    timed = _Timed([], [], 0, {}, 0)
     last_done = time.perf_counter()
     pending = None
     for i in range(cfg.steps + 1):
         if i < cfg.steps:
-            with stage(f"running step {i + 1} (the compiled step needs {_gib(predicted)} per device)"):
-                state, metrics = step(state, pool[i % pool_size])
+            with stage(f"running step {i + 1} (the compiled step needs {fmt_gib(predicted, missing='an unknown amount')} per device)"):
+                state, metrics = step(state, pool[i % len(pool)])
         if pending is not None:  # complete step i-1 while step i runs
-            with stage(f"running step {i} (the compiled step needs {_gib(predicted)} per device)"):
+            with stage(f"running step {i} (the compiled step needs {fmt_gib(predicted, missing='an unknown amount')} per device)"):
                 values = jax.device_get(pending)
             done = time.perf_counter()
-            step_s.append(done - last_done)
+            timed.step_s.append(done - last_done)
             last_done = done
-            loss = float(values["loss"])
-            losses.append(loss)
-            skipped += int(bool(values.get("skipped", False)))
-            emit("step", index=i - 1, loss=loss, step_ms=step_s[-1] * 1e3,
-                 grad_norm=float(values["grad_norm"]), loss_scale=float(values["loss_scale"]),
-                 skipped=bool(values.get("skipped", False)))
+            _record_step(emit, timed, i - 1, values)
         pending = metrics if i < cfg.steps else None
     jax.block_until_ready(state)
-    recompilations = len(compiles) - compiles_before
+    timed.recompilations = len(compiles) - compiles_before
+    return state, timed
 
-    profile = None
-    if cfg.profile_steps:
-        # Extra steps after the timed window, so tracing never perturbs the figures above.
-        with stage("profiling"), jax.profiler.trace(cfg.profile_dir, create_perfetto_trace=True):
-            for i in range(cfg.profile_steps):
-                state, metrics = step(state, pool[(cfg.steps + i) % pool_size])
-                jax.block_until_ready(metrics)
-        profile = summarise_trace(cfg.profile_dir, cfg.profile_steps)
-        emit("profiled", profile=profile)
 
-    timed = step_s[cfg.warmup_steps:]
-    total = sum(timed)
-    samples_per_s = program.global_batch * len(timed) / total
+def _record_step(emit: Emit, timed: _Timed, index: int, values: dict[str, Any]) -> None:
+    loss = float(values["loss"])
+    skipped = bool(values.get("skipped", False))
+    timed.losses.append(loss)
+    timed.skipped += int(skipped)
+    timed.last_metrics = values
+    emit("step", index=index, loss=loss, step_ms=timed.step_s[-1] * 1e3, grad_norm=float(values["grad_norm"]),
+         loss_scale=float(values["loss_scale"]), skipped=skipped)
+
+
+def _profile(cfg: RunConfig, emit: Emit, step: Any, state: Any, pool: list[Any]) -> dict[str, Any] | None:
+    """Extra steps after the timed window under jax.profiler.trace, so tracing never perturbs the figures."""
+    if not cfg.profile_steps:
+        return None
+    with stage("profiling"), jax.profiler.trace(cfg.profile_dir, create_perfetto_trace=True):
+        for i in range(cfg.profile_steps):
+            state, metrics = step(state, pool[(cfg.steps + i) % len(pool)])
+            jax.block_until_ready(metrics)
+    profile = summarise_trace(cfg.profile_dir, cfg.profile_steps)
+    emit("profiled", profile=profile)
+    return profile
+
+
+def _figures(cfg: RunConfig, program: TrainProgram, platform: str, devices: list[Any], fp32_matmul: str,
+             timed: _Timed, predicted: int | None) -> dict[str, Any]:
+    """Throughput, MFU and memory from the timed window (warm-up excluded)."""
+    window = timed.step_s[cfg.warmup_steps:]
+    total = sum(window)
+    workload, mcfg = program.workload, program.model_cfg
+    samples_per_s = program.global_batch * len(window) / total
     tokens = workload.tokens_per_example(mcfg)
     flops_per_step = workload.flops_per_example(mcfg) * program.global_batch
-    achieved = flops_per_step * len(timed) / total
-
-    if platform == "gpu":
-        spec = gpu_spec_for_device_kind(kind)
-        per_device = spec.peak_flops(cfg.precision, matmul) if spec else None
-        peak = per_device * len(devices) if per_device else None
-        peak_source = f"datasheet dense {cfg.precision if cfg.precision != 'fp32' else matmul} peak of {spec.name} x {len(devices)}" if spec else f"unknown GPU '{kind}': no datasheet peak"
-    else:
-        # XLA's CPU devices share the host's cores, so the host's peak is the peak of them all.
-        peak, peak_source = cpu_peak_flops(cfg.precision)
+    achieved = flops_per_step * len(window) / total
+    peak, peak_source = peak_flops_for(platform, devices[0], cfg.precision, fp32_matmul, len(devices))
     measured_peak, bytes_limit = device_memory_stats(devices)
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
     if measured_peak is not None:
         peak_bytes, source = measured_peak, "measured: memory_stats() peak_bytes_in_use (max over devices)"
     else:
         peak_bytes = predicted
         source = "cpu: XLA memory_analysis of the compiled step (CPU backend figure, not a GPU prediction)"
-
-    emit(
-        "finished",
-        compile_s=compile_s,
-        step_ms_median=statistics.median(timed) * 1e3,
-        step_ms_p90=percentile(timed, 90) * 1e3,
-        step_ms_mean=total / len(timed) * 1e3,
-        timed_steps=len(timed),
+    return dict(
+        step_ms_median=statistics.median(window) * 1e3,
+        step_ms_p90=percentile(window, 90) * 1e3,
+        step_ms_mean=total / len(window) * 1e3,
+        timed_steps=len(window),
         samples_per_s=samples_per_s,
         tokens_per_s=samples_per_s * tokens if tokens else None,
         model_flops_per_step=flops_per_step,
@@ -220,18 +252,12 @@ def measured_run(cfg: RunConfig, emit: Emit) -> None:
         mfu=achieved / peak if peak else None,
         peak_memory_bytes=peak_bytes,
         peak_memory_source=source,
-        predicted_peak_bytes=predicted,
-        process_peak_rss_bytes=rss,
+        process_peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,  # Linux reports KiB
         device_memory_limit_bytes=bytes_limit,
-        recompilations=recompilations,
-        skipped_steps=skipped,
-        final_loss_scale=float(values["loss_scale"]) if cfg.precision == "fp16" else None,
-        profile=profile,
+        recompilations=timed.recompilations,
+        skipped_steps=timed.skipped,
+        final_loss_scale=float(timed.last_metrics["loss_scale"]) if cfg.precision == "fp16" else None,
     )
-
-
-def _gib(n: int | None) -> str:
-    return "an unknown amount" if n is None else f"{n / 2**30:.2f} GiB"
 
 
 def _jaxlib_version() -> str | None:

@@ -1,20 +1,19 @@
-"""The typed result of one run, built from the worker's events; JSON and CSV export.
+"""The backend's typed results: a run (`RunReport`, built from the worker's events) and a plan
+(`Plan`, built once by the planner); JSON and CSV export.
 
-Every figure says where it was measured (`device_kind`, `platform`, `jax_version`, `host`) and how
-(`peak_memory_source`, `peak_tflops_source`, `method`).
+Every figure says where it was measured (`device_kind`, `backend`, `jax_version`, `host`) and how
+(`peak_memory_source`, `peak_tflops_source`, `method`, `prediction_method`).
 """
 
 from __future__ import annotations
 
-import csv
 import dataclasses
-import io
 import json
-import math
 import socket
 from pathlib import Path
 from typing import Any
 
+from migration.common import json_safe, write_csv as write_csv_rows
 from migration.config import RunConfig
 
 
@@ -158,30 +157,98 @@ NON_SCALAR_FIELDS = ("losses", "step_ms", "env", "profile", "config")
 
 def write_csv(reports: list[RunReport], path: str | Path | None = None) -> str:
     """One row per run, a header row, units in the column names. Spreadsheet-safe cells."""
-    rows = [r.csv_row() for r in reports]
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=list(rows[0]) if rows else [], lineterminator="\n")
-    writer.writeheader()
-    for row in rows:
-        writer.writerow({k: csv_cell(v) for k, v in row.items()})
-    if path is not None:
-        Path(path).write_text(buf.getvalue())
-    return buf.getvalue()
+    return write_csv_rows([r.csv_row() for r in reports], path=path)
 
 
-def csv_cell(value: Any) -> Any:
-    # A text cell starting with = + - @ would be evaluated by a spreadsheet: neutralise it.
-    if isinstance(value, str) and value[:1] in ("=", "+", "-", "@", "\t", "\r"):
-        return "'" + value
-    return value
+@dataclasses.dataclass
+class Decision:
+    decision: str
+    value: Any
+    reason: str
 
 
-def json_safe(value: Any) -> Any:
-    """Non-finite floats as JSON can carry them: NaN -> null, infinities -> \"inf\" / \"-inf\"."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None if math.isnan(value) else ("inf" if value > 0 else "-inf")
-    if isinstance(value, dict):
-        return {k: json_safe(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [json_safe(v) for v in value]
-    return value
+@dataclasses.dataclass
+class Plan(JsonExport):
+    """A GPU plan for a TPU-style setup: every decision with its reason, and the evidence."""
+
+    status: str  # "ok" or "infeasible"
+    workload: str
+    preset: str
+    source: str
+    source_name: str
+    source_devices: int
+    source_per_core_batch: int
+    source_precision: str
+    target: str
+    target_name: str
+    gpus: int
+    memory_fraction: float
+    safety_margin: float
+    budget_bytes: int
+    device_memory_bytes: int
+    budget_source: str  # where the device memory figure comes from
+    # the plan
+    per_device_batch: int
+    accumulation_steps: int
+    global_batch: int
+    requested_global_batch: int
+    global_batch_exact: bool
+    precision: str
+    remat: str
+    remat_chosen_by: str  # "search" (ranked by predicted step time) or "override"
+    predicted_peak_bytes: int | None
+    predicted_step_s: float | None
+    prediction_method: str  # compiled-for-target, compiled-local or estimate
+    prediction_note: str
+    # evidence
+    param_count: int
+    compiles: int
+    cache_hits: int
+    search_seconds: float
+    max_batch_by_remat: dict[str, int]
+    candidates: list[int]  # the per-device batches the search chose among
+    ranked: list[dict[str, Any]]  # fitting (remat, batch, accumulation) choices, fastest first
+    table: list[dict[str, Any]]  # one row per (batch, remat, accumulation) evaluated: predicted bytes
+    rule_of_thumb_batch: int
+    rule_of_thumb_note: str
+    tpu_setup_on_target: dict[str, Any]
+    source_tpu_compile: dict[str, Any]
+    matmul_precision: dict[str, str]
+    environment: dict[str, dict[str, str]]  # variable -> {value, why}
+    decisions: list[Decision]
+    message: str = ""  # for infeasible plans: why, and what would help
+    jax_version: str | None = None
+    planned_on: str | None = None  # backend of the machine that planned (e.g. cpu)
+    planned_device_kind: str | None = None  # for target "local": the device the plan was made for
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Plan":
+        data = dict(data)
+        data["decisions"] = [Decision(**d) for d in data.get("decisions", [])]
+        return cls(**data)
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> "Plan":
+        return cls.from_dict(json.loads(Path(path).read_text()))
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    @property
+    def reasons(self) -> dict[str, str]:
+        return {d.decision: d.reason for d in self.decisions}
+
+    def ranked_rows(self) -> list[dict[str, Any]]:
+        """The ranked choices for display: the predicted step as text (relative where the target
+        has no known peak), whether it keeps the global batch, and which one the plan is."""
+        rows = []
+        for c in self.ranked:
+            step = (f"{c['predicted_step_s'] * 1e3:.1f} ms" if c["predicted_step_s"] is not None
+                    else f"{c['relative_cost']:.3g} (relative)")
+            rows.append({"remat": c["remat"], "per_device_batch": c["per_device_batch"],
+                         "accumulation_steps": c["accumulation_steps"], "global_batch": c["global_batch"],
+                         "device_fill": f"{c['fill']:.0%}", "predicted_step": step,
+                         "chosen": "✔" if (c["remat"], c["per_device_batch"], c["accumulation_steps"]) ==
+                                         (self.remat, self.per_device_batch, self.accumulation_steps) else ""})
+        return rows

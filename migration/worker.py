@@ -16,11 +16,10 @@ import time
 import traceback
 from typing import Any
 
+from migration.common import first_line, is_oom, json_safe
 from migration.config import ConfigError, PlanRequest, RunConfig, validate, validate_plan_request
-from migration.environment import planner_environment, worker_environment
-from migration.report import json_safe
+from migration.worker_env import planner_environment, worker_environment
 
-OOM_MARKERS = ("RESOURCE_EXHAUSTED", "Out of memory", "out of memory", "OOM when allocating")
 
 
 class EventWriter:
@@ -53,17 +52,17 @@ class EventWriter:
 def classify_exception(exc: BaseException) -> tuple[str, str]:
     """(failure kind, one-paragraph message a user can act on)."""
     text = str(exc)
-    first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+    first = first_line(exc, 500)
     stages = [n.removeprefix("stage: ") for n in getattr(exc, "__notes__", []) if n.startswith("stage: ")]
     where = f" while {stages[0]}" if stages else ""
     if isinstance(exc, ConfigError):
         return "invalid", text
-    if any(m in text for m in OOM_MARKERS) or isinstance(exc, MemoryError):
+    if is_oom(text) or isinstance(exc, MemoryError):
         return "oom", (
             f"out of memory{where}: {first[:400].rstrip('.')}. Lower the per-device batch (and raise accumulation "
             "steps to keep the global batch), choose a rematerialisation policy, or use bf16."
         )
-    return "crashed", f"{type(exc).__name__}{where}: {first[:500]}"
+    return "crashed", f"{type(exc).__name__}{where}: {first}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -79,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         emit("failed", kind="invalid", message=f"config: {exc}")
         return 2
     # Set JAX's environment before the first `import jax`.
-    os.environ.update(planner_environment(cfg.target) if args.mode == "plan" else worker_environment(cfg))
+    os.environ.update(planner_environment(cfg) if args.mode == "plan" else worker_environment(cfg))
     try:
         validate_plan_request(cfg) if args.mode == "plan" else validate(cfg)
     except ConfigError as exc:
@@ -87,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         if args.mode == "probe-env":
-            from migration.envinfo import collect_environment
+            from migration.env_report import collect_environment
 
             emit("environment", **collect_environment())
         elif args.mode == "plan":

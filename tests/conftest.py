@@ -1,15 +1,30 @@
-"""Test setup: the CPU backend with 4 XLA CPU devices, set before JAX is first imported."""
+"""Test setup: the CPU backend with 4 XLA CPU devices, set before JAX is first imported, in the
+planner worker's environment (deviceless GPU compiles allowed, XLA's own rematerialisation off), so
+that tests can compile for catalog GPUs in-process exactly as a planner worker does."""
 
 import os
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from migration.worker_env import DISABLE_XLA_REMAT  # noqa: E402  (imports no JAX)
+
 os.environ["JAX_PLATFORMS"] = "cpu"
 os.environ["JAX_NUM_CPU_DEVICES"] = "4"
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+os.environ["JAX_SKIP_CUDA_CONSTRAINTS_CHECK"] = "1"
+_outer_xla_flags = os.environ.get("XLA_FLAGS")
+os.environ["XLA_FLAGS"] = " ".join(f for f in (_outer_xla_flags or "", DISABLE_XLA_REMAT) if f)
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
+
+# XLA reads XLA_FLAGS once, at its first compile: compile now, then give the worker processes the
+# tests start the caller's flags back (they set their own).
+jax.jit(lambda x: x + 1)(1.0).block_until_ready()
+if _outer_xla_flags is None:
+    del os.environ["XLA_FLAGS"]
+else:
+    os.environ["XLA_FLAGS"] = _outer_xla_flags
 
 from migration.config import RunConfig  # noqa: E402
 from migration.policies import DynamicLossScale  # noqa: E402

@@ -3,7 +3,7 @@
 import pytest
 
 from migration.config import ConfigError, RunConfig, validate
-from migration.environment import worker_environment
+from migration.worker_env import worker_environment
 from migration.report import RunReport, write_csv
 
 

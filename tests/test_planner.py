@@ -8,8 +8,10 @@ from pathlib import Path
 import pytest
 
 from migration.config import ConfigError, PlanRequest
-from migration.plan import batch_candidates
+from migration.memory import MemoryPredictor
+from migration.planner import plan_migration
 from migration.runner import plan
+from migration.search import batch_candidates
 
 ROOT = Path(__file__).resolve().parent.parent
 NO_CUDA_PLUGIN = ROOT / "tests" / "fixtures" / "no_cuda_plugin"
@@ -73,9 +75,55 @@ def test_a_model_larger_than_the_budget_is_infeasible_with_what_would_help():
                       global_batch=64, compile_for_tpu=False)
     p = plan(req)
     assert p.status == "infeasible"
-    assert "does not fit even at batch 1, because" in p.message
+    assert "does not fit even at batch 1 with remat full" in p.message
     assert "parameters, gradients and AdamW state alone" in p.message
     assert "more memory" in p.message and "smaller preset" in p.message and "more GPUs" in p.message
+    assert p.predicted_peak_bytes > p.budget_bytes
+
+
+def test_an_infeasible_forced_policy_is_named_and_full_remat_suggested():
+    p = plan(PlanRequest(workload="transformer", preset="small", target="t4", memory_fraction=0.05, safety_margin=0.5,
+                         global_batch=64, remat="none", compile_for_tpu=False))
+    assert p.status == "infeasible" and "remat none" in p.message and p.remat == "none"
+    assert "remat full (or let the planner choose the policy)" in p.message
+
+
+def noop(*_, **__):
+    return None
+
+
+def test_a_plan_is_never_ok_over_its_budget_once_accumulation_is_added():
+    """Batch 1 fits, but batch 1 x 64 accumulation (the accumulator, 64 stacked micro-batches) does
+    not: the plan is infeasible and says so, instead of ok over budget."""
+    probe = MemoryPredictor(tiny(target="t4"), noop)
+    alone, accumulated = probe.predict("fp16", "none", 1), probe.predict("fp16", "none", 1, 64)
+    assert accumulated > alone
+    budget = (alone + accumulated) / 2
+    fraction = budget / (16e9 * 0.9)  # the T4 entry: 16 GB datasheet; 10% safety margin
+    p = plan_migration(tiny(target="t4", memory_fraction=fraction, global_batch=64, max_per_device_batch=1,
+                            remat="none"), noop)
+    assert p.status == "infeasible", (p.predicted_peak_bytes, p.budget_bytes)
+    assert "once accumulation is added" in p.message and "remat none" in p.message
+
+
+def test_plans_choose_the_fastest_fitting_choice_and_show_the_ranking():
+    """gpt2-style tiny model for an H100 with a budget that fits 32 per GPU without remat: the
+    plan keeps the global batch with accumulation rather than recomputing, and shows the ranking."""
+    p = plan_migration(tiny(target="h100-sxm", global_batch=512, max_per_device_batch=512), noop)
+    assert p.ok and p.remat_chosen_by == "search" and p.predicted_peak_bytes <= p.budget_bytes
+    first = p.ranked[0]
+    assert (first["remat"], first["per_device_batch"], first["accumulation_steps"]) == \
+        (p.remat, p.per_device_batch, p.accumulation_steps)
+    steps = [c["predicted_step_s"] for c in p.ranked if c["exact"]]
+    assert all(s is not None for s in steps) and steps == sorted(steps)
+    assert p.predicted_step_s == pytest.approx(steps[0])
+    assert "fastest predicted step" in p.reasons["remat"]
+
+
+def test_the_local_budget_comes_from_what_this_machine_reports():
+    p = plan_migration(tiny(target="local", global_batch=8), noop)
+    assert p.ok and "host memory" in p.budget_source and p.planned_device_kind == "cpu"
+    assert p.budget_bytes == int(p.device_memory_bytes * p.memory_fraction * (1 - p.safety_margin))
 
 
 def test_without_the_cuda_plugin_the_plan_is_an_estimate_and_says_so(monkeypatch):

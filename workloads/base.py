@@ -83,6 +83,12 @@ class Workload(abc.ABC):
         """Tokens in one example, for tokens/s; None where the notion does not apply."""
         return None
 
+    def rows_per_example(self, cfg: Any) -> int:
+        """Rows one example contributes to the model's largest matrix products (tokens for a
+        sequence model, output pixels for a convolution as an implicit GEMM, 1 for an MLP). The
+        planner's step-time model uses it to tell when a micro-batch is too small to fill a GPU."""
+        return self.tokens_per_example(cfg) or 1
+
     def describe(self, cfg: Any) -> dict[str, Any]:
         return {"workload": self.name, **dataclasses.asdict(cfg)}
 

@@ -128,6 +128,9 @@ class CNNWorkload(Workload):
                 total += cin * cout + 2 * cout
         return total + cfg.stage_widths[-1] * cfg.num_classes + cfg.num_classes
 
+    def rows_per_example(self, cfg: CNNConfig) -> int:
+        return cfg.image_size**2  # the first stage's convolutions, as implicit GEMMs over output pixels
+
     def activation_profile(self, cfg: CNNConfig) -> ActivationProfile:
         # conv, BN and ReLU outputs of both convolutions and the shortcut, at the largest stage
         sizes = [(res // stride) ** 2 * cout for _, cout, stride, res in cfg.stages()]

@@ -14,7 +14,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from migration.config import RunConfig
+from migration.config import PlanRequest, RunConfig
 
 # Variables that change what JAX/XLA do; reported by `env` and recorded with every run.
 JAX_ENV_VARS = (
@@ -102,19 +102,29 @@ def worker_environment(cfg: RunConfig, base: Mapping[str, str] | None = None) ->
     return env
 
 
-def planner_environment(target: str, base: Mapping[str, str] | None = None) -> dict[str, str]:
+# XLA's own rematerialisation pass: off for planning, so that a fit never hides recomputation.
+DISABLE_XLA_REMAT = "--xla_disable_hlo_passes=rematerialization"
+
+
+def planner_environment(req: PlanRequest, base: Mapping[str, str] | None = None) -> dict[str, str]:
     """Environment of a planner worker. Compiles never allocate, and XLA's automatic
     rematerialisation is disabled so that a predicted fit never hides recomputation.
 
     A catalog target compiles deviceless on the CPU backend (the CUDA plugin still compiles for
-    the described GPU); "local" compiles for this machine's devices without preallocating."""
+    the described GPU). "local" compiles for this machine's devices without preallocating, with
+    the request's memory share, so that the limit the device reports is the job's budget."""
     env = dict(os.environ if base is None else base)
-    flags = [f for f in (env.get("XLA_FLAGS", ""),) if f] + ["--xla_disable_hlo_passes=rematerialization"]
+    flags = [f for f in (env.get("XLA_FLAGS", ""),) if f] + [DISABLE_XLA_REMAT]
     env["XLA_FLAGS"] = " ".join(flags)
     env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
     env["JAX_SKIP_CUDA_CONSTRAINTS_CHECK"] = "1"
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
-    env["JAX_PLATFORMS"] = "cpu" if target != "local" or resolve_platform("auto") == "cpu" else "cuda"
+    on_cpu = req.target != "local" or resolve_platform("auto") == "cpu"
+    env["JAX_PLATFORMS"] = "cpu" if on_cpu else "cuda"
+    if req.target == "local":
+        env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{req.memory_fraction:.3g}"
+        if on_cpu:
+            env["JAX_NUM_CPU_DEVICES"] = str(req.gpus)
     return env
 
 

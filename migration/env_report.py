@@ -10,7 +10,7 @@ import flax
 import jax
 import optax
 
-from migration.environment import jax_env_in_effect, nvidia_gpus
+from migration.worker_env import jax_env_in_effect, nvidia_gpus
 
 
 def collect_environment() -> dict[str, Any]:

@@ -1,0 +1,107 @@
+"""Small helpers the backend shares, one home each: byte formatting, the first line of an error,
+the peak of a compiled program, out-of-memory markers, CSV and atomic JSON writing, and the cache
+directory. Imports nothing heavy (no JAX): the config layer and the worker's start-up use it.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+GiB = 2**30
+
+# Substrings by which XLA and JAX say that memory ran out (compile- or run-time), on any backend.
+OOM_MARKERS = ("RESOURCE_EXHAUSTED", "Out of memory", "out of memory", "OOM when allocating")
+
+
+def fmt_gib(n: float | None, digits: int = 2, missing: str = "n/a") -> str:
+    """Bytes as GiB with a unit, or `missing` when unknown."""
+    return missing if n is None else f"{n / GiB:.{digits}f} GiB"
+
+
+def first_line(exc: BaseException, limit: int = 300) -> str:
+    """The first line of an exception's message (its type name when the message is empty)."""
+    text = str(exc).strip()
+    return text.splitlines()[0][:limit] if text else type(exc).__name__
+
+
+def is_oom(text: str) -> bool:
+    return any(marker in text for marker in OOM_MARKERS)
+
+
+def compiled_peak_bytes(compiled: Any) -> int | None:
+    """Peak device bytes of a compiled program from its memory analysis: arguments + outputs -
+    aliased (donated) + temporaries. None where the backend gives no analysis."""
+    stats = compiled.memory_analysis()
+    if stats is None:
+        return None
+    return int(stats.argument_size_in_bytes + stats.output_size_in_bytes
+               - stats.alias_size_in_bytes + stats.temp_size_in_bytes)
+
+
+def csv_cell(value: Any) -> Any:
+    """A text cell starting with = + - @ would be evaluated by a spreadsheet: neutralise it."""
+    if isinstance(value, str) and value[:1] in ("=", "+", "-", "@", "\t", "\r"):
+        return "'" + value
+    return value
+
+
+def write_csv(rows: Iterable[Mapping[str, Any]], fields: list[str] | None = None,
+              path: str | Path | None = None) -> str:
+    """A header row and one row per mapping (columns: `fields`, else every key in order of first
+    appearance), spreadsheet-safe cells; written to `path` when given. Returns the text."""
+    rows = list(rows)
+    if fields is None:
+        fields = []
+        for row in rows:
+            fields.extend(k for k in row if k not in fields)
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=fields, lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: csv_cell(row.get(k)) for k in fields})
+    if path is not None:
+        Path(path).write_text(buf.getvalue())
+    return buf.getvalue()
+
+
+def json_safe(value: Any) -> Any:
+    """Non-finite floats as JSON can carry them: NaN -> null, infinities -> \"inf\" / \"-inf\"."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
+
+
+def write_json_atomic(path: Path, data: Any) -> bool:
+    """Write JSON through a temporary file and a rename, so a reader never sees half a file.
+    Returns False (and writes nothing) where the folder is not writable."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data))
+        tmp.replace(path)
+        return True
+    except OSError:
+        return False
+
+
+def read_json(path: Path, default: Any) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return default
+
+
+def cache_dir() -> Path:
+    """Where measured CPU peaks and compiled memory figures are cached ($MIGRATION_CACHE_DIR)."""
+    return Path(os.environ.get("MIGRATION_CACHE_DIR", Path.home() / ".cache" / "tpu-gpu-migration"))

@@ -1,0 +1,241 @@
+"""Memory prediction for the planner: where a plan compiles (a catalog GPU without the device, or
+this machine), the per-device peak of the real train step for a (precision, remat, batch,
+accumulation), and the disk cache of those figures.
+
+Runs inside a planner worker (JAX's environment set before import; see `migration/worker_env.py`).
+The peak comes from compiling the same step a run uses (`migration/train.py`) on abstract inputs
+and reading `memory_analysis()`. XLA's own rematerialisation pass is disabled for these compiles
+by the worker's environment, so a "fits" never hides recomputation the user did not choose. Where
+no compile for the target is possible, an analytic estimate stands in, labelled so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jax
+
+from migration.common import cache_dir, compiled_peak_bytes, first_line, fmt_gib, is_oom, read_json, write_json_atomic
+from migration.config import PlanRequest, RunConfig
+from migration.hardware import GPU_SPECS, GpuSpec, fp32_matmul_precision, gpu_spec_for_device_kind, gpu_target_config, matmul_unit
+from migration.search import ROWS_PER_SM_TO_FILL
+from migration.train import TrainProgram, abstract_batch, abstract_state, jit_step, make_data_mesh
+from workloads import get_workload
+
+Emit = Callable[..., None]
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+# The code that shapes a compile: a change to any of it invalidates cached figures.
+COMPILE_SOURCES = ("workloads/*.py", "migration/train.py", "migration/policies.py", "migration/memory.py",
+                   "migration/config.py")
+
+
+@functools.lru_cache(maxsize=4)
+def code_fingerprint(root: Path = PROJECT_ROOT) -> str:
+    """sha256 over the sources that shape the compiled step (workloads, train step, policies)."""
+    digest = hashlib.sha256()
+    for pattern in COMPILE_SOURCES:
+        for path in sorted(root.glob(pattern)):
+            digest.update(path.relative_to(root).as_posix().encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+class CompileCache:
+    """Predicted peaks on disk, one JSON file; a lost race only loses an entry."""
+
+    def __init__(self, path: Path | None = None):
+        self.path = path or cache_dir() / "compile_memory.json"
+        self.data: dict[str, Any] = read_json(self.path, {})
+
+    def get(self, key: str) -> Any:
+        return self.data.get(key)
+
+    def put(self, key: str, value: Any) -> None:
+        self.data[key] = value
+        write_json_atomic(self.path, self.data)
+
+
+class CompileFailed(RuntimeError):
+    """Compiling for the target failed for a reason other than memory."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """The device a plan is for: its memory, what it computes natively, its peak."""
+
+    name: str
+    spec: GpuSpec | None  # the catalog entry, when there is one
+    device_memory_bytes: int
+    budget_bytes: int
+    budget_source: str
+    bf16_native: bool
+    compute_capability: tuple[int, int] | None
+    platform: str  # "gpu" or "cpu"
+    fill_rows: int  # rows that fill the device (see search.ROWS_PER_SM_TO_FILL)
+    device_kind: str | None = None
+
+    def peak_flops(self, precision: str) -> float | None:
+        """Dense peak per device for the precision (fp32 as the default matmul precision runs it)."""
+        if self.spec is None:
+            return None
+        fp32 = fp32_matmul_precision(self.platform, self.compute_capability, None)
+        return self.spec.peak_flops(matmul_unit(precision, fp32))
+
+
+def resolve_target(req: PlanRequest) -> Target:
+    if req.target != "local":
+        spec = GPU_SPECS[req.target]
+        return Target(spec.name, spec, spec.memory_bytes, _budget(spec.memory_bytes * req.memory_fraction, req),
+                      f"{fmt_gib(spec.memory_bytes)} from {spec.source}", spec.bf16_native, spec.compute_capability,
+                      "gpu", spec.sm_count * ROWS_PER_SM_TO_FILL)
+    device = jax.devices()[0]
+    name = f"this machine: {device.device_kind} ({device.platform})"
+    if device.platform == "gpu":
+        return _local_gpu_target(device, name, req)
+    total = _host_memory()
+    return Target(name, None, total, _budget(total * req.memory_fraction, req),
+                  f"{fmt_gib(total)} of host memory (/proc/meminfo): the CPU backend", True, None, "cpu",
+                  (os.cpu_count() or 1) * ROWS_PER_SM_TO_FILL, device.device_kind)
+
+
+def _local_gpu_target(device: Any, name: str, req: PlanRequest) -> Target:
+    spec = gpu_spec_for_device_kind(device.device_kind)
+    cc = tuple(int(x) for x in str(getattr(device, "compute_capability", "0.0")).split(".")[:2])
+    limit = (device.memory_stats() or {}).get("bytes_limit")
+    if limit:
+        # The planner worker runs with XLA_PYTHON_CLIENT_MEM_FRACTION = the request's share, so the
+        # limit the device reports is already this job's share of the card.
+        share, total = int(limit), int(limit / req.memory_fraction)
+        source = (f"bytes_limit {fmt_gib(limit)} reported by the device (memory_stats) at "
+                  f"XLA_PYTHON_CLIENT_MEM_FRACTION={req.memory_fraction:.2f}")
+    elif spec is not None:
+        total = spec.memory_bytes
+        share, source = int(total * req.memory_fraction), f"{fmt_gib(total)} from {spec.source} (the device reported no limit)"
+    else:
+        raise CompileFailed(f"{device.device_kind} reports no memory limit and is not in the catalog")
+    sms = spec.sm_count if spec else int(getattr(device, "core_count", 0) or 100)
+    return Target(name, spec, total, _budget(share, req), source, cc >= (8, 0), cc, "gpu",
+                  sms * ROWS_PER_SM_TO_FILL, device.device_kind)
+
+
+def _budget(share: float, req: PlanRequest) -> int:
+    return int(share * (1 - req.safety_margin))
+
+
+def _host_memory() -> int:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 16 * 2**30
+
+
+class MemoryPredictor:
+    """Per-device peak bytes of the train step for (precision, remat, batch, accumulation)."""
+
+    def __init__(self, req: PlanRequest, emit: Emit, cache: CompileCache | None = None,
+                 estimate_because: str | None = None):
+        self.req = req
+        self.emit = emit
+        self.cache = cache or CompileCache()
+        self.compiles = 0
+        self.cache_hits = 0
+        self.table: list[dict[str, Any]] = []
+        if estimate_because:
+            self.method, self.note, self.mesh, self.target_id = (
+                "estimate", f"analytic estimate: {estimate_because}", None, f"estimate:{req.target}")
+        else:
+            self.method, self.note, self.mesh, self.target_id = self._setup()
+
+    # -- where we compile ------------------------------------------------------------------
+    def _setup(self) -> tuple[str, str, Any, str]:
+        req = self.req
+        if req.target == "local":
+            devices = jax.devices()
+            if len(devices) < req.gpus:
+                raise ValueError(f"gpus: {req.gpus} requested but this machine has {len(devices)} "
+                                 f"{devices[0].platform} device(s)")
+            kind = devices[0].device_kind
+            note = f"compiled for this machine's {kind} ({jax.default_backend()} backend)"
+            if jax.default_backend() == "cpu":
+                note += ("; a CPU-backend compile is not a GPU prediction (on CPU, remat savings do not "
+                         "show in the memory analysis)")
+            return "compiled-local", note, make_data_mesh(devices[: req.gpus]), f"local:{kind}"
+        spec = GPU_SPECS[req.target]
+        text = gpu_target_config(spec)
+        try:
+            from jax.experimental import topologies
+            from jax.sharding import AxisType
+
+            topo = topologies.get_topology_desc(platform="cuda", target_config=text, topology=f"1x1x{req.gpus}")
+            mesh = jax.make_mesh((req.gpus,), ("data",), axis_types=(AxisType.Auto,), devices=topo.devices)
+        except Exception as exc:  # noqa: BLE001 - plugin missing or unable to describe the target: estimate instead
+            return ("estimate", f"analytic estimate: no compile for {spec.name} was possible here ({first_line(exc)})",
+                    None, f"estimate:{spec.key}")
+        return ("compiled-for-target", f"compiled for {spec.name} without the device (deviceless XLA GPU compile)",
+                mesh, hashlib.sha256(text.encode()).hexdigest()[:16])
+
+    def _key(self, precision: str, remat: str, batch: int, accum: int) -> str:
+        parts = [jax.__version__, code_fingerprint(), self.method, self.target_id, self.req.workload, self.req.preset,
+                 precision, remat, batch, accum, self.req.gpus, os.environ.get("XLA_FLAGS", "")]
+        return hashlib.sha256(json.dumps(parts).encode()).hexdigest()
+
+    # -- prediction ------------------------------------------------------------------------
+    def predict(self, precision: str, remat: str, batch: int, accum: int = 1, record: bool = True) -> int | None:
+        """Peak bytes per device, or None when the compiler says it cannot fit at all."""
+        key = self._key(precision, remat, batch, accum)
+        hit = self.cache.get(key)
+        t0 = time.perf_counter()
+        if hit is not None:
+            self.cache_hits += 1
+            peak = hit["peak_bytes"]
+        else:
+            peak = self.estimate(precision, remat, batch, accum) if self.method == "estimate" else \
+                self._compile(precision, remat, batch, accum)
+            self.cache.put(key, {"peak_bytes": peak})
+        if record:
+            row = {"per_device_batch": batch, "remat": remat, "precision": precision, "accumulation_steps": accum,
+                   "predicted_bytes": peak, "cached": hit is not None, "seconds": round(time.perf_counter() - t0, 3)}
+            self.table.append(row)
+            self.emit("candidate", **row)
+        return peak
+
+    def _compile(self, precision: str, remat: str, batch: int, accum: int) -> int | None:
+        cfg = RunConfig(workload=self.req.workload, preset=self.req.preset, per_device_batch=batch,
+                        devices=self.req.gpus, precision=precision, remat=remat, accumulation_steps=accum)
+        program = TrainProgram.from_config(cfg)
+        self.compiles += 1
+        try:
+            lowered = jit_step(program, self.mesh).lower(abstract_state(program, self.mesh),
+                                                         abstract_batch(program, self.mesh))
+            return compiled_peak_bytes(lowered.compile())
+        except Exception as exc:  # noqa: BLE001 - XLA raises several types; memory is told apart by its message
+            if is_oom(str(exc)):
+                return None
+            raise CompileFailed(f"compiling for the target failed ({type(exc).__name__}: {first_line(exc)})") from exc
+
+    def estimate(self, precision: str, remat: str, batch: int, accum: int = 1) -> int:
+        """Parameters, gradients and AdamW state in float32 (16 bytes per parameter), a gradient
+        accumulator when accumulating, and activations by precision and remat policy."""
+        w = get_workload(self.req.workload)
+        cfg = w.config(self.req.preset)
+        p = w.param_count(cfg)
+        state = 16 * p + (4 * p if accum > 1 else 0)
+        prof = w.activation_profile(cfg)
+        elem = 4 if precision == "fp32" else 2
+        kept = {"none": prof.n_blocks * prof.per_block,
+                "dots": 0.6 * prof.n_blocks * prof.per_block,
+                "dots_no_batch": 0.45 * prof.n_blocks * prof.per_block,
+                "full": prof.n_blocks * prof.block_input + prof.per_block}[remat]
+        activations = batch * (kept * elem + prof.head_fp32 * 4)
+        return int(state + activations)

@@ -1,0 +1,224 @@
+"""The planner's pure arithmetic: batch candidates, the bracketed search for the largest batch
+that fits, the step-time model that ranks fitting choices, and the guide's rule-of-thumb batch.
+
+Nothing here imports JAX; every function is tested on its own. `migration/planner.py` feeds these
+memory figures from `migration/memory.py`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Any
+
+MiB = 2**20
+# Least recompute first (and most memory kept): the order in which policies are searched.
+REMAT_ORDER = ("none", "dots", "dots_no_batch", "full")
+
+# Compute of a training step under each policy, relative to no remat. A step is about 3 forward
+# passes (forward + backward at twice the forward); `full` recomputes each block's forward pass
+# (4/3); `dots` keeps every matmul output and recomputes elementwise work only (memory-bound, a few
+# percent); `dots_no_batch` also recomputes the attention-score products (batched matmuls).
+RECOMPUTE_FACTOR = {"none": 1.0, "dots": 1.05, "dots_no_batch": 1.10, "full": 4 / 3}
+RECOMPUTE_NOTE = {"none": "no recompute", "dots": "recomputes elementwise work only (about 5% more time)",
+                  "dots_no_batch": "recomputes elementwise work and attention-score matmuls (about 10% more)",
+                  "full": "recomputes each block's forward pass (about a third more compute)"}
+# A micro-batch fills a GPU once its matrix products have this many rows per SM (one 128-row tile
+# per SM); below that it runs at rows / (128 x SMs) of the peak: the stated small-batch penalty.
+ROWS_PER_SM_TO_FILL = 128
+
+
+def exact_candidates(candidates: list[int], global_batch: int, gpus: int) -> list[int] | None:
+    """The candidates that keep the global batch exactly (batch x gpus divides it), when they form
+    a chain with no gap wider than 2x up to the largest candidate; else None. Searching these
+    first costs fewer compiles and gives an exact plan that loses at most half the largest fit."""
+    exact = [c for c in candidates if global_batch % (c * gpus) == 0]
+    if not exact or exact[-1] != candidates[-1] or any(b > 2 * a for a, b in zip(exact, exact[1:])):
+        return None
+    return exact
+
+
+def batch_candidates(limit: int, granularity: str) -> list[int]:
+    """Allowed per-device batches up to `limit`, ascending.
+
+    multiple8: 1, 2, 4, then multiples of 8; pow2: powers of two. `limit` itself is always a
+    candidate, so the batch that keeps the global batch without accumulation can be chosen.
+    """
+    small = [b for b in (1, 2, 4) if b <= limit]
+    if granularity == "pow2":
+        out = [2**k for k in range(int(math.log2(limit)) + 1)] if limit >= 1 else []
+    else:
+        out = small + list(range(8, limit + 1, 8))
+    return sorted(set(out) | {limit})
+
+
+def largest_fitting(
+    candidates: list[int],
+    measure: Callable[[int], float | None],
+    budget: float,
+    known_fit: int = 0,
+    first_guess: int | None = None,
+) -> int:
+    """The largest candidate c with measure(c) <= budget (0 if none), for a measure that grows
+    with c (peak bytes of a compile at batch c; None = does not fit at all).
+
+    A bracketed search over the sorted candidates: the top first (the batch needed often fits),
+    then the bottom, then, while the bracket is open, a guess interpolated linearly between the
+    two measured ends (memory is close to affine in the batch), or the midpoint when an end was
+    not measured. Each probe shrinks the bracket, so it never takes more probes than the
+    candidates, and usually three or four. `known_fit` is a batch already known to fit (for
+    example under a policy that keeps more): candidates up to it are not measured. `first_guess`
+    (a model's prediction of the boundary) replaces the first probe at the top.
+    """
+    values: dict[int, float | None] = {}
+
+    def probe(i: int) -> bool:
+        c = candidates[i]
+        if c not in values:
+            values[c] = measure(c)
+        v = values[c]
+        return v is not None and v <= budget
+
+    n = len(candidates)
+    if n == 0:
+        return 0
+    lo = max((i for i, c in enumerate(candidates) if c <= known_fit), default=-1)
+    if lo == n - 1:
+        return candidates[-1]
+    hi = n
+    if first_guess is not None:
+        g = max((i for i, c in enumerate(candidates) if c <= first_guess), default=0)
+        g = min(max(g, lo + 1), n - 1)
+        if probe(g):
+            lo = g
+            if lo == n - 1:
+                return candidates[-1]
+            if probe(lo + 1):  # the guess is usually right: check the next candidate up first
+                lo += 1
+            else:
+                return candidates[lo]
+        else:
+            hi = g
+    if hi == n:
+        if probe(n - 1):
+            return candidates[-1]
+        hi = n - 1
+    if lo < 0:
+        if not probe(0):
+            return 0
+        lo = 0
+    while hi - lo > 1:
+        v_lo, v_hi = values.get(candidates[lo]), values.get(candidates[hi])
+        guess = (lo + hi) // 2
+        if v_lo is not None and v_hi is not None and v_hi > v_lo:
+            b_lo, b_hi = candidates[lo], candidates[hi]
+            boundary = b_lo + (budget - v_lo) * (b_hi - b_lo) / (v_hi - v_lo)
+            guess = max((i for i in range(lo + 1, hi) if candidates[i] <= boundary), default=lo + 1)
+        if probe(guess):
+            lo = guess
+        else:
+            hi = guess
+    return candidates[lo]
+
+
+def rule_of_thumb_batch(memory_bytes: float, param_count: int) -> tuple[int, str]:
+    """The guide's `adaptive_batch_size` formula: 80% of the memory limit, minus twice the model
+    size (parameters + gradients), over 10% of the model size per sample, capped to 1..64, with
+    the model size taken as float32 parameters in MB."""
+    memory_mb = memory_bytes / MiB
+    model_mb = param_count * 4 / MiB
+    usable = memory_mb * 0.8 - 2 * model_mb
+    per_sample = model_mb * 0.1
+    raw = int(usable / per_sample) if per_sample > 0 else 64
+    batch = max(1, min(raw, 64))
+    return batch, (f"guide's formula: (0.8 x {memory_mb:,.0f} MB - 2 x {model_mb:,.1f} MB) / (0.1 x {model_mb:,.1f} MB)"
+                   f" = {raw}, capped to 1..64 -> {batch}; it ignores sequence length, activations, precision and remat")
+
+
+@dataclasses.dataclass(frozen=True)
+class StepCostModel:
+    """Predicted step time of a (remat, per-device batch, accumulation) choice:
+
+        accumulation x (flops_per_example x batch x recompute factor) / (peak x fill)
+
+    with fill = min(1, batch x rows_per_example / fill_rows). `peak_flops` is the target's dense
+    peak for the precision; without one (a CPU target) the cost is relative (peak = 1 FLOP/s)."""
+
+    flops_per_example: float
+    rows_per_example: int
+    fill_rows: int
+    peak_flops: float | None
+
+    def fill(self, batch: int) -> float:
+        return min(1.0, batch * self.rows_per_example / max(1, self.fill_rows))
+
+    def step_seconds(self, remat: str, batch: int, accumulation: int) -> float:
+        work = self.flops_per_example * batch * RECOMPUTE_FACTOR[remat]
+        return accumulation * work / ((self.peak_flops or 1.0) * self.fill(batch))
+
+    def best_possible(self, remat: str, examples_per_device: int) -> float:
+        """A lower bound for any batch under `remat` (full fill)."""
+        return self.flops_per_example * examples_per_device * RECOMPUTE_FACTOR[remat] / (self.peak_flops or 1.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    remat: str
+    per_device_batch: int
+    accumulation_steps: int
+    global_batch: int
+    exact: bool
+    step_cost: float  # seconds when the model has a peak, else relative
+    fill: float
+
+    def to_dict(self, model: StepCostModel) -> dict[str, Any]:
+        return {"remat": self.remat, "per_device_batch": self.per_device_batch,
+                "accumulation_steps": self.accumulation_steps, "global_batch": self.global_batch,
+                "exact": self.exact, "fill": round(self.fill, 3),
+                "predicted_step_s": self.step_cost if model.peak_flops else None,
+                "relative_cost": self.step_cost}
+
+
+def rank_choices(max_batch: dict[str, int], candidates: list[int], global_batch: int, gpus: int,
+                 model: StepCostModel, accumulation: int | None = None, max_accumulation: int = 1024) -> list[Choice]:
+    """Every (remat, batch, accumulation) that the searched maxima allow and that keeps the global
+    batch exactly, fastest first (ties: fewer accumulation steps, then the smaller batch, which
+    leaves more memory free); then, as alternatives that change the global batch, per policy the
+    allowed batch with the least time per example, its accumulation rounding the global batch up
+    (marked inexact; shown after exact choices only when faster than all of them). The planner
+    takes the first entry, so an exact choice always wins when there is one. `accumulation` fixes
+    the number of accumulation steps (an override)."""
+    exact: list[Choice] = []
+    for remat, top in max_batch.items():
+        for b in (c for c in candidates if c <= top):
+            if global_batch % (b * gpus):
+                continue
+            steps = global_batch // (b * gpus)
+            if steps > max_accumulation or (accumulation and steps != accumulation):
+                continue
+            exact.append(Choice(remat, b, steps, global_batch, True, model.step_seconds(remat, b, steps), model.fill(b)))
+    inexact = []
+    for remat, top in max_batch.items():
+        options = []
+        for b in (c for c in candidates if c <= top):
+            steps = accumulation or max(1, math.ceil(global_batch / (b * gpus)))
+            if b * gpus * steps != global_batch and steps <= max_accumulation:
+                options.append(Choice(remat, b, steps, b * gpus * steps, False, model.step_seconds(remat, b, steps),
+                                      model.fill(b)))
+        if options:  # per policy, the least time per example, then the closest global batch
+            inexact.append(min(options, key=lambda c: (float(f"{c.step_cost / c.global_batch:.9g}"), c.global_batch)))
+    if exact:  # alternatives are worth showing only where they are faster than keeping the batch
+        fastest = min(c.step_cost for c in exact)
+        inexact = [c for c in inexact if c.step_cost < fastest]
+    return sorted(exact, key=lambda c: (c.step_cost, c.accumulation_steps, c.per_device_batch)) + \
+        sorted(inexact, key=lambda c: (abs(c.global_batch - global_batch), c.step_cost, c.accumulation_steps))
+
+
+def describe_choice(c: Choice, global_batch: int, gpus: int) -> str:
+    text = f"{c.per_device_batch} per device x {gpus} GPU(s) x {c.accumulation_steps} accumulation step(s) = {c.global_batch}"
+    if c.exact:
+        return text + ", the TPU global batch exactly"
+    return (text + f" instead of {global_batch} ({(c.global_batch - global_batch) / global_batch:+.1%}): no allowed "
+            "per-device batch divides it; scale the learning rate accordingly or choose a global batch divisible by "
+            "the GPU count x 8")
