@@ -20,7 +20,6 @@ import builtins
 import dataclasses
 import io
 import re
-import sys
 import tokenize
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -28,7 +27,6 @@ from pathlib import Path
 MAX_BYTES = 1_000_000
 SEVERITIES = ("error", "warning", "info")
 MIN_REASON_WORDS = 3
-RECURSION_LIMIT = 12_000  # ast.parse accepts expressions about 3,000 levels deep
 
 
 @dataclasses.dataclass(frozen=True)
@@ -1576,14 +1574,12 @@ def _analyse(text: str, filename: str) -> _FileResult:
         raise CodeCheckError(f"{filename}: not Python source ({exc})")
     except RecursionError:
         raise CodeCheckError(f"{filename}: expressions nested too deeply to parse")
-    old_limit = sys.getrecursionlimit()
-    sys.setrecursionlimit(max(old_limit, RECURSION_LIMIT))  # the visitor recurses once per nesting level
+    # The interpreter's recursion limit is left alone: a server checks code in several threads at once.
     try:
         return _analyse_tree(tree, text, filename)
     except RecursionError:
-        raise CodeCheckError(f"{filename}: expressions nested too deeply to check")
-    finally:
-        sys.setrecursionlimit(old_limit)
+        raise CodeCheckError(f"{filename}: expressions nested too deeply to check (the visitor recurses once "
+                             "per nesting level)")
 
 
 def _analyse_tree(tree: ast.Module, text: str, filename: str) -> _FileResult:

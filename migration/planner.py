@@ -103,8 +103,10 @@ class _Planner:
                 self.emit("skip_policy", remat=remat, reason="cannot beat the best choice found so far")
                 continue
             measure = lambda b, r=remat: self.predictor.predict(self.precision, r, b)
+            # After a policy that fits nothing, the smallest batch is the likeliest boundary: probe it first.
+            guess = self.candidates[0] if found and not known else self._guess(remat)
             found[remat] = largest_fitting(self.candidates, measure, self.target.budget_bytes, known_fit=known,
-                                           first_guess=self._guess(remat))
+                                           first_guess=guess)
             known = max(known, found[remat])
             ranked = rank_choices({remat: found[remat]}, self.candidates, self.req.global_batch, self.req.gpus,
                                   self.cost, accumulation=self.req.accumulation_steps)

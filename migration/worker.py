@@ -74,11 +74,11 @@ def main(argv: list[str] | None = None) -> int:
     payload = json.loads(sys.stdin.read() or "{}")
     try:
         cfg = PlanRequest(**payload) if args.mode == "plan" else RunConfig(**payload)
+        # Set JAX's environment before the first `import jax` (validation below imports it).
+        os.environ.update(planner_environment(cfg) if args.mode == "plan" else worker_environment(cfg))
     except (TypeError, ValueError) as exc:
         emit("failed", kind="invalid", message=f"config: {exc}")
         return 2
-    # Set JAX's environment before the first `import jax`.
-    os.environ.update(planner_environment(cfg) if args.mode == "plan" else worker_environment(cfg))
     try:
         validate_plan_request(cfg) if args.mode == "plan" else validate(cfg)
     except ConfigError as exc:

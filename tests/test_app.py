@@ -108,7 +108,7 @@ def test_checklist_uses_the_code_check_profile_and_fp32_reference(app):
     result = app.client.submit(6, 0.003, False, True, True, *FORM, api_name="/run").result(timeout=600)
     items = {row[0]: row for row in result[4]["data"]}
     # The user's TPU-era script decides the items about code, with its rules and lines as evidence.
-    assert items["apis"][2] == "fail" and "REMOVED001" in items["apis"][3] and "tpu_era_train.py" in items["apis"][3]
+    assert items["apis"][2] == "fail" and "REMOVED001" in items["apis"][3] and "<pasted>:" in items["apis"][3]
     assert items["host_sync"][2] == "warn" and "SYNC001" in items["host_sync"][3]
     # Profile and numerics were measured on this CPU, not the target GPU: warn, saying where.
     assert items["profile"][2] == "warn" and "ms/step" in items["profile"][3] and "CPU backend" in items["profile"][3]
