@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import sqlite3
 import tempfile
 import time
 from pathlib import Path
@@ -24,11 +25,11 @@ import pandas as pd
 
 from migration import checklist
 from migration.codecheck import CodeCheck, CodeCheckError, Finding, check_sources
-from migration.common import GiB, fmt_gib
+from migration.common import GiB, first_line, fmt_gib
 from migration.config import PRECISIONS, REMAT_NAMES, ConfigError, PlanRequest, RunConfig
 from migration.hardware import GPU_SPECS, TPU_SPECS
 from migration.history import SUMMARY_COLUMNS, History
-from migration.orchestrate import RunOptions, run_plan
+from migration.orchestrate import RunOptions, base_config, run_plan
 from migration.report import Plan, RunReport
 from migration.runner import PlanError, plan as make_plan, probe_environment
 from migration.worker_env import nvidia_gpus
@@ -191,35 +192,42 @@ def build_demo(history_path: str | Path = "runs/history.sqlite") -> gr.Blocks:
         return plan_markdown(result), decisions, ranked_frame(result), memory, result.to_dict()
 
     def do_run(plan_dict, code_state, steps, learning_rate, compare_tpu, profile, fp32_reference, *form):
-        """Generator: progress while the worker runs; closing it (Stop, disconnect) kills the worker."""
+        """Generator: progress while the plan is fitted here and its workers run; closing it (Stop,
+        disconnect) kills the current worker and records the run as cancelled."""
+        note, result = "", None
         try:
             p = Plan.from_dict(plan_dict) if plan_dict else make_plan(plan_request(*form))
-            options = RunOptions(steps=int(steps), learning_rate=float(learning_rate), timeout_s=3600,
-                                 fp32_reference=bool(fp32_reference), tpu_style=bool(compare_tpu), profile=bool(profile))
+            steps = int(steps)
+            base = base_config(p, steps=steps, learning_rate=float(learning_rate), timeout_s=3600,
+                               warmup_steps=min(2, max(0, steps - 1)))
+            options = RunOptions(fp32_reference=bool(fp32_reference), tpu_style=bool(compare_tpu), profile=bool(profile))
             code = CodeCheck.from_dict(code_state) if code_state else None
-            events = run_plan(p, options, EXPORT_DIR, code=code, history=history)
-            first = next(events)  # validates and re-fits the plan before anything is shown
+            events = run_plan(p, base, options, EXPORT_DIR, code=code, history=history)
+            try:
+                for ev in events:
+                    if ev["event"] == "status":
+                        yield (ev["message"], *[gr.skip()] * 7)
+                    elif ev["event"] == "note":
+                        note = ev["message"] + ".\n\n"
+                    elif ev["event"] == "progress":
+                        losses = loss_frame(ev["done"] + [(ev["run"], ev["partial"])])
+                        # An empty frame would fix the plot's colour scale with no series: skip it.
+                        yield (note + ev["status"], gr.skip(), losses if len(losses) else gr.skip(), *[gr.skip()] * 5)
+                    elif ev["event"] == "result":
+                        result = ev["result"]
+            finally:
+                events.close()  # Stop or disconnect: kills the worker and records the run as cancelled
         except (ConfigError, ValueError, TypeError) as exc:
             raise gr.Error(f"Invalid input: {exc} (steps: a whole number from 1; learning rate: a positive number)")
         except PlanError as exc:
             raise gr.Error(f"Cannot run this plan here: {exc}")
-        note = first["message"]
-        try:
-            for ev in events:
-                if ev["event"] == "progress":
-                    losses = loss_frame(ev["done"] + [(ev["run"], ev["partial"])])
-                    # An empty frame would fix the plot's colour scale with no series: skip it.
-                    yield (f"{note}.\n\n{ev['status']}", gr.skip(), losses if len(losses) else gr.skip(),
-                           *[gr.skip()] * 5)
-                elif ev["event"] == "result":
-                    result = ev["result"]
-        finally:
-            events.close()  # Stop or disconnect: kills the worker and records the run as cancelled
+        except (OSError, sqlite3.Error) as exc:
+            raise gr.Error(f"The run could not be recorded or exported: {first_line(exc)}")
         main = result.main
         headline = "finished" if main.ok else f"failed ({main.failure_kind}): {main.message}"
         cpu_note = " — **CPU backend: these are CPU figures, not GPU ones.**" if main.backend == "cpu" else ""
         budget = (result.local_plan or result.plan).budget_bytes
-        yield (f"{note}.\n\nRun {headline}{cpu_note}", results_frame(main, budget), loss_frame(result.runs),
+        yield (f"{note}Run {headline}{cpu_note}", results_frame(main, budget), loss_frame(result.runs),
                result.files["report_csv"], checklist_frame(result.checklist), result.files["checklist_csv"],
                result.files["deployment"], result.files.get("trace"))
 

@@ -39,9 +39,10 @@ def main() -> int:
     parser.add_argument("--target", default="h100-sxm")
     parser.add_argument("--global-batch", type=int, default=256)
     args = parser.parse_args()
-    req = validate_plan_request(PlanRequest(workload=args.workload, preset=args.preset, target=args.target,
-                                            global_batch=args.global_batch, compile_for_tpu=False))
+    req = PlanRequest(workload=args.workload, preset=args.preset, target=args.target, global_batch=args.global_batch,
+                      compile_for_tpu=False)
     os.environ.update(planner_environment(req))  # before JAX is first imported, as in a planner worker
+    validate_plan_request(req)  # imports the workloads, and with them JAX
 
     from migration.memory import CompileCache, MemoryPredictor
     from migration.planner import plan_migration

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import sqlite3
 import sys
 from typing import Any
 
@@ -19,7 +20,7 @@ from migration.config import (
     RunConfig,
 )
 
-from migration.common import fmt_gib, write_csv
+from migration.common import fmt_gib, fmt_loss, write_csv
 
 
 class _Parser(argparse.ArgumentParser):
@@ -62,8 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--seed", type=int, default=d.seed)
     run.add_argument("--timeout", dest="timeout_s", type=float, default=d.timeout_s, help="seconds before the run is stopped")
     run.add_argument("--platform", choices=PLATFORMS, default=d.platform)
-    run.add_argument("--mem-fraction", dest="memory_fraction", type=float, default=d.memory_fraction,
-                     help="XLA_PYTHON_CLIENT_MEM_FRACTION for the worker")
+    run.add_argument("--mem-fraction", dest="memory_fraction", type=float, default=None,
+                     help=f"XLA_PYTHON_CLIENT_MEM_FRACTION for the worker (default {d.memory_fraction}; with --plan, "
+                          "the plan's memory share)")
     run.add_argument("--preallocate", action="store_true", help="let JAX preallocate its GPU memory pool")
     run.add_argument("--xla-flags", default=d.xla_flags, help="extra XLA_FLAGS for the worker")
     run.add_argument("--visible-devices", dest="visible_devices", default=d.visible_devices,
@@ -146,7 +148,7 @@ def print_summary(r: Any) -> None:
         ("process peak RSS", _fmt_bytes(r.process_peak_rss_bytes)),
         ("recompilations", _fmt(r.recompilations, "d")),
         ("fp32 matmul precision", r.fp32_matmul_precision or "n/a"),
-        ("loss first -> last", f"{_fmt(r.loss_first, '.4f')} -> {_fmt(r.loss_last, '.4f')}"),
+        ("loss first -> last", f"{fmt_loss(r.loss_first)} -> {fmt_loss(r.loss_last)}"),
     ]
     if r.precision == "fp16":
         rows.append(("skipped steps / loss scale", f"{r.skipped_steps} / {_fmt(r.final_loss_scale, 'g')}"))
@@ -156,20 +158,11 @@ def print_summary(r: Any) -> None:
 
 
 def _progress_printer(quiet: bool, steps: int):
+    from migration.orchestrate import describe
+
     def progress(ev: dict[str, Any]) -> None:
-        if quiet:
-            return
-        kind = ev["event"]
-        if kind == "started":
-            print(f"started on {ev['device_kind']} x{ev['device_count']} ({ev['backend']}), JAX {ev['jax_version']}, "
-                  f"{ev['param_count']:,} parameters", flush=True)
-        elif kind == "compiled":
-            print(f"compiled in {ev['compile_s']:.2f} s; predicted peak {_fmt_bytes(ev['predicted_peak_bytes'])} per device", flush=True)
-        elif kind == "step":
-            loss = ev["loss"]
-            loss_s = f"{loss:.4f}" if isinstance(loss, float) else str(loss)
-            print(f"step {ev['index'] + 1:>5}/{steps}  loss {loss_s}  {ev['step_ms']:.2f} ms"
-                  + ("  (skipped: non-finite gradients)" if ev.get("skipped") else ""), flush=True)
+        if not quiet and ev["event"] in ("started", "compiled", "step"):
+            print(describe("run", steps, ev), flush=True)
     return progress
 
 
@@ -196,10 +189,11 @@ def _report_failure(report: Any) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from migration.runner import start_run
 
-    fields = {f.name for f in dataclasses.fields(RunConfig)}
-    cfg = RunConfig(**{k: v for k, v in vars(args).items() if k in fields})
+    names = {f.name for f in dataclasses.fields(RunConfig)}
+    given = {k: v for k, v in vars(args).items() if k in names and v is not None}
     if args.plan:
-        return cmd_run_plan(args, cfg)
+        return cmd_run_plan(args, given)
+    cfg = RunConfig(**given)
     plan_only = [flag for flag, on in (("--checklist", args.checklist), ("--code", args.code),
                                        ("--fp32-reference", args.fp32_reference), ("--tpu-style", args.tpu_style),
                                        ("--profile", args.profile), ("--history-db", args.history_db)) if on]
@@ -223,13 +217,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     return _report_failure(report)
 
 
-def cmd_run_plan(args: argparse.Namespace, cfg: RunConfig) -> int:
-    """`run --plan`: the same runs, history, exports and checklist as the app's Run button."""
+def cmd_run_plan(args: argparse.Namespace, given: dict[str, Any]) -> int:
+    """`run --plan`: the same runs, history, exports and checklist as the app's Run button. Run
+    settings come from the flags; the memory share defaults to the plan's."""
     from pathlib import Path
 
     from migration.codecheck import CodeCheckError, check_paths
     from migration.history import History
-    from migration.orchestrate import RunOptions, run_plan
+    from migration.orchestrate import RunOptions, base_config, run_plan
     from migration.report import Plan
     from migration.runner import PlanError
 
@@ -243,13 +238,14 @@ def cmd_run_plan(args: argparse.Namespace, cfg: RunConfig) -> int:
     except (CodeCheckError, OSError) as exc:
         print(f"error: --code: {exc}", file=sys.stderr)
         return 2
-    options = RunOptions(steps=cfg.steps, learning_rate=cfg.learning_rate, timeout_s=cfg.timeout_s,
-                         fp32_reference=args.fp32_reference, tpu_style=args.tpu_style, profile=args.profile)
-    history = History(args.history_db) if args.history_db else None
-    events = run_plan(saved, options, Path(args.export_dir), code=code, history=history)
-    progress = _progress_printer(args.quiet, cfg.steps)
+    plan_fields = ("workload", "preset", "per_device_batch", "accumulation_steps", "precision", "remat", "devices")
+    base = base_config(saved, **{k: v for k, v in given.items() if k not in plan_fields})
+    options = RunOptions(fp32_reference=args.fp32_reference, tpu_style=args.tpu_style, profile=args.profile)
+    progress = _progress_printer(args.quiet, base.steps)
     result = None
     try:
+        history = History(args.history_db) if args.history_db else None
+        events = run_plan(saved, base, options, Path(args.export_dir), code=code, history=history)
         for ev in events:
             if ev["event"] == "note":
                 print(f"note: {ev['message']}.")
@@ -257,9 +253,16 @@ def cmd_run_plan(args: argparse.Namespace, cfg: RunConfig) -> int:
                 progress(ev["worker_event"])
             elif ev["event"] == "result":
                 result = ev["result"]
-    except (PlanError, ConfigError) as exc:
+    except ConfigError as exc:
+        flag = _FLAGS.get(exc.field)
+        print(f"error: invalid config: {exc}" + (f" (flag {flag})" if flag else ""), file=sys.stderr)
+        return 2
+    except PlanError as exc:
         print(f"error: --plan {args.plan}: {exc}", file=sys.stderr)
         return 2
+    except (OSError, sqlite3.Error) as exc:
+        print(f"error: could not record or export the runs: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         events.close()
         print("\ncancelled", file=sys.stderr)

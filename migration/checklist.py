@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from migration.codecheck import CodeCheck
-from migration.common import fmt_gib, write_csv
+from migration.common import fmt_gib, fmt_loss, write_csv
 from migration.hardware import TPU_SPECS, gpu_spec_for_device_kind
 from migration.report import Plan, RunReport
 
@@ -86,6 +86,10 @@ class Evidence:
 Grade = tuple[str, str, str]  # status, evidence, action
 
 
+def _finite(value: object) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
 def where(r: RunReport) -> str:
     return f"measured on {r.device_kind} x{r.device_count} ({r.backend} backend), JAX {r.jax_version}"
 
@@ -137,13 +141,16 @@ def grade_batch(ev: Evidence) -> Grade:
     if r is not None and r.failure_kind == "oom":
         return FAIL, (f"{planned}; the run at {r.per_device_batch} per device x {r.accumulation_steps} ran out of memory "
                       f"({r.message[:200]})"), "lower the per-device batch (raise accumulation) or choose remat"
-    exact = plan.global_batch_exact
     if ev.ran and ev.on_target(r) and r.peak_memory_bytes is not None:
+        refit = (r.per_device_batch, r.accumulation_steps) != (plan.per_device_batch, plan.accumulation_steps)
         ran = (f"ran {r.per_device_batch} per device x {r.devices} x {r.accumulation_steps} = {r.global_batch}: measured "
                f"peak {fmt_gib(r.peak_memory_bytes)} of a {fmt_gib(bp.budget_bytes)} budget; {where(r)}")
         if r.peak_memory_bytes > bp.budget_bytes:
             return FAIL, f"{planned}; {ran}", "lower the per-device batch or choose remat: the measured peak is over budget"
-        if not exact:
+        if refit:
+            return WARN, f"{planned}; {ran}; re-fitted on this machine, so the planned batch itself did not run", \
+                "run the plan as made on a GPU with the planned memory share to confirm it"
+        if r.global_batch != plan.requested_global_batch:
             return WARN, f"{planned}; {ran}; the global batch changed", "rescale the learning rate, or choose a divisible global batch"
         return PASS, f"{planned}; {ran}", "keep the planned batch and accumulation"
     if ev.ran:
@@ -151,6 +158,8 @@ def grade_batch(ev: Evidence) -> Grade:
         measured = (f"; the run here ({r.per_device_batch} per device x {r.accumulation_steps}, "
                     f"{'re-fitted to this machine' if refit else 'as planned'}) peaked at "
                     f"{fmt_gib(r.peak_memory_bytes)} ({r.peak_memory_source}); {_elsewhere(ev, r)}")
+    elif r is not None:
+        measured = f"; the run {r.status} ({r.failure_kind}: {r.message[:160]})"
     else:
         measured = "; not run yet"
     how = "an analytic estimate" if plan.prediction_method == "estimate" else "a compile for the target"
@@ -301,7 +310,10 @@ def grade_recompilation(ev: Evidence) -> Grade:
     found = ev.findings(SHAPE_RULES)
     if found:
         return WARN, f"{measured}; your code: {_lines(found)}", "drop or pad the last batch; use lax.cond for traced branches"
-    return PASS, f"{measured}; {_code_scope(ev.code)}: no varying batch shapes or traced Python branches", "none"
+    clean = f"{measured}; {_code_scope(ev.code)}: no varying batch shapes or traced Python branches"
+    if not ev.on_target(r):
+        return WARN, f"{clean}; {_elsewhere(ev, r)}", f"confirm on {ev.plan.target_name}"
+    return PASS, clean, "none"
 
 
 def grade_host_sync(ev: Evidence) -> Grade:
@@ -322,8 +334,11 @@ def grade_numerics(ev: Evidence) -> Grade:
         return NOT_CHECKED, "no fp32 reference run over the same steps", "run an fp32 reference over the same steps"
     n = min(len(r.losses), len(ref.losses))
     a, b = r.losses[n - 1], ref.losses[n - 1]
-    if not (isinstance(a, float) and math.isfinite(a)):
-        return FAIL, f"{r.precision} loss after {n} steps is {a}; fp32 {b:.4f}; {where(r)}", \
+    if not _finite(b):
+        return NOT_CHECKED, f"the fp32 reference's loss after {n} steps is {fmt_loss(b)}: no reference to compare with", \
+            "lower the learning rate and run the fp32 reference again"
+    if not _finite(a):
+        return FAIL, f"{r.precision} loss after {n} steps is {fmt_loss(a)}; fp32 {fmt_loss(b)}; {where(r)}", \
             "check loss scaling (fp16) or use bf16"
     rel = abs(a - b) / max(abs(b), 1e-12)
     text = (f"loss after {n} steps: {r.precision} {a:.4f} vs fp32 {b:.4f} ({rel:.1%} apart; tolerance "

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 GiB = 2**30
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 # Substrings by which XLA and JAX say that memory ran out (compile- or run-time), on any backend.
 OOM_MARKERS = ("RESOURCE_EXHAUSTED", "Out of memory", "out of memory", "OOM when allocating")
@@ -23,6 +24,13 @@ OOM_MARKERS = ("RESOURCE_EXHAUSTED", "Out of memory", "out of memory", "OOM when
 def fmt_gib(n: float | None, digits: int = 2, missing: str = "n/a") -> str:
     """Bytes as GiB with a unit, or `missing` when unknown."""
     return missing if n is None else f"{n / GiB:.{digits}f} GiB"
+
+
+def fmt_loss(value: object, digits: int = 4) -> str:
+    """A loss as the worker reports it: a float, or None / "inf" / "-inf" where it was not finite."""
+    if isinstance(value, (int, float)) and math.isfinite(value):
+        return f"{value:.{digits}f}"
+    return "nan" if value is None else str(value)
 
 
 def first_line(exc: BaseException, limit: int = 300) -> str:

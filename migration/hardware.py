@@ -18,10 +18,9 @@ import os
 import time
 from pathlib import Path
 
-from migration.common import cache_dir, read_json, write_json_atomic
+from migration.common import GiB, cache_dir, read_json, write_json_atomic
 
 GB = 1000**3
-GiB = 1024**3
 TFLOPS = 1e12
 
 # What the matrix products of a run really execute in, and the peak each is measured against.
@@ -89,6 +88,9 @@ GPU_SPECS: dict[str, GpuSpec] = {
         _spec("a100-80gb", "A100 SXM4 80GB", ("NVIDIA A100-SXM4-80GB",), (8, 0), 108, 85100068864,
               2039040000000, 41943040, 1.41, {"bf16": 312, "fp16": 312, "tf32": 156, "fp32": 19.5},
               XLA_SPECS + "a100_sxm_80.txtpb"),
+        _spec("a100-80gb-pcie", "A100 PCIe 80GB", ("NVIDIA A100 80GB PCIe",), (8, 0), 108, 79050250240,
+              2039000000000, 41943040, 1.1105, {"bf16": 312, "fp16": 312, "tf32": 156, "fp32": 19.5},
+              XLA_SPECS + "a100_pcie_80.txtpb"),
         _spec("h100-pcie", "H100 PCIe 80GB", ("NVIDIA H100 PCIe",), (9, 0), 114, 84942979072, 2039040000000,
               52428800, 1.755, {"bf16": 756, "fp16": 756, "tf32": 378, "fp32": 51}, XLA_SPECS + "h100_pcie.txtpb"),
         _spec("h100-sxm", "H100 SXM5 80GB", ("NVIDIA H100 80GB HBM3",), (9, 0), 132, 84942979072, 3352320000000,
@@ -116,6 +118,16 @@ def matmul_unit(precision: str, fp32_matmul: str) -> str:
     """The MATMUL_UNITS key a run's products execute in: its compute dtype, or for fp32 compute
     what fp32 products really run as (see `fp32_matmul_precision`)."""
     return fp32_matmul if precision == "fp32" else precision
+
+
+def compute_capability(device: object) -> tuple[int, int] | None:
+    """(major, minor) of a JAX GPU device (its `compute_capability` string, e.g. "9.0"); None elsewhere."""
+    text = str(getattr(device, "compute_capability", "") or "")
+    parts = text.split(".")
+    try:
+        return int(parts[0]), int(parts[1]) if len(parts) > 1 else 0
+    except ValueError:
+        return None
 
 
 def fp32_matmul_precision(platform: str, compute_capability: tuple[int, int] | None, setting: str | None) -> str:

@@ -32,7 +32,14 @@ import optax
 
 from migration.common import compiled_peak_bytes, fmt_gib
 from migration.config import ConfigError, RunConfig
-from migration.hardware import MATMUL_UNITS, cpu_peak_flops, fp32_matmul_precision, gpu_spec_for_device_kind, matmul_unit
+from migration.hardware import (
+    MATMUL_UNITS,
+    compute_capability,
+    cpu_peak_flops,
+    fp32_matmul_precision,
+    gpu_spec_for_device_kind,
+    matmul_unit,
+)
 from migration.profiling import summarise_trace
 from migration.train import TrainProgram, batch_maker, init_state_on, jit_step, make_data_mesh
 from migration.worker_env import jax_env_in_effect
@@ -132,9 +139,7 @@ def _devices(cfg: RunConfig) -> tuple[str, list[Any]]:
 
 
 def _announce(cfg: RunConfig, emit: Emit, platform: str, devices: list[Any], program: TrainProgram) -> str:
-    cc = getattr(devices[0], "compute_capability", None)
-    cc = tuple(int(x) for x in str(cc).split(".")[:2]) if cc else None
-    fp32_matmul = fp32_matmul_precision(platform, cc, jax.config.jax_default_matmul_precision)
+    fp32_matmul = fp32_matmul_precision(platform, compute_capability(devices[0]), jax.config.jax_default_matmul_precision)
     emit(
         "started",
         backend=platform,

@@ -23,18 +23,27 @@ from typing import Any
 
 import jax
 
-from migration.common import cache_dir, compiled_peak_bytes, first_line, fmt_gib, is_oom, read_json, write_json_atomic
+from migration.common import PROJECT_ROOT, cache_dir, compiled_peak_bytes, first_line, fmt_gib, is_oom, read_json, write_json_atomic
 from migration.config import PlanRequest, RunConfig
-from migration.hardware import GPU_SPECS, GpuSpec, fp32_matmul_precision, gpu_spec_for_device_kind, gpu_target_config, matmul_unit
+from migration.hardware import (
+    GPU_SPECS,
+    GpuSpec,
+    compute_capability,
+    fp32_matmul_precision,
+    gpu_spec_for_device_kind,
+    gpu_target_config,
+    matmul_unit,
+)
 from migration.search import ROWS_PER_SM_TO_FILL
 from migration.train import TrainProgram, abstract_batch, abstract_state, jit_step, make_data_mesh
 from workloads import get_workload
 
 Emit = Callable[..., None]
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
 # The code that shapes a compile: a change to any of it invalidates cached figures.
 COMPILE_SOURCES = ("workloads/*.py", "migration/train.py", "migration/policies.py", "migration/memory.py",
-                   "migration/config.py")
+                   "migration/config.py", "migration/common.py")
+# float32 parameters, gradients and AdamW's two moments, all live during the update
+STATE_BYTES_PER_PARAM = 16
 
 
 @functools.lru_cache(maxsize=4)
@@ -46,6 +55,13 @@ def code_fingerprint(root: Path = PROJECT_ROOT) -> str:
             digest.update(path.relative_to(root).as_posix().encode())
             digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
+
+
+def compile_peak(program: TrainProgram, mesh: Any) -> int | None:
+    """Peak bytes per device of the real train step compiled on abstract inputs for `mesh`'s devices
+    (allocates nothing; raises what XLA raises, e.g. when even the compiler finds it cannot fit)."""
+    lowered = jit_step(program, mesh).lower(abstract_state(program, mesh), abstract_batch(program, mesh))
+    return compiled_peak_bytes(lowered.compile())
 
 
 class CompileCache:
@@ -108,7 +124,7 @@ def resolve_target(req: PlanRequest) -> Target:
 
 def _local_gpu_target(device: Any, name: str, req: PlanRequest) -> Target:
     spec = gpu_spec_for_device_kind(device.device_kind)
-    cc = tuple(int(x) for x in str(getattr(device, "compute_capability", "0.0")).split(".")[:2])
+    cc = compute_capability(device) or (0, 0)
     limit = (device.memory_stats() or {}).get("bytes_limit")
     if limit:
         # The planner worker runs with XLA_PYTHON_CLIENT_MEM_FRACTION = the request's share, so the
@@ -175,10 +191,9 @@ class MemoryPredictor:
         text = gpu_target_config(spec)
         try:
             from jax.experimental import topologies
-            from jax.sharding import AxisType
 
             topo = topologies.get_topology_desc(platform="cuda", target_config=text, topology=f"1x1x{req.gpus}")
-            mesh = jax.make_mesh((req.gpus,), ("data",), axis_types=(AxisType.Auto,), devices=topo.devices)
+            mesh = make_data_mesh(topo.devices)
         except Exception as exc:  # noqa: BLE001 - plugin missing or unable to describe the target: estimate instead
             return ("estimate", f"analytic estimate: no compile for {spec.name} was possible here ({first_line(exc)})",
                     None, f"estimate:{spec.key}")
@@ -213,12 +228,9 @@ class MemoryPredictor:
     def _compile(self, precision: str, remat: str, batch: int, accum: int) -> int | None:
         cfg = RunConfig(workload=self.req.workload, preset=self.req.preset, per_device_batch=batch,
                         devices=self.req.gpus, precision=precision, remat=remat, accumulation_steps=accum)
-        program = TrainProgram.from_config(cfg)
         self.compiles += 1
         try:
-            lowered = jit_step(program, self.mesh).lower(abstract_state(program, self.mesh),
-                                                         abstract_batch(program, self.mesh))
-            return compiled_peak_bytes(lowered.compile())
+            return compile_peak(TrainProgram.from_config(cfg), self.mesh)
         except Exception as exc:  # noqa: BLE001 - XLA raises several types; memory is told apart by its message
             if is_oom(str(exc)):
                 return None
@@ -230,7 +242,7 @@ class MemoryPredictor:
         w = get_workload(self.req.workload)
         cfg = w.config(self.req.preset)
         p = w.param_count(cfg)
-        state = 16 * p + (4 * p if accum > 1 else 0)
+        state = STATE_BYTES_PER_PARAM * p + (4 * p if accum > 1 else 0)
         prof = w.activation_profile(cfg)
         elem = 4 if precision == "fp32" else 2
         kept = {"none": prof.n_blocks * prof.per_block,

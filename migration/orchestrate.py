@@ -22,22 +22,33 @@ from typing import Any
 
 from migration import checklist
 from migration.codecheck import CodeCheck
-from migration.config import RunConfig
+from migration.common import first_line, fmt_gib, fmt_loss
+from migration.config import PlanRequest, RunConfig, validate
 from migration.history import History
 from migration.report import Plan, RunReport, write_csv
-from migration.runner import RunHandle, run_config_for_plan
+from migration.runner import PlanError, RunHandle, start_plan
 
 PROGRESS_EVERY_S = 0.25
 
 
 @dataclasses.dataclass(frozen=True)
 class RunOptions:
-    steps: int = 20
-    learning_rate: float = 3e-3
-    timeout_s: float = 3600.0
+    """The extra runs and captures asked for beside the migrated run."""
+
     fp32_reference: bool = False
     tpu_style: bool = False
     profile: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanOnThisMachine:
+    """A plan's run config here, how it relates to the plan, and the plan for this machine (its
+    budget is the one the run is graded against) when the plan was made for another device."""
+
+    config: RunConfig
+    note: str
+    local_plan: Plan | None
+    refitted: bool
 
 
 @dataclasses.dataclass
@@ -54,6 +65,12 @@ class MigrationResult:
         return self.runs[0][1]
 
 
+def base_config(p: Plan, **fields: Any) -> RunConfig:
+    """The run settings a plan's runs share (steps, learning rate, platform, ...); the memory share
+    defaults to the plan's own, so the run is capped as the budget assumed."""
+    return RunConfig(**{"memory_fraction": p.memory_fraction, **fields})
+
+
 def plan_runs(p: Plan, cfg: RunConfig, options: RunOptions, trace_dir: Path) -> list[tuple[str, RunConfig]]:
     """The runs a plan makes here, in order; `cfg` is the plan's config on this machine."""
     migrated = dataclasses.replace(cfg, profile_steps=3, profile_dir=str(trace_dir)) if options.profile else cfg
@@ -67,14 +84,14 @@ def plan_runs(p: Plan, cfg: RunConfig, options: RunOptions, trace_dir: Path) -> 
     return runs
 
 
-def run_plan(p: Plan, options: RunOptions, export_dir: Path, *, code: CodeCheck | None = None,
+def run_plan(p: Plan, base: RunConfig, options: RunOptions, export_dir: Path, *, code: CodeCheck | None = None,
              history: History | None = None) -> Iterator[dict[str, Any]]:
-    """Progress events while the plan's runs go, then {"event": "result", "result": MigrationResult}.
+    """Events while the plan is fitted to this machine and its runs go ("status", "note",
+    "progress"), then {"event": "result", "result": MigrationResult}.
 
-    Raises ConfigError / PlanError before any run starts when the options or the plan are bad."""
-    base = RunConfig(steps=options.steps, learning_rate=options.learning_rate,
-                     warmup_steps=min(2, max(0, options.steps - 1)), timeout_s=options.timeout_s)
-    here = run_config_for_plan(p, base)
+    Raises ConfigError or PlanError (before any run starts) when the settings or the plan are bad
+    or the plan cannot fit this machine."""
+    here = yield from on_this_machine(p, base)
     yield {"event": "note", "message": here.note}
     stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-{time.monotonic_ns() % 10**6}"
     export_dir.mkdir(parents=True, exist_ok=True)
@@ -91,6 +108,60 @@ def run_plan(p: Plan, options: RunOptions, export_dir: Path, *, code: CodeCheck 
     yield {"event": "result", "result": MigrationResult(p, here.note, here.local_plan, done, items, files)}
 
 
+def on_this_machine(saved: Plan, base: RunConfig) -> Iterator[dict[str, Any]]:
+    """The plan's run config here (returned). A plan made for another device is re-fitted to this
+    machine's memory by a local plan with the same global batch, precision and remat, in a planner
+    worker that closing this generator stops; raises PlanError when it cannot fit."""
+    if not saved.ok:
+        raise PlanError("invalid", f"the plan is {saved.status}: {saved.message}")
+    validate(base)
+    batch, accum = saved.per_device_batch, saved.accumulation_steps
+    note, local, refitted = f"runs the plan as made ({saved.target_name})", None, False
+    if saved.target != "local":
+        local = yield from _local_plan(PlanRequest(
+            workload=saved.workload, preset=saved.preset, source=saved.source, global_batch=saved.global_batch,
+            per_core_batch=saved.source_per_core_batch, target="local", gpus=saved.gpus,
+            memory_fraction=base.memory_fraction, safety_margin=saved.safety_margin, precision=saved.precision,
+            remat=saved.remat, compile_for_tpu=False, max_per_device_batch=saved.per_device_batch))
+        if not local.ok:
+            raise PlanError("invalid", f"the plan does not fit this machine: {local.message}")
+        refitted = (local.per_device_batch, local.accumulation_steps) != (batch, accum)
+        if refitted:
+            note = (f"the plan was made for {saved.target_name}; on {local.target_name} its per-device batch {batch} "
+                    f"(x{accum} accumulation) does not fit the local budget, so it runs at {local.per_device_batch} "
+                    f"x{local.accumulation_steps} accumulation (global batch {local.global_batch}, found by "
+                    f"{local.prediction_method})")
+            batch, accum = local.per_device_batch, local.accumulation_steps
+        else:
+            note = (f"the plan was made for {saved.target_name}; it also fits {local.target_name} as planned "
+                    f"({local.prediction_method}). Figures measured here are this machine's, not the target's")
+    cfg = dataclasses.replace(base, workload=saved.workload, preset=saved.preset, per_device_batch=batch,
+                              accumulation_steps=accum, precision=saved.precision, remat=saved.remat,
+                              devices=saved.gpus)
+    return PlanOnThisMachine(validate(cfg), note, local, refitted)
+
+
+def _local_plan(req: PlanRequest) -> Iterator[dict[str, Any]]:
+    handle = start_plan(req)
+    try:
+        for ev in handle.events(heartbeat_s=0.5):
+            if ev["event"] in ("heartbeat", "candidate"):
+                yield {"event": "status", "message": f"fitting the plan to this machine: {_plan_progress(ev)}"}
+    finally:
+        if handle.plan is None and handle.error is None:  # closed early (Stop, disconnect)
+            handle.cancel()
+    if handle.plan is None:
+        raise handle.error
+    return handle.plan
+
+
+def _plan_progress(ev: dict[str, Any]) -> str:
+    if ev["event"] == "candidate":
+        return (f"batch {ev['per_device_batch']} remat {ev['remat']} x{ev['accumulation_steps']}: "
+                f"{fmt_gib(ev['predicted_bytes'], missing='does not fit')}")
+    return f"{ev['elapsed_s']:.0f} s"
+
+
 def _one_run(name: str, cfg: RunConfig, done: list[tuple[str, RunReport]],
              history: History | None) -> Iterator[dict[str, Any]]:
     handle = RunHandle(cfg)
@@ -103,28 +174,40 @@ def _one_run(name: str, cfg: RunConfig, done: list[tuple[str, RunReport]],
             last = now
             partial = RunReport.from_events(cfg, handle.events_so_far, status="running")
             yield {"event": "progress", "run": name, "steps": cfg.steps, "worker_event": ev,
-                   "status": describe(name, cfg, ev), "partial": partial, "done": list(done)}
-    finally:
-        if handle.report is None:  # Stop, disconnect or error: never leave a worker behind,
-            handle.cancel()        # and keep what it did in the history
-            if history is not None:
-                history.add_run(RunReport.from_events(
-                    cfg, handle.events_so_far, status="cancelled", failure_kind="cancelled",
-                    message="stopped before it finished"), label=name)
+                   "status": describe(name, cfg.steps, ev), "partial": partial, "done": list(done)}
+    except GeneratorExit:  # Stop or disconnect: never leave a worker behind, keep what it did
+        _record_unfinished(handle, cfg, name, history, "cancelled", "stopped before it finished")
+        raise
+    except Exception as exc:  # noqa: BLE001 - recorded with its cause, then re-raised unchanged
+        _record_unfinished(handle, cfg, name, history, "crashed", f"the run's progress could not be read: "
+                                                                  f"{type(exc).__name__}: {first_line(exc)}")
+        raise
     if history is not None:
         history.add_run(handle.report, label=name)
     return handle.report
 
 
-def describe(name: str, cfg: RunConfig, ev: dict[str, Any]) -> str:
+def _record_unfinished(handle: RunHandle, cfg: RunConfig, name: str, history: History | None, kind: str,
+                       message: str) -> None:
+    handle.cancel()
+    if history is not None:
+        status = "cancelled" if kind == "cancelled" else "failed"
+        history.add_run(RunReport.from_events(cfg, handle.events_so_far, status=status, failure_kind=kind,
+                                              message=message), label=name)
+
+
+def describe(name: str, steps: int, ev: dict[str, Any]) -> str:
     """One line of progress for a worker event."""
     kind = ev["event"]
     if kind == "started":
-        return f"{name}: started on {ev['device_kind']} x{ev['device_count']} ({ev['backend']}); compiling…"
+        return (f"{name}: started on {ev['device_kind']} x{ev['device_count']} ({ev['backend']}), JAX "
+                f"{ev['jax_version']}, {ev['param_count']:,} parameters; compiling…")
     if kind == "compiled":
-        return f"{name}: compiled in {ev['compile_s']:.1f} s; running…"
+        return (f"{name}: compiled in {ev['compile_s']:.1f} s, predicted peak "
+                f"{fmt_gib(ev['predicted_peak_bytes'], 3)} per device; running…")
     if kind == "step":
-        return f"{name}: step {ev['index'] + 1} of {cfg.steps}, loss {ev['loss']:.4f}, {ev['step_ms']:.1f} ms"
+        return (f"{name}: step {ev['index'] + 1} of {steps}, loss {fmt_loss(ev['loss'])}, {ev['step_ms']:.1f} ms"
+                + (" (skipped: non-finite gradients)" if ev.get("skipped") else ""))
     if kind == "heartbeat":
         return f"{name}: working… {ev['elapsed_s']:.0f} s"
     return f"{name}: {kind}"

@@ -17,10 +17,10 @@ from typing import Any
 
 import jax
 
-from migration.common import compiled_peak_bytes, first_line, fmt_gib, is_oom
+from migration.common import first_line, fmt_gib, is_oom
 from migration.config import LIMITS, PlanRequest, RunConfig
-from migration.hardware import TPU_SPECS
-from migration.memory import CompileFailed, MemoryPredictor, Target, resolve_target
+from migration.hardware import MATMUL_UNITS, TPU_SPECS, fp32_matmul_precision
+from migration.memory import STATE_BYTES_PER_PARAM, CompileFailed, MemoryPredictor, Target, compile_peak, resolve_target
 from migration.report import Decision, Plan
 from migration.search import (
     RECOMPUTE_NOTE,
@@ -34,7 +34,7 @@ from migration.search import (
     rank_choices,
     rule_of_thumb_batch,
 )
-from migration.train import TrainProgram, abstract_batch, abstract_state, jit_step
+from migration.train import TrainProgram, make_data_mesh
 from workloads import get_workload
 
 Emit = Callable[..., None]
@@ -75,30 +75,43 @@ class _Planner:
     def plan(self) -> Plan:
         budget = self.target.budget_bytes
         self.emit("plan_started", method=self.predictor.method, note=self.predictor.note, budget_bytes=budget)
-        max_batch = self.search_policies()
-        ranked = rank_choices(max_batch, self.candidates, self.req.global_batch, self.req.gpus, self.cost,
-                              accumulation=self.req.accumulation_steps,
-                              max_accumulation=int(LIMITS["accumulation_steps"][1]))
+        self.skipped: dict[str, float] = {}
+        max_batch = self.search_policies(self.policies())
+        ranked = self.rank(max_batch)
         chosen, peak, rejected = self.verify(ranked)
+        if chosen is None and self.skipped:
+            # The choices that ruled the other policies out did not fit with their accumulation:
+            # search those policies too before giving up.
+            max_batch.update(self.search_policies(list(self.skipped), known=max(max_batch.values(), default=0),
+                                                  prune=False))
+            self.skipped = {}
+            ranked = self.rank(max_batch)
+            chosen, peak, rejected = self.verify(ranked)
         if chosen is None:
             return self._infeasible(max_batch, ranked, rejected)
         return self._ok(chosen, peak, max_batch, ranked, rejected)
 
-    def search_policies(self) -> dict[str, int]:
+    def policies(self) -> list[str]:
+        return [self.req.remat] if self.req.remat else list(REMAT_ORDER)
+
+    def rank(self, max_batch: dict[str, int]) -> list[Choice]:
+        return rank_choices(max_batch, self.candidates, self.req.global_batch, self.req.gpus, self.cost,
+                            accumulation=self.req.accumulation_steps,
+                            max_accumulation=int(LIMITS["accumulation_steps"][1]))
+
+    def search_policies(self, policies: list[str], known: int = 0, prune: bool = True) -> dict[str, int]:
         """Largest fitting batch per remat policy, searching only policies that could still win.
 
         Policies go from least to most recompute; each search starts from the batch the previous
-        policy reached (a policy that keeps less never needs more memory). A policy is skipped when
-        even a perfectly filled device under it is slower than the best choice found so far.
+        policy reached (a policy that keeps less never needs more memory). With `prune`, a policy is
+        skipped (and remembered in `self.skipped`) when even a perfectly filled device under it is
+        slower than the best choice found so far that keeps the global batch.
         """
-        policies = [self.req.remat] if self.req.remat else list(REMAT_ORDER)
         found: dict[str, int] = {}
-        self.skipped: dict[str, float] = {}
         best = math.inf
-        known = 0
         for remat in policies:
             bound = self.cost.best_possible(remat, self.needed)
-            if bound >= best:
+            if prune and bound >= best:
                 self.skipped[remat] = bound
                 self.emit("skip_policy", remat=remat, reason="cannot beat the best choice found so far")
                 continue
@@ -108,20 +121,25 @@ class _Planner:
             found[remat] = largest_fitting(self.candidates, measure, self.target.budget_bytes, known_fit=known,
                                            first_guess=guess)
             known = max(known, found[remat])
-            ranked = rank_choices({remat: found[remat]}, self.candidates, self.req.global_batch, self.req.gpus,
-                                  self.cost, accumulation=self.req.accumulation_steps)
-            if ranked:
-                best = min(best, ranked[0].step_cost)
+            exact = [c for c in self.rank({remat: found[remat]}) if c.exact]
+            if exact:
+                best = min(best, exact[0].step_cost)
         return found
 
     def verify(self, ranked: list[Choice]) -> tuple[Choice | None, int | None, list[dict[str, Any]]]:
-        """The first ranked choice whose compile with its accumulation fits the budget."""
-        rejected = []
-        for choice in ranked[:VERIFY_AT_MOST]:
+        """The first ranked choice whose compile with its accumulation fits the budget. A choice is
+        not compiled when one with the same policy and a batch no larger already failed (its peak
+        can only be larger)."""
+        rejected: list[dict[str, Any]] = []
+        failed: dict[str, int] = {}
+        for choice in ranked:
+            if choice.accumulation_steps > 1 and choice.per_device_batch >= failed.get(choice.remat, math.inf):
+                continue
             peak = self.predictor.predict(self.precision, choice.remat, choice.per_device_batch,
                                           choice.accumulation_steps)
             if peak is not None and peak <= self.target.budget_bytes:
                 return choice, peak, rejected
+            failed[choice.remat] = min(failed.get(choice.remat, math.inf), choice.per_device_batch)
             rejected.append({**choice.to_dict(self.cost), "predicted_peak_bytes": peak})
         return None, None, rejected
 
@@ -213,20 +231,28 @@ class _Planner:
     def _infeasible(self, max_batch: dict[str, int], ranked: list[Choice], rejected: list[dict[str, Any]]) -> Plan:
         req, budget = self.req, self.target.budget_bytes
         policy = req.remat or "full"
-        if rejected:
+        if not ranked and any(max_batch.values()):
+            floor = None
+            why = (f"the batches that fit a budget of {{budget}} ({', '.join(f'{r}: {b}' for r, b in max_batch.items())} "
+                   f"per GPU) would need more than {int(LIMITS['accumulation_steps'][1])} accumulation steps to reach "
+                   f"the global batch {req.global_batch}")
+            policy = req.remat or max(max_batch, key=max_batch.get)
+        elif rejected:
             fastest = rejected[0]
             floor = fastest["predicted_peak_bytes"]
             why = (f"no choice fits once accumulation is added: the fastest, {fastest['per_device_batch']} per GPU x "
-                   f"{fastest['accumulation_steps']} accumulation under remat {fastest['remat']}, needs {fmt_gib(floor)}")
+                   f"{fastest['accumulation_steps']} accumulation under remat {fastest['remat']}, needs {fmt_gib(floor)} "
+                   "against a budget of {budget}")
             policy = fastest["remat"]
         else:
             floor = self.predictor.predict(self.precision, policy, 1)
             tried = ", ".join(max_batch) or policy
             why = (f"does not fit even at batch 1 with remat {policy} (policies tried: {tried}), because the step "
-                   f"needs {fmt_gib(floor)} per GPU")
-        state_bytes = 16 * self.params
-        message = (f"{why} against a budget of {fmt_gib(budget)} ({req.memory_fraction:.0%} of "
-                   f"{fmt_gib(self.target.device_memory_bytes)} minus a {req.safety_margin:.0%} margin); parameters, "
+                   f"needs {fmt_gib(floor)} per GPU against a budget of {{budget}}")
+        state_bytes = STATE_BYTES_PER_PARAM * self.params
+        budget_text = (f"{fmt_gib(budget)} ({req.memory_fraction:.0%} of {fmt_gib(self.target.device_memory_bytes)} "
+                       f"minus a {req.safety_margin:.0%} margin)")
+        message = (why.format(budget=budget_text) + "; parameters, "
                    f"gradients and AdamW state alone take {fmt_gib(state_bytes)} ({self.params:,} parameters x 16 bytes). "
                    "What would help: " + "; ".join(_what_would_help(req)) + ".")
         self.emit("infeasible", message=message)
@@ -249,12 +275,10 @@ def _what_would_help(req: PlanRequest) -> list[str]:
 
 
 def _matmul_precision_notes(target: Target, precision: str) -> dict[str, str]:
-    gpu = {"bf16": "bf16 tensor cores", "fp16": "fp16 tensor cores"}.get(precision, "")
-    if precision == "fp32":
-        cc = target.compute_capability
-        gpu = ("TF32 tensor cores (XLA's default for fp32 products on compute capability 8.0+; set "
-               "jax_default_matmul_precision='highest' for true fp32)" if cc and cc >= (8, 0)
-               else "fp32 (no TF32 below compute capability 8.0, or on a CPU)")
+    fp32 = fp32_matmul_precision(target.platform, target.compute_capability, None)
+    gpu = MATMUL_UNITS[precision if precision != "fp32" else fp32]
+    if precision == "fp32" and fp32 == "tf32":
+        gpu += "; set jax_default_matmul_precision='highest' for true fp32"
     return {"tpu": "bf16 passes on the MXU (TPUs run fp32 matrix products in bf16 by default)", "gpu": gpu}
 
 
@@ -303,14 +327,10 @@ def _compile_for_source_tpu(req: PlanRequest) -> dict[str, Any]:
         return {"status": "unavailable",
                 "reason": f"no TPU compiler here (install jax[tpu] on Python 3.12+ to compare): {first_line(exc, 200)}"}
     try:
-        from jax.sharding import AxisType
-
-        mesh = jax.make_mesh((source.devices,), ("data",), axis_types=(AxisType.Auto,), devices=topo.devices)
         cfg = RunConfig(workload=req.workload, preset=req.preset, per_device_batch=req.source_per_core_batch,
                         devices=source.devices, precision=req.source_precision, remat="none")
-        program = TrainProgram.from_config(cfg)
-        compiled = jit_step(program, mesh).lower(abstract_state(program, mesh), abstract_batch(program, mesh)).compile()
-        return {"status": "ok", "peak_bytes_per_chip": compiled_peak_bytes(compiled),
+        peak = compile_peak(TrainProgram.from_config(cfg), make_data_mesh(topo.devices))
+        return {"status": "ok", "peak_bytes_per_chip": peak,
                 "hbm_bytes_per_device": source.hbm_bytes_per_device, "device_kind": topo.devices[0].device_kind}
     except Exception as exc:  # noqa: BLE001 - XLA raises several types; memory is told apart by its message
         text = first_line(exc, 400)

@@ -223,9 +223,20 @@ class Plan(JsonExport):
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Plan":
+        """A plan from its JSON; a plan written by an older version (fields missing) or something
+        else raises ValueError saying so."""
+        if not isinstance(data, dict):
+            raise ValueError("not a plan: expected a JSON object")
+        required = {f.name for f in dataclasses.fields(cls)
+                    if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
+        missing = sorted(required - set(data))
+        if missing:
+            raise ValueError(f"missing {', '.join(missing[:4])}{' …' if len(missing) > 4 else ''}: made by an older "
+                             "version or not a plan; make it again with `python -m migration plan`")
         data = dict(data)
         data["decisions"] = [Decision(**d) for d in data.get("decisions", [])]
-        return cls(**data)
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
 
     @classmethod
     def from_json(cls, path: str | Path) -> "Plan":

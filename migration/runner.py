@@ -8,7 +8,6 @@ by the config's `timeout_s`, so no run hangs.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import select
@@ -19,14 +18,13 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
+from migration.common import PROJECT_ROOT
 from migration.config import PlanRequest, RunConfig, validate, validate_plan_request
 from migration.report import Plan
 from migration.report import RunReport
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
 STDERR_TAIL_CHARS = 4000
 TERMINAL_EVENTS = ("finished", "failed", "plan", "environment")
 
@@ -244,48 +242,3 @@ def start_plan(req: PlanRequest) -> PlanHandle:
 
 def plan(req: PlanRequest, on_event: Callable[[dict[str, Any]], None] | None = None) -> Plan:
     return start_plan(req).wait(on_event)
-
-
-@dataclasses.dataclass(frozen=True)
-class PlanOnThisMachine:
-    """A plan's run config here, how it relates to the plan, and the plan for this machine (its
-    budget is the one the run is graded against) when the plan was made for another device."""
-
-    config: RunConfig
-    note: str
-    local_plan: Plan | None
-    refitted: bool
-
-
-def run_config_for_plan(saved: Plan, base: RunConfig) -> PlanOnThisMachine:
-    """The run config of a plan on this machine.
-
-    A plan made for another GPU is re-fitted to this machine's memory by a local plan with the
-    same global batch, precision and remat (raises PlanError when it cannot be)."""
-    if not saved.ok:
-        raise PlanError("invalid", f"the plan is {saved.status}: {saved.message}")
-    batch, accum = saved.per_device_batch, saved.accumulation_steps
-    note, local, refitted = f"runs the plan as made ({saved.target_name})", None, False
-    if saved.target != "local":
-        req = PlanRequest(workload=saved.workload, preset=saved.preset, source=saved.source,
-                          global_batch=saved.global_batch, per_core_batch=saved.source_per_core_batch,
-                          target="local", gpus=saved.gpus, memory_fraction=base.memory_fraction,
-                          precision=saved.precision, remat=saved.remat, compile_for_tpu=False,
-                          max_per_device_batch=saved.per_device_batch)
-        local = plan(req)
-        if not local.ok:
-            raise PlanError("invalid", f"the plan does not fit this machine: {local.message}")
-        refitted = (local.per_device_batch, local.accumulation_steps) != (batch, accum)
-        if refitted:
-            note = (f"the plan was made for {saved.target_name}; on {local.target_name} its per-device batch {batch} "
-                    f"(x{accum} accumulation) does not fit the local budget, so it runs at {local.per_device_batch} "
-                    f"x{local.accumulation_steps} accumulation (global batch {local.global_batch}, found by "
-                    f"{local.prediction_method})")
-            batch, accum = local.per_device_batch, local.accumulation_steps
-        else:
-            note = (f"the plan was made for {saved.target_name}; it also fits {local.target_name} as planned "
-                    f"({local.prediction_method}). Figures measured here are this machine's, not the target's")
-    cfg = dataclasses.replace(base, workload=saved.workload, preset=saved.preset, per_device_batch=batch,
-                              accumulation_steps=accum, precision=saved.precision, remat=saved.remat,
-                              devices=saved.gpus)
-    return PlanOnThisMachine(validate(cfg), note, local, refitted)

@@ -207,7 +207,8 @@ def rank_choices(max_batch: dict[str, int], candidates: list[int], global_batch:
                 options.append(Choice(remat, b, steps, b * gpus * steps, False, model.step_seconds(remat, b, steps),
                                       model.fill(b)))
         if options:  # per policy, the least time per example, then the closest global batch
-            inexact.append(min(options, key=lambda c: (float(f"{c.step_cost / c.global_batch:.9g}"), c.global_batch)))
+            inexact.append(min(options, key=lambda c: (float(f"{c.step_cost / c.global_batch:.9g}"),
+                                                       abs(c.global_batch - global_batch))))
     if exact:  # alternatives are worth showing only where they are faster than keeping the batch
         fastest = min(c.step_cost for c in exact)
         inexact = [c for c in inexact if c.step_cost < fastest]

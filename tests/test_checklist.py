@@ -113,6 +113,11 @@ CASES = [
                                                                      message="out of memory while running step 1")),
      "ran out of memory"),
     ("batch", WARN, lambda w: Evidence(w["plan"], w["run"]), "CPU backend"),
+    ("batch", WARN, lambda w: Evidence(w["plan"], on_gpu(w["run"], accumulation_steps=w["run"].accumulation_steps * 2,
+                                                         per_device_batch=max(1, w["run"].per_device_batch // 2))),
+     "re-fitted"),
+    ("batch", WARN, lambda w: Evidence(w["plan"], dataclasses.replace(w["run"], status="failed", failure_kind="timeout",
+                                                                     message="timeout")), "timeout"),
     ("batch", WARN, lambda w: Evidence(w["plan"]), "not run yet"),
     ("apis", PASS, lambda w: Evidence(w["plan"], code=code(CLEAN)), "no TPU-only"),
     ("apis", WARN, lambda w: Evidence(w["plan"], code=code(PMAP_ONLY)), "PMAP001"),
@@ -143,8 +148,9 @@ CASES = [
     ("deployment", FAIL, lambda w: Evidence(w["plan"], code=code(TPU_ERA)), "ENV001"),
     ("deployment", FAIL, lambda w: Evidence(w["plan"], code=code(TPU_ENV)), "JAX_PLATFORMS=tpu"),
     ("deployment", NOT_CHECKED, lambda w: Evidence(w["plan"]), "not checked"),
-    ("recompilation", PASS, lambda w: Evidence(w["plan"], w["run"], code=code(CLEAN)), "0 XLA compile(s)"),
+    ("recompilation", PASS, lambda w: Evidence(w["plan"], on_gpu(w["run"]), code=code(CLEAN)), "0 XLA compile(s)"),
     ("recompilation", WARN, lambda w: Evidence(w["plan"], w["run"]), "not checked"),
+    ("recompilation", WARN, lambda w: Evidence(w["plan"], w["run"], code=code(CLEAN)), "CPU backend"),
     ("recompilation", FAIL, lambda w: Evidence(w["plan"], dataclasses.replace(w["run"], recompilations=2)),
      "2 XLA compile(s)"),
     ("recompilation", NOT_CHECKED, lambda w: Evidence(w["plan"]), "no successful run"),
@@ -165,6 +171,8 @@ CASES = [
                                           fp32_reference=w["ref"]), "nan"),
     ("numerics", NA, lambda w: Evidence(w["plan"], dataclasses.replace(w["run"], precision="fp32")), "fp32"),
     ("numerics", NOT_CHECKED, lambda w: Evidence(w["plan"], w["run"]), "no fp32 reference"),
+    ("numerics", NOT_CHECKED, lambda w: Evidence(w["plan"], w["run"], fp32_reference=dataclasses.replace(
+        w["ref"], losses=[4.0, None])), "no reference to compare"),
 ]
 
 
@@ -208,3 +216,14 @@ def test_csv_has_one_row_per_item_and_the_snippet_sets_the_environment(world, tm
     assert list(frame.columns) == ["id", "item", "status", "evidence", "action"] and len(frame) == len(ITEMS)
     snippet = checklist.deployment_snippet(world["plan"])
     assert "export XLA_PYTHON_CLIENT_PREALLOCATE='false'" in snippet and snippet.startswith("#!/usr/bin/env bash")
+
+
+def test_a_plan_from_an_older_version_is_refused_with_a_clear_message(world):
+    from migration.report import Plan
+
+    data = world["plan"].to_dict()
+    for field in ("ranked", "budget_source", "remat_chosen_by"):
+        data.pop(field)
+    with pytest.raises(ValueError, match="older version"):
+        Plan.from_dict(data)
+    assert Plan.from_dict(world["plan"].to_dict()) == world["plan"]

@@ -12,6 +12,7 @@ from migration.measure import peak_flops_for
     ("Tesla V100-SXM2-16GB", "v100-16gb"), ("Tesla V100-SXM2-32GB", "v100-32gb"), ("Tesla T4", "t4"),
     ("NVIDIA A10", "a10"), ("NVIDIA L4", "l4"), ("NVIDIA GeForce RTX 4090", "rtx-4090"),
     ("NVIDIA A100-SXM4-40GB", "a100-40gb"), ("NVIDIA A100-SXM4-80GB", "a100-80gb"),
+    ("NVIDIA A100 80GB PCIe", "a100-80gb-pcie"),
     ("NVIDIA H100 PCIe", "h100-pcie"), ("NVIDIA H100 80GB HBM3", "h100-sxm"), ("NVIDIA H100 NVL", "h100-nvl"),
     ("NVIDIA H200", "h200"), ("nvidia h200 141gb hbm3e ", "h200"),
 ])
@@ -19,7 +20,7 @@ def test_device_kinds_match_their_own_entry_exactly(kind, key):
     assert gpu_spec_for_device_kind(kind).key == key
 
 
-@pytest.mark.parametrize("kind", ["Tesla V100-PCIE-16GB", "NVIDIA A100 80GB PCIe", "NVIDIA H200 NVL", "NVIDIA A10G",
+@pytest.mark.parametrize("kind", ["Tesla V100-PCIE-16GB", "NVIDIA A100-PCIE-40GB", "NVIDIA H200 NVL", "NVIDIA A10G",
                                   "NVIDIA L40S", "NVIDIA H100", "cpu"])
 def test_a_device_not_in_the_catalog_borrows_no_entry(kind):
     """A 16 GB card never gets a 32 GB budget, and a similar name is not the same GPU."""

@@ -41,7 +41,7 @@ def test_cli_run_writes_a_complete_json_report(tmp_path):
     assert 0 < report["mfu"] < 1
     assert report["peak_memory_source"].startswith("cpu:") and report["peak_memory_bytes"] > 0
     assert report["device_kind"] == "cpu" and report["backend"] == "cpu"
-    assert "step    10/10" in proc.stdout and "CPU backend" in proc.stdout
+    assert "run: step 10 of 10, loss" in proc.stdout and "CPU backend" in proc.stdout
     import pandas as pd
 
     assert pd.read_csv(csv_path).loc[0, "status"] == "ok"
