@@ -343,7 +343,7 @@ def print_plan(plan: Any) -> None:
         print(f"on the source TPU ({src['device_kind']}): the TPU compiler says this setup does not fit its "
               f"{_fmt_bytes(src['hbm_bytes_per_device'])} per device: {src['reason']}")
     else:
-        print(f"source TPU compile: {src.get('status')} ({src.get('reason', '')})")
+        print(f"source TPU compile: {src.get('status')}" + (f" ({src['reason']})" if src.get("reason") else ""))
     print(f"rule of thumb (the guide): batch {plan.rule_of_thumb_batch} -- {plan.rule_of_thumb_note}")
     print(f"matmul precision: TPU {plan.matmul_precision['tpu']}; GPU {plan.matmul_precision['gpu']}")
     print("environment for the target:")
