@@ -119,7 +119,7 @@ def test_ranking_is_sorted_and_within_each_policys_fit(maxima, global_batch, gpu
     assert costs == sorted(costs)
     assert all(c.exact for c in ranked[:len(costs)])  # exact choices first
     for c in ranked:
-        assert 1 <= c.per_device_batch <= max_batch[c.remat]
+        assert c.per_device_batch >= 1 and c.per_device_batch <= max_batch[c.remat]
         assert c.global_batch == c.per_device_batch * gpus * c.accumulation_steps
         assert c.exact == (c.global_batch == global_batch)
 
