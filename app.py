@@ -1,72 +1,81 @@
 """Gradio app: plan, run, watch, compare and export TPU-to-GPU migrations on a shared GPU box.
 
-A thin shell over the backend (`migration/`): it turns form values into `PlanRequest` /
-`RunConfig`, starts planner and run workers through `migration.runner`, and formats the typed
-results. The server process never initialises a JAX backend (it would claim 75% of a shared GPU);
-every plan and run happens in a worker process.
+A thin shell over the backend (`migration/`): form values go through `migration.forms` (every
+field checked, refusals name the field), jobs go to `migration.jobs.JobService` (queue, owners,
+per-user limits, records that survive a restart), and typed results are formatted here. The server
+process never initialises a JAX backend (it would claim 75% of a shared GPU); every plan and run
+happens in a worker process.
 
     python app.py --host 127.0.0.1 --port 7860 [--root-path /migrate] [--auth-file users.txt]
-                  [--history-db runs/history.sqlite] [--queue-size 32]
+                  [--history-db runs/history.sqlite] [--jobs-per-user 4] [--max-steps 10000] ...
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import dataclasses
+import html
+import json
 import os
-import sqlite3
-import tempfile
+import signal
+import sys
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import gradio as gr
-import pandas as pd
+from migration.common import GiB, cache_dir, first_line, fmt_gib, private_dir, remove_older_than
 
-from migration import checklist
-from migration.codecheck import CodeCheck, CodeCheckError, Finding, check_sources
-from migration.common import GiB, first_line, fmt_gib
-from migration.config import PRECISIONS, REMAT_NAMES, ConfigError, PlanRequest, RunConfig
-from migration.hardware import GPU_SPECS, TPU_SPECS
-from migration.history import SUMMARY_COLUMNS, History
-from migration.orchestrate import RunOptions, base_config, run_plan
-from migration.report import Plan, RunReport
-from migration.runner import PlanError, plan as make_plan, probe_environment
-from migration.worker_env import nvidia_gpus
-from workloads import WORKLOADS
+# Gradio keeps uploaded and served files in its temp folder: make it private to the service user
+# before gradio is imported (it reads the variable then).
+os.environ.setdefault("GRADIO_TEMP_DIR", str(cache_dir() / "gradio"))
 
-EXPORT_DIR = Path(tempfile.gettempdir()) / "tpu-gpu-migration-exports"
+import gradio as gr  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from migration import checklist, forms  # noqa: E402
+from migration.codecheck import CodeCheck, CodeCheckError, Finding, check_sources, read_upload  # noqa: E402
+from migration.config import PRECISIONS, REMAT_NAMES, ConfigError, PlanRequest, RunConfig  # noqa: E402
+from migration.hardware import GPU_SPECS, TPU_SPECS  # noqa: E402
+from migration.history import History, HistoryError  # noqa: E402
+from migration.jobs import Job, JobService, Limits, LimitError, NotYourJob  # noqa: E402
+from migration.orchestrate import MigrationResult, RunOptions  # noqa: E402
+from migration.report import Plan, RunReport  # noqa: E402
+from migration.runner import PlanError, probe_environment  # noqa: E402
+from migration.worker_env import nvidia_gpus  # noqa: E402
+from workloads import WORKLOADS  # noqa: E402
+
+POLL_S = 0.25  # how often a watcher looks for a job's new events
+HISTORY_STATUSES = ("ok", "failed", "cancelled", "infeasible", "interrupted", "queued", "running")
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    history_db: str = "runs/history.sqlite"
+    export_dir: str = ""  # default: a private folder under the cache directory
+    limits: Limits = Limits()
+    multi_user: bool = False  # auth configured: every job has an owner
+    export_max_age_s: float = 7 * 24 * 3600
+    history_max_mb: float | None = None
 
 
 def _gib(n: Any) -> str:
     return fmt_gib(n, 3)
 
 
-def host_banner() -> str:
+def host_banner(settings: Settings) -> str:
     gpus = nvidia_gpus()
+    users = ("Signed-in users each see and stop their own jobs; History shows yours unless you ask for everyone's."
+             if settings.multi_user else
+             "**Single-user mode** (no auth configured): everyone who can reach this page shares one identity, "
+             "one history and one Stop.")
     if not gpus:
         return ("**This host has no NVIDIA GPU.** Runs execute on JAX's CPU backend and are labelled as CPU "
-                "figures; GPU targets are planned by compiling for them without the device.")
+                "figures; GPU targets are planned by compiling for them without the device. " + users)
     names = ", ".join(f"{g['name']} ({g['total_bytes'] / GiB:.0f} GiB)" for g in gpus)
-    return f"GPU host: {names}. One GPU job runs at a time; others wait in the queue and see their position."
-
-
-# -- form -> backend configs ----------------------------------------------------------------------
-
-def plan_request(workload, preset, source, global_batch, per_core_batch, source_precision, target, gpus,
-                 memory_fraction, granularity, remat, precision, accumulation) -> PlanRequest:
-    def whole(value: Any, field: str) -> int:
-        if value is None or float(value) != int(value):
-            raise ConfigError(field, f"must be a whole number; got {value!r}")
-        return int(value)
-
-    return PlanRequest(
-        workload=workload, preset=preset, source=source, global_batch=whole(global_batch, "global_batch"),
-        per_core_batch=whole(per_core_batch, "per_core_batch") or None, source_precision=source_precision,
-        target=target, gpus=whole(gpus, "gpus"), memory_fraction=float(memory_fraction), granularity=granularity,
-        remat=None if remat == "auto" else remat, precision=None if precision == "auto" else precision,
-        accumulation_steps=whole(accumulation, "accumulation_steps") or None,
-    )
+    return f"GPU host: {names}. One GPU job runs at a time; others wait in the queue and see their position. {users}"
 
 
 # -- formatting ---------------------------------------------------------------------------------
@@ -82,7 +91,7 @@ def plan_markdown(p: Plan) -> str:
     src = p.source_tpu_compile
     source_line = (f"On the source TPU ({src['device_kind']}): {_gib(src['peak_bytes_per_chip'])} per device; "
                    f"the plan uses {_gib(p.predicted_peak_bytes)} per GPU.\n\n" if src.get("status") == "ok" else
-                   f"Source TPU compile: {src.get('status')} — {src.get('reason', '')}\n\n")
+                   f"Source TPU compile: {src.get('status')} — {src.get('reason', '')}\n\n" if src else "")
     env = "\n".join(f"export {k}={v['value']!r}  # {v['why']}" for k, v in p.environment.items())
     return (head + f"**Plan:** {p.per_device_batch} per GPU × {p.gpus} GPU(s) × {p.accumulation_steps} accumulation = "
             f"global batch {p.global_batch}{exact}, **{p.precision}**, remat **{p.remat}**; predicted peak "
@@ -103,15 +112,21 @@ def ranked_frame(p: Plan) -> pd.DataFrame:
                                                   "device_fill", "predicted_step", "chosen"])
 
 
-def plan_frames(p: Plan) -> tuple[pd.DataFrame, pd.DataFrame]:
-    decisions = pd.DataFrame([{"decision": d.decision, "value": str(d.value), "reason": d.reason} for d in p.decisions])
-    rows = [{"per_device_batch": r["per_device_batch"], "predicted_GiB": r["predicted_bytes"] / GiB,
-             "series": f"remat {r['remat']}"} for r in p.table if r["predicted_bytes"] is not None
-            and r["accumulation_steps"] == 1]
-    batches = sorted({r["per_device_batch"] for r in rows}) or [p.per_device_batch or 1]
-    rows += [{"per_device_batch": b, "predicted_GiB": p.budget_bytes / GiB, "series": "budget"} for b in batches]
-    memory = pd.DataFrame(rows, columns=["per_device_batch", "predicted_GiB", "series"])
-    return decisions, memory.astype({"per_device_batch": "int64", "predicted_GiB": "float64", "series": "str"})
+def decisions_frame(p: Plan) -> pd.DataFrame:
+    return pd.DataFrame([{"decision": d.decision, "value": str(d.value), "reason": d.reason} for d in p.decisions],
+                        columns=["decision", "value", "reason"])
+
+
+def memory_frame(rows: list[dict[str, Any]], budget: int | None) -> pd.DataFrame:
+    """Predicted GiB per batch and remat policy (single micro-batch compiles), with the budget."""
+    points = [{"per_device_batch": r["per_device_batch"], "predicted_GiB": r["predicted_bytes"] / GiB,
+               "series": f"remat {r['remat']}"} for r in rows
+              if r.get("predicted_bytes") is not None and r.get("accumulation_steps", 1) == 1]
+    batches = sorted({r["per_device_batch"] for r in points}) or [1]
+    if budget:
+        points += [{"per_device_batch": b, "predicted_GiB": budget / GiB, "series": "budget"} for b in batches]
+    frame = pd.DataFrame(points, columns=["per_device_batch", "predicted_GiB", "series"])
+    return frame.astype({"per_device_batch": "int64", "predicted_GiB": "float64", "series": "str"})
 
 
 def results_frame(r: RunReport, budget: int | None) -> pd.DataFrame:
@@ -141,8 +156,27 @@ def loss_frame(reports: list[tuple[str, RunReport]]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["step", "loss", "run"]).astype({"step": "int64", "loss": "float64", "run": "str"})
 
 
-def checklist_frame(items: list[checklist.ChecklistItem]) -> pd.DataFrame:
-    return pd.DataFrame([dataclasses.asdict(i) for i in items], columns=["id", "item", "status", "evidence", "action"])
+BADGE_COLOURS = {"pass": "#1a7f37", "warn": "#9a6700", "fail": "#cf222e", "not checked": "#57606a", "n/a": "#8c959f"}
+
+
+def checklist_html(items: list[checklist.ChecklistItem]) -> str:
+    """The checklist as a report: a status badge, the item, its evidence and the action, wrapped
+    to the page's width (never a table to scroll sideways)."""
+    counts = {s: sum(i.status == s for i in items) for s in BADGE_COLOURS}
+    summary = " · ".join(f"{n} {s}" for s, n in counts.items() if n)
+    cards = []
+    for i in items:
+        colour = BADGE_COLOURS.get(i.status, "#57606a")
+        cards.append(
+            f'<div class="ck-item" data-id="{html.escape(i.id)}" data-status="{html.escape(i.status)}" '
+            f'style="border-left:4px solid {colour};padding:6px 10px;margin:6px 0">'
+            f'<span class="ck-badge" style="background:{colour};color:#fff;border-radius:10px;padding:1px 8px;'
+            f'font-size:0.85em;margin-right:8px">{html.escape(i.status)}</span>'
+            f'<strong>{html.escape(i.item)}</strong>'
+            f'<div style="white-space:normal;overflow-wrap:anywhere"><em>Evidence:</em> {html.escape(i.evidence)}</div>'
+            f'<div style="white-space:normal;overflow-wrap:anywhere"><em>Action:</em> {html.escape(i.action)}</div>'
+            "</div>")
+    return f'<div class="checklist"><h3>Migration checklist</h3><p>{summary}</p>{"".join(cards)}</div>'
 
 
 def findings_frame(findings: list[Finding]) -> pd.DataFrame:
@@ -150,97 +184,252 @@ def findings_frame(findings: list[Finding]) -> pd.DataFrame:
                         columns=["file", "line", "col", "rule", "severity", "message", "replacement"])
 
 
-def export_path(name: str) -> Path:
-    EXPORT_DIR.mkdir(parents=True, exist_ok=True)
-    return EXPORT_DIR / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{time.monotonic_ns() % 10**6}.csv"
+HISTORY_COLUMNS = ["id", "created_at", "user", "label", "kind", "model", "status", "config", "device_kind",
+                   "samples_per_s", "mfu_%", "peak_GiB", "predicted_GiB", "compile_s"]
 
 
 def history_frame(entries: list[dict[str, Any]]) -> pd.DataFrame:
-    columns = [c for c in SUMMARY_COLUMNS]
-    frame = pd.DataFrame([{c: e.get(c) for c in columns} for e in entries], columns=columns)
-    for col in ("peak_memory_bytes", "predicted_peak_bytes"):
-        frame[col.replace("_bytes", "_GiB")] = frame.pop(col).astype(float) / GiB
-    return frame
+    """The history as people read it: one line per entry, the configuration in one column."""
+    rows = []
+    for e in entries:
+        config = (f"{e.get('per_device_batch') or '?'}×{e.get('devices') or '?'}×{e.get('accumulation_steps') or '?'} "
+                  f"{e.get('precision') or ''} {e.get('remat') or ''}").strip()
+        rows.append({
+            "id": e["id"], "created_at": e["created_at"], "user": e.get("user") or "", "label": e.get("label") or "",
+            "kind": e["kind"], "model": f"{e['workload']}/{e['preset']}", "status": e["status"], "config": config,
+            "device_kind": e.get("device_kind") or e.get("target") or "",
+            "samples_per_s": e.get("samples_per_s"), "mfu_%": None if e.get("mfu") is None else 100 * e["mfu"],
+            "peak_GiB": None if e.get("peak_memory_bytes") is None else e["peak_memory_bytes"] / GiB,
+            "predicted_GiB": None if e.get("predicted_peak_bytes") is None else e["predicted_peak_bytes"] / GiB,
+            "compile_s": e.get("compile_s")})
+    return pd.DataFrame(rows, columns=HISTORY_COLUMNS)
+
+
+def compare_frames(entries: list[dict[str, Any]]) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """Side-by-side table, throughput, peak memory (predicted beside measured) and loss curves."""
+    table = history_frame(entries)
+    names = [f"#{e['id']} {e['preset']} b{e.get('per_device_batch')}×{e.get('accumulation_steps')} {e.get('precision')}"
+             for e in entries]
+    throughput = pd.DataFrame({"run": names, "samples_per_s": [float(e.get("samples_per_s") or 0) for e in entries]})
+    memory = pd.DataFrame(
+        [{"bar": f"{n} · {what}", "GiB": float(e.get(key) or 0) / GiB, "series": what}
+         for n, e in zip(names, entries) for what, key in (("predicted", "predicted_peak_bytes"),
+                                                          ("measured", "peak_memory_bytes"))],
+        columns=["bar", "GiB", "series"])
+    losses = pd.DataFrame([{"step": i + 1, "loss": float(v), "run": n} for n, e in zip(names, entries)
+                           for i, v in enumerate(e["payload"].get("losses") or []) if isinstance(v, (int, float))],
+                          columns=["step", "loss", "run"]).astype({"step": "int64", "loss": "float64", "run": "str"})
+    return table, throughput, memory, losses
 
 
 def parse_ids(text: str) -> list[int]:
-    text = (text or "").replace(" ", "")
-    if not text:
-        return []
-    try:
-        return [int(part) for part in text.split(",") if part]
-    except ValueError:
-        raise gr.Error(f"ids must be comma-separated numbers from the History table, like 3,5; got {text!r}")
+    parts = [p for p in (text or "").replace(" ", "").replace("#", "").split(",") if p]
+    if not all(p.isdigit() and len(p) < 12 for p in parts):
+        raise ConfigError("ids", f"must be run ids from the History table separated by commas, like 3,5; got {text!r}")
+    return [int(p) for p in parts]
+
+
+def user_of(request: gr.Request | None) -> str:
+    return (getattr(request, "username", None) or "") if request is not None else ""
+
+
+def refuse(exc: BaseException) -> gr.Error:
+    """One line for a person: what was wrong and what is allowed (never a traceback)."""
+    if isinstance(exc, ConfigError):
+        return gr.Error(f"Invalid input — {exc}")
+    if isinstance(exc, PlanError):
+        return gr.Error(f"Planning failed ({exc.kind}): {first_line(exc, 400)}")
+    return gr.Error(first_line(exc, 400))
+
+
+def run_headline(result: MigrationResult, budget: int | None) -> str:
+    main = result.main
+    if main.ok:
+        headline = "Run finished"
+    elif main.failure_kind == "oom":
+        predicted = main.predicted_peak_bytes or result.plan.predicted_peak_bytes
+        headline = (f"Run failed: **does not fit** — out of memory at {main.per_device_batch} per device "
+                    f"(predicted peak {_gib(predicted)} per device, budget {_gib(budget)}). Try a smaller per-device "
+                    "batch with more accumulation steps (Plan does this for you), a remat policy, or bf16")
+    else:
+        headline = f"Run failed ({main.failure_kind}): {main.message}"
+    cpu = " — **CPU backend: these are CPU figures, not GPU ones.**" if main.backend == "cpu" else ""
+    return headline + cpu
 
 
 # -- the app ------------------------------------------------------------------------------------
 
-def build_demo(history_path: str | Path = "runs/history.sqlite") -> gr.Blocks:
-    history = History(history_path)
+def build_demo(settings: Settings | None = None) -> gr.Blocks:
+    settings = settings or Settings()
+    private_dir(os.environ["GRADIO_TEMP_DIR"])
+    export_dir = private_dir(settings.export_dir or cache_dir() / "exports")
+    remove_older_than(export_dir, settings.export_max_age_s)
+    history = History(settings.history_db,
+                      max_bytes=int(settings.history_max_mb * 2**20) if settings.history_max_mb else None)
+    service = JobService(history, export_dir, settings.limits)
     default_target = "local" if nvidia_gpus() else "h100-sxm"
 
-    def do_plan(*form):
-        try:
-            req = plan_request(*form)
-            result = make_plan(req)
-        except ConfigError as exc:
-            raise gr.Error(f"Invalid input: {exc}")
-        except PlanError as exc:
-            raise gr.Error(f"Planning failed ({exc.kind}): {exc}")
-        history.add_plan(result)
-        decisions, memory = plan_frames(result)
-        return plan_markdown(result), decisions, ranked_frame(result), memory, result.to_dict()
+    def export_path(name: str) -> Path:
+        remove_older_than(export_dir, settings.export_max_age_s)
+        return export_dir / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{time.monotonic_ns() % 10**9}.csv"
 
-    def do_run(plan_dict, code_state, steps, learning_rate, compare_tpu, profile, fp32_reference, *form):
-        """Generator: progress while the plan is fitted here and its workers run; closing it (Stop,
-        disconnect) kills the current worker and records the run as cancelled."""
-        note, result = "", None
+    async def follow(job: Job) -> AsyncIterator[dict[str, Any]]:
+        """A job's events as they come, with `waiting` events (queue position) while it is queued.
+        Closing this (Stop, a closed tab, a dropped connection) stops the job."""
+        cursor, last_position, last_wait = 0, None, 0.0
         try:
-            p = Plan.from_dict(plan_dict) if plan_dict else make_plan(plan_request(*form))
-            steps = int(steps)
-            base = base_config(p, steps=steps, learning_rate=float(learning_rate), timeout_s=3600,
-                               warmup_steps=min(2, max(0, steps - 1)))
+            while True:
+                events = job.events_since(cursor)
+                cursor += len(events)
+                for ev in events:
+                    yield ev
+                if job.finished and not job.events_since(cursor):
+                    return
+                if job.state == "queued":
+                    position, now = service.position(job), time.monotonic()
+                    if position != last_position or now - last_wait > 2:
+                        last_position, last_wait = position, now
+                        ahead = ", ".join(j.summary for j in service.running(job.lane)) or "nothing yet"
+                        yield {"event": "waiting", "position": position, "running": ahead}
+                await asyncio.sleep(POLL_S)
+        finally:
+            if not job.finished:
+                service.cancel(job.id, job.user)
+
+    def waiting_line(ev: dict[str, Any], what: str) -> str:
+        return f"⏳ {what} is queued: position {ev['position']} (running now: {ev['running']})."
+
+    async def do_plan(workload, preset, source, global_batch, per_core_batch, source_precision, target, gpus,
+                      memory_fraction, granularity, remat, precision, accumulation, label, request: gr.Request):
+        form = (workload, preset, source, global_batch, per_core_batch, source_precision, target, gpus,
+                memory_fraction, granularity, remat, precision, accumulation)
+        try:
+            req = forms.plan_request(*form)
+            label = forms.label_text(label)
+            job = service.submit_plan(user_of(request), req, label=label)
+        except (ConfigError, LimitError, HistoryError) as exc:
+            raise refuse(exc)
+        rows: list[dict[str, Any]] = []
+        budget = None
+        keep = [gr.skip()] * 5
+        yield (f"Planning (job #{job.id})…", *keep, job.id)
+        async with contextlib.aclosing(follow(job)) as events:
+            async for ev in events:
+                if ev["event"] == "waiting":
+                    yield (waiting_line(ev, "Your plan"), *keep, gr.skip())
+                elif ev["event"] == "planning":
+                    wev = ev["worker_event"]
+                    if wev["event"] == "plan_started":
+                        budget = wev.get("budget_bytes")
+                    if wev["event"] == "candidate":
+                        rows.append(wev)
+                        line = (f"Compiled batch {wev['per_device_batch']}, remat {wev['remat']}, "
+                                f"×{wev['accumulation_steps']}: {fmt_gib(wev['predicted_bytes'], missing='does not fit')} "
+                                f"({len(rows)} compile(s) so far)")
+                        yield (line, gr.skip(), gr.update(value=memory_frame(rows, budget), visible=True), *keep[:3],
+                               gr.skip())
+                    elif wev["event"] == "heartbeat":
+                        yield (f"Planning… {wev['elapsed_s']:.0f} s, {len(rows)} compile(s) so far", *keep, gr.skip())
+        if job.state == "cancelled":
+            yield ("Planning stopped.", *keep, None)
+            return
+        if job.result is None:
+            raise refuse(PlanError("failed", job.error or "the planner ended without a plan"))
+        p: Plan = job.result
+        yield ("", gr.update(value=plan_markdown(p), visible=True),
+               gr.update(value=memory_frame(p.table, p.budget_bytes), visible=True),
+               gr.update(value=ranked_frame(p), visible=True), gr.update(value=decisions_frame(p), visible=True),
+               p.to_dict(), None)
+
+    async def do_run(plan_dict, code_state, plan_file, steps, learning_rate, compare_tpu, profile, fp32_reference,
+                     workload, preset, source, global_batch, per_core_batch, source_precision, target, gpus,
+                     memory_fraction, granularity, remat, precision, accumulation, label, request: gr.Request):
+        form = (workload, preset, source, global_batch, per_core_batch, source_precision, target, gpus,
+                memory_fraction, granularity, remat, precision, accumulation)
+        user = user_of(request)
+        try:
+            steps, learning_rate, label = forms.run_settings(steps, learning_rate, label,
+                                                             max_steps=settings.limits.max_steps)
+            req = forms.plan_request(*form)
+            if plan_file:
+                source: Plan | PlanRequest = read_plan_file(plan_file)
+            elif plan_dict and same_job(plan_dict, req):
+                source = Plan.from_dict(plan_dict)
+            else:
+                source = req  # planned first, in the job, and recorded
+            base = RunConfig(memory_fraction=source.memory_fraction, steps=steps, learning_rate=learning_rate,
+                             warmup_steps=min(2, steps - 1), timeout_s=settings.limits.max_run_s)
             options = RunOptions(fp32_reference=bool(fp32_reference), tpu_style=bool(compare_tpu), profile=bool(profile))
             code = CodeCheck.from_dict(code_state) if code_state else None
-            events = run_plan(p, base, options, EXPORT_DIR, code=code, history=history)
-            try:
-                for ev in events:
-                    if ev["event"] == "status":
-                        yield (ev["message"], *[gr.skip()] * 7)
-                    elif ev["event"] == "note":
-                        note = ev["message"] + ".\n\n"
-                    elif ev["event"] == "progress":
-                        losses = loss_frame(ev["done"] + [(ev["run"], ev["partial"])])
-                        # An empty frame would fix the plot's colour scale with no series: skip it.
-                        yield (note + ev["status"], gr.skip(), losses if len(losses) else gr.skip(), *[gr.skip()] * 5)
-                    elif ev["event"] == "result":
-                        result = ev["result"]
-            finally:
-                events.close()  # Stop or disconnect: kills the worker and records the run as cancelled
-        except (ConfigError, ValueError, TypeError) as exc:
-            raise gr.Error(f"Invalid input: {exc} (steps: a whole number from 1; learning rate: a positive number)")
-        except PlanError as exc:
-            raise gr.Error(f"Cannot run this plan here: {exc}")
-        except (OSError, sqlite3.Error) as exc:
-            raise gr.Error(f"The run could not be recorded or exported: {first_line(exc)}")
-        main = result.main
-        headline = "finished" if main.ok else f"failed ({main.failure_kind}): {main.message}"
-        cpu_note = " — **CPU backend: these are CPU figures, not GPU ones.**" if main.backend == "cpu" else ""
+            job = service.submit_run(user, source, base, options, code=code, label=label)
+        except (ConfigError, PlanError, LimitError, HistoryError, ValueError) as exc:
+            raise refuse(exc)
+        skip7 = [gr.skip()] * 7
+        note = ""
+        yield (f"Run job #{job.id} submitted…", *skip7, job.id)
+        async with contextlib.aclosing(follow(job)) as events:
+            async for ev in events:
+                kind = ev["event"]
+                if kind == "waiting":
+                    yield (waiting_line(ev, "Your run"), *skip7, gr.skip())
+                elif kind == "planning":
+                    wev = ev["worker_event"]
+                    if wev["event"] in ("candidate", "heartbeat"):
+                        yield ("Planning first (no plan was made for this form)…", *skip7, gr.skip())
+                elif kind == "status":
+                    yield (ev["message"], *skip7, gr.skip())
+                elif kind == "note":
+                    note = ev["message"] + ".\n\n"
+                elif kind == "progress":
+                    losses = loss_frame(ev["done"] + [(ev["run"], ev["partial"])])
+                    # An empty frame would fix the plot's colour scale with no series: skip it.
+                    yield (note + ev["status"], gr.skip(), gr.update(value=losses, visible=True) if len(losses)
+                           else gr.skip(), *[gr.skip()] * 5, gr.skip())
+        if job.state == "cancelled":
+            yield ("Run stopped; the partial run is in the history as cancelled.", *skip7, None)
+            return
+        result: MigrationResult | None = job.result
+        warnings = "".join(f"\n\n⚠️ {w}" for w in job.warnings)
+        if result is None:
+            raise gr.Error(f"The run could not start: {job.error or 'unknown reason'}{warnings}")
         budget = (result.local_plan or result.plan).budget_bytes
-        yield (f"{note}Run {headline}{cpu_note}", results_frame(main, budget), loss_frame(result.runs),
-               result.files["report_csv"], checklist_frame(result.checklist), result.files["checklist_csv"],
-               result.files["deployment"], result.files.get("trace"))
+        files = result.files
+        yield (f"{note}{run_headline(result, budget)}{warnings}",
+               gr.update(value=results_frame(result.main, budget), visible=True),
+               gr.update(value=loss_frame(result.runs), visible=True),
+               gr.update(value=files["report_csv"], visible=True),
+               gr.update(value=checklist_html(result.checklist), visible=True),
+               gr.update(value=files["checklist_csv"], visible=True),
+               gr.update(value=files["deployment"], visible=True),
+               gr.update(value=files.get("trace"), visible=bool(files.get("trace"))), None)
+
+    def do_stop(job_id, request: gr.Request):
+        if job_id is None:
+            return "Nothing of yours is running in this tab."
+        try:
+            job = service.cancel(int(job_id), user_of(request))
+        except (LookupError, NotYourJob) as exc:
+            raise refuse(exc)
+        return f"Stopping job #{job.id}…"
+
+    def do_cancel_job(job_id: str, request: gr.Request) -> str:
+        """Stop one of your jobs by its id (API: `cancel_job`)."""
+        try:
+            ids = parse_ids(str(job_id))
+            if len(ids) != 1:
+                raise ConfigError("job_id", f"must be one job id; got {job_id!r}")
+            job = service.cancel(ids[0], user_of(request))
+        except (ConfigError, LookupError, NotYourJob) as exc:
+            raise refuse(exc)
+        return f"Stopping job #{job.id} ({job.summary})."
 
     def do_code_check(text, files):
-        sources: list[tuple[str, str]] = []
         try:
+            sources: list[tuple[str, str]] = []
             if text and text.strip():
                 sources.append(("<pasted>", text))
             for f in files or []:
-                path = Path(f if isinstance(f, str) else f.name)
-                if path.suffix != ".py":
-                    raise CodeCheckError(f"{path.name}: only .py files are checked")
-                sources.append((path.name, path.read_text(encoding="utf-8", errors="replace")))
+                sources.append(read_upload(f if isinstance(f, str) else f.name))
             if not sources:
                 raise CodeCheckError("Paste Python source or upload .py files to check")
             result = check_sources(sources)
@@ -251,36 +440,69 @@ def build_demo(history_path: str | Path = "runs/history.sqlite") -> gr.Blocks:
         summary = (f"{len(findings)} finding(s), {errors} error(s) in {len(result.files)} file(s). "
                    if findings else "No findings: nothing TPU-specific or outdated was found. ")
         summary += "The Migrate tab's checklist grades the items about your code from this check."
-        return summary, findings_frame(findings), result.to_dict()
+        return summary, gr.update(value=findings_frame(findings), visible=bool(findings)), result.to_dict()
 
-    def do_history(kind, workload, status):
-        return history_frame(history.entries(kind=None if kind == "all" else kind,
-                                             workload=None if workload == "all" else workload,
-                                             status=None if status == "all" else status))
+    def scope_user(scope: str, request: gr.Request | None) -> str | None:
+        if scope not in ("mine", "everyone"):
+            raise ConfigError("scope", f"must be mine or everyone; got {scope!r}")
+        return user_of(request) if scope == "mine" and settings.multi_user else None
 
-    def do_compare(ids_text):
-        ids = parse_ids(ids_text)
-        if len(ids) < 2:
-            raise gr.Error("Select two or more run ids to compare, like 3,5")
-        entries = [e for e in history.entries(kind="run", ids=ids)]
+    def do_history(scope, kind, workload, status, request: gr.Request):
+        try:
+            user = scope_user(scope, request)
+            for field, value, allowed in (("kind", kind, ("all", "run", "plan")),
+                                          ("workload", workload, ("all", *WORKLOADS)),
+                                          ("status", status, ("all", *HISTORY_STATUSES))):
+                forms.choice(value, field, allowed)
+            entries = history.entries(kind=None if kind == "all" else kind,
+                                      workload=None if workload == "all" else workload,
+                                      status=None if status == "all" else status, user=user, payload=False)
+        except (ConfigError, HistoryError) as exc:
+            raise refuse(exc)
+        return history_frame(entries)
+
+    def do_select(ids_text, evt: gr.SelectData):
+        """Clicking a row of the History table adds its id to the selection (again: removes it)."""
+        row = evt.row_value if evt.row_value is not None else []
+        if not row:
+            return gr.skip()
+        try:
+            chosen = parse_ids(ids_text)
+        except ConfigError:
+            chosen = []
+        entry_id = int(row[0])
+        chosen = [i for i in chosen if i != entry_id] if entry_id in chosen else [*chosen, entry_id]
+        return ",".join(map(str, chosen))
+
+    def do_compare(ids_text, scope, request: gr.Request):
+        try:
+            ids = parse_ids(ids_text)
+            entries = history.entries(kind="run", ids=ids, user=scope_user(scope, request)) if ids else []
+        except (ConfigError, HistoryError) as exc:
+            raise refuse(exc)
         if len(entries) < 2:
-            raise gr.Error(f"Found {len(entries)} run(s) among ids {ids}; compare needs two or more runs")
-        frame = history_frame(entries)
-        frame["config"] = [f"#{e['id']} {e['preset']} b{e['per_device_batch']}x{e['accumulation_steps']} "
-                           f"{e['precision']} {e['remat']}" for e in entries]
-        return frame, frame[["config", "samples_per_s"]], frame[["config", "peak_memory_GiB"]]
+            raise gr.Error(f"Select two or more runs to compare (click their rows in the table); "
+                           f"found {len(entries)} run(s) among {ids or 'the selection'}")
+        table, throughput, memory, losses = compare_frames(list(reversed(entries)))
+        return tuple(gr.update(value=v, visible=True) for v in (table, throughput, memory, losses))
 
-    def do_export(ids_text):
-        ids = parse_ids(ids_text) or None
-        path = export_path("history" if ids is None else "selection")
-        history.to_csv(ids=ids, path=path)
-        return str(path)
+    def do_export(ids_text, scope, request: gr.Request):
+        try:
+            ids = parse_ids(ids_text) or None
+            path = export_path("history" if ids is None else "selection")
+            history.to_csv(ids=ids, path=path, user=scope_user(scope, request))
+        except (ConfigError, HistoryError, OSError) as exc:
+            raise refuse(exc)
+        return gr.update(value=str(path), visible=True)
+
+    def do_export_all(scope, request: gr.Request):
+        return do_export("", scope, request)
 
     def do_environment():
         try:
             info = probe_environment(RunConfig(timeout_s=120))
         except RuntimeError as exc:
-            raise gr.Error(f"The environment probe failed: {exc}")
+            raise gr.Error(f"The environment probe failed: {first_line(exc, 300)}")
         warnings = list(info["warnings"]) + [
             "The server process never initialises JAX's GPU backend: JAX would preallocate 75% of each GPU "
             "for it. Plans and runs happen in worker processes with XLA_PYTHON_CLIENT_PREALLOCATE=false."]
@@ -294,77 +516,97 @@ def build_demo(history_path: str | Path = "runs/history.sqlite") -> gr.Blocks:
         lines += [f"⚠️ {w}" for w in warnings]
         return "\n\n".join(lines), info
 
-    with gr.Blocks(title="TPU → GPU migration explorer") as demo:
+    with gr.Blocks(title="TPU → GPU migration explorer", delete_cache=(3600, int(settings.export_max_age_s))) as demo:
         gr.Markdown("# TPU → GPU migration explorer")
-        gr.Markdown(host_banner())
+        gr.Markdown(host_banner(settings) + (f"\n\n{len(service.recovered)} job(s) that a previous server left "
+                                             "unfinished are marked interrupted in the History."
+                                             if service.recovered else ""))
         with gr.Tab("Migrate"):
             with gr.Row():
-                workload = gr.Dropdown(list(WORKLOADS), value="transformer", label="Workload")
-                preset = gr.Dropdown(list(WORKLOADS["transformer"].presets), value="tiny", label="Preset")
-                source = gr.Dropdown(list(TPU_SPECS), value="tpu-v5e-8", label="TPU source")
-                source_precision = gr.Dropdown(["bf16", "fp32"], value="bf16", label="TPU precision")
+                workload = gr.Dropdown(list(WORKLOADS), value="transformer", label="Workload", allow_custom_value=True)
+                preset = gr.Dropdown(list(WORKLOADS["transformer"].presets), value="tiny", label="Preset",
+                                     allow_custom_value=True)
+                source = gr.Dropdown(list(TPU_SPECS), value="tpu-v5e-8", label="TPU source", allow_custom_value=True)
+                source_precision = gr.Dropdown(["bf16", "fp32"], value="bf16", label="TPU precision",
+                                               allow_custom_value=True)
             with gr.Row():
-                global_batch = gr.Number(256, precision=0, label="Global batch")
-                per_core_batch = gr.Number(0, precision=0, label="Per-core batch (0: global / cores)")
-                target = gr.Dropdown(["local", *GPU_SPECS], value=default_target, label="Target GPU")
-                gpus = gr.Number(1, precision=0, label="GPUs")
-                memory_fraction = gr.Slider(0.05, 1.0, value=0.8, step=0.05, label="GPU memory share")
-                steps = gr.Number(20, precision=0, label="Steps")
+                global_batch = gr.Number(256, label="Global batch")
+                per_core_batch = gr.Number(0, label="Per-core batch (0: global / cores)")
+                target = gr.Dropdown(["local", *GPU_SPECS], value=default_target, label="Target GPU",
+                                     allow_custom_value=True)
+                gpus = gr.Number(1, label="GPUs")
+                memory_fraction = gr.Number(0.8, label="GPU memory share (0.05 to 1)", step=0.05)
+                steps = gr.Number(20, label="Steps")
             with gr.Accordion("Advanced", open=False):
                 with gr.Row():
-                    remat = gr.Dropdown(["auto", *REMAT_NAMES], value="auto", label="Remat policy")
-                    precision = gr.Dropdown(["auto", *PRECISIONS], value="auto", label="Precision")
-                    accumulation = gr.Number(0, precision=0, label="Accumulation steps (0: auto)")
-                    granularity = gr.Dropdown(["multiple8", "pow2"], value="multiple8", label="Batch sizes")
+                    remat = gr.Dropdown(["auto", *REMAT_NAMES], value="auto", label="Remat policy",
+                                        allow_custom_value=True)
+                    precision = gr.Dropdown(["auto", *PRECISIONS], value="auto", label="Precision",
+                                            allow_custom_value=True)
+                    accumulation = gr.Number(0, label="Accumulation steps (0: auto)")
+                    granularity = gr.Dropdown(["multiple8", "pow2"], value="multiple8", label="Batch sizes",
+                                              allow_custom_value=True)
                     learning_rate = gr.Number(3e-3, label="Learning rate")
+                with gr.Row():
                     compare_tpu = gr.Checkbox(False, label="Also run the TPU-style setup here (loss comparison)")
                     profile = gr.Checkbox(False, label="Capture a profile (3 extra steps under jax.profiler.trace)")
                     fp32_reference = gr.Checkbox(False, label="Also run an fp32 reference (numerics check)")
+                    plan_file = gr.File(label="…or run a saved plan (JSON from `python -m migration plan --json`)",
+                                        file_types=[".json"], type="filepath")
             with gr.Row():
+                label = gr.Textbox(label="Label (shown in the History)", max_lines=1, scale=2)
                 plan_btn = gr.Button("Plan", variant="primary")
                 run_btn = gr.Button("Run on this machine", variant="secondary")
                 stop_btn = gr.Button("Stop", variant="stop")
-            plan_md = gr.Markdown()
-            decisions = gr.Dataframe(label="Decisions", wrap=True)
-            ranked_table = gr.Dataframe(label="Choices that fit, fastest predicted step first", wrap=True)
-            memory_plot = gr.ScatterPlot(x="per_device_batch", y="predicted_GiB", color="series",
-                                         title="Predicted peak memory per GPU for each batch the search compiled, "
-                                               "and the budget", height=300)
             progress_md = gr.Markdown()
-            results = gr.Dataframe(label="Results", wrap=True)
-            loss_plot = gr.LinePlot(x="step", y="loss", color="run", title="Loss", height=300)
-            report_file = gr.File(label="CSV of this report")
-            checklist_table = gr.Dataframe(label="Migration checklist (status, evidence, action)", wrap=True)
+            plan_md = gr.Markdown(visible=False)
+            memory_plot = gr.ScatterPlot(x="per_device_batch", y="predicted_GiB", color="series", visible=False,
+                                         title="Predicted peak memory per GPU for each batch compiled, and the budget",
+                                         height=300)
+            ranked_table = gr.Dataframe(label="Choices that fit, fastest predicted step first", wrap=True,
+                                        visible=False)
+            decisions = gr.Dataframe(label="Decisions with their reasons", wrap=True, visible=False)
+            results = gr.Dataframe(label="Results", wrap=True, visible=False)
+            loss_plot = gr.LinePlot(x="step", y="loss", color="run", title="Loss", height=300, visible=False)
+            checklist_view = gr.HTML(visible=False)
             with gr.Row():
-                checklist_file = gr.File(label="Checklist CSV (one row per item)")
-                deploy_file = gr.File(label="Deployment snippet (environment + start command)")
-                trace_file = gr.File(label="Profile trace (Perfetto / TensorBoard)")
+                report_file = gr.File(label="CSV of this report", visible=False)
+                checklist_file = gr.File(label="Checklist CSV (one row per item)", visible=False)
+                deploy_file = gr.File(label="Deployment snippet (environment + start command)", visible=False)
+                trace_file = gr.File(label="Profile trace (Perfetto / TensorBoard)", visible=False)
             plan_state = gr.State(None)
             code_state = gr.State(None)
+            job_state = gr.State(None)
         with gr.Tab("History"):
             with gr.Row():
-                f_kind = gr.Dropdown(["all", "run", "plan"], value="all", label="Kind")
-                f_workload = gr.Dropdown(["all", *WORKLOADS], value="all", label="Workload")
-                f_status = gr.Dropdown(["all", "ok", "failed", "cancelled", "infeasible"], value="all", label="Status")
+                scope = gr.Radio(["mine", "everyone"], value="mine", label="Whose",
+                                 info=None if settings.multi_user else "single-user box: one shared history")
+                f_kind = gr.Dropdown(["all", "run", "plan"], value="all", label="Kind", allow_custom_value=True)
+                f_workload = gr.Dropdown(["all", *WORKLOADS], value="all", label="Workload", allow_custom_value=True)
+                f_status = gr.Dropdown(["all", *HISTORY_STATUSES], value="all", label="Status", allow_custom_value=True)
                 refresh_btn = gr.Button("Refresh")
-            history_table = gr.Dataframe(label="Runs and plans", wrap=True)
+            history_table = gr.Dataframe(headers=HISTORY_COLUMNS, label="Runs and plans: click rows to select them",
+                                         wrap=True, interactive=False)
             with gr.Row():
-                ids = gr.Textbox(label="Ids to compare or export (e.g. 3,5)")
-                compare_btn = gr.Button("Compare")
-                export_sel_btn = gr.Button("Export selection (CSV)")
-                export_all_btn = gr.Button("Export whole history (CSV)")
-            compare_table = gr.Dataframe(label="Side by side", wrap=True)
+                ids = gr.Textbox(label="Selected ids (click rows above, or type: 3,5)", scale=2)
+                compare_btn = gr.Button("Compare selected")
+                export_sel_btn = gr.Button("Export selected (CSV)")
+                export_all_btn = gr.Button("Export all shown (CSV)")
+            export_file = gr.File(label="CSV export", visible=False)
+            compare_table = gr.Dataframe(label="Side by side", wrap=True, visible=False)
             with gr.Row():
-                throughput_plot = gr.BarPlot(x="config", y="samples_per_s", title="Throughput (samples/s)", height=280)
-                memory_bar = gr.BarPlot(x="config", y="peak_memory_GiB", title="Peak memory (GiB)", height=280)
-            export_file = gr.File(label="CSV export")
+                throughput_plot = gr.BarPlot(x="run", y="samples_per_s", title="Throughput (samples/s)", height=280,
+                                             visible=False)
+                memory_bar = gr.BarPlot(x="bar", y="GiB", color="series", title="Peak memory: predicted and measured",
+                                        height=280, visible=False)
+            compare_loss = gr.LinePlot(x="step", y="loss", color="run", title="Loss", height=280, visible=False)
         with gr.Tab("Code check"):
-            gr.Markdown("Reads Python source with `ast`; nothing is ever run. Up to 1 MB per file.")
+            gr.Markdown("Reads Python source with `ast`; nothing is ever run. Up to 1 MB per file, UTF-8.")
             code_text = gr.Code(language="python", label="Paste a training script")
             code_files = gr.File(label="…or upload .py files", file_count="multiple", file_types=[".py"])
             code_btn = gr.Button("Check", variant="primary")
             code_summary = gr.Markdown()
-            code_table = gr.Dataframe(label="Findings", wrap=True)
+            code_table = gr.Dataframe(label="Findings", wrap=True, visible=False)
         with gr.Tab("Environment"):
             env_btn = gr.Button("Probe the environment (in a worker)")
             env_md = gr.Markdown()
@@ -372,26 +614,46 @@ def build_demo(history_path: str | Path = "runs/history.sqlite") -> gr.Blocks:
 
         form = [workload, preset, source, global_batch, per_core_batch, source_precision, target, gpus,
                 memory_fraction, granularity, remat, precision, accumulation]
-        workload.change(lambda w: gr.Dropdown(choices=list(WORKLOADS[w].presets), value="tiny"), workload, preset,
-                        api_visibility="private")
-        plan_btn.click(do_plan, form, [plan_md, decisions, ranked_table, memory_plot, plan_state], api_name="plan",
-                       concurrency_id="plan", concurrency_limit=2)
-        run_event = run_btn.click(do_run, [plan_state, code_state, steps, learning_rate, compare_tpu, profile,
-                                           fp32_reference, *form],
-                                  [progress_md, results, loss_plot, report_file, checklist_table, checklist_file,
-                                   deploy_file, trace_file], api_name="run",
-                                  concurrency_id="gpu", concurrency_limit=1)
+        workload.change(lambda w: gr.Dropdown(choices=list(WORKLOADS[w].presets) if w in WORKLOADS else [],
+                                              value="tiny"), workload, preset, api_visibility="private")
+        plan_event = plan_btn.click(do_plan, [*form, label],
+                                    [progress_md, plan_md, memory_plot, ranked_table, decisions, plan_state, job_state],
+                                    api_name="plan", concurrency_limit=None)
+        run_event = run_btn.click(do_run, [plan_state, code_state, plan_file, steps, learning_rate, compare_tpu,
+                                           profile, fp32_reference, *form, label],
+                                  [progress_md, results, loss_plot, report_file, checklist_view, checklist_file,
+                                   deploy_file, trace_file, job_state], api_name="run", concurrency_limit=None)
+        stop_btn.click(do_stop, job_state, progress_md, cancels=[run_event, plan_event], api_name="stop")
+        gr.api(do_cancel_job, api_name="cancel_job")
         code_btn.click(do_code_check, [code_text, code_files], [code_summary, code_table, code_state],
                        api_name="code_check")
-        stop_btn.click(None, None, None, cancels=[run_event], api_name="stop")
-        filters = [f_kind, f_workload, f_status]
-        refresh_btn.click(do_history, filters, history_table, api_name="history")
-        compare_btn.click(do_compare, ids, [compare_table, throughput_plot, memory_bar], api_name="compare")
-        export_sel_btn.click(do_export, ids, export_file, api_name="export_csv")
-        export_all_btn.click(lambda: do_export(""), None, export_file, api_name="export_history_csv")
+        filters = [scope, f_kind, f_workload, f_status]
+        refresh_btn.click(do_history, filters, history_table, api_name="history", concurrency_limit=None)
+        history_table.select(do_select, ids, ids, api_visibility="private")
+        compare_btn.click(do_compare, [ids, scope], [compare_table, throughput_plot, memory_bar, compare_loss],
+                          api_name="compare", concurrency_limit=None)
+        export_sel_btn.click(do_export, [ids, scope], export_file, api_name="export_csv", concurrency_limit=None)
+        export_all_btn.click(do_export_all, scope, export_file, api_name="export_history_csv", concurrency_limit=None)
         env_btn.click(do_environment, None, [env_md, env_json], api_name="environment")
         demo.load(do_history, filters, history_table, api_visibility="private")
+    demo.service = service  # type: ignore[attr-defined]  # for start-up and shutdown
     return demo
+
+
+def same_job(plan_dict: dict[str, Any], req: PlanRequest) -> bool:
+    """Whether the plan in this tab was made for the form as it is now."""
+    keys = ("workload", "preset", "source", "global_batch", "target", "gpus")
+    return all(plan_dict.get(k if k != "global_batch" else "requested_global_batch", plan_dict.get(k)) == getattr(req, k)
+               for k in keys)
+
+
+def read_plan_file(path: str) -> Plan:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+        return Plan.from_dict(json.loads(text))
+    except (OSError, UnicodeDecodeError, ValueError, TypeError, KeyError) as exc:
+        raise ConfigError("plan_file", f"not a plan written by `python -m migration plan --json` "
+                                       f"({first_line(exc, 200)})")
 
 
 def read_auth(path: str | None, env_value: str | None) -> list[tuple[str, str]] | None:
@@ -416,21 +678,56 @@ def read_auth(path: str | None, env_value: str | None) -> list[tuple[str, str]] 
 
 def main() -> None:
     env = os.environ.get
+    d = Limits()
     parser = argparse.ArgumentParser(description="TPU -> GPU migration explorer (Gradio app)")
     parser.add_argument("--host", default=env("MIGRATION_HOST", "127.0.0.1"),
-                        help="address to listen on; a shared box sets 0.0.0.0 explicitly")
+                        help="address to listen on (default loopback); 0.0.0.0 serves every interface: use with auth")
     parser.add_argument("--port", type=int, default=int(env("MIGRATION_PORT", "7860")))
     parser.add_argument("--root-path", default=env("MIGRATION_ROOT_PATH", ""), help="path prefix behind a reverse proxy")
     parser.add_argument("--auth-file", default=env("MIGRATION_AUTH_FILE"), help="file of user:password lines")
     parser.add_argument("--history-db", default=env("MIGRATION_HISTORY_DB", "runs/history.sqlite"))
-    parser.add_argument("--queue-size", type=int, default=int(env("MIGRATION_QUEUE_SIZE", "32")),
-                        help="jobs that may wait in the queue")
+    parser.add_argument("--history-max-mb", type=float, default=float(env("MIGRATION_HISTORY_MAX_MB", "0")) or None,
+                        help="cap on the history's size; past it new records are refused, old ones kept")
+    parser.add_argument("--export-dir", default=env("MIGRATION_EXPORT_DIR", ""),
+                        help="where CSV exports and traces are written (default: private folder in the cache)")
+    parser.add_argument("--export-max-age-hours", type=float, default=float(env("MIGRATION_EXPORT_MAX_AGE_HOURS", "168")))
+    parser.add_argument("--jobs-per-user", type=int, default=int(env("MIGRATION_JOBS_PER_USER", d.jobs_per_user)))
+    parser.add_argument("--max-steps", type=int, default=int(env("MIGRATION_MAX_STEPS", d.max_steps)))
+    parser.add_argument("--max-run-seconds", type=float, default=float(env("MIGRATION_MAX_RUN_SECONDS", d.max_run_s)))
+    parser.add_argument("--silence-seconds", type=float, default=float(env("MIGRATION_SILENCE_SECONDS", d.silence_s)),
+                        help="a worker silent this long (no heartbeat) is killed and reported as timeout")
+    parser.add_argument("--queue-size", type=int, default=int(env("MIGRATION_QUEUE_SIZE", d.queue_size)),
+                        help="jobs waiting or running, all users together")
     args = parser.parse_args()
-    demo = build_demo(args.history_db)
-    demo.queue(max_size=args.queue_size, default_concurrency_limit=4)
-    demo.launch(server_name=args.host, server_port=args.port, root_path=args.root_path or None,
-                auth=read_auth(args.auth_file, env("MIGRATION_AUTH")), enable_monitoring=False, ssr_mode=False,
-                show_error=True, share=False, run_history=False)
+    users = read_auth(args.auth_file, env("MIGRATION_AUTH"))
+    limits = Limits(jobs_per_user=args.jobs_per_user, max_steps=args.max_steps, max_run_s=args.max_run_seconds,
+                    silence_s=args.silence_seconds, queue_size=args.queue_size)
+    settings = Settings(history_db=args.history_db, export_dir=args.export_dir, limits=limits,
+                        multi_user=users is not None, export_max_age_s=args.export_max_age_hours * 3600,
+                        history_max_mb=args.history_max_mb)
+    demo = build_demo(settings)
+    service: JobService = demo.service  # type: ignore[attr-defined]
+
+    def stop(signum: int, _frame: Any) -> None:
+        interrupted = service.shutdown()
+        print(f"stopped by {signal.Signals(signum).name}: {len(interrupted)} job(s) marked interrupted", flush=True)
+        os._exit(0)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    where = ("loopback only" if args.host in ("127.0.0.1", "localhost", "::1") else
+             "ALL interfaces" if args.host in ("0.0.0.0", "::") else f"interface {args.host}")
+    print(f"serving on {where}: http://{args.host}:{args.port}{args.root_path or '/'} — "
+          + (f"auth on ({len(users)} user(s))" if users else "no auth: single-user mode")
+          + f"; history {args.history_db}; exports {settings.export_dir or cache_dir() / 'exports'}", flush=True)
+    if users is None and where != "loopback only":
+        print("warning: serving beyond loopback without auth: anyone who can reach this port can run jobs",
+              file=sys.stderr, flush=True)
+    demo.queue(max_size=max(64, 4 * limits.queue_size), default_concurrency_limit=4)
+    demo.launch(server_name=args.host, server_port=args.port, root_path=args.root_path or None, auth=users,
+                enable_monitoring=False, ssr_mode=False, show_error=True, share=False, run_history=False,
+                max_threads=64, allowed_paths=[str(private_dir(settings.export_dir or cache_dir() / "exports"))],
+                max_file_size="5mb", quiet=True)
 
 
 if __name__ == "__main__":

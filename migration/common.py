@@ -10,6 +10,7 @@ import io
 import json
 import math
 import os
+import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -111,5 +112,34 @@ def read_json(path: Path, default: Any) -> Any:
 
 
 def cache_dir() -> Path:
-    """Where measured CPU peaks and compiled memory figures are cached ($MIGRATION_CACHE_DIR)."""
-    return Path(os.environ.get("MIGRATION_CACHE_DIR", Path.home() / ".cache" / "tpu-gpu-migration"))
+    """Where measured CPU peaks and compiled memory figures are cached ($MIGRATION_CACHE_DIR), a
+    folder private to the service user (created on first use)."""
+    return private_dir(os.environ.get("MIGRATION_CACHE_DIR", Path.home() / ".cache" / "tpu-gpu-migration"))
+
+
+def private_dir(path: str | Path) -> Path:
+    """`path` as a folder only its owner can read (created if missing; tightened if it exists)."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chmod(path, 0o700)
+    return path
+
+
+def remove_older_than(folder: str | Path, age_s: float) -> int:
+    """Delete files (and emptied folders) under `folder` last modified more than `age_s` ago;
+    returns how many files went. Files another process removes meanwhile are skipped."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return 0
+    cutoff = time.time() - age_s
+    removed = 0
+    for path in sorted(folder.rglob("*"), key=lambda p: len(p.parts), reverse=True):
+        try:
+            if path.is_file() and path.stat().st_mtime < cutoff:
+                path.unlink()
+                removed += 1
+            elif path.is_dir() and not any(path.iterdir()) and path.stat().st_mtime < cutoff:
+                path.rmdir()
+        except OSError:
+            continue
+    return removed

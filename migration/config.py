@@ -29,6 +29,7 @@ LIMITS: dict[str, tuple[float, float]] = {
     "learning_rate": (1e-8, 1.0),
     "seed": (0, 2**31 - 1),
     "timeout_s": (1, 7 * 24 * 3600),
+    "silence_timeout_s": (2, 3600),
     "memory_fraction": (0.05, 1.0),
     "profile_steps": (0, 20),
 }
@@ -61,6 +62,8 @@ class RunConfig:
     learning_rate: float = 3e-3
     seed: int = 0
     timeout_s: float = 600.0
+    # A worker that sends nothing (not even its heartbeat) for this long is hung: killed, `timeout`.
+    silence_timeout_s: float = 120.0
     # Environment of the worker (read by JAX only before it initialises).
     platform: Platform = "auto"
     memory_fraction: float = 0.8
@@ -96,21 +99,36 @@ def _check_int(cfg: RunConfig, field: str) -> None:
     value = getattr(cfg, field)
     lo, hi = LIMITS[field]
     if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise ConfigError(field, f"must be an integer from {int(lo)} to {int(hi)}; got {value!r}")
+        raise ConfigError(field, f"must be an integer from {int(lo)} to {int(hi)}; got {_shown(value)}")
 
 
 def _check_float(cfg: RunConfig, field: str) -> None:
     value = getattr(cfg, field)
     lo, hi = LIMITS[field]
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and _finite(value)
     if not ok or not lo <= value <= hi:
-        raise ConfigError(field, f"must be a number from {lo:g} to {hi:g}; got {value!r}")
+        raise ConfigError(field, f"must be a number from {lo:g} to {hi:g}; got {_shown(value)}")
+
+
+def _shown(value: Any) -> str:
+    """`repr(value)` for a message: one readable line even for a huge value (repr of an int over 4,300
+    digits raises ValueError)."""
+    try:
+        text = repr(value)
+    except ValueError:
+        return f"an int of {value.bit_length():,} bits" if isinstance(value, int) else type(value).__name__
+    return text if len(text) <= 80 else f"{text[:60]}... ({type(value).__name__} of {len(text):,} characters)"
+
+
+def _finite(value: float) -> bool:
+    """`math.isfinite` that also takes ints too large for a float (they are finite)."""
+    return isinstance(value, int) or math.isfinite(value)
 
 
 def _check_choice(cfg: RunConfig, field: str, allowed: tuple[str, ...]) -> None:
     value = getattr(cfg, field)
     if value not in allowed:
-        raise ConfigError(field, f"must be one of {', '.join(allowed)}; got {value!r}")
+        raise ConfigError(field, f"must be one of {', '.join(allowed)}; got {_shown(value)}")
 
 
 def validate(cfg: RunConfig) -> RunConfig:
@@ -121,7 +139,7 @@ def validate(cfg: RunConfig) -> RunConfig:
     _check_choice(cfg, "preset", tuple(WORKLOADS[cfg.workload].presets))
     for field in ("per_device_batch", "devices", "accumulation_steps", "steps", "warmup_steps", "seed", "profile_steps"):
         _check_int(cfg, field)
-    for field in ("learning_rate", "timeout_s", "memory_fraction"):
+    for field in ("learning_rate", "timeout_s", "silence_timeout_s", "memory_fraction"):
         _check_float(cfg, field)
     _check_choice(cfg, "precision", PRECISIONS)
     _check_choice(cfg, "remat", REMAT_NAMES)
@@ -140,8 +158,8 @@ def validate(cfg: RunConfig) -> RunConfig:
     bad_flags = [f for f in cfg.xla_flags.split() if not f.startswith("--")]
     if bad_flags:
         raise ConfigError("xla_flags", f"each flag must start with '--' (e.g. --xla_gpu_autotune_level=2); got {bad_flags[0]!r}")
-    ids = cfg.visible_devices.split(",") if cfg.visible_devices else []
-    if not isinstance(cfg.visible_devices, str) or not all(i.strip().isdigit() for i in ids):
+    ids = cfg.visible_devices.split(",") if isinstance(cfg.visible_devices, str) and cfg.visible_devices else []
+    if not isinstance(cfg.visible_devices, str) or not all(i.strip().isascii() and i.strip().isdigit() for i in ids):
         raise ConfigError("visible_devices", f"must be empty or comma-separated GPU indices like 0,1; got {cfg.visible_devices!r}")
     return cfg
 
@@ -159,6 +177,7 @@ PLAN_LIMITS: dict[str, tuple[float, float]] = {
     "safety_margin": (0.0, 0.5),
     "max_per_device_batch": (1, 65536),
     "timeout_s": (10, 7200),
+    "silence_timeout_s": (2, 3600),
 }
 
 
@@ -187,6 +206,7 @@ class PlanRequest:
     accumulation_steps: int | None = None  # override
     compile_for_tpu: bool = True  # also compile the TPU-style setup for the source TPU where libtpu is installed
     timeout_s: float = 900.0
+    silence_timeout_s: float = 120.0  # see RunConfig
 
     @property
     def source_per_core_batch(self) -> int:
@@ -208,9 +228,9 @@ def _check_range(obj: Any, field: str, limits: dict[str, tuple[float, float]], i
     is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
     if integer and not (isinstance(value, int) and not isinstance(value, bool)):
         is_number = False
-    if not is_number or not math.isfinite(value) or not lo <= value <= hi:
+    if not is_number or not _finite(value) or not lo <= value <= hi:
         kind, bounds = ("an integer", f"{int(lo)} to {int(hi)}") if integer else ("a number", f"{lo:g} to {hi:g}")
-        raise ConfigError(field, f"must be {kind} from {bounds}; got {value!r}")
+        raise ConfigError(field, f"must be {kind} from {bounds}; got {_shown(value)}")
 
 
 def validate_plan_request(req: PlanRequest) -> PlanRequest:
@@ -225,7 +245,7 @@ def validate_plan_request(req: PlanRequest) -> PlanRequest:
         _check_range(req, field, PLAN_LIMITS, integer=True)
     if req.per_core_batch is not None:
         _check_range(req, "per_core_batch", PLAN_LIMITS, integer=True)
-    for field in ("memory_fraction", "safety_margin", "timeout_s"):
+    for field in ("memory_fraction", "safety_margin", "timeout_s", "silence_timeout_s"):
         _check_range(req, field, PLAN_LIMITS, integer=False)
     _check_choice(req, "source_precision", ("bf16", "fp32"))
     _check_choice(req, "granularity", GRANULARITIES)
@@ -235,4 +255,29 @@ def validate_plan_request(req: PlanRequest) -> PlanRequest:
         _check_choice(req, "remat", REMAT_NAMES)
     if req.accumulation_steps is not None:
         _check_range(req, "accumulation_steps", LIMITS, integer=True)
+    _check_plan_consistency(req, TPU_SPECS[req.source].devices)
     return req
+
+
+def _check_plan_consistency(req: PlanRequest, cores: int) -> None:
+    """Settings that are each in range but contradict each other (fields already checked one by one)."""
+    g, p = req.global_batch, req.per_core_batch
+    if p is not None and p > g:
+        raise ConfigError("per_core_batch", f"must not exceed global_batch ({g}); got {p}")
+    if p is not None and p * cores != g:
+        fix = (f"use per_core_batch {g // cores}" if g % cores == 0 else
+               f"use a global_batch that is a multiple of {cores}")
+        raise ConfigError(
+            "per_core_batch",
+            f"{p} per core × {cores} cores of {req.source} = {p * cores}, but global_batch is {g} (with pmap on a "
+            f"TPU the global batch is per-core batch × cores); {fix}, or leave per_core_batch unset (global / cores)",
+        )
+    a, n = req.accumulation_steps, req.gpus
+    if a is not None and a * n > g:
+        allowed = (f"at most {g // n} with gpus {n}" if g >= n else
+                   f"none while gpus ({n}) exceeds global_batch; use at most {g} GPU(s)")
+        raise ConfigError(
+            "accumulation_steps",
+            f"{a} × gpus {n} = {a * n} micro-batches, more than global_batch {g} (each GPU needs at least one "
+            f"sample per accumulation step); allowed: {allowed}; got {a}",
+        )

@@ -1,8 +1,16 @@
 """Run and plan history in SQLite (stdlib, embedded, one file), kept across restarts.
 
-Each entry stores its full JSON (a RunReport or a Plan) plus a few indexed columns for filters.
-Connections are opened per call, so the store is safe to use from a server's worker threads;
-WAL journaling lets readers proceed while a run is being written.
+Each entry stores its full JSON (a RunReport or a Plan), its summary (the table's columns, small,
+read by listings without parsing payloads) and a few indexed columns for filters, with the user who
+made it. A job is recorded when it is submitted (`open_entry`, status `queued`), marked `running`,
+and completed in place; entries a stopped server left `queued` or `running` are marked
+`interrupted` when the next server opens the store (`interrupt_unfinished`), so nothing is lost
+silently.
+
+Connections are opened per call (safe from a server's threads); WAL journaling lets readers
+proceed while a run is written; every write is one transaction, so a failed write (disk full, an
+unwritable file, the configured size cap) changes nothing already stored and raises HistoryError
+with one line a person can act on.
 """
 
 from __future__ import annotations
@@ -31,54 +39,133 @@ CREATE TABLE IF NOT EXISTS entries (
 );
 CREATE INDEX IF NOT EXISTS entries_kind ON entries(kind, id);
 """
+# Columns added since the first schema: (name, definition). Added in place to older stores.
+ADDED_COLUMNS = (("user", "TEXT NOT NULL DEFAULT ''"), ("summary", "TEXT"))
+
+UNFINISHED = ("queued", "running")
+STATUSES = ("queued", "running", "ok", "failed", "cancelled", "infeasible", "interrupted")
 
 # Columns of the history table (and the first CSV columns), with units in the names.
 SUMMARY_COLUMNS = [
-    "id", "kind", "created_at", "label", "workload", "preset", "status", "precision", "remat",
+    "id", "kind", "created_at", "user", "label", "workload", "preset", "status", "precision", "remat",
     "per_device_batch", "devices", "accumulation_steps", "global_batch", "device_kind", "backend",
     "step_ms_median", "samples_per_s", "tokens_per_s", "mfu", "peak_memory_bytes", "predicted_peak_bytes",
     "compile_s", "recompilations", "prediction_method", "target",
 ]
+_STORED = ("id", "kind", "created_at", "user", "label", "workload", "preset", "status")
+
+
+class HistoryError(RuntimeError):
+    """The history could not be read or written; `str()` is one line saying why and what to do."""
 
 
 class History:
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, max_bytes: int | None = None):
+        """`max_bytes` caps the store's size (SQLite's max_page_count): past it, writes fail as on a
+        full disk, with nothing already stored changed."""
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self._connect() as db:
-            db.execute("PRAGMA journal_mode=WAL")
-            db.executescript(SCHEMA)
+        self.max_bytes = max_bytes
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with self._connect() as db:
+                db.execute("PRAGMA journal_mode=WAL")
+                db.executescript(SCHEMA)
+                have = {row["name"] for row in db.execute("PRAGMA table_info(entries)")}
+                for name, definition in ADDED_COLUMNS:
+                    if name not in have:
+                        db.execute(f"ALTER TABLE entries ADD COLUMN {name} {definition}")
+                db.execute("CREATE INDEX IF NOT EXISTS entries_user ON entries(user, id)")
+        except (sqlite3.Error, OSError) as exc:
+            raise HistoryError(_why(exc, f"cannot open the history at {self.path}")) from exc
 
     @contextlib.contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection]:
         db = sqlite3.connect(self.path, timeout=30)
         db.row_factory = sqlite3.Row
         try:
-            with db:  # commit on success, roll back on error
+            if self.max_bytes:
+                page = db.execute("PRAGMA page_size").fetchone()[0]
+                db.execute(f"PRAGMA max_page_count={max(2, int(self.max_bytes) // page)}")
+            with db:  # one transaction: committed on success, rolled back on any error
                 yield db
         finally:
             db.close()
 
-    def _add(self, kind: str, workload: str, preset: str, status: str, payload: dict[str, Any], label: str) -> int:
-        with self._connect() as db:
+    @contextlib.contextmanager
+    def _write(self, what: str) -> Iterator[sqlite3.Connection]:
+        try:
+            with self._connect() as db:
+                yield db
+        except (sqlite3.Error, OSError) as exc:
+            raise HistoryError(_why(exc, f"could not record {what}")) from exc
+
+    # -- writing -----------------------------------------------------------------------------------
+
+    def _insert(self, kind: str, workload: str, preset: str, status: str, payload: dict[str, Any], label: str,
+                user: str) -> int:
+        with self._write(f"the {kind}") as db:
             cur = db.execute(
-                "INSERT INTO entries (kind, created_at, label, workload, preset, status, payload) VALUES (?,?,?,?,?,?,?)",
-                (kind, time.strftime("%Y-%m-%d %H:%M:%S"), label, workload, preset, status, json.dumps(payload)),
+                "INSERT INTO entries (kind, created_at, label, workload, preset, status, payload, user, summary) "
+                "VALUES (?,?,?,?,?,?,?,?,?)",
+                (kind, time.strftime("%Y-%m-%d %H:%M:%S"), label, workload, preset, status, json.dumps(payload),
+                 user, json.dumps(_summary_of(kind, payload))),
             )
             return int(cur.lastrowid)
 
-    def add_run(self, report: RunReport, label: str = "") -> int:
-        return self._add("run", report.workload, report.preset, report.status, report.to_dict(), label)
+    def add_run(self, report: RunReport, label: str = "", user: str = "") -> int:
+        return self._insert("run", report.workload, report.preset, report.status, report.to_dict(), label, user)
 
-    def add_plan(self, plan: Plan, label: str = "") -> int:
-        return self._add("plan", plan.workload, plan.preset, plan.status, plan.to_dict(), label)
+    def add_plan(self, plan: Plan, label: str = "", user: str = "") -> int:
+        return self._insert("plan", plan.workload, plan.preset, plan.status, plan.to_dict(), label, user)
+
+    def open_entry(self, kind: str, workload: str, preset: str, payload: dict[str, Any], label: str = "",
+                   user: str = "") -> int:
+        """Record a submitted job before it starts (status `queued`); complete it with `complete`."""
+        return self._insert(kind, workload, preset, "queued", payload, label, user)
+
+    def set_status(self, entry_id: int, status: str, message: str | None = None) -> None:
+        """Change an unfinished entry's status (running, or a final one without a result, such as
+        cancelled while queued); `message` goes into its payload."""
+        with self._write(f"entry {entry_id}") as db:
+            row = db.execute("SELECT kind, payload FROM entries WHERE id = ?", (entry_id,)).fetchone()
+            if row is None:
+                return
+            payload = json.loads(row["payload"])
+            if message is not None:
+                payload["message"] = message
+            payload["status"] = status
+            db.execute("UPDATE entries SET status = ?, payload = ?, summary = ? WHERE id = ?",
+                       (status, json.dumps(payload), json.dumps(_summary_of(row["kind"], payload)), entry_id))
+
+    def complete(self, entry_id: int, result: RunReport | Plan) -> None:
+        """Store a job's result in the entry opened for it."""
+        payload = result.to_dict()
+        kind = "plan" if isinstance(result, Plan) else "run"
+        with self._write(f"the {kind} (entry {entry_id})") as db:
+            db.execute("UPDATE entries SET status = ?, payload = ?, summary = ?, workload = ?, preset = ? "
+                       "WHERE id = ?", (result.status, json.dumps(payload), json.dumps(_summary_of(kind, payload)),
+                                        result.workload, result.preset, entry_id))
+
+    def interrupt_unfinished(self, message: str) -> list[int]:
+        """Mark every entry still `queued` or `running` as `interrupted` (a stopped server's jobs)."""
+        with self._write("the interrupted jobs") as db:
+            rows = db.execute(f"SELECT id FROM entries WHERE status IN ({','.join('?' * len(UNFINISHED))})",
+                              UNFINISHED).fetchall()
+        ids = [int(r["id"]) for r in rows]
+        for entry_id in ids:
+            self.set_status(entry_id, "interrupted", message)
+        return ids
+
+    # -- reading -----------------------------------------------------------------------------------
 
     def entries(self, kind: str | None = None, workload: str | None = None, status: str | None = None,
-                ids: list[int] | None = None, limit: int = 1000) -> list[dict[str, Any]]:
-        """Entries newest first as flat summary dicts (SUMMARY_COLUMNS) plus `payload`."""
+                ids: list[int] | None = None, user: str | None = None, limit: int = 1000,
+                payload: bool = True) -> list[dict[str, Any]]:
+        """Entries newest first as flat summary dicts (SUMMARY_COLUMNS), plus `payload` (the full
+        report or plan) unless `payload=False` (listings: the summary alone is much cheaper)."""
         where, args = [], []
-        for column, value in (("kind", kind), ("workload", workload), ("status", status)):
-            if value:
+        for column, value in (("kind", kind), ("workload", workload), ("status", status), ("user", user)):
+            if value is not None and value != "":
                 where.append(f"{column} = ?")
                 args.append(value)
         if ids is not None:
@@ -86,22 +173,38 @@ class History:
                 return []
             where.append(f"id IN ({','.join('?' * len(ids))})")
             args.extend(int(i) for i in ids)
-        sql = "SELECT * FROM entries" + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY id DESC LIMIT ?"
+        columns = "*" if payload else ", ".join((*_STORED, "summary"))
+        sql = f"SELECT {columns} FROM entries" + (" WHERE " + " AND ".join(where) if where else "") \
+            + " ORDER BY id DESC LIMIT ?"
+        try:
+            with self._connect() as db:
+                rows = db.execute(sql, (*args, int(limit))).fetchall()
+        except (sqlite3.Error, OSError) as exc:
+            raise HistoryError(_why(exc, "could not read the history")) from exc
+        return [_row(dict(r)) for r in rows]
+
+    def users(self) -> list[str]:
         with self._connect() as db:
-            rows = db.execute(sql, (*args, int(limit))).fetchall()
-        return [_summary(dict(r)) for r in rows]
+            return [r[0] for r in db.execute("SELECT DISTINCT user FROM entries ORDER BY user")]
 
     def run_report(self, entry_id: int) -> RunReport | None:
         found = self.entries(kind="run", ids=[entry_id])
         if not found:
             return None
-        payload = found[0]["payload"]
-        return RunReport(**payload)
+        try:
+            return RunReport(**found[0]["payload"])
+        except TypeError:  # a job that never produced a report (cancelled while queued, interrupted)
+            return None
 
-    def to_csv(self, ids: list[int] | None = None, path: str | Path | None = None) -> str:
+    def integrity(self) -> str:
+        """SQLite's own integrity check: "ok" when the store is undamaged."""
+        with self._connect() as db:
+            return str(db.execute("PRAGMA integrity_check").fetchone()[0])
+
+    def to_csv(self, ids: list[int] | None = None, path: str | Path | None = None, user: str | None = None) -> str:
         """One row per entry: the summary columns first, then every other scalar field of the run
         or plan. Cells a spreadsheet would evaluate are neutralised."""
-        entries = self.entries(ids=ids, limit=1_000_000)
+        entries = self.entries(ids=ids, user=user, limit=1_000_000)
         rows = []
         for e in entries:
             row = {k: e.get(k) for k in SUMMARY_COLUMNS}
@@ -114,13 +217,37 @@ class History:
             fields.extend(k for k in row if k not in fields)
         return write_csv(rows, fields, path)
 
-def _summary(row: dict[str, Any]) -> dict[str, Any]:
-    payload = json.loads(row.pop("payload"))
-    out = {**row, "payload": payload}
-    for column in SUMMARY_COLUMNS:
-        if column not in out:
-            out[column] = payload.get(column)
-    if row["kind"] == "plan":
-        out["devices"] = payload.get("gpus")
-        out["device_kind"] = payload.get("target_name")
+
+def _summary_of(kind: str, payload: dict[str, Any]) -> dict[str, Any]:
+    """The table's columns of one entry, from its payload (a report, a plan, or a queued job's
+    `config`)."""
+    source = {**payload.get("config", {}), **payload}
+    out = {c: source.get(c) for c in SUMMARY_COLUMNS if c not in _STORED}
+    if kind == "plan":
+        out["devices"] = source.get("gpus")
+        out["device_kind"] = source.get("target_name")
     return out
+
+
+def _row(row: dict[str, Any]) -> dict[str, Any]:
+    payload_text = row.pop("payload", None)
+    summary_text = row.pop("summary", None)
+    payload = json.loads(payload_text) if payload_text is not None else None
+    if summary_text:
+        summary = json.loads(summary_text)
+    else:  # written before summaries were stored
+        summary = _summary_of(row["kind"], payload if payload is not None else {})
+    out = {**summary, **row}
+    if payload is not None:
+        out["payload"] = payload
+    return out
+
+
+def _why(exc: BaseException, what: str) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    hint = ""
+    if "full" in text.lower():
+        hint = " — the disk or the history's size limit is full; free space or raise --history-max-mb"
+    elif "readonly" in text.lower() or "read-only" in text.lower() or "permission" in text.lower():
+        hint = " — the history file or its folder is not writable by the server's user"
+    return f"history: {what} ({text}){hint}; nothing already stored was changed"

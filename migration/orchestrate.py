@@ -24,7 +24,8 @@ from migration import checklist
 from migration.codecheck import CodeCheck
 from migration.common import first_line, fmt_gib, fmt_loss
 from migration.config import PlanRequest, RunConfig, validate
-from migration.history import History
+from migration.hardware import TPU_SPECS
+from migration.history import History, HistoryError
 from migration.report import Plan, RunReport, write_csv
 from migration.runner import PlanError, RunHandle, start_plan
 
@@ -65,6 +66,38 @@ class MigrationResult:
         return self.runs[0][1]
 
 
+@dataclasses.dataclass
+class Recorder:
+    """Where a plan's runs are recorded, for whom. With `entry_id` (a submitted job's entry, opened
+    when it was queued) the migrated run completes that entry; the other runs and the plans made on
+    the way get entries of their own. A history that cannot be written never stops the runs: the
+    failure is kept in `errors` (one line each) for the caller to show."""
+
+    history: History
+    user: str = ""
+    label: str = ""
+    entry_id: int | None = None
+    errors: list[str] = dataclasses.field(default_factory=list)
+
+    def run(self, name: str, report: RunReport) -> None:
+        if name == "migrated" and self.entry_id is not None:
+            self._safely(self.history.complete, self.entry_id, report)
+        else:
+            self._safely(self.history.add_run, report, label=self._label(name), user=self.user)
+
+    def plan(self, plan: Plan, name: str) -> None:
+        self._safely(self.history.add_plan, plan, label=self._label(name), user=self.user)
+
+    def _label(self, name: str) -> str:
+        return f"{self.label} · {name}" if self.label else name
+
+    def _safely(self, write: Any, *args: Any, **kwargs: Any) -> None:
+        try:
+            write(*args, **kwargs)
+        except HistoryError as exc:
+            self.errors.append(str(exc))
+
+
 def base_config(p: Plan, **fields: Any) -> RunConfig:
     """The run settings a plan's runs share (steps, learning rate, platform, ...); the memory share
     defaults to the plan's own, so the run is capped as the budget assumed."""
@@ -85,24 +118,27 @@ def plan_runs(p: Plan, cfg: RunConfig, options: RunOptions, trace_dir: Path) -> 
 
 
 def run_plan(p: Plan, base: RunConfig, options: RunOptions, export_dir: Path, *, code: CodeCheck | None = None,
-             history: History | None = None) -> Iterator[dict[str, Any]]:
+             history: History | Recorder | None = None) -> Iterator[dict[str, Any]]:
     """Events while the plan is fitted to this machine and its runs go ("status", "note",
     "progress"), then {"event": "result", "result": MigrationResult}.
 
     Raises ConfigError or PlanError (before any run starts) when the settings or the plan are bad
     or the plan cannot fit this machine."""
+    recorder = Recorder(history) if isinstance(history, History) else history
     here = yield from on_this_machine(p, base)
+    if here.local_plan is not None and recorder is not None:
+        recorder.plan(here.local_plan, "re-fit to this machine")
     yield {"event": "note", "message": here.note}
     stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-{time.monotonic_ns() % 10**6}"
     export_dir.mkdir(parents=True, exist_ok=True)
     done: list[tuple[str, RunReport]] = []
     for name, cfg in plan_runs(p, here.config, options, export_dir / f"trace-{stamp}"):
-        report = yield from _one_run(name, cfg, done, history)
+        report = yield from _one_run(name, cfg, done, recorder)
         done.append((name, report))
     evidence = checklist.Evidence(
         plan=p, run=done[0][1], ran_plan=here.local_plan, code=code,
         fp32_reference=dict(done).get("fp32 reference"), tpu_style_run=dict(done).get("TPU-style"),
-        scaling_runs=tuple(scaling_runs(history, done[0][1])) if history else ())
+        scaling_runs=tuple(_recorded_scaling_runs(recorder, done[0][1])))
     items = checklist.evaluate(evidence)
     files = _write_exports(p, done, items, export_dir, stamp)
     yield {"event": "result", "result": MigrationResult(p, here.note, here.local_plan, done, items, files)}
@@ -120,7 +156,7 @@ def on_this_machine(saved: Plan, base: RunConfig) -> Iterator[dict[str, Any]]:
     if saved.target != "local":
         local = yield from _local_plan(PlanRequest(
             workload=saved.workload, preset=saved.preset, source=saved.source, global_batch=saved.global_batch,
-            per_core_batch=saved.source_per_core_batch, target="local", gpus=saved.gpus,
+            per_core_batch=_consistent_per_core(saved), target="local", gpus=saved.gpus,
             memory_fraction=base.memory_fraction, safety_margin=saved.safety_margin, precision=saved.precision,
             remat=saved.remat, compile_for_tpu=False, max_per_device_batch=saved.per_device_batch))
         if not local.ok:
@@ -139,6 +175,13 @@ def on_this_machine(saved: Plan, base: RunConfig) -> Iterator[dict[str, Any]]:
                               accumulation_steps=accum, precision=saved.precision, remat=saved.remat,
                               devices=saved.gpus)
     return PlanOnThisMachine(validate(cfg), note, local, refitted)
+
+
+def _consistent_per_core(saved: Plan) -> int | None:
+    """The plan's per-core batch when it still multiplies out to its global batch (a plan whose
+    global batch changed, or was not a multiple of the cores, leaves it to the default)."""
+    per_core = saved.source_per_core_batch
+    return per_core if per_core * TPU_SPECS[saved.source].devices == saved.global_batch else None
 
 
 def _local_plan(req: PlanRequest) -> Iterator[dict[str, Any]]:
@@ -163,7 +206,7 @@ def _plan_progress(ev: dict[str, Any]) -> str:
 
 
 def _one_run(name: str, cfg: RunConfig, done: list[tuple[str, RunReport]],
-             history: History | None) -> Iterator[dict[str, Any]]:
+             recorder: Recorder | None) -> Iterator[dict[str, Any]]:
     handle = RunHandle(cfg)
     try:
         last = 0.0
@@ -176,24 +219,24 @@ def _one_run(name: str, cfg: RunConfig, done: list[tuple[str, RunReport]],
             yield {"event": "progress", "run": name, "steps": cfg.steps, "worker_event": ev,
                    "status": describe(name, cfg.steps, ev), "partial": partial, "done": list(done)}
     except GeneratorExit:  # Stop or disconnect: never leave a worker behind, keep what it did
-        _record_unfinished(handle, cfg, name, history, "cancelled", "stopped before it finished")
+        _record_unfinished(handle, cfg, name, recorder, "cancelled", "stopped before it finished")
         raise
     except Exception as exc:  # noqa: BLE001 - recorded with its cause, then re-raised unchanged
-        _record_unfinished(handle, cfg, name, history, "crashed", f"the run's progress could not be read: "
-                                                                  f"{type(exc).__name__}: {first_line(exc)}")
+        _record_unfinished(handle, cfg, name, recorder, "crashed", f"the run's progress could not be read: "
+                                                                   f"{type(exc).__name__}: {first_line(exc)}")
         raise
-    if history is not None:
-        history.add_run(handle.report, label=name)
+    if recorder is not None:
+        recorder.run(name, handle.report)
     return handle.report
 
 
-def _record_unfinished(handle: RunHandle, cfg: RunConfig, name: str, history: History | None, kind: str,
+def _record_unfinished(handle: RunHandle, cfg: RunConfig, name: str, recorder: Recorder | None, kind: str,
                        message: str) -> None:
     handle.cancel()
-    if history is not None:
+    if recorder is not None:
         status = "cancelled" if kind == "cancelled" else "failed"
-        history.add_run(RunReport.from_events(cfg, handle.events_so_far, status=status, failure_kind=kind,
-                                              message=message), label=name)
+        recorder.run(name, RunReport.from_events(cfg, handle.events_so_far, status=status, failure_kind=kind,
+                                                 message=message))
 
 
 def describe(name: str, steps: int, ev: dict[str, Any]) -> str:
@@ -213,10 +256,20 @@ def describe(name: str, steps: int, ev: dict[str, Any]) -> str:
     return f"{name}: {kind}"
 
 
+def _recorded_scaling_runs(recorder: Recorder | None, main: RunReport) -> list[RunReport]:
+    if recorder is None:
+        return []
+    try:
+        return scaling_runs(recorder.history, main)
+    except HistoryError as exc:
+        recorder.errors.append(str(exc))
+        return []
+
+
 def scaling_runs(history: History, main: RunReport) -> list[RunReport]:
     """Successful runs of the same configuration on the same device kind, at any device count."""
     same = []
-    for e in history.entries(kind="run", workload=main.workload, status="ok"):
+    for e in history.entries(kind="run", workload=main.workload, status="ok", payload=False):
         if (e["preset"], e["precision"], e["remat"], e["per_device_batch"], e["device_kind"]) == \
                 (main.preset, main.precision, main.remat, main.per_device_batch, main.device_kind):
             report = history.run_report(e["id"])

@@ -325,7 +325,9 @@ def _compile_for_source_tpu(req: PlanRequest) -> dict[str, Any]:
         topo = topologies.get_topology_desc(source.topology, "tpu")
     except Exception as exc:  # noqa: BLE001 - no TPU compiler here; JAX raises several types for it
         return {"status": "unavailable",
-                "reason": f"no TPU compiler here (install jax[tpu] on Python 3.12+ to compare): {first_line(exc, 200)}"}
+                "reason": 'no TPU compiler on this machine; to compare, install libtpu: pip install "jax[tpu]" '
+                          "(Python 3.12+)",
+                "detail": first_line(exc, 200)}
     try:
         cfg = RunConfig(workload=req.workload, preset=req.preset, per_device_batch=req.source_per_core_batch,
                         devices=source.devices, precision=req.source_precision, remat="none")

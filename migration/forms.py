@@ -1,0 +1,174 @@
+"""Raw values from a form or an API call -> validated configs.
+
+Every refusal is a `ConfigError(field, message)`: one line naming the field, the value received and
+what is allowed. Nothing is coerced silently: 256.0 and " 256 " are the whole number 256, but 256.5,
+True, None, NaN and "256.5" are refused rather than rounded or guessed at.
+
+This module imports no JAX at module level (choices that need the workload catalog import it when
+called) and no UI toolkit at all, so the app, the API and the CLI share it.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import re
+import unicodedata
+from typing import Any
+
+from migration.config import (
+    GRANULARITIES,
+    LIMITS,
+    PLAN_LIMITS,
+    PRECISIONS,
+    REMAT_NAMES,
+    ConfigError,
+    PlanRequest,
+    validate_plan_request,
+)
+
+LABEL_MAX_CHARS = 80
+_SHOWN_MAX = 60  # characters of a received value quoted back in a message
+_WHOLE_TEXT = re.compile(r"[+-]?[0-9]+", re.ASCII)
+_NUMBER_TEXT = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?", re.ASCII)
+_TEXT_MAX = 100  # longer numeric text is refused before parsing (int() of 5,000 digits raises)
+# Characters a one-line label must not hold: controls (Cc), lone surrogates (Cs), line and paragraph
+# separators (Zl, Zp) and the bidirectional overrides that reorder how the text around them displays.
+_BIDI = set("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u200e\u200f")
+
+
+def _shown(value: Any) -> str:
+    """`repr(value)`, cut to a readable length (the message stays one line)."""
+    try:
+        text = repr(value)
+    except ValueError:  # an int of over 4,300 digits
+        return f"an int of {value.bit_length():,} bits" if isinstance(value, int) else type(value).__name__
+    if len(text) > _SHOWN_MAX:
+        extra = f", {len(value):,} characters" if isinstance(value, str) else ""
+        text = f"{text[:_SHOWN_MAX]}... ({type(value).__name__}{extra})"
+    return text
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _bounds(lo: float, hi: float, integer: bool) -> str:
+    return f"{int(lo)} to {int(hi)}" if integer else f"{lo:g} to {hi:g}"
+
+
+def whole(value: Any, field: str, lo: float, hi: float, *, note: str = "") -> int:
+    """`value` as an int in [lo, hi]: an int, an integral float (256.0) or a string of ASCII digits with
+    optional surrounding spaces (" 256 "). Refuses bool, None, NaN, ±inf, fractions, other text and values
+    out of range with a ConfigError naming `field`; `note` is added after the range (e.g. what 0 means)."""
+    allowed = f"must be a whole number from {_bounds(lo, hi, True)}{note}; got {_shown(value)}"
+    parsed: int | None = None
+    if isinstance(value, str):
+        text = value.strip()
+        if len(text) <= _TEXT_MAX and _WHOLE_TEXT.fullmatch(text):
+            parsed = int(text)
+    elif isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        parsed = int(value)
+    elif _is_number(value):
+        try:
+            if math.isfinite(value) and value == math.floor(value):
+                parsed = int(value)
+        except (OverflowError, ValueError, TypeError):
+            parsed = None
+    if parsed is None or not lo <= parsed <= hi:
+        raise ConfigError(field, allowed)
+    return parsed
+
+
+def number(value: Any, field: str, lo: float, hi: float) -> float:
+    """`value` as a finite float in [lo, hi]: an int, a float or a decimal string ("3e-4", " 0.8 ").
+    Refuses bool, None, NaN, ±inf, other text and values out of range with a ConfigError naming `field`."""
+    allowed = f"must be a number from {_bounds(lo, hi, False)}; got {_shown(value)}"
+    parsed: float | None = None
+    try:
+        if isinstance(value, str):
+            text = value.strip()
+            if len(text) <= _TEXT_MAX and _NUMBER_TEXT.fullmatch(text):
+                parsed = float(text)
+        elif isinstance(value, numbers.Integral) and not isinstance(value, bool):
+            # Compare exactly first: float() of an int beyond 1e308 raises OverflowError.
+            parsed = float(value) if lo <= int(value) <= hi else None
+        elif _is_number(value):
+            parsed = float(value)
+    except (OverflowError, ValueError, TypeError):
+        parsed = None
+    if parsed is None or not math.isfinite(parsed) or not lo <= parsed <= hi:
+        raise ConfigError(field, allowed)
+    return parsed
+
+
+def choice(value: Any, field: str, allowed: tuple[str, ...] | list[str]) -> str:
+    """`value` if it is one of `allowed` (exactly: no case folding, no stripping)."""
+    if not isinstance(value, str) or value not in allowed:
+        raise ConfigError(field, f"must be one of {', '.join(allowed)}; got {_shown(value)}")
+    return value
+
+
+def label_text(value: Any, field: str = "label", max_chars: int = LABEL_MAX_CHARS) -> str:
+    """A one-line label: text of at most `max_chars` characters once stripped, with no control
+    characters, line breaks or bidirectional overrides anywhere in it."""
+    if not isinstance(value, str):
+        raise ConfigError(field, f"must be text of at most {max_chars} characters; got {_shown(value)}")
+    for i, ch in enumerate(value):
+        if unicodedata.category(ch) in ("Cc", "Cs", "Zl", "Zp") or ch in _BIDI:
+            raise ConfigError(field, f"must be one line of text without control characters; got {_shown(value)} "
+                                     f"(U+{ord(ch):04X} at position {i})")
+    text = value.strip()
+    if len(text) > max_chars:
+        raise ConfigError(field, f"must be at most {max_chars} characters; got {len(text)} characters: "
+                                 f"{_shown(value)}")
+    return text
+
+
+def plan_request(workload: Any, preset: Any, source: Any, global_batch: Any, per_core_batch: Any,
+                 source_precision: Any, target: Any, gpus: Any, memory_fraction: Any, granularity: Any,
+                 remat: Any, precision: Any, accumulation: Any) -> PlanRequest:
+    """A validated PlanRequest from the Migrate form's values (the app's conventions: per_core_batch 0 is
+    global batch / the TPU's cores, accumulation 0 and remat/precision "auto" let the planner choose).
+    Raises ConfigError naming the first bad field, including settings that contradict each other."""
+    from migration.hardware import GPU_SPECS, TPU_SPECS
+    from workloads import WORKLOADS  # imports JAX (no backend initialised)
+
+    workload = choice(workload, "workload", tuple(WORKLOADS))
+    preset = choice(preset, "preset", tuple(WORKLOADS[workload].presets))
+    source = choice(source, "source", tuple(TPU_SPECS))
+    req = PlanRequest(
+        workload=workload,
+        preset=preset,
+        source=source,
+        global_batch=whole(global_batch, "global_batch", *PLAN_LIMITS["global_batch"]),
+        per_core_batch=whole(per_core_batch, "per_core_batch", 0, PLAN_LIMITS["per_core_batch"][1],
+                             note=" (0: global batch / the TPU's cores)") or None,
+        source_precision=choice(source_precision, "source_precision", ("bf16", "fp32")),
+        target=choice(target, "target", ("local", *GPU_SPECS)),
+        gpus=whole(gpus, "gpus", *PLAN_LIMITS["gpus"]),
+        memory_fraction=number(memory_fraction, "memory_fraction", *PLAN_LIMITS["memory_fraction"]),
+        granularity=choice(granularity, "granularity", GRANULARITIES),
+        remat=_auto(choice(remat, "remat", ("auto", *REMAT_NAMES))),
+        precision=_auto(choice(precision, "precision", ("auto", *PRECISIONS))),
+        accumulation_steps=whole(accumulation, "accumulation_steps", 0, LIMITS["accumulation_steps"][1],
+                                 note=" (0: chosen by the planner)") or None,
+    )
+    return validate_plan_request(req)
+
+
+def _auto(value: str) -> str | None:
+    return None if value == "auto" else value
+
+
+def run_settings(steps: Any, learning_rate: Any, label: Any,
+                 max_steps: int | None = None) -> tuple[int, float, str]:
+    """(steps, learning_rate, label) for a run from raw values. Steps are limited by LIMITS["steps"] and,
+    when given, by `max_steps` (a server's per-user limit, which the message then names)."""
+    lo, hi = LIMITS["steps"]
+    note = ""
+    if max_steps is not None and max_steps < hi:
+        hi, note = max_steps, " (this server's per-user limit)"
+    return (whole(steps, "steps", lo, hi, note=note),
+            number(learning_rate, "learning_rate", *LIMITS["learning_rate"]),
+            label_text(label))

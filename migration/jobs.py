@@ -1,0 +1,340 @@
+"""The shared box's job service: who may queue what, in which order it runs, and a record of every
+job that survives a stopped server.
+
+Two lanes: `gpu` (runs, and plans for this machine's GPU, which compile on it) runs one job at a
+time; `cpu` (plans compiled for a catalog GPU without the device) runs `plan_slots` at a time.
+Each lane is first come, first served. Every job is recorded in the history when it is submitted
+(`queued`), marked `running`, and completed in place; a server that stops (`shutdown`) marks what
+it interrupts, and a server that was killed has its leftovers marked by the next one (History
+`interrupt_unfinished`). Jobs belong to the user who submitted them: only they can stop them, and
+per-user limits bound what one user can queue. A job's events are kept in memory for whoever
+watches it (the app streams them); watching is optional, cancelling is explicit.
+
+No gradio here: the app is one client of this service, the load benchmark and the tests others.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+from migration.codecheck import CodeCheck
+from migration.common import first_line
+from migration.config import ConfigError, PlanRequest, RunConfig, validate, validate_plan_request
+from migration.history import History, HistoryError
+from migration.orchestrate import MigrationResult, Recorder, RunOptions, run_plan
+from migration.report import Plan
+from migration.runner import PlanError, start_plan
+from migration.worker_env import resolve_platform
+
+INTERRUPTED = "interrupted: the server stopped before this job finished"
+KEEP_FINISHED = 500  # finished jobs kept in memory for their watchers
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """Per-user limits of a shared box (all configurable at start-up)."""
+
+    jobs_per_user: int = 4  # jobs one user may have waiting or running at once
+    max_steps: int = 10_000  # steps of one run
+    max_run_s: float = 3600.0  # wall-clock limit of each worker of a job
+    silence_s: float = 120.0  # a worker silent this long is hung: killed, reported as timeout
+    queue_size: int = 64  # jobs waiting or running, all users together
+
+
+class LimitError(ValueError):
+    """A submission refused by a limit; `str()` is one line saying which and what to do."""
+
+
+class NotYourJob(PermissionError):
+    pass
+
+
+class Job:
+    """One submitted plan or run: its owner, its state and the events it has produced so far."""
+
+    def __init__(self, entry_id: int, kind: str, user: str, label: str, lane: str, summary: str):
+        self.id = entry_id  # its history entry
+        self.kind = kind
+        self.user = user
+        self.label = label
+        self.lane = lane
+        self.summary = summary
+        self.state = "queued"  # running, done, failed, cancelled, interrupted
+        self.result: MigrationResult | Plan | None = None
+        self.error: str | None = None  # one line when it could not run
+        self.warnings: list[str] = []  # e.g. a history that could not be written
+        self.submitted_at = time.monotonic()
+        self.cancel_requested = threading.Event()
+        self._stop_state = "cancelled"
+        self._events: list[dict[str, Any]] = []
+        self._cond = threading.Condition()
+
+    @property
+    def finished(self) -> bool:
+        return self.state in ("done", "failed", "cancelled", "interrupted")
+
+    def push(self, event: dict[str, Any]) -> None:
+        with self._cond:
+            self._events.append(event)
+            self._cond.notify_all()
+
+    def events_since(self, cursor: int, timeout: float = 0.0) -> list[dict[str, Any]]:
+        """Events after the first `cursor`, waiting up to `timeout` for one when there are none."""
+        with self._cond:
+            if len(self._events) <= cursor and timeout > 0 and not self.finished:
+                self._cond.wait(timeout)
+            return self._events[cursor:]
+
+    def _end(self, state: str) -> None:
+        with self._cond:
+            self.state = state
+            self._cond.notify_all()
+
+
+class JobService:
+    def __init__(self, history: History, export_dir: str | Path, limits: Limits = Limits(), plan_slots: int = 2,
+                 gpu_host: bool | None = None):
+        self.history = history
+        self.export_dir = Path(export_dir)
+        self.limits = limits
+        self.gpu_host = resolve_platform("auto") == "gpu" if gpu_host is None else gpu_host
+        self.recovered = history.interrupt_unfinished(INTERRUPTED)  # a killed server's leftovers
+        self._slots = {"gpu": 1, "cpu": plan_slots}
+        self._pending: dict[str, list[Job]] = {"gpu": [], "cpu": []}
+        self._running: dict[str, list[Job]] = {"gpu": [], "cpu": []}
+        self._jobs: dict[int, Job] = {}
+        self._threads: dict[int, threading.Thread] = {}
+        self._lock = threading.Condition()
+        self._closed = False
+
+    # -- submitting ----------------------------------------------------------------------------
+
+    def submit_plan(self, user: str, req: PlanRequest, label: str = "") -> Job:
+        req = validate_plan_request(dataclasses.replace(
+            req, timeout_s=min(req.timeout_s, self.limits.max_run_s), silence_timeout_s=self.limits.silence_s))
+        lane = "gpu" if req.target == "local" and self.gpu_host else "cpu"
+        summary = f"plan {req.workload}/{req.preset} {req.source} → {req.gpus} × {req.target}"
+        payload = {"config": {"global_batch": req.global_batch, "devices": req.gpus, "target": req.target},
+                   "request": req.to_dict(), "message": "queued"}
+        return self._submit("plan", user, label, lane, summary, req.workload, req.preset, payload,
+                            lambda job: self._plan_job(job, req))
+
+    def submit_run(self, user: str, source: Plan | PlanRequest, base: RunConfig, options: RunOptions = RunOptions(),
+                   code: CodeCheck | None = None, label: str = "") -> Job:
+        """Queue a plan's runs (`source` a Plan), or a plan then its runs (`source` a PlanRequest:
+        the plan made on the way is recorded too)."""
+        if base.steps > self.limits.max_steps:
+            raise ConfigError("steps", f"must be a whole number from 1 to {self.limits.max_steps} (this server's "
+                                       f"per-user limit); got {base.steps}")
+        base = validate(dataclasses.replace(base, timeout_s=min(base.timeout_s, self.limits.max_run_s),
+                                            silence_timeout_s=self.limits.silence_s))
+        if isinstance(source, Plan):
+            if not source.ok:
+                raise PlanError("invalid", f"the plan is {source.status}: {source.message}")
+            workload, preset, target = source.workload, source.preset, source.target_name
+            config = {"per_device_batch": source.per_device_batch, "devices": source.gpus,
+                      "accumulation_steps": source.accumulation_steps, "global_batch": source.global_batch,
+                      "precision": source.precision, "remat": source.remat}
+        else:
+            source = validate_plan_request(dataclasses.replace(
+                source, timeout_s=min(source.timeout_s, self.limits.max_run_s),
+                silence_timeout_s=self.limits.silence_s))
+            workload, preset, target = source.workload, source.preset, source.target
+            config = {"global_batch": source.global_batch, "devices": source.gpus}
+        payload = {"config": {**config, "steps": base.steps}, "message": "queued", "target": target}
+        summary = f"run {workload}/{preset} ({target}), {base.steps} steps"
+        return self._submit("run", user, label, "gpu", summary, workload, preset, payload,
+                            lambda job: self._run_job(job, source, base, options, code))
+
+    def _submit(self, kind: str, user: str, label: str, lane: str, summary: str, workload: str, preset: str,
+                payload: dict[str, Any], work: Callable[[Job], None]) -> Job:
+        with self._lock:
+            if self._closed:
+                raise LimitError("the server is stopping; submit again once it is back")
+            active = [j for j in self._jobs.values() if not j.finished]
+            mine = [j for j in active if j.user == user]
+            if len(mine) >= self.limits.jobs_per_user:
+                raise LimitError(f"{user or 'you'} already ha{'s' if user else 've'} {len(mine)} job(s) waiting or "
+                                 f"running (limit {self.limits.jobs_per_user} per user); wait for one to finish or "
+                                 "stop one")
+            if len(active) >= self.limits.queue_size:
+                raise LimitError(f"the queue is full ({len(active)} jobs waiting or running, limit "
+                                 f"{self.limits.queue_size}); try again later")
+            # Recorded before it is queued: a job the history cannot hold is refused, never run unrecorded.
+            entry_id = self.history.open_entry(kind, workload, preset, payload, label=label, user=user)
+            job = Job(entry_id, kind, user, label, lane, summary)
+            self._jobs[entry_id] = job
+            self._pending[lane].append(job)
+            thread = threading.Thread(target=self._execute, args=(job, work), name=f"job-{entry_id}", daemon=True)
+            self._threads[entry_id] = thread
+            self._forget_old()
+        thread.start()
+        return job
+
+    # -- running -------------------------------------------------------------------------------
+
+    def _execute(self, job: Job, work: Callable[[Job], None]) -> None:
+        lane = job.lane
+        with self._lock:
+            while not job.cancel_requested.is_set() and not (
+                    self._pending[lane][0] is job and len(self._running[lane]) < self._slots[lane]):
+                self._lock.wait(0.5)
+            self._pending[lane].remove(job)
+            self._lock.notify_all()
+            if job.cancel_requested.is_set():
+                self._finish_unstarted(job)
+                return
+            self._running[lane].append(job)
+        job._end("running")
+        job.push({"event": "started"})
+        try:
+            self.history.set_status(job.id, "running")
+            work(job)
+        except (ConfigError, PlanError, LimitError) as exc:
+            job.error = str(exc)
+        except HistoryError as exc:
+            job.error = str(exc)
+        except Exception as exc:  # noqa: BLE001 - the service's boundary: a job never takes the server down
+            traceback.print_exc(file=sys.stderr)
+            job.error = f"internal error: {type(exc).__name__}: {first_line(exc)}"
+        finally:
+            state = ("interrupted" if job._stop_state == "interrupted" else "cancelled") \
+                if job.cancel_requested.is_set() else ("failed" if job.error else "done")
+            if state != "done" or job.error:
+                self._record_end(job, state)
+            with self._lock:
+                self._running[lane].remove(job)
+                self._lock.notify_all()
+            job._end(state)
+
+    def _finish_unstarted(self, job: Job) -> None:
+        state = job._stop_state
+        self._record_end(job, state)
+        job._end(state)
+
+    def _record_end(self, job: Job, state: str) -> None:
+        """The entry's final status when the job ended without completing it (or was interrupted)."""
+        status = {"cancelled": "cancelled", "interrupted": "interrupted", "failed": "failed"}.get(state)
+        if status is None:
+            return
+        message = {"cancelled": "cancelled: stopped on request", "interrupted": INTERRUPTED}.get(state, job.error)
+        try:
+            entry = self.history.entries(ids=[job.id], payload=False)
+            if entry and (entry[0]["status"] in ("queued", "running") or state == "interrupted"):
+                self.history.set_status(job.id, status, message)
+        except HistoryError as exc:
+            job.warnings.append(str(exc))
+
+    def _plan_job(self, job: Job, req: PlanRequest) -> None:
+        plan = self._plan(job, req)
+        if plan is not None:
+            self.history.complete(job.id, plan)
+            job.result = plan
+
+    def _plan(self, job: Job, req: PlanRequest) -> Plan | None:
+        """Plan in a planner worker, streaming its events into the job; None when cancelled."""
+        handle = start_plan(req)
+        try:
+            for ev in handle.events(heartbeat_s=0.5):
+                job.push({"event": "planning", "worker_event": ev})
+                if job.cancel_requested.is_set():
+                    handle.cancel()
+        finally:
+            if handle.plan is None and handle.error is None:
+                handle.cancel()
+        if job.cancel_requested.is_set():
+            return None
+        if handle.plan is None:
+            raise handle.error
+        return handle.plan
+
+    def _run_job(self, job: Job, source: Plan | PlanRequest, base: RunConfig, options: RunOptions,
+                 code: CodeCheck | None) -> None:
+        recorder = Recorder(self.history, user=job.user, label=job.label, entry_id=job.id)
+        try:
+            if isinstance(source, PlanRequest):
+                plan = self._plan(job, source)
+                if plan is None:
+                    return
+                recorder.plan(plan, "planned for this run")
+                job.push({"event": "plan", "plan": plan})
+                if not plan.ok:
+                    raise PlanError("invalid", f"the plan is {plan.status}: {plan.message}")
+            else:
+                plan = source
+            events = run_plan(plan, base, options, self.export_dir, code=code, history=recorder)
+            try:
+                for ev in events:
+                    if ev["event"] == "result":
+                        job.result = ev["result"]
+                    job.push(ev)
+                    if job.cancel_requested.is_set():
+                        break
+            finally:
+                events.close()  # a stopped job: kills its worker, records the run as cancelled
+        finally:
+            job.warnings.extend(recorder.errors)
+
+    # -- controlling ---------------------------------------------------------------------------
+
+    def get(self, job_id: int, user: str) -> Job:
+        job = self._jobs.get(job_id)
+        if job is None:
+            raise LookupError(f"job {job_id}: not a current job of this server")
+        if job.user != user:
+            raise NotYourJob(f"job {job_id} belongs to another user; you can only see and stop your own jobs")
+        return job
+
+    def cancel(self, job_id: int, user: str) -> Job:
+        """Stop a job of `user` (queued: removed; running: its worker killed). Others' jobs are refused."""
+        job = self.get(job_id, user)
+        job.cancel_requested.set()
+        with self._lock:
+            self._lock.notify_all()
+        return job
+
+    def position(self, job: Job) -> int | None:
+        """1 for the next job to start in its lane; None once it runs."""
+        with self._lock:
+            pending = self._pending[job.lane]
+            return pending.index(job) + 1 if job in pending else None
+
+    def running(self, lane: str = "gpu") -> list[Job]:
+        with self._lock:
+            return list(self._running[lane])
+
+    def jobs(self, user: str | None = None) -> list[Job]:
+        with self._lock:
+            return [j for j in self._jobs.values() if user is None or j.user == user]
+
+    def shutdown(self, timeout_s: float = 10.0) -> list[int]:
+        """Stop taking jobs, stop every queued and running one (their workers killed), and mark
+        them interrupted. Returns the interrupted entries."""
+        with self._lock:
+            self._closed = True
+            unfinished = [j for j in self._jobs.values() if not j.finished]
+            for job in unfinished:
+                job._stop_state = "interrupted"
+                job.cancel_requested.set()
+            self._lock.notify_all()
+            threads = [self._threads[j.id] for j in unfinished if j.id in self._threads]
+        deadline = time.monotonic() + timeout_s
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        try:
+            self.history.interrupt_unfinished(INTERRUPTED)
+        except HistoryError:
+            pass
+        return [j.id for j in unfinished]
+
+    def _forget_old(self) -> None:
+        finished = [j for j in self._jobs.values() if j.finished]
+        for job in finished[: max(0, len(finished) - KEEP_FINISHED)]:
+            self._jobs.pop(job.id, None)
+            self._threads.pop(job.id, None)
