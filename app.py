@@ -236,10 +236,12 @@ def user_of(request: gr.Request | None) -> str:
 def refuse(exc: BaseException) -> gr.Error:
     """One line for a person: what was wrong and what is allowed (never a traceback)."""
     if isinstance(exc, ConfigError):
-        return gr.Error(f"Invalid input — {exc}")
-    if isinstance(exc, PlanError):
-        return gr.Error(f"Planning failed ({exc.kind}): {first_line(exc, 400)}")
-    return gr.Error(first_line(exc, 400))
+        text = f"Invalid input — {exc}"
+    elif isinstance(exc, PlanError):
+        text = f"Planning failed ({exc.kind}): {first_line(exc, 400)}"
+    else:
+        text = first_line(exc, 400)
+    return gr.Error(text, print_exception=False)
 
 
 def run_headline(result: MigrationResult, budget: int | None) -> str:
@@ -391,7 +393,7 @@ def build_demo(settings: Settings | None = None) -> gr.Blocks:
         result: MigrationResult | None = job.result
         warnings = "".join(f"\n\n⚠️ {w}" for w in job.warnings)
         if result is None:
-            raise gr.Error(f"The run could not start: {job.error or 'unknown reason'}{warnings}")
+            raise gr.Error(f"The run could not start: {job.error or 'unknown reason'}{warnings}", print_exception=False)
         budget = (result.local_plan or result.plan).budget_bytes
         files = result.files
         yield (f"{note}{run_headline(result, budget)}{warnings}",
@@ -434,7 +436,7 @@ def build_demo(settings: Settings | None = None) -> gr.Blocks:
                 raise CodeCheckError("Paste Python source or upload .py files to check")
             result = check_sources(sources)
         except CodeCheckError as exc:
-            raise gr.Error(str(exc))
+            raise gr.Error(str(exc), print_exception=False)
         findings = list(result.findings)
         errors = sum(f.severity == "error" for f in findings)
         summary = (f"{len(findings)} finding(s), {errors} error(s) in {len(result.files)} file(s). "
@@ -482,7 +484,7 @@ def build_demo(settings: Settings | None = None) -> gr.Blocks:
             raise refuse(exc)
         if len(entries) < 2:
             raise gr.Error(f"Select two or more runs to compare (click their rows in the table); "
-                           f"found {len(entries)} run(s) among {ids or 'the selection'}")
+                           f"found {len(entries)} run(s) among {ids or 'the selection'}", print_exception=False)
         table, throughput, memory, losses = compare_frames(list(reversed(entries)))
         return tuple(gr.update(value=v, visible=True) for v in (table, throughput, memory, losses))
 
@@ -502,7 +504,7 @@ def build_demo(settings: Settings | None = None) -> gr.Blocks:
         try:
             info = probe_environment(RunConfig(timeout_s=120))
         except RuntimeError as exc:
-            raise gr.Error(f"The environment probe failed: {first_line(exc, 300)}")
+            raise gr.Error(f"The environment probe failed: {first_line(exc, 300)}", print_exception=False)
         warnings = list(info["warnings"]) + [
             "The server process never initialises JAX's GPU backend: JAX would preallocate 75% of each GPU "
             "for it. Plans and runs happen in worker processes with XLA_PYTHON_CLIENT_PREALLOCATE=false."]

@@ -75,6 +75,10 @@ class History:
                     if name not in have:
                         db.execute(f"ALTER TABLE entries ADD COLUMN {name} {definition}")
                 db.execute("CREATE INDEX IF NOT EXISTS entries_user ON entries(user, id)")
+                # Summaries of entries written before they were stored, once.
+                for row in db.execute("SELECT id, kind, payload FROM entries WHERE summary IS NULL").fetchall():
+                    summary = _summary_of(row["kind"], json.loads(row["payload"]))
+                    db.execute("UPDATE entries SET summary = ? WHERE id = ?", (json.dumps(summary), row["id"]))
         except (sqlite3.Error, OSError) as exc:
             raise HistoryError(_why(exc, f"cannot open the history at {self.path}")) from exc
 
@@ -233,10 +237,7 @@ def _row(row: dict[str, Any]) -> dict[str, Any]:
     payload_text = row.pop("payload", None)
     summary_text = row.pop("summary", None)
     payload = json.loads(payload_text) if payload_text is not None else None
-    if summary_text:
-        summary = json.loads(summary_text)
-    else:  # written before summaries were stored
-        summary = _summary_of(row["kind"], payload if payload is not None else {})
+    summary = json.loads(summary_text) if summary_text else {}
     out = {**summary, **row}
     if payload is not None:
         out["payload"] = payload

@@ -41,7 +41,7 @@ class Limits:
     """Per-user limits of a shared box (all configurable at start-up)."""
 
     jobs_per_user: int = 4  # jobs one user may have waiting or running at once
-    max_steps: int = 10_000  # steps of one run
+    max_steps: int = 100_000  # steps of one run
     max_run_s: float = 3600.0  # wall-clock limit of each worker of a job
     silence_s: float = 120.0  # a worker silent this long is hung: killed, reported as timeout
     queue_size: int = 64  # jobs waiting or running, all users together

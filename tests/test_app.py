@@ -27,24 +27,39 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def value(output):
+    """An output's value whether the app sent it plain or as an update (visibility changes)."""
+    return output.get("value") if isinstance(output, dict) and "__type__" in output else output
+
+
 class App:
-    def __init__(self, tmp: Path):
+    """The app as a server process on a free port, with its own history, caches and exports."""
+
+    def __init__(self, tmp: Path, *args: str, db: Path | None = None, client: bool = True):
+        self.tmp = tmp
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/"
-        self.db = tmp / "history.sqlite"
-        self.log = open(tmp / "app.log", "w")
-        env = {**os.environ, "MIGRATION_CACHE_DIR": str(tmp / "cache")}
-        self.proc = subprocess.Popen([sys.executable, "app.py", "--port", str(self.port), "--history-db", str(self.db)],
-                                     cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        self.db = db or tmp / "history.sqlite"
+        self.args = args
+        self.log_path = tmp / f"app-{self.port}.log"
+        self.start(client=client)
+
+    def start(self, client: bool = True):
+        self.log = open(self.log_path, "a")
+        env = {**os.environ, "MIGRATION_CACHE_DIR": str(self.tmp / "cache"),
+               "MIGRATION_EXPORT_DIR": str(self.tmp / "exports")}
+        self.proc = subprocess.Popen([sys.executable, "app.py", "--port", str(self.port), "--history-db", str(self.db),
+                                      *self.args], cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT, env=env,
+                                     start_new_session=True)
         deadline = time.time() + 120
         while time.time() < deadline:
             try:
                 socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
                 break
             except OSError:
-                assert self.proc.poll() is None, (tmp / "app.log").read_text()
+                assert self.proc.poll() is None, self.log_path.read_text()
                 time.sleep(0.5)
-        self.client = Client(self.url, verbose=False)
+        self.client = Client(self.url, verbose=False) if client else None
 
     def workers(self) -> list[int]:
         # only this app's workers (its children), not those of anything else on the machine
@@ -52,8 +67,20 @@ class App:
                              capture_output=True, text=True).stdout
         return [int(p) for p in out.split()]
 
-    def close(self):
-        os.killpg(self.proc.pid, signal.SIGTERM)
+    def wait_for_worker(self, within_s: float = 120) -> int:
+        deadline = time.time() + within_s
+        while time.time() < deadline:
+            found = self.workers()
+            if found:
+                return found[0]
+            time.sleep(0.2)
+        raise AssertionError("no worker started")
+
+    def close(self, sig=signal.SIGTERM):
+        try:
+            os.killpg(self.proc.pid, sig)
+        except ProcessLookupError:
+            pass
         self.proc.wait(timeout=30)
         self.log.close()
 
@@ -65,8 +92,15 @@ def app(tmp_path_factory):
     a.close()
 
 
-def test_plan_by_api_name(app):
-    markdown, decisions, ranked, memory = app.client.predict(*FORM, api_name="/plan")
+def run_args(steps, *, compare=False, profile=False, fp32=False, label="", plan_file=None, form=FORM):
+    return (plan_file, steps, 0.003, compare, profile, fp32, *form, label)
+
+
+def test_plan_streams_each_compile_then_the_plan(app):
+    job = app.client.submit(*FORM, "", api_name="/plan")
+    progress, markdown, memory, ranked, decisions = [value(o) for o in job.result(timeout=300)]
+    lines = [str(value(o[0])) for o in job.outputs()]
+    assert any(line.startswith("Compiled batch") and "GiB" in line for line in lines)  # streamed, per compile
     assert "compiled-for-target" in markdown and "Plan:" in markdown and "rule of thumb" in markdown
     assert [row[0] for row in decisions["data"]][:4] == ["precision", "remat", "per_device_batch", "accumulation_steps"]
     assert any(row[2] == "budget" for row in memory["data"])
@@ -75,27 +109,32 @@ def test_plan_by_api_name(app):
 
 
 def test_run_streams_progress_then_results_and_exports_csv(app):
-    job = app.client.submit(8, 0.003, False, False, False, *FORM, api_name="/run")
-    result = job.result(timeout=300)
+    job = app.client.submit(*run_args(8), api_name="/run")
+    result = [value(o) for o in job.result(timeout=300)]
     outputs = job.outputs()
     assert len(outputs) >= 3  # progress updates arrived before the result
-    assert any("step" in str(o[0]) for o in outputs[:-1])
-    progress, results, losses, csv_path, items, items_csv, deploy, trace = result
+    assert any("step" in str(value(o[0])) for o in outputs[:-1])
+    progress, results, losses, csv_path, report_html, items_csv, deploy, trace = result
     assert "Run finished" in progress and "CPU backend" in progress
     metrics = {row[0]: row[1] for row in results["data"]}
     assert metrics["status"] == "ok" and metrics["recompilations after the first step"] == "0"
     assert len(losses["data"]) == 8
     frame = pd.read_csv(csv_path)
     assert frame.loc[0, "status"] == "ok" and frame.loc[0, "per_device_batch"] == 32
-    history = app.client.predict("run", "transformer", "ok", api_name="/history")
+    history = app.client.predict("mine", "run", "transformer", "ok", api_name="/history")
     newest = history["data"][0]
     cols = history["headers"]
     assert newest[cols.index("samples_per_s")] == pytest.approx(frame.loc[0, "samples_per_s"])
-    statuses = {row[0]: row[2] for row in items["data"]}
+    items = pd.read_csv(items_csv)
+    statuses = dict(zip(items["id"], items["status"]))
     # No code was checked and the run was on the CPU: nothing passes on this tool's own settings.
     assert statuses["apis"] == "not checked" and statuses["recompilation"] == "warn"
     assert "pass" not in statuses.values()
-    assert len(pd.read_csv(items_csv)) == len(items["data"]) >= 12  # one row per checklist item
+    # The report shows the same items as the CSV, each with its badge, evidence and action.
+    assert len(items) >= 12 and report_html.count('class="ck-item"') == len(items)
+    for _, row in items.iterrows():
+        assert f'data-id="{row["id"]}" data-status="{row["status"]}"' in report_html
+    assert "Evidence:" in report_html and "Action:" in report_html
     assert "export XLA_PYTHON_CLIENT_PREALLOCATE='false'" in Path(deploy).read_text()
     assert trace is None
 
@@ -104,46 +143,52 @@ def test_checklist_uses_the_code_check_profile_and_fp32_reference(app):
     source = (ROOT / "tests" / "fixtures" / "codecheck" / "tpu_era_train.py").read_text()
     # State is per session: the code check and the run must come from the same client session.
     summary, table, *_ = app.client.predict(source, None, api_name="/code_check")
-    assert "error" in summary and any(row[3] == "REMOVED001" for row in table["data"])
-    result = app.client.submit(6, 0.003, False, True, True, *FORM, api_name="/run").result(timeout=600)
-    items = {row[0]: row for row in result[4]["data"]}
+    assert "error" in summary and any(row[3] == "REMOVED001" for row in value(table)["data"])
+    result = [value(o) for o in app.client.submit(*run_args(6, profile=True, fp32=True), api_name="/run")
+              .result(timeout=600)]
+    items = {row["id"]: row for _, row in pd.read_csv(result[5]).iterrows()}
     # The user's TPU-era script decides the items about code, with its rules and lines as evidence.
-    assert items["apis"][2] == "fail" and "REMOVED001" in items["apis"][3] and "<pasted>:" in items["apis"][3]
-    assert items["host_sync"][2] == "warn" and "SYNC001" in items["host_sync"][3]
+    assert items["apis"]["status"] == "fail" and "REMOVED001" in items["apis"]["evidence"]
+    assert "<pasted>:" in items["apis"]["evidence"]
+    assert items["host_sync"]["status"] == "warn" and "SYNC001" in items["host_sync"]["evidence"]
     # Profile and numerics were measured on this CPU, not the target GPU: warn, saying where.
-    assert items["profile"][2] == "warn" and "ms/step" in items["profile"][3] and "CPU backend" in items["profile"][3]
-    assert items["numerics"][2] == "warn" and "fp32" in items["numerics"][3]
+    assert items["profile"]["status"] == "warn" and "ms/step" in items["profile"]["evidence"]
+    assert "CPU backend" in items["profile"]["evidence"]
+    assert items["numerics"]["status"] == "warn" and "fp32" in items["numerics"]["evidence"]
     assert result[7] and result[7].endswith(".json.gz")
 
 
-def test_cancel_stops_the_worker_and_keeps_history(app):
-    job = app.client.submit(100_000, 0.003, False, False, False, *FORM, api_name="/run")
+def test_stop_kills_the_worker_within_2_seconds_and_keeps_history(app):
+    job = app.client.submit(*run_args(100_000), api_name="/run")
     deadline = time.time() + 120
-    while time.time() < deadline and not any("step" in str(o[0]) for o in job.outputs()):
+    while time.time() < deadline and not any("step" in str(value(o[0])) for o in job.outputs()):
         time.sleep(0.3)
     assert app.workers(), "a worker should be running"
-    job.cancel()
-    deadline = time.time() + 30
-    while time.time() < deadline and app.workers():
+    stop = app.client.submit(api_name="/stop")  # the Stop button: this session's job
+    t0 = time.time()
+    stop.result(timeout=30)
+    while time.time() - t0 < 5 and app.workers():
+        time.sleep(0.1)
+    assert app.workers() == [] and time.time() - t0 < 2.0
+    deadline = time.time() + 15  # the worker goes first; its record follows
+    while not app.client.predict("mine", "run", "all", "cancelled", api_name="/history")["data"]:
+        assert time.time() < deadline, "the cancelled run is in the history"
         time.sleep(0.3)
-    assert app.workers() == []
-    history = app.client.predict("run", "all", "cancelled", api_name="/history")
-    assert history["data"], "the cancelled run is in the history"
     # the next job starts cleanly
-    result = app.client.submit(3, 0.003, False, False, False, *FORM, api_name="/run").result(timeout=300)
-    assert "Run finished" in result[0]
+    result = app.client.submit(*run_args(3), api_name="/run").result(timeout=300)
+    assert "Run finished" in value(result[0])
 
 
 def test_two_clients_run_one_after_the_other_and_both_are_in_history(app):
     other = Client(app.url, verbose=False)
-    before = len(app.client.predict("run", "all", "ok", api_name="/history")["data"])
-    jobs = [c.submit(6, 0.003, False, False, False, *FORM, api_name="/run") for c in (app.client, other)]
+    before = len(app.client.predict("mine", "run", "all", "ok", api_name="/history")["data"])
+    jobs = [c.submit(*run_args(6), api_name="/run") for c in (app.client, other)]
     for job in jobs:
-        assert "Run finished" in job.result(timeout=600)[0]
-    history = app.client.predict("run", "all", "ok", api_name="/history")
+        assert "Run finished" in value(job.result(timeout=600)[0])
+    history = app.client.predict("mine", "run", "all", "ok", api_name="/history")
     assert len(history["data"]) == before + 2
     ids = [row[0] for row in history["data"][:2]]
-    csv_path = app.client.predict(",".join(map(str, ids)), api_name="/export_csv")
+    csv_path = value(app.client.predict(",".join(map(str, ids)), "mine", api_name="/export_csv"))
     frame = pd.read_csv(csv_path)
     assert len(frame) == 2
     # Serialised: the second run's worker started after the first one's ended.
@@ -152,24 +197,28 @@ def test_two_clients_run_one_after_the_other_and_both_are_in_history(app):
     assert pd.Timestamp(runs.iloc[1]["started_at"]) >= first_end - pd.Timedelta(seconds=1)
 
 
-def test_compare_and_whole_history_export(app):
-    history = app.client.predict("run", "all", "ok", api_name="/history")
+def test_compare_charts_and_whole_history_export(app):
+    history = app.client.predict("mine", "run", "all", "ok", api_name="/history")
     ids = [row[0] for row in history["data"][:2]]
-    table, throughput, memory = app.client.predict(",".join(map(str, ids)), api_name="/compare")
+    table, throughput, memory, losses = [value(o) for o in
+                                         app.client.predict(",".join(map(str, ids)), "mine", api_name="/compare")]
     assert len(table["data"]) == 2 and len(throughput["data"]) == 2
-    frame = pd.read_csv(app.client.predict(api_name="/export_history_csv"))
+    # peak memory: predicted beside measured for each run
+    assert sorted(row[2] for row in memory["data"]) == ["measured", "measured", "predicted", "predicted"]
+    assert {row[2] for row in losses["data"]} and len({row[2] for row in losses["data"]}) == 2
+    frame = pd.read_csv(value(app.client.predict("mine", api_name="/export_history_csv")))
     assert {"run", "plan"} <= set(frame["kind"])
-    assert "peak_memory_bytes" in frame.columns and "samples_per_s" in frame.columns
+    assert "peak_memory_bytes" in frame.columns and "samples_per_s" in frame.columns and "user" in frame.columns
 
 
 def test_bad_input_gets_a_clear_message(app):
     bad = list(FORM)
-    bad[3] = 0  # global batch
+    bad[3] = 256.5  # global batch: refused, never rounded
     with pytest.raises(Exception) as err:
-        app.client.predict(*bad, api_name="/plan")
-    assert "global_batch" in str(err.value) and "Traceback" not in str(err.value)
+        app.client.predict(*bad, "", api_name="/plan")
+    assert "global_batch" in str(err.value) and "256.5" in str(err.value) and "Traceback" not in str(err.value)
     with pytest.raises(Exception) as err:
-        app.client.predict(0, 0.003, False, False, False, *FORM, api_name="/run")
+        app.client.predict(*run_args(0), api_name="/run")
     assert "steps" in str(err.value) and "Traceback" not in str(err.value)
     with pytest.raises(Exception) as err:
         app.client.predict("def broken(:\n", None, api_name="/code_check")

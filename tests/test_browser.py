@@ -1,7 +1,9 @@
 """One real-browser test: Debian's Chromium driven by Playwright against the launched app."""
 
 import os
+import re
 import shutil
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -24,31 +26,77 @@ def app(tmp_path):
     a.close()
 
 
-def test_plan_run_see_results_and_download_csv_in_chromium(app, tmp_path):
+def test_plan_run_checklist_compare_and_export_in_chromium(app, tmp_path):
     if not Path(CHROMIUM).exists():
         message = "Debian's Chromium is missing: `apt-get install -y chromium` (.ci/run installs it)"
         if os.environ.get("CI"):
             pytest.fail(message)  # CI must run the browser test
         pytest.skip(message)
     with playwright.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS,
-                                    chromium_sandbox=False)
-        page = browser.new_page(accept_downloads=True, viewport={"width": 1400, "height": 2400})
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS, chromium_sandbox=False)
+        page = browser.new_page(accept_downloads=True, viewport={"width": 1280, "height": 2400})
         page.goto(app.url)
+        page.get_by_label("Global batch").wait_for(timeout=60_000)
+        # Nothing has run: no empty tables or plots fill the page.
+        for label in ("Results", "Choices that fit", "Side by side", "Decisions with their reasons"):
+            assert not page.get_by_text(label, exact=False).first.is_visible()
         page.get_by_label("Global batch").fill("32")
         page.get_by_label("Steps").fill("6")
         page.get_by_role("button", name="Plan", exact=True).click()
         page.get_by_text("Plan:", exact=False).first.wait_for(timeout=180_000)
         assert "compiled-for-target" in page.content()
-        page.get_by_role("button", name="Run on this machine").click()
-        page.get_by_text("Run finished").wait_for(timeout=300_000)
+        assert page.get_by_text("Choices that fit", exact=False).first.is_visible()
+
+        run = page.get_by_role("button", name="Run on this machine")
+        run.click()
+        page.get_by_text("Run finished").first.wait_for(timeout=300_000)
         page.get_by_text("samples/s", exact=True).wait_for(timeout=30_000)
-        page.screenshot(path=str(tmp_path / "results.png"), full_page=True)
+        # The checklist reads as a report: a badge, the evidence and the action of every item, on the page's width.
+        items = page.locator(".ck-item")
+        assert items.count() >= 12
+        assert page.locator(".ck-item .ck-badge").count() == items.count()
+        assert items.first.inner_text().count("Evidence:") == 1 and "Action:" in items.first.inner_text()
+        widths = page.evaluate("() => [document.querySelector('.checklist').scrollWidth, "
+                               "document.querySelector('.checklist').clientWidth]")
+        assert widths[0] <= widths[1] + 1, f"the checklist scrolls sideways: {widths}"
         with page.expect_download(timeout=60_000) as download:
             page.locator("a[href*='report-transformer-tiny']").first.click()
         saved = tmp_path / "report.csv"
         download.value.save_as(saved)
+        page.screenshot(path=str(tmp_path / "results.png"), full_page=True)
+
+        # A second run of the same plan, then compare the two in the History tab.
+        run.click()
+        page.get_by_text("Run job #", exact=False).first.wait_for(timeout=60_000)
+        page.get_by_text("Run finished").first.wait_for(timeout=300_000)
+        page.get_by_role("tab", name="History").click()
+        page.get_by_role("button", name="Refresh").click()
+        rows = page.locator("table tbody tr")
+        rows.first.wait_for(timeout=30_000)
+        run_rows = [i for i in range(rows.count()) if "\trun\t" in "\t".join(rows.nth(i).locator("td")
+                                                                             .all_inner_texts())]
+        assert len(run_rows) >= 2
+        for i in run_rows[:2]:
+            rows.nth(i).locator("td").nth(1).click()  # selects the row
+        selected = page.get_by_label("Selected ids", exact=False)
+        deadline = time.time() + 30
+        while not re.fullmatch(r"\d+,\d+", selected.input_value()) and time.time() < deadline:
+            time.sleep(0.2)
+        ids = selected.input_value()
+        page.get_by_role("button", name="Compare selected").click()
+        page.get_by_text("Side by side").first.wait_for(timeout=60_000)
+        page.get_by_text("Throughput (samples/s)").first.wait_for(timeout=30_000)
+        page.get_by_text("Peak memory: predicted and measured").first.wait_for(timeout=30_000)
+        with page.expect_download(timeout=60_000) as download:
+            page.get_by_role("button", name="Export selected (CSV)").click()
+            page.locator("a[href*='selection-']").first.click(timeout=60_000)
+        exported = tmp_path / "selection.csv"
+        download.value.save_as(exported)
+        page.screenshot(path=str(tmp_path / "history.png"), full_page=True)
         browser.close()
     frame = pd.read_csv(saved)
     assert frame.loc[0, "status"] == "ok" and frame.loc[0, "global_batch"] == 32
+    selection = pd.read_csv(exported)
+    assert sorted(selection["id"]) == sorted(int(i) for i in ids.split(","))
+    assert set(selection["kind"]) == {"run"} and (selection["status"] == "ok").all()
     assert (tmp_path / "results.png").stat().st_size > 10_000

@@ -1,0 +1,190 @@
+"""Faults a shared box survives, each tried against the running app (a real server, real workers,
+real signals): out of memory, a worker killed or hung, Stop and a dropped connection, the server
+stopped or killed with jobs queued and running, a full history."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from migration.config import RunConfig
+from migration.history import History, HistoryError
+from migration.report import RunReport
+from tests.test_app import ROOT, App, Client, value
+
+pytestmark = pytest.mark.slow
+
+# Target "local": the plan is a quick compile for this machine, so the tests spend their time on faults.
+FORM = ["transformer", "tiny", "tpu-v5e-8", 32, 0, "bf16", "local", 1, 0.8, "multiple8", "auto", "auto", 0]
+
+
+def run_args(steps, label="", plan_file=None):
+    return (plan_file, steps, 0.003, False, False, False, *FORM, label)
+
+
+def gone(pid):
+    """The process no longer runs (absent, or a zombie not yet reaped by whoever adopted it)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    return next(line.split()[1] for line in status.splitlines() if line.startswith("State:")) in ("Z", "X")
+
+
+def wait_until(predicate, within_s, step=0.05):
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(step)
+    return predicate()
+
+
+def wait_for_steps(job, within_s=180):
+    assert wait_until(lambda: any("step" in str(value(o[0])) for o in job.outputs()), within_s, 0.2), \
+        "the run never reported a step"
+
+
+@pytest.fixture(scope="module")
+def app(tmp_path_factory):
+    a = App(tmp_path_factory.mktemp("faults"), "--silence-seconds", "3")
+    yield a
+    a.close()
+
+
+def test_out_of_memory_says_does_not_fit_and_the_next_job_runs(app, tmp_path):
+    # A plan saved for this machine, edited to a per-device batch no host can hold (~34 TB of logits).
+    plan_path = tmp_path / "plan.json"
+    subprocess.run([sys.executable, "-m", "migration", "plan", "--workload", "transformer", "--preset", "small",
+                    "--global-batch", "32", "--target", "local", "--json", str(plan_path)], cwd=ROOT, check=True,
+                   capture_output=True, env={**os.environ, "MIGRATION_CACHE_DIR": str(tmp_path / "cache")})
+    plan = json.loads(plan_path.read_text())
+    plan.update(per_device_batch=65536, global_batch=65536, accumulation_steps=1)
+    plan_path.write_text(json.dumps(plan))
+    from gradio_client import handle_file
+
+    result = app.client.submit(*run_args(2, plan_file=handle_file(str(plan_path))), api_name="/run").result(timeout=600)
+    headline = value(result[0])
+    assert "does not fit" in headline and "out of memory at 65536 per device" in headline
+    assert "predicted peak" in headline and "GiB" in headline and "accumulation" in headline  # what to try
+    # The server keeps serving, and the next job runs.
+    assert app.client.predict("mine", "run", "all", "failed", api_name="/history")["data"]
+    assert "Run finished" in value(app.client.submit(*run_args(3), api_name="/run").result(timeout=300)[0])
+
+
+def test_a_worker_killed_from_outside_is_crashed_with_its_partial_curve_and_the_queue_moves_on(app):
+    other = Client(app.url, verbose=False)
+    victim = app.client.submit(*run_args(100_000, label="victim"), api_name="/run")
+    wait_for_steps(victim)
+    queued = other.submit(*run_args(3, label="next in line"), api_name="/run")
+    assert wait_until(lambda: any("position 1" in str(value(o[0])) for o in queued.outputs()), 30, 0.2), \
+        "the second run shows its queue position while it waits"
+    os.kill(app.wait_for_worker(), signal.SIGKILL)
+    progress, results, losses, *_ = [value(o) for o in victim.result(timeout=120)]
+    assert "Run failed (crashed)" in progress and "SIGKILL" in progress
+    assert len(losses["data"]) >= 1  # the partial loss curve is kept
+    assert "Run finished" in value(queued.result(timeout=300)[0])
+    history = app.client.predict("mine", "run", "all", "all", api_name="/history")
+    by_label = {row[history["headers"].index("label")]: row for row in history["data"]}
+    assert by_label["victim"][history["headers"].index("status")] == "failed"
+
+
+def test_a_silent_worker_is_killed_and_reported_as_timeout(app):
+    job = app.client.submit(*run_args(100_000), api_name="/run")
+    wait_for_steps(job)
+    worker = app.wait_for_worker()
+    os.kill(worker, signal.SIGSTOP)  # hung: no steps, no heartbeat
+    t0 = time.monotonic()
+    progress = value(job.result(timeout=60)[0])
+    assert "Run failed (timeout)" in progress and "sent nothing" in progress
+    assert time.monotonic() - t0 < 3 + 5 and wait_until(lambda: gone(worker), 5)
+
+
+def test_a_dropped_connection_stops_the_worker_within_2_seconds_and_the_next_job_starts(app, tmp_path):
+    # A client in its own process, killed like a closed browser: its connection drops with it.
+    script = tmp_path / "client.py"
+    script.write_text(
+        "import sys, time\nfrom gradio_client import Client\n"
+        f"c = Client({app.url!r}, verbose=False)\n"
+        f"job = c.submit(*{list(run_args(100_000))!r}, api_name='/run')\n"
+        "while not any('step' in str(o[0]) for o in job.outputs()):\n    time.sleep(0.2)\n"
+        "print('stepping', flush=True)\ntime.sleep(600)\n")
+    client = subprocess.Popen([sys.executable, str(script)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert client.stdout.readline().strip() == "stepping"
+        worker = app.wait_for_worker()
+        client.kill()
+        t0 = time.monotonic()
+        assert wait_until(lambda: gone(worker), 5)
+        assert time.monotonic() - t0 < 2.0, f"the worker outlived the connection by {time.monotonic() - t0:.1f} s"
+    finally:
+        client.kill()
+        client.wait()
+    assert "Run finished" in value(app.client.submit(*run_args(3), api_name="/run").result(timeout=300)[0])
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_a_stopped_server_leaves_no_worker_and_the_restart_keeps_every_record(tmp_path, sig):
+    app = App(tmp_path)
+    try:
+        assert "Run finished" in value(app.client.submit(*run_args(3, label="finished"), api_name="/run")
+                                       .result(timeout=300)[0])
+        # No plan in this session: the run plans first, in its job; then a second run waits behind it.
+        running = app.client.submit(*run_args(100_000, label="running"), api_name="/run")
+        wait_for_steps(running)
+        queued = Client(app.url, verbose=False).submit(*run_args(3, label="queued"), api_name="/run")
+        assert wait_until(lambda: any("queued" in str(value(o[0])) for o in queued.outputs()), 30, 0.2)
+        worker = app.wait_for_worker()
+        t0 = time.monotonic()
+        os.killpg(app.proc.pid, sig)
+        app.proc.wait(timeout=30)
+        assert wait_until(lambda: gone(worker), 5), "a worker outlived its server"
+        assert time.monotonic() - t0 < 15
+    finally:
+        app.close()
+    app.start()  # same history
+    try:
+        history = app.client.predict("mine", "all", "all", "all", api_name="/history")
+        cols = history["headers"]
+        rows = [dict(zip(cols, row)) for row in history["data"]]
+        status = {(r["kind"], r["label"]): r["status"] for r in rows}
+        assert status[("run", "finished")] == "ok"
+        assert status[("run", "running")] == "interrupted" and status[("run", "queued")] == "interrupted"
+        assert status[("plan", "running · planned for this run")] == "ok"  # the plan made on the way
+        csv = pd.read_csv(value(app.client.predict("mine", api_name="/export_history_csv")))
+        message = csv.loc[csv["label"] == "running", "message"].iloc[0]
+        assert "interrupted" in message and "server stopped" in message
+    finally:
+        app.close()
+
+
+def test_a_full_history_is_a_clear_error_and_nothing_stored_is_damaged(tmp_path):
+    db = tmp_path / "history.sqlite"
+    cap_mb = 0.25
+    history = History(db, max_bytes=int(cap_mb * 2**20))
+    filler = RunReport.from_events(RunConfig(), [], status="failed", failure_kind="crashed", message="x" * 30_000)
+    stored = 0
+    with pytest.raises(HistoryError, match="full"):
+        while True:
+            history.add_run(filler, label="filler")
+            stored += 1
+    assert stored >= 3
+    app = App(tmp_path, "--history-max-mb", str(cap_mb), db=db)
+    try:
+        with pytest.raises(Exception) as err:
+            app.client.predict(*run_args(3), api_name="/run")
+        text = str(err.value)
+        assert "history" in text and "full" in text and "Traceback" not in text
+        assert app.workers() == []  # refused before any worker started: a job is never run unrecorded
+        # The app keeps serving, and what was stored is intact.
+        assert len(app.client.predict("mine", "run", "all", "all", api_name="/history")["data"]) == stored
+    finally:
+        app.close()
+    assert History(db).integrity() == "ok"
+    assert len(History(db).entries(kind="run", payload=False)) == stored
