@@ -19,6 +19,7 @@ import dataclasses
 import html
 import json
 import os
+import re
 import signal
 import sys
 import time
@@ -33,6 +34,7 @@ from migration.common import GiB, cache_dir, first_line, fmt_gib, private_dir, r
 os.environ.setdefault("GRADIO_TEMP_DIR", str(cache_dir() / "gradio"))
 
 import gradio as gr  # noqa: E402
+from starlette.middleware import Middleware  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from migration import checklist, forms  # noqa: E402
@@ -417,10 +419,8 @@ def build_demo(settings: Settings | None = None) -> gr.Blocks:
     def do_cancel_job(job_id: str, request: gr.Request) -> str:
         """Stop one of your jobs by its id (API: `cancel_job`)."""
         try:
-            ids = parse_ids(str(job_id))
-            if len(ids) != 1:
-                raise ConfigError("job_id", f"must be one job id; got {job_id!r}")
-            job = service.cancel(ids[0], user_of(request))
+            job = service.cancel(forms.whole(job_id, "job_id", 1, 2**62, note=" (one job id from the History)"),
+                                 user_of(request))
         except (ConfigError, LookupError, NotYourJob) as exc:
             raise refuse(exc)
         return f"Stopping job #{job.id} ({job.summary})."
@@ -581,8 +581,8 @@ def build_demo(settings: Settings | None = None) -> gr.Blocks:
             job_state = gr.State(None)
         with gr.Tab("History"):
             with gr.Row():
-                scope = gr.Radio(["mine", "everyone"], value="mine", label="Whose",
-                                 info=None if settings.multi_user else "single-user box: one shared history")
+                scope = gr.Dropdown(["mine", "everyone"], value="mine", label="Whose", allow_custom_value=True,
+                                    info=None if settings.multi_user else "single-user box: one shared history")
                 f_kind = gr.Dropdown(["all", "run", "plan"], value="all", label="Kind", allow_custom_value=True)
                 f_workload = gr.Dropdown(["all", *WORKLOADS], value="all", label="Workload", allow_custom_value=True)
                 f_status = gr.Dropdown(["all", *HISTORY_STATUSES], value="all", label="Status", allow_custom_value=True)
@@ -658,6 +658,53 @@ def read_plan_file(path: str) -> Plan:
                                        f"({first_line(exc, 200)})")
 
 
+class LoginPageWithoutApi:
+    """ASGI middleware for servers with auth: Gradio's login page embeds the description of every
+    endpoint (names, parameters, choices) for anyone; this serves it without that description."""
+
+    CONFIG = re.compile(rb"window\.gradio_config = (.*?);</script>", re.S)
+    API_INFO = re.compile(rb"window\.gradio_api_info = .*?;</script>", re.S)
+
+    def __init__(self, app: Any):
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["method"] != "GET" or not scope["path"].endswith("/"):
+            await self.app(scope, receive, send)
+            return
+        start: dict[str, Any] = {}
+        chunks: list[bytes] = []
+
+        async def capture(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                start.update(message)
+                return
+            if message["type"] != "http.response.body":
+                await send(message)
+                return
+            chunks.append(message.get("body", b""))
+            if message.get("more_body"):
+                return
+            body = self.strip(b"".join(chunks))
+            headers = [(k, v) for k, v in start.get("headers", []) if k.lower() != b"content-length"]
+            await send({**start, "headers": [*headers, (b"content-length", str(len(body)).encode())]})
+            await send({"type": "http.response.body", "body": body})
+
+        await self.app(scope, receive, capture)
+
+    def strip(self, body: bytes) -> bytes:
+        found = self.CONFIG.search(body)
+        if not found:
+            return body
+        try:
+            config = json.loads(found.group(1))
+        except ValueError:
+            return body
+        if config.get("auth_required") and not config.get("components"):  # the login page
+            return self.API_INFO.sub(b"window.gradio_api_info = null;</script>", body)
+        return body
+
+
 def read_auth(path: str | None, env_value: str | None) -> list[tuple[str, str]] | None:
     """Users as `user:password` lines in a file, or comma-separated in MIGRATION_AUTH."""
     pairs = []
@@ -729,7 +776,8 @@ def main() -> None:
     demo.launch(server_name=args.host, server_port=args.port, root_path=args.root_path or None, auth=users,
                 enable_monitoring=False, ssr_mode=False, show_error=True, share=False, run_history=False,
                 max_threads=64, allowed_paths=[str(private_dir(settings.export_dir or cache_dir() / "exports"))],
-                max_file_size="5mb", quiet=True)
+                max_file_size="5mb", quiet=True,
+                app_kwargs={"middleware": [Middleware(LoginPageWithoutApi)]} if users else None)
 
 
 if __name__ == "__main__":

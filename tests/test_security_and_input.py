@@ -1,0 +1,647 @@
+"""Security and input handling of the launched app, end to end: real servers on free ports, real HTTP,
+real gradio_client calls, real workers (nothing mocked).
+
+A. bad input is refused through the API with a one-line message naming the field and what is allowed;
+B. the code check reads source and never runs it, and refuses oversized or non-UTF-8 input;
+C. CSV exports cannot carry a spreadsheet formula;
+D. the file route serves exports and nothing else;
+E. with auth on, nothing is served without a session, and users only stop their own jobs;
+F. start-up says which interfaces it serves, and the caches are private;
+G. old exports are removed.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import time
+import urllib.parse
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+
+gradio_client = pytest.importorskip("gradio_client")
+httpx = pytest.importorskip("httpx")
+from gradio_client import Client, handle_file
+from gradio_client.exceptions import AppError, AuthenticationError
+
+from migration.codecheck import MAX_SOURCE_BYTES
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.slow
+
+MAX_STEPS = 500  # the --max-steps of the main server
+FORMULA_LABEL = '=HYPERLINK("http://evil.example","x")'
+START_TIMEOUT_S = 180  # a loaded 2-core box takes a while to import gradio and JAX
+
+
+# -- a launched server ---------------------------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """`python app.py` on a free port with its own history, cache and logs under `tmp`; extra CLI
+    arguments and environment as given. MIGRATION_* and GRADIO_TEMP_DIR of the caller are not passed on."""
+
+    def __init__(self, tmp: Path, *args: str, env: dict[str, str] | None = None, wait: bool = True,
+                 pre_create_cache: bool = False):
+        tmp.mkdir(parents=True, exist_ok=True)
+        self.tmp = tmp
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}/"
+        self.db = tmp / "history.sqlite"
+        self.cache = tmp / "cache"
+        if pre_create_cache:  # readable by everyone: the app must tighten them
+            for folder in (self.cache, self.cache / "gradio", self.cache / "exports"):
+                folder.mkdir(parents=True, exist_ok=True)
+                os.chmod(folder, 0o755)
+        self.stdout_path = tmp / "stdout.log"
+        self.stderr_path = tmp / "stderr.log"
+        full_env = {k: v for k, v in os.environ.items() if not k.startswith("MIGRATION_") and k != "GRADIO_TEMP_DIR"}
+        full_env.update({"MIGRATION_CACHE_DIR": str(self.cache), "GRADIO_ANALYTICS_ENABLED": "False"})
+        full_env.update(env or {})
+        self._out = open(self.stdout_path, "w")  # noqa: SIM115  (closed in close())
+        self._err = open(self.stderr_path, "w")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [sys.executable, "app.py", "--port", str(self.port), "--history-db", str(self.db), *args],
+            cwd=ROOT, stdout=self._out, stderr=self._err, env=full_env, start_new_session=True)
+        if wait:
+            self.wait_ready()
+
+    def logs(self) -> str:
+        return self.stdout_path.read_text() + self.stderr_path.read_text()
+
+    def wait_ready(self) -> None:
+        deadline = time.time() + START_TIMEOUT_S
+        while time.time() < deadline:
+            assert self.proc.poll() is None, f"the server exited:\n{self.logs()}"
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                return
+            except OSError:
+                time.sleep(0.3)
+        raise AssertionError(f"the server did not listen within {START_TIMEOUT_S} s:\n{self.logs()}")
+
+    def first_line(self, timeout_s: float = START_TIMEOUT_S) -> str:
+        deadline = time.time() + timeout_s
+        while time.time() < deadline:
+            text = self.stdout_path.read_text()
+            if "\n" in text:
+                return text.splitlines()[0]
+            assert self.proc.poll() is None, f"the server exited:\n{self.logs()}"
+            time.sleep(0.2)
+        raise AssertionError(f"no line on stdout within {timeout_s} s:\n{self.logs()}")
+
+    def client(self, auth: tuple[str, str] | None = None) -> Client:
+        return Client(self.url, auth=auth, verbose=False)
+
+    def workers(self) -> list[int]:
+        """This server's worker processes (its children), not anyone else's."""
+        out = subprocess.run(["pgrep", "-P", str(self.proc.pid), "-f", "migration.worker"],
+                             check=False, capture_output=True, text=True).stdout
+        return [int(p) for p in out.split()]
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            with _suppress_lookup():
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                with _suppress_lookup():
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+        self._out.close()
+        self._err.close()
+
+
+class _suppress_lookup:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, exc, tb):
+        return kind is ProcessLookupError
+
+
+def call_http(base_url: str, api: str, data: list[Any], cookies: Any = None) -> tuple[str, Any]:
+    """POST {"data": [...]} to /gradio_api/call/<api>, then read the event stream to its end:
+    ("complete", outputs) or ("error", message). The body is encoded by `json.dumps`, which writes
+    NaN and Infinity as Python's json module reads them back (gradio_client refuses to send those)."""
+    url = f"{base_url}gradio_api/call/{api.strip('/')}"
+    r = httpx.post(url, content=json.dumps({"data": data}), headers={"content-type": "application/json"},
+                   cookies=cookies, timeout=60)
+    assert r.status_code == 200, (r.status_code, r.text)
+    event_id = r.json()["event_id"]
+    event = None
+    with httpx.stream("GET", f"{url}/{event_id}", cookies=cookies, timeout=300) as stream:
+        for line in stream.iter_lines():
+            if line.startswith("event:"):
+                event = line.split(":", 1)[1].strip()
+            elif line.startswith("data:") and event in ("complete", "error"):
+                payload = json.loads(line.split(":", 1)[1])
+                if event == "error" and isinstance(payload, dict):
+                    payload = payload.get("error")
+                return event, payload
+    raise AssertionError(f"the event stream of {api} ended without complete or error")
+
+
+def value_of(output: Any) -> Any:
+    """A component's value from an output that may be a gr.update dict."""
+    return output["value"] if isinstance(output, dict) and "__type__" in output else output
+
+
+# -- the servers ---------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """No auth, default host, --max-steps 500; cache folders pre-created world-readable."""
+    s = Server(tmp_path_factory.mktemp("main"), "--max-steps", str(MAX_STEPS), pre_create_cache=True)
+    yield s
+    s.close()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return server.client()
+
+
+@pytest.fixture(scope="module")
+def auth_server(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("auth")
+    users = tmp / "users.txt"
+    users.write_text("alice:pw1\nbob:pw2\n")
+    s = Server(tmp, "--auth-file", str(users))
+    yield s
+    s.close()
+
+
+@pytest.fixture(scope="module")
+def formula_run(server, client):
+    """A short run on this machine labelled with a spreadsheet formula; its outputs."""
+    form = [*FORM.values()]
+    outputs = client.predict(None, 3, 0.003, False, False, False, *form, FORMULA_LABEL, api_name="/run")
+    assert "Run finished" in outputs[0], outputs[0]
+    return outputs
+
+
+# -- A. bad input --------------------------------------------------------------------------------
+
+# The Migrate form's inputs in the app's order, with values that are valid together (this machine as
+# the target: fastest on a CPU host).
+FORM = {"workload": "transformer", "preset": "tiny", "source": "tpu-v5e-8", "global_batch": 32, "per_core_batch": 0,
+        "source_precision": "bf16", "target": "local", "gpus": 1, "memory_fraction": 0.8,
+        "granularity": "multiple8", "remat": "auto", "precision": "auto", "accumulation": 0}
+RUN_OPTIONS = {"plan_file": None, "steps": 3, "learning_rate": 0.003, "compare_tpu": False, "profile": False,
+               "fp32_reference": False}
+INPUTS = {
+    "/plan": [*FORM, "label"],
+    "/run": [*RUN_OPTIONS, *FORM, "label"],
+    "/history": ["scope", "kind", "workload", "status"],  # workload: "transformer" is a valid filter too
+    "/compare": ["ids", "scope"],
+    "/export_csv": ["ids", "scope"],
+    "/export_history_csv": ["scope"],
+    "/cancel_job": ["job_id"],
+}
+DEFAULTS = {**FORM, **RUN_OPTIONS, "label": "", "scope": "mine", "kind": "all", "status": "all", "ids": "1,2",
+            "job_id": "1"}
+NOT_A_PLAN = object()  # replaced by an uploaded JSON file that is not a plan
+WHOLE = "must be a whole number from 1 to"
+SERVER_STEPS = f"from 1 to {MAX_STEPS} (this server's per-user limit)"
+IDS = "run ids from the History table separated by commas, like 3,5"
+@dataclass(frozen=True)
+class Bad:
+    id: str
+    api: str
+    values: dict[str, Any]
+    field: str  # the field the message must name
+    allowed: str  # a piece of what the message must say is allowed
+    http: bool = False  # NaN/inf: sent by plain HTTP (gradio_client does not send them)
+    extra: tuple[str, ...] = field(default=())  # further text the message must hold
+
+
+BAD = [
+    # numbers: zero, negative, huge, non-finite, fractions, text, None
+    Bad("plan-global-batch-0", "/plan", {"global_batch": 0}, "global_batch", WHOLE),
+    Bad("plan-global-batch-negative", "/plan", {"global_batch": -1}, "global_batch", WHOLE),
+    Bad("plan-global-batch-huge", "/plan", {"global_batch": 10**12}, "global_batch", WHOLE),
+    Bad("plan-global-batch-nan", "/plan", {"global_batch": math.nan}, "global_batch", WHOLE, http=True),
+    Bad("plan-global-batch-inf", "/plan", {"global_batch": math.inf}, "global_batch", WHOLE, http=True),
+    Bad("plan-global-batch-minus-inf", "/plan", {"global_batch": -math.inf}, "global_batch", WHOLE, http=True),
+    Bad("plan-global-batch-fraction", "/plan", {"global_batch": 256.5}, "global_batch", WHOLE),
+    Bad("plan-global-batch-text", "/plan", {"global_batch": "abc"}, "global_batch", WHOLE),
+    Bad("plan-global-batch-empty", "/plan", {"global_batch": ""}, "global_batch", WHOLE),
+    Bad("plan-global-batch-exponent-text", "/plan", {"global_batch": "1e3"}, "global_batch", WHOLE),
+    Bad("plan-global-batch-none", "/plan", {"global_batch": None}, "global_batch", WHOLE),
+    Bad("plan-gpus-fraction", "/plan", {"gpus": 2.5}, "gpus", "whole number from 1 to 64"),
+    Bad("plan-gpus-0", "/plan", {"gpus": 0}, "gpus", "whole number from 1 to 64"),
+    Bad("plan-gpus-none", "/plan", {"gpus": None}, "gpus", "whole number from 1 to 64"),
+    Bad("plan-per-core-negative", "/plan", {"per_core_batch": -8}, "per_core_batch", "0: global batch / the TPU's cores"),
+    Bad("plan-accumulation-fraction", "/plan", {"accumulation": 0.5}, "accumulation_steps", "0: chosen by the planner"),
+    Bad("plan-memory-fraction-0", "/plan", {"memory_fraction": 0}, "memory_fraction", "number from 0.05 to 1"),
+    Bad("plan-memory-fraction-nan", "/plan", {"memory_fraction": math.nan}, "memory_fraction",
+        "number from 0.05 to 1", http=True),
+    Bad("plan-memory-fraction-text", "/plan", {"memory_fraction": "abc"}, "memory_fraction", "number from 0.05 to 1"),
+    # unknown names
+    Bad("plan-unknown-workload", "/plan", {"workload": "resnet"}, "workload", "one of mlp, cnn, transformer"),
+    Bad("plan-empty-workload", "/plan", {"workload": ""}, "workload", "one of mlp, cnn, transformer"),
+    Bad("plan-unknown-preset", "/plan", {"preset": "huge"}, "preset", "one of tiny"),
+    Bad("plan-preset-of-another-workload", "/plan", {"workload": "mlp", "preset": "gpt2-small"}, "preset", "one of tiny"),
+    Bad("plan-unknown-source", "/plan", {"source": "tpu-v9-8"}, "source", "tpu-v5e-8"),
+    Bad("plan-unknown-target", "/plan", {"target": "b200"}, "target", "h100-sxm"),
+    Bad("plan-none-target", "/plan", {"target": None}, "target", "one of local"),
+    Bad("plan-unknown-source-precision", "/plan", {"source_precision": "fp8"}, "source_precision", "one of bf16, fp32"),
+    Bad("plan-unknown-precision", "/plan", {"precision": "fp64"}, "precision", "one of auto, fp32, bf16, fp16"),
+    Bad("plan-unknown-remat", "/plan", {"remat": "everything"}, "remat", "one of auto, none, dots"),
+    Bad("plan-unknown-granularity", "/plan", {"granularity": "pow3"}, "granularity", "one of multiple8, pow2"),
+    # settings that contradict each other
+    Bad("plan-per-core-contradicts-global", "/plan", {"global_batch": 256, "per_core_batch": 16}, "per_core_batch",
+        "use per_core_batch 32", extra=("8 cores", "global_batch is 256")),
+    Bad("plan-accumulation-exceeds-global", "/plan", {"global_batch": 32, "accumulation": 64}, "accumulation_steps",
+        "at most 32"),
+    # labels
+    Bad("plan-label-newline", "/plan", {"label": "first\nsecond"}, "label", "one line of text"),
+    Bad("plan-label-200-chars", "/plan", {"label": "x" * 200}, "label", "at most 80 characters"),
+    Bad("plan-label-none", "/plan", {"label": None}, "label", "text of at most 80 characters"),
+    # /run: its own settings, and the form checked there too
+    Bad("run-steps-absurd", "/run", {"steps": 10**9}, "steps", SERVER_STEPS),
+    Bad("run-steps-above-server-limit", "/run", {"steps": MAX_STEPS + 1}, "steps", SERVER_STEPS),
+    Bad("run-steps-0", "/run", {"steps": 0}, "steps", SERVER_STEPS),
+    Bad("run-steps-fraction", "/run", {"steps": 2.5}, "steps", SERVER_STEPS),
+    Bad("run-steps-text", "/run", {"steps": "abc"}, "steps", SERVER_STEPS),
+    Bad("run-steps-none", "/run", {"steps": None}, "steps", SERVER_STEPS),
+    Bad("run-steps-nan", "/run", {"steps": math.nan}, "steps", SERVER_STEPS, http=True),
+    Bad("run-learning-rate-0", "/run", {"learning_rate": 0}, "learning_rate", "number from 1e-08 to 1"),
+    Bad("run-learning-rate-inf", "/run", {"learning_rate": math.inf}, "learning_rate", "number from 1e-08 to 1",
+        http=True),
+    Bad("run-learning-rate-text", "/run", {"learning_rate": "abc"}, "learning_rate", "number from 1e-08 to 1"),
+    Bad("run-global-batch-0", "/run", {"global_batch": 0}, "global_batch", WHOLE),
+    Bad("run-tpu-as-target", "/run", {"target": "tpu-v5e-8"}, "target", "one of local"),
+    Bad("run-per-core-contradicts-global", "/run", {"global_batch": 256, "per_core_batch": 16}, "per_core_batch",
+        "use per_core_batch 32"),
+    Bad("run-label-newline", "/run", {"label": "a\r\nb"}, "label", "one line of text"),
+    Bad("run-label-200-chars", "/run", {"label": "y" * 200}, "label", "at most 80 characters"),
+    Bad("run-plan-file-not-a-plan", "/run", {"plan_file": NOT_A_PLAN}, "plan_file",
+        "python -m migration plan --json"),
+    # history filters, selections, job ids
+    Bad("history-unknown-kind", "/history", {"kind": "runs"}, "kind", "one of all, run, plan"),
+    Bad("history-none-kind", "/history", {"kind": None}, "kind", "one of all, run, plan"),
+    Bad("history-unknown-workload", "/history", {"workload": "gpt"}, "workload", "one of all, mlp, cnn, transformer"),
+    Bad("history-unknown-status", "/history", {"status": "done"}, "status", "one of all, ok, failed"),
+    Bad("history-unknown-scope", "/history", {"scope": "yours"}, "scope", "mine"),
+    Bad("compare-sql-ids", "/compare", {"ids": "1;DROP TABLE"}, "ids", IDS),
+    Bad("compare-or-ids", "/compare", {"ids": "1 OR 1=1"}, "ids", IDS),
+    Bad("export-sql-ids", "/export_csv", {"ids": "1;DROP TABLE"}, "ids", IDS),
+    Bad("export-path-ids", "/export_csv", {"ids": "../../etc/passwd"}, "ids", IDS),
+    Bad("export-history-unknown-scope", "/export_history_csv", {"scope": "all"}, "scope", "mine"),
+    Bad("cancel-text-job-id", "/cancel_job", {"job_id": "abc"}, "job_id", "one job id"),
+    Bad("cancel-negative-job-id", "/cancel_job", {"job_id": "-1"}, "job_id", "one job id"),
+    Bad("cancel-empty-job-id", "/cancel_job", {"job_id": ""}, "job_id", "one job id"),
+    Bad("cancel-two-job-ids", "/cancel_job", {"job_id": "1,2"}, "job_id", "one job id"),
+]
+
+
+def _params():
+    for case in BAD:
+        yield pytest.param(case, id=case.id)
+
+
+@pytest.fixture(scope="module")
+def entries_before_bad_input(client):
+    return len(client.predict("everyone", "all", "all", "all", api_name="/history")["data"])
+
+
+@pytest.fixture(scope="module")
+def not_a_plan(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("upload") / "plan.json"
+    path.write_text(json.dumps({"status": "ok", "note": "not a plan"}))
+    return str(path)
+
+
+@pytest.mark.parametrize("case", _params())
+def test_bad_input_is_refused_naming_the_field(case: Bad, server, client, entries_before_bad_input, not_a_plan):
+    values = {**DEFAULTS, **case.values}
+    args = [values[name] for name in INPUTS[case.api]]
+    if case.http:
+        # gradio_client encodes its payload as strict JSON: NaN and ±inf raise ValueError on this side
+        # and nothing is sent. The same values go to the server by plain HTTP, as any other client can.
+        try:
+            client.predict(*args, api_name=case.api)
+        except AppError as exc:  # a gradio_client that sends them: the server's answer must hold too
+            _check_refusal(case, str(exc))
+        except ValueError as exc:
+            assert "JSON" in str(exc), exc
+        else:
+            pytest.fail(f"{case.api} accepted {case.values}")
+        event, message = call_http(server.url, case.api, args)
+        assert event == "error", (event, message)
+        _check_refusal(case, str(message))
+        return
+    args = [handle_file(not_a_plan) if a is NOT_A_PLAN else a for a in args]
+    with pytest.raises(AppError) as err:
+        client.predict(*args, api_name=case.api)
+    _check_refusal(case, str(err.value))
+
+
+def _check_refusal(case: Bad, message: str) -> None:
+    assert "Traceback" not in message and 'File "' not in message, message
+    assert "\n" not in message, f"not one line: {message!r}"
+    assert case.field in message, f"{case.api} {case.values}: the message does not name {case.field!r}: {message!r}"
+    assert case.allowed in message, f"{case.api} {case.values}: the message does not say {case.allowed!r}: {message!r}"
+    for text in case.extra:
+        assert text in message, message
+
+
+def test_server_keeps_serving_after_bad_input(server, client, entries_before_bad_input):
+    history = client.predict("everyone", "all", "all", "all", api_name="/history")
+    assert history["headers"][:4] == ["id", "created_at", "user", "label"]
+    assert len(history["data"]) == entries_before_bad_input, "a refused input left a history entry"
+    assert server.proc.poll() is None and server.workers() == []
+
+
+# -- B. the code check never runs its input ------------------------------------------------------
+
+def _hostile_source(folder: Path) -> tuple[str, list[Path]]:
+    targets = [folder / name for name in ("pwned", "pwned2", "pwned3", "pwned4", "pwned5")]
+    source = "\n".join([
+        f'open("{targets[0]}", "w").write("x")',
+        f'__import__("os").system("touch {targets[1]}")',
+        f'def f(x=open("{targets[2]}", "w").write("x")):',
+        "    pass",
+        "class C:",
+        f'    open("{targets[3]}", "w").write("x")',
+        f'exec("open(\'{targets[4]}\', \'w\').write(\'x\')")',
+        "import jax",
+        "x = jax.device_put_replicated(1, jax.devices())",
+        "",
+    ])
+    return source, targets
+
+
+def test_code_check_reads_pasted_and_uploaded_source_without_running_it(client, tmp_path):
+    source, targets = _hostile_source(tmp_path)
+    summary, table = client.predict(source, None, api_name="/code_check")
+    rows = value_of(table)["data"]
+    assert "finding(s)" in summary and any(row[3] == "REMOVED001" and row[0] == "<pasted>" for row in rows), rows
+    upload = tmp_path / "train_hostile.py"
+    upload.write_text(source)
+    summary, table = client.predict("", [handle_file(str(upload))], api_name="/code_check")
+    assert any(row[0] == "train_hostile.py" and row[3] == "REMOVED001" for row in value_of(table)["data"])
+    time.sleep(1)
+    assert [p.name for p in targets if p.exists()] == []
+
+
+def test_code_check_refuses_an_oversized_paste_naming_the_limit(client):
+    text = "x = 1\n" * 200_000  # 1.2 MB
+    with pytest.raises(AppError) as err:
+        client.predict(text, None, api_name="/code_check")
+    message = str(err.value)
+    assert f"{MAX_SOURCE_BYTES:,} bytes" in message and "limit" in message and f"{len(text):,}" in message, message
+    assert "Traceback" not in message
+
+
+def test_code_check_refuses_oversized_and_non_utf8_uploads_naming_the_file(client, tmp_path):
+    bad = tmp_path / "latin_script.py"
+    bad.write_bytes(b"\xff\xfe x = 1\n")
+    with pytest.raises(AppError) as err:
+        client.predict("", [handle_file(str(bad))], api_name="/code_check")
+    message = str(err.value)
+    assert "latin_script.py" in message and "UTF-8" in message and "Traceback" not in message, message
+    big = tmp_path / "big_script.py"
+    big.write_text("x = 1\n" * 200_000)
+    with pytest.raises(AppError) as err:
+        client.predict("", [handle_file(str(big))], api_name="/code_check")
+    message = str(err.value)
+    assert "big_script.py" in message and f"{MAX_SOURCE_BYTES:,} bytes" in message and "limit" in message, message
+
+
+# -- C. CSV exports carry no formula -------------------------------------------------------------
+
+def test_history_export_neutralises_a_formula_label(client, formula_run):
+    path = value_of(client.predict("mine", api_name="/export_history_csv"))
+    with open(path, newline="") as f:
+        raw = list(csv.DictReader(f))
+    ours = [row for row in raw if "HYPERLINK" in (row["label"] or "")]
+    assert {row["kind"] for row in ours} >= {"run"}, raw
+    run = next(row for row in ours if row["kind"] == "run")
+    assert run["label"] == "'" + FORMULA_LABEL
+    assert all(row["label"].startswith("'=HYPERLINK(") for row in ours)
+    frame = pd.read_csv(path)
+    assert frame.loc[frame["kind"] == "run", "label"].iloc[0] == "'" + FORMULA_LABEL
+    # No cell of the export starts a formula (a leading - or + only on numbers).
+    for row in raw:
+        for key, cell in row.items():
+            if cell and cell[0] in "=@\t\r":
+                pytest.fail(f"cell {key}={cell!r} would be evaluated by a spreadsheet")
+            if cell and cell[0] in "+-":
+                float(cell)
+    # The app's own view of the label is unchanged.
+    history = client.predict("mine", "run", "all", "all", api_name="/history")
+    labels = [row[history["headers"].index("label")] for row in history["data"]]
+    assert FORMULA_LABEL in labels
+
+
+# -- D. the file route ---------------------------------------------------------------------------
+
+def _file_url(server: Server, path: str | Path) -> str:
+    return f"{server.url}gradio_api/file={path}"
+
+
+def test_file_route_refuses_files_outside_the_exports(server, formula_run):
+    export_dir = server.cache / "exports"
+    refused = [
+        "/etc/passwd",
+        str(ROOT / "app.py"),
+        str(server.db),
+        f"{export_dir}/../../{server.db.name}",
+        urllib.parse.quote(f"{export_dir}/../../{server.db.name}", safe=""),
+        urllib.parse.quote(f"{server.cache / 'gradio'}/../../../../../../etc/passwd", safe=""),
+    ]
+    for path in refused:
+        r = httpx.get(f"{server.url}gradio_api/file={path}", timeout=30)
+        assert r.status_code in (403, 404), (path, r.status_code, r.text[:200])
+        assert "root:" not in r.text and "SQLite format" not in r.text and "def build_demo" not in r.text, path
+
+
+def test_export_downloads_and_file_names_hold_no_label_text(server, formula_run):
+    event, outputs = call_http(server.url, "/export_history_csv", ["mine"])
+    assert event == "complete", outputs
+    data = value_of(outputs[0])
+    r = httpx.get(data["url"], timeout=30)
+    assert r.status_code == 200 and r.text.startswith("id,kind,"), (r.status_code, r.text[:200])
+    assert "'=HYPERLINK(" in r.text
+    names = [Path(data["path"]).name, data["orig_name"]]
+    for folder in (server.cache / "exports", server.cache / "gradio"):
+        names += [p.name for p in folder.rglob("*")]
+    files = [value_of(formula_run[i]) for i in (3, 5, 6, 7)]  # report CSV, checklist CSV, deployment, trace
+    names += [Path(f).name for f in files if f]
+    assert len(names) > 5
+    for name in names:
+        assert not any(text in name for text in ("HYPERLINK", "evil", "http", '"')), name
+
+
+# -- E. auth on ----------------------------------------------------------------------------------
+
+def test_auth_refuses_plain_http_without_a_session(auth_server):
+    base = auth_server.url.rstrip("/")
+    requests = [("GET", "/config", None), ("GET", "/gradio_api/info", None),
+                ("POST", "/gradio_api/call/history", {"data": ["everyone", "all", "all", "all"]}),
+                ("POST", "/gradio_api/queue/join", {"data": ["everyone", "all", "all", "all"], "fn_index": 0,
+                                                    "session_hash": "abc123"}),
+                ("POST", "/gradio_api/run/history", {"data": ["everyone", "all", "all", "all"]}),
+                ("GET", "/gradio_api/file=/etc/passwd", None),
+                ("GET", f"/gradio_api/file={auth_server.cache / 'exports'}", None)]
+    for method, path, body in requests:
+        r = httpx.request(method, base + path, json=body, follow_redirects=False, timeout=30)
+        assert r.status_code in (401, 403), (method, path, r.status_code, r.text[:200])
+        assert "named_endpoints" not in r.text and "Global batch" not in r.text and "root:" not in r.text
+    # The page itself is the login form: its config has no components and no events.
+    r = httpx.get(base + "/", follow_redirects=False, timeout=30)
+    assert r.status_code == 200
+    config = _page_config(r.text)
+    assert config["auth_required"] is True and config["components"] == [] and config["dependencies"] == []
+
+
+def _page_config(page: str) -> dict[str, Any]:
+    start = page.index("window.gradio_config = ") + len("window.gradio_config = ")
+    return json.JSONDecoder().raw_decode(page[start:])[0]
+
+
+def test_login_page_does_not_describe_the_api(auth_server):
+    r = httpx.get(auth_server.url, follow_redirects=False, timeout=30)
+    assert "named_endpoints" not in r.text and "cancel_job" not in r.text and "Global batch" not in r.text
+
+
+def test_auth_client_needs_right_credentials(auth_server):
+    with pytest.raises(AuthenticationError, match="credentials"):
+        auth_server.client()
+    for auth in (("alice", "wrong"), ("alice", "pw2"), ("carol", "pw1"), ("alice", "")):
+        with pytest.raises(ValueError, match="Could not login"):
+            auth_server.client(auth)
+    history = auth_server.client(("alice", "pw1")).predict("mine", "all", "all", "all", api_name="/history")
+    assert history["headers"][:3] == ["id", "created_at", "user"]
+
+
+def _entry(client: Client, scope: str, label: str, kind: str = "run") -> list[Any] | None:
+    history = client.predict(scope, kind, "all", "all", api_name="/history")
+    cols = history["headers"]
+    rows = [dict(zip(cols, row)) for row in history["data"]]
+    return next((row for row in rows if row["label"] == label), None)
+
+
+def _wait_for(predicate, timeout_s: float, what: str, interval: float = 0.25):
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"{what}: not within {timeout_s} s")
+
+
+def test_users_stop_only_their_own_jobs_and_see_their_own_history(auth_server):
+    alice = auth_server.client(("alice", "pw1"))
+    bob = auth_server.client(("bob", "pw2"))
+    form = [*FORM.values()]
+    long_run = alice.submit(None, 400, 0.003, False, False, False, *form, "alice-long", api_name="/run")
+    entry = _wait_for(lambda: _entry(alice, "mine", "alice-long"), 20, "alice's run in her history")
+    assert entry["status"] in ("queued", "running") and entry["user"] == "alice", entry
+    job_id = str(entry["id"])
+    _wait_for(auth_server.workers, 180, "a worker for alice's run")
+
+    # bob cannot stop it
+    with pytest.raises(AppError) as err:
+        bob.predict(job_id, api_name="/cancel_job")
+    assert "belongs to another user" in str(err.value) and "Traceback" not in str(err.value), err.value
+    assert _entry(alice, "mine", "alice-long")["status"] in ("queued", "running")
+    assert auth_server.workers() and not long_run.done()
+
+    # bob's own job, queued behind alice's, is his to stop
+    bob_run = bob.submit(None, 3, 0.003, False, False, False, *form, "bob-queued", api_name="/run")
+    bob_entry = _wait_for(lambda: _entry(bob, "mine", "bob-queued"), 20, "bob's run in his history")
+    assert "Stopping job" in bob.predict(str(bob_entry["id"]), api_name="/cancel_job")
+    _wait_for(lambda: _entry(bob, "mine", "bob-queued")["status"] == "cancelled", 30, "bob's run cancelled")
+    bob_run.result(timeout=60)
+
+    # history: mine is mine, everyone's shows who ran what
+    assert _entry(bob, "mine", "alice-long") is None
+    everyone = bob.predict("everyone", "run", "all", "all", api_name="/history")
+    cols = everyone["headers"]
+    rows = [dict(zip(cols, row)) for row in everyone["data"]]
+    assert {row["label"]: row["user"] for row in rows} == {"alice-long": "alice", "bob-queued": "bob"}
+    for scope, users in (("everyone", {"alice", "bob"}), ("mine", {"bob"})):
+        history = bob.predict(scope, "all", "all", "all", api_name="/history")
+        shown = {dict(zip(history["headers"], row))["user"] for row in history["data"]}
+        assert shown == users, (scope, history["data"])
+
+    # alice stops it: the worker is gone within seconds and the history says cancelled
+    assert f"Stopping job #{job_id}" in alice.predict(job_id, api_name="/cancel_job")
+    _wait_for(lambda: auth_server.workers() == [], 10, "alice's worker gone")
+    _wait_for(lambda: _entry(alice, "mine", "alice-long")["status"] == "cancelled", 30, "alice's run cancelled")
+    assert "stopped" in long_run.result(timeout=60)[0]
+
+
+# -- F. start-up and private caches --------------------------------------------------------------
+
+def test_startup_says_loopback_only_by_default(server):
+    line = server.first_line()
+    assert "serving on loopback only" in line and f"http://127.0.0.1:{server.port}/" in line, line
+    assert "no auth: single-user mode" in line
+
+
+def test_startup_says_all_interfaces_for_0_0_0_0(tmp_path):
+    s = Server(tmp_path, "--host", "0.0.0.0", wait=False)
+    try:
+        line = s.first_line()
+        assert "serving on ALL interfaces" in line and "0.0.0.0" in line, line
+        _wait_for(lambda: "warning: serving beyond loopback without auth" in s.stderr_path.read_text(), 30,
+                  "the no-auth warning on stderr")
+    finally:
+        s.close()
+
+
+def test_caches_and_exports_are_private(server, formula_run):
+    for folder in (server.cache, server.cache / "gradio", server.cache / "exports"):
+        assert folder.is_dir(), folder
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o700, (folder, oct(folder.stat().st_mode))
+    assert any((server.cache / "exports").iterdir()), "the run wrote its exports there"
+
+
+# -- G. old exports are removed ------------------------------------------------------------------
+
+def test_old_exports_are_removed_at_start_up_and_on_export(tmp_path):
+    exports = tmp_path / "exports"
+    (exports / "trace-old").mkdir(parents=True)
+    os.chmod(exports, 0o755)
+    old = [exports / "history-20200101-000000-1.csv", exports / "trace-old" / "trace.json.gz"]
+    hour_ago = time.time() - 3600
+    for path in old:
+        path.write_text("old")
+        os.utime(path, (hour_ago, hour_ago))
+    s = Server(tmp_path, "--export-dir", str(exports), "--export-max-age-hours", "0.0003")  # about 1 s
+    try:
+        assert [p for p in old if p.exists()] == [], "old exports survived start-up"
+        assert stat.S_IMODE(exports.stat().st_mode) == 0o700
+        client = s.client()
+        client.predict("mine", api_name="/export_history_csv")
+        first = sorted(exports.glob("history-*.csv"))
+        assert len(first) == 1, first
+        time.sleep(1.5)  # older than the limit now
+        client.predict("mine", api_name="/export_history_csv")
+        second = sorted(exports.glob("history-*.csv"))
+        assert not first[0].exists() and len(second) == 1, (first, second)
+    finally:
+        s.close()
