@@ -3,11 +3,18 @@
 Why a process per run: JAX reads its memory and device settings only before it initialises, never
 returns its GPU memory pool, and an out-of-memory error or a crash must not take the caller (a
 shared server) down. Cancel = kill the worker's process group and reap it. Every wait is bounded
-by the config's `timeout_s`, so no run hangs.
+by the config's `timeout_s`, so no run hangs, and a worker that sends nothing (not even its
+`alive` heartbeat) for `silence_timeout_s` is stopped as hung.
+
+No worker outlives the process that started it: each worker gets the read end of a "lifeline" pipe
+whose only write end this process holds (non-inheritable, so no other child gets a copy). When this
+process ends in any way (exit, crash, SIGTERM, SIGKILL) the kernel closes that end, the worker reads
+end-of-file and kills its own process group.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import select
@@ -17,6 +24,7 @@ import sys
 import tempfile
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -27,14 +35,28 @@ from migration.report import RunReport
 
 STDERR_TAIL_CHARS = 4000
 TERMINAL_EVENTS = ("finished", "failed", "plan", "environment")
+_LIVE_WORKERS: weakref.WeakSet[WorkerProcess] = weakref.WeakSet()  # started, not reaped yet
+
+
+@atexit.register
+def _stop_workers_at_exit() -> None:
+    """This process is exiting normally: stop its workers now, while the interpreter still works (an
+    unfinished `events()` iterator is only closed during interpreter teardown, too late to rely on).
+    Their lifelines would stop them a moment later anyway, when the process is gone."""
+    for worker in list(_LIVE_WORKERS):
+        worker._kill()
+        worker._close_lifeline()
 
 
 class WorkerProcess:
     """A started worker. Iterate `events()` to completion; then `outcome` holds
     (status, failure kind, message) and `stderr_tail` the end of its output."""
 
-    def __init__(self, mode: str, payload: dict[str, Any], timeout_s: float):
+    def __init__(self, mode: str, payload: dict[str, Any], timeout_s: float,
+                 silence_timeout_s: float | None = None):
         self.timeout_s = timeout_s
+        self.silence_timeout_s = float(silence_timeout_s if silence_timeout_s is not None
+                                       else payload.get("silence_timeout_s", 120.0))
         self.started_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         self._t0 = time.monotonic()
         self._deadline = self._t0 + timeout_s
@@ -45,23 +67,34 @@ class WorkerProcess:
         self.stderr_tail = ""
         self.wall_s: float | None = None
         read_fd, write_fd = os.pipe()
+        # os.pipe() fds are non-inheritable and Popen passes only pass_fds: the lifeline's write end
+        # stays in this process alone, so it closes exactly when this process ends (or _reap closes it).
+        lifeline_read, self._lifeline = os.pipe()
+        self._lifeline_lock = threading.Lock()  # closed from _reap or at exit, never twice
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH", ""), str(PROJECT_ROOT)) if p)
-        args = [sys.executable, "-m", "migration.worker", "--events-fd", str(write_fd), "--mode", mode]
+        args = [sys.executable, "-m", "migration.worker", "--events-fd", str(write_fd), "--mode", mode,
+                "--lifeline-fd", str(lifeline_read), "--silence-timeout-s", repr(self.silence_timeout_s)]
         try:
             self._proc = subprocess.Popen(
                 args,
                 stdin=subprocess.PIPE,
                 stdout=self._stderr,
                 stderr=subprocess.STDOUT,
-                pass_fds=(write_fd,),
+                pass_fds=(write_fd, lifeline_read),
                 env=env,
                 cwd=str(PROJECT_ROOT),
                 start_new_session=True,  # its own process group: cancel kills the whole tree
             )
+        except BaseException:
+            os.close(read_fd)
+            self._close_lifeline()
+            raise
         finally:
             os.close(write_fd)
+            os.close(lifeline_read)
         self._fd = read_fd
+        _LIVE_WORKERS.add(self)
         self._proc.stdin.write(json.dumps(payload).encode())
         self._proc.stdin.close()
 
@@ -86,37 +119,63 @@ class WorkerProcess:
 
     def events(self, heartbeat_s: float | None = None) -> Iterator[dict[str, Any]]:
         """Yield events as the worker writes them; ends with the worker. With `heartbeat_s`, also
-        yield {"event": "heartbeat", "elapsed_s": ...} whenever the worker is silent that long
-        (lets a UI show time passing and react to a cancel during a long compile)."""
+        yield {"event": "heartbeat", "elapsed_s": ...} whenever no event came for that long (lets a
+        UI show time passing and react to a cancel during a long compile). The worker's own `alive`
+        heartbeats only prove it is not hung: they are neither yielded nor kept.
+
+        Closing this iterator before the worker's last event (the caller stopped reading) kills it."""
         buf = b""
         outcome: tuple[str, str | None, str] | None = None
+        last_bytes = last_yield = time.monotonic()
         try:
             while outcome is None:
-                remaining = self._deadline - time.monotonic()
+                now = time.monotonic()
+                remaining = self._deadline - now
                 if remaining <= 0:
                     self._kill()
                     outcome = ("failed", "timeout",
                                f"timeout: the job took longer than timeout_s={self.timeout_s:g} s and was stopped")
                     break
-                ready, _, _ = select.select([self._fd], [], [], min(remaining, heartbeat_s or 0.5))
+                if heartbeat_s and now - last_yield >= heartbeat_s:
+                    last_yield = now
+                    yield {"event": "heartbeat", "elapsed_s": now - self._t0}
+                    continue
+                wait = min(remaining, last_bytes + self.silence_timeout_s - now,
+                           last_yield + heartbeat_s - now if heartbeat_s else 0.5)
+                ready, _, _ = select.select([self._fd], [], [], max(0.0, wait))
                 if not ready:
-                    if heartbeat_s:
-                        yield {"event": "heartbeat", "elapsed_s": time.monotonic() - self._t0}
+                    # Judged only right after a select that found nothing to read, so a caller that
+                    # was slow to ask for the next event never makes a busy worker look silent.
+                    if time.monotonic() - last_bytes >= self.silence_timeout_s:
+                        self._kill()
+                        limit = self.silence_timeout_s
+                        outcome = ("failed", "timeout",
+                                   (f"timeout: the worker sent nothing for {limit:g} s (silence limit "
+                                    f"silence_timeout_s={limit:g}); it was stopped as hung"))
+                        break
                     continue
                 chunk = os.read(self._fd, 65536)
                 if not chunk:  # the worker closed its end: it exited (or was killed)
                     break
+                last_bytes = time.monotonic()
                 buf += chunk
                 *lines, buf = buf.split(b"\n")
                 for line in lines:
                     if not line.strip():
                         continue
                     event = json.loads(line)
+                    if event["event"] == "alive":
+                        continue
                     self._events.append(event)
                     yield event
+                    last_yield = time.monotonic()
                     if event["event"] in TERMINAL_EVENTS:
                         outcome = ("failed", event.get("kind", "crashed"), event.get("message", "")) \
                             if event["event"] == "failed" else ("ok", None, "")
+        except BaseException:  # closed early (GeneratorExit) or failed: nobody reads its events any more
+            if outcome is None:
+                self._kill()
+            raise
         finally:
             os.close(self._fd)
             self._reap()
@@ -134,6 +193,15 @@ class WorkerProcess:
         except subprocess.TimeoutExpired:
             self._kill()
             self._proc.wait()
+        finally:
+            self._close_lifeline()
+            _LIVE_WORKERS.discard(self)
+
+    def _close_lifeline(self) -> None:
+        with self._lifeline_lock:
+            fd, self._lifeline = self._lifeline, -1
+        if fd >= 0:
+            os.close(fd)
 
     def _crash_message(self) -> str:
         code = self._proc.returncode
@@ -161,7 +229,7 @@ class RunHandle(WorkerProcess):
     def __init__(self, cfg: RunConfig):
         self.config = cfg
         self.report: RunReport | None = None
-        super().__init__("run", cfg.to_dict(), cfg.timeout_s)
+        super().__init__("run", cfg.to_dict(), cfg.timeout_s, cfg.silence_timeout_s)
 
     def events(self, heartbeat_s: float | None = None) -> Iterator[dict[str, Any]]:
         yield from super().events(heartbeat_s)
@@ -195,7 +263,7 @@ class PlanHandle(WorkerProcess):
         self.request = req
         self.plan: Plan | None = None
         self.error: PlanError | None = None
-        super().__init__("plan", req.to_dict(), req.timeout_s)
+        super().__init__("plan", req.to_dict(), req.timeout_s, req.silence_timeout_s)
 
     def events(self, heartbeat_s: float | None = None) -> Iterator[dict[str, Any]]:
         yield from super().events(heartbeat_s)
@@ -227,7 +295,7 @@ def run(cfg: RunConfig, on_event: Callable[[dict[str, Any]], None] | None = None
 def probe_environment(cfg: RunConfig | None = None) -> dict[str, Any]:
     """What a worker with this config's environment sees (backend, devices, versions, GPUs)."""
     cfg = validate(cfg or RunConfig(timeout_s=120))
-    worker = WorkerProcess("probe-env", cfg.to_dict(), cfg.timeout_s)
+    worker = WorkerProcess("probe-env", cfg.to_dict(), cfg.timeout_s, cfg.silence_timeout_s)
     found = [e for e in worker.events() if e["event"] == "environment"]
     if found:
         return {k: v for k, v in found[0].items() if k not in ("event", "t")}

@@ -1,9 +1,15 @@
-"""Worker process entry point: `python -m migration.worker --events-fd N [--mode run|probe-env|plan]`
-(config JSON on stdin).
+"""Worker process entry point: `python -m migration.worker --events-fd N [--mode run|probe-env|plan]
+[--lifeline-fd N] [--silence-timeout-s S]` (config JSON on stdin).
 
 Sets JAX's environment from the config *before* JAX is first imported, runs one measured run (or,
 with --probe-env, reports the environment), writes JSON-lines events to the given file descriptor
 and exits. Exit code 0 on success, 1 on a failed run, 2 on an invalid config.
+
+It runs at a lower CPU priority (nice 5) than the process that started it, sends {"event": "alive"}
+every min(2 s, silence_timeout_s / 4) so that its parent can tell a long compile from a hang, and,
+given --lifeline-fd (the read end of a pipe whose only write end the parent holds), kills its whole
+process group as soon as that pipe reports end-of-file: the parent is gone (exited, crashed or was
+killed), and no worker may outlive it.
 """
 
 from __future__ import annotations
@@ -11,7 +17,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
+import threading
 import time
 import traceback
 from typing import Any
@@ -20,12 +28,15 @@ from migration.common import first_line, is_oom, json_safe
 from migration.config import ConfigError, PlanRequest, RunConfig, validate, validate_plan_request
 from migration.worker_env import planner_environment, worker_environment
 
+# After one of these the parent reads no further events (the runner's TERMINAL_EVENTS).
+TERMINAL_EVENTS = ("finished", "failed", "plan", "environment")
+WORKER_NICE = 5  # the web server that starts workers must stay responsive on a small host
 
 
 class EventWriter:
-    """Writes JSON-lines events to a pipe. Step events are batched (flushed at least every
-    `step_flush_s` and before any other event) so that a fast step loop does not wake the
-    reading process once per step."""
+    """Writes JSON-lines events to a pipe; thread-safe (the heartbeat thread writes too). Step
+    events are batched (flushed at least every `step_flush_s` and before any other event) so that a
+    fast step loop does not wake the reading process once per step."""
 
     def __init__(self, fd: int, step_flush_s: float = 0.1):
         self.fd = fd
@@ -33,20 +44,83 @@ class EventWriter:
         self.step_flush_s = step_flush_s
         self._pending: list[bytes] = []
         self._last_flush = 0.0
+        self._lock = threading.RLock()
+        self._ended = False  # a terminal event was written: no heartbeat after it
 
     def __call__(self, kind: str, /, **fields: Any) -> None:
-        now = time.time()
-        event = {"event": kind, "t": round(now - self.t0, 6), **fields}
-        self._pending.append((json.dumps(json_safe(event), allow_nan=False, default=str) + "\n").encode())
-        if kind != "step" or now - self._last_flush >= self.step_flush_s:
-            self.flush()
+        with self._lock:
+            now = time.time()
+            event = {"event": kind, "t": round(now - self.t0, 6), **fields}
+            self._pending.append((json.dumps(json_safe(event), allow_nan=False, default=str) + "\n").encode())
+            if kind in TERMINAL_EVENTS:
+                self._ended = True
+            if kind != "step" or now - self._last_flush >= self.step_flush_s:
+                self.flush()
+
+    def alive(self) -> None:
+        """The heartbeat: {"event": "alive"} (which also flushes pending step events), unless the
+        worker has already written its terminal event."""
+        with self._lock:
+            if not self._ended:
+                self("alive")
 
     def flush(self) -> None:
-        data = b"".join(self._pending)
-        self._pending.clear()
-        self._last_flush = time.time()
-        while data:
-            data = data[os.write(self.fd, data):]
+        with self._lock:
+            data = b"".join(self._pending)
+            self._pending.clear()
+            self._last_flush = time.time()
+            while data:
+                data = data[os.write(self.fd, data):]
+
+
+def start_heartbeat(emit: EventWriter, interval_s: float) -> threading.Thread:
+    """A daemon thread that sends `alive` every `interval_s` until the events pipe breaks."""
+
+    def beat() -> None:
+        while True:
+            time.sleep(interval_s)
+            try:
+                emit.alive()
+            except OSError:  # the reader is gone; the lifeline (or the next event) ends the worker
+                return
+
+    thread = threading.Thread(target=beat, name="worker-heartbeat", daemon=True)
+    thread.start()
+    return thread
+
+
+def kill_own_group() -> None:
+    """SIGKILL this worker and everything it started (its process group, when it leads one)."""
+    pgid = os.getpgid(0)
+    if pgid == os.getpid():  # started by the runner, in its own session
+        os.killpg(pgid, signal.SIGKILL)
+    os.kill(os.getpid(), signal.SIGKILL)  # started by hand: never take the caller's group down
+
+
+def start_lifeline(fd: int) -> threading.Thread:
+    """A daemon thread that blocks reading `fd` (the parent never writes to it); end-of-file means
+    the parent's write end closed with the parent, so the worker kills its group at once."""
+    os.set_inheritable(fd, False)  # the worker's own children need no copy
+
+    def watch() -> None:
+        try:
+            while os.read(fd, 1):
+                pass
+        except OSError:
+            pass
+        kill_own_group()
+
+    thread = threading.Thread(target=watch, name="worker-lifeline", daemon=True)
+    thread.start()
+    return thread
+
+
+def heartbeat_interval(silence_timeout_s: Any) -> float:
+    """min(2 s, silence_timeout_s / 4); the default limit (120 s) when the value is not a number
+    from 2 to 3600 (validation reports that to the parent)."""
+    ok = isinstance(silence_timeout_s, (int, float)) and not isinstance(silence_timeout_s, bool)
+    limit = float(silence_timeout_s) if ok and 2 <= silence_timeout_s <= 3600 else 120.0
+    return min(2.0, limit / 4)
 
 
 def classify_exception(exc: BaseException) -> tuple[str, str]:
@@ -69,9 +143,22 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m migration.worker")
     parser.add_argument("--events-fd", type=int, required=True)
     parser.add_argument("--mode", choices=["run", "probe-env", "plan"], default="run")
+    parser.add_argument("--lifeline-fd", type=int, default=None,
+                        help="read end of a pipe held open by the parent; end-of-file kills the worker")
+    parser.add_argument("--silence-timeout-s", type=float, default=None,
+                        help="the parent's silence limit (default: the config's silence_timeout_s)")
     args = parser.parse_args(argv)
+    try:
+        os.nice(WORKER_NICE)  # before any thread starts: threads inherit it (Linux nice is per thread)
+    except OSError:
+        pass
+    if args.lifeline_fd is not None:
+        start_lifeline(args.lifeline_fd)
     emit = EventWriter(args.events_fd)
     payload = json.loads(sys.stdin.read() or "{}")
+    silence = args.silence_timeout_s if args.silence_timeout_s is not None else \
+        (payload.get("silence_timeout_s", 120.0) if isinstance(payload, dict) else 120.0)
+    start_heartbeat(emit, heartbeat_interval(silence))
     try:
         cfg = PlanRequest(**payload) if args.mode == "plan" else RunConfig(**payload)
         # Set JAX's environment before the first `import jax` (validation below imports it).

@@ -5,6 +5,8 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -104,6 +106,111 @@ def test_cancel_kills_and_reaps_the_worker():
     assert handle.report.status == "cancelled" and handle.report.failure_kind == "cancelled"
     with pytest.raises(ProcessLookupError):
         os.kill(handle.pid, 0)  # reaped: the process no longer exists
+
+
+def _gone(pid):
+    """The process no longer runs: it does not exist, or it is a zombie nobody has reaped yet (a
+    worker whose parent died is re-parented, and not every container's init reaps)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    state = next(line.split()[1] for line in status.splitlines() if line.startswith("State:"))
+    return state in ("Z", "X")
+
+
+def _wait_gone(pid, within_s):
+    deadline = time.monotonic() + within_s
+    while not _gone(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+# Starts a long run, reads to its first step, then hands a copy of the events pipe's read end to a
+# helper that outlives this process: the worker's writes never fail, so only the lifeline can stop it
+# (and the helper, started after the worker, must not have inherited the lifeline's write end).
+PARENT_SCRIPT = textwrap.dedent("""
+    import os, subprocess, sys, time
+    from migration.config import RunConfig
+    from migration.runner import start_run
+
+    handle = start_run(RunConfig(workload="mlp", preset="tiny", steps=100_000, timeout_s=600))
+    events = handle.events()
+    for event in events:
+        if event["event"] == "step":
+            break
+    holder = subprocess.Popen(["sleep", "600"], pass_fds=(handle._fd,), start_new_session=True)
+    print(handle.pid, holder.pid, flush=True)
+    if sys.argv[1] == "exit":
+        sys.stdin.readline()
+        sys.exit(0)  # a normal exit, with the run unfinished
+    time.sleep(600)
+""")
+
+
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM", "exit"])
+def test_a_worker_dies_with_the_process_that_started_it(how):
+    parent = subprocess.Popen([sys.executable, "-c", PARENT_SCRIPT, how], cwd=ROOT, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    worker_pid = holder_pid = None
+    try:
+        worker_pid, holder_pid = map(int, parent.stdout.readline().split())
+        assert not _gone(worker_pid)
+        time.sleep(0.5)
+        assert not _gone(worker_pid), "the worker stopped while its parent was still there"
+        if how == "exit":
+            parent.stdin.write("exit\n")
+            parent.stdin.flush()
+        else:
+            parent.send_signal(getattr(signal, how))
+        parent.wait(timeout=5)  # an exiting parent does not wait for its worker either
+        assert _wait_gone(worker_pid, 2.0), f"the worker outlived its parent ({how})"
+    finally:
+        for pid in (worker_pid, holder_pid):
+            if pid is not None and not _gone(pid):
+                os.kill(pid, signal.SIGKILL)
+        if parent.poll() is None:
+            parent.kill()
+        parent.wait()
+        parent.stdin.close()
+        parent.stdout.close()
+
+
+def test_a_silent_worker_is_stopped_as_hung_with_its_steps_kept():
+    handle = start_run(RunConfig(workload="mlp", preset="tiny", steps=100_000, timeout_s=300, silence_timeout_s=3))
+    stopped_at = None
+    try:
+        for event in handle.events():
+            if event["event"] == "step" and stopped_at is None:
+                os.kill(handle.pid, signal.SIGSTOP)  # hung: neither steps nor heartbeats any more
+                stopped_at = time.monotonic()
+    finally:
+        if handle.outcome is None:
+            handle.cancel()
+    waited = time.monotonic() - stopped_at
+    report = handle.report
+    assert report.status == "failed" and report.failure_kind == "timeout", report.message
+    assert "sent nothing for 3 s" in report.message and "silence_timeout_s=3" in report.message
+    assert 2.5 < waited < 6.5
+    assert report.losses
+    with pytest.raises(ProcessLookupError):
+        os.kill(handle.pid, 0)  # killed although stopped, and reaped
+
+
+def test_heartbeats_are_not_events_and_no_descriptor_is_left_open():
+    fds_before = sorted(os.listdir("/proc/self/fd"))
+    # Start-up and compile take longer than 2 s: the run only succeeds because `alive` kept coming.
+    handle = start_run(RunConfig(workload="mlp", preset="tiny", steps=3, warmup_steps=1, silence_timeout_s=2))
+    seen = [event["event"] for event in handle.events(heartbeat_s=0.25)]
+    report = handle.report
+    assert report.ok, report.message + report.stderr_tail
+    assert "alive" not in seen and "alive" not in [e["event"] for e in handle.events_so_far]
+    assert "heartbeat" in seen  # the host-side heartbeat still comes while the worker is busy
+    assert [e for e in seen if e != "heartbeat"] == ["started", "compiled", "step", "step", "step", "finished"]
+    assert len(report.losses) == 3
+    assert sorted(os.listdir("/proc/self/fd")) == fds_before
 
 
 def test_an_impossible_allocation_is_oom_and_the_next_run_succeeds():
