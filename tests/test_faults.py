@@ -168,12 +168,13 @@ def test_a_full_history_is_a_clear_error_and_nothing_stored_is_damaged(tmp_path)
     db = tmp_path / "history.sqlite"
     cap_mb = 0.25
     history = History(db, max_bytes=int(cap_mb * 2**20))
-    filler = RunReport.from_events(RunConfig(), [], status="failed", failure_kind="crashed", message="x" * 30_000)
     stored = 0
-    with pytest.raises(HistoryError, match="full"):
-        while True:
-            history.add_run(filler, label="filler")
-            stored += 1
+    for size in (30_000, 3_000, 300, 0):  # until not even a small record fits
+        filler = RunReport.from_events(RunConfig(), [], status="failed", failure_kind="crashed", message="x" * size)
+        with pytest.raises(HistoryError, match="full"):
+            while True:
+                history.add_run(filler, label="filler")
+                stored += 1
     assert stored >= 3
     app = App(tmp_path, "--history-max-mb", str(cap_mb), db=db)
     try:
