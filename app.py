@@ -273,8 +273,13 @@ def build_demo(settings: Settings | None = None) -> gr.Blocks:
     service = JobService(history, export_dir, settings.limits)
     default_target = "local" if nvidia_gpus() else "h100-sxm"
 
+    last_cleanup = [time.monotonic()]
+
     def export_path(name: str) -> Path:
-        remove_older_than(export_dir, settings.export_max_age_s)
+        # A scan at most every tenth of the age limit (a minute at most), however busy the box.
+        if time.monotonic() - last_cleanup[0] > min(60.0, settings.export_max_age_s / 10):
+            last_cleanup[0] = time.monotonic()
+            remove_older_than(export_dir, settings.export_max_age_s)
         return export_dir / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{time.monotonic_ns() % 10**9}.csv"
 
     async def follow(job: Job) -> AsyncIterator[dict[str, Any]]:
@@ -588,20 +593,21 @@ def build_demo(settings: Settings | None = None) -> gr.Blocks:
                 f_status = gr.Dropdown(["all", *HISTORY_STATUSES], value="all", label="Status", allow_custom_value=True)
                 refresh_btn = gr.Button("Refresh")
             history_table = gr.Dataframe(headers=HISTORY_COLUMNS, label="Runs and plans: click rows to select them",
-                                         wrap=True, interactive=False)
+                                         wrap=True, interactive=False, elem_id="history-table")
             with gr.Row():
                 ids = gr.Textbox(label="Selected ids (click rows above, or type: 3,5)", scale=2)
                 compare_btn = gr.Button("Compare selected")
                 export_sel_btn = gr.Button("Export selected (CSV)")
                 export_all_btn = gr.Button("Export all shown (CSV)")
             export_file = gr.File(label="CSV export", visible=False)
-            compare_table = gr.Dataframe(label="Side by side", wrap=True, visible=False)
+            compare_table = gr.Dataframe(label="Side by side", wrap=True, visible=False, elem_id="compare-table")
             with gr.Row():
                 throughput_plot = gr.BarPlot(x="run", y="samples_per_s", title="Throughput (samples/s)", height=280,
-                                             visible=False)
+                                             visible=False, elem_id="compare-throughput")
                 memory_bar = gr.BarPlot(x="bar", y="GiB", color="series", title="Peak memory: predicted and measured",
-                                        height=280, visible=False)
-            compare_loss = gr.LinePlot(x="step", y="loss", color="run", title="Loss", height=280, visible=False)
+                                        height=280, visible=False, elem_id="compare-memory")
+            compare_loss = gr.LinePlot(x="step", y="loss", color="run", title="Loss", height=280, visible=False,
+                                       elem_id="compare-loss")
         with gr.Tab("Code check"):
             gr.Markdown("Reads Python source with `ast`; nothing is ever run. Up to 1 MB per file, UTF-8.")
             code_text = gr.Code(language="python", label="Paste a training script")
@@ -630,12 +636,12 @@ def build_demo(settings: Settings | None = None) -> gr.Blocks:
         code_btn.click(do_code_check, [code_text, code_files], [code_summary, code_table, code_state],
                        api_name="code_check")
         filters = [scope, f_kind, f_workload, f_status]
-        refresh_btn.click(do_history, filters, history_table, api_name="history", concurrency_limit=None)
+        refresh_btn.click(do_history, filters, history_table, api_name="history", queue=False)
         history_table.select(do_select, ids, ids, api_visibility="private")
         compare_btn.click(do_compare, [ids, scope], [compare_table, throughput_plot, memory_bar, compare_loss],
-                          api_name="compare", concurrency_limit=None)
-        export_sel_btn.click(do_export, [ids, scope], export_file, api_name="export_csv", concurrency_limit=None)
-        export_all_btn.click(do_export_all, scope, export_file, api_name="export_history_csv", concurrency_limit=None)
+                          api_name="compare", queue=False)
+        export_sel_btn.click(do_export, [ids, scope], export_file, api_name="export_csv", queue=False)
+        export_all_btn.click(do_export_all, scope, export_file, api_name="export_history_csv", queue=False)
         env_btn.click(do_environment, None, [env_md, env_json], api_name="environment")
         demo.load(do_history, filters, history_table, api_visibility="private")
     demo.service = service  # type: ignore[attr-defined]  # for start-up and shutdown

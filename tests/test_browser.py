@@ -71,22 +71,24 @@ def test_plan_run_checklist_compare_and_export_in_chromium(app, tmp_path):
         page.get_by_text("Run finished").first.wait_for(timeout=300_000)
         page.get_by_role("tab", name="History").click()
         page.get_by_role("button", name="Refresh").click()
-        rows = page.locator("table tbody tr")
+        rows = page.locator("#history-table").get_by_role("row").filter(has=page.get_by_role("gridcell"))
         rows.first.wait_for(timeout=30_000)
-        run_rows = [i for i in range(rows.count()) if "\trun\t" in "\t".join(rows.nth(i).locator("td")
-                                                                             .all_inner_texts())]
+        run_rows = [i for i in range(rows.count())
+                    if "run" in [t.strip() for t in rows.nth(i).get_by_role("gridcell").all_inner_texts()]]
         assert len(run_rows) >= 2
         for i in run_rows[:2]:
-            rows.nth(i).locator("td").nth(1).click()  # selects the row
+            rows.nth(i).get_by_role("gridcell").nth(1).click()  # selects the row
         selected = page.get_by_label("Selected ids", exact=False)
         deadline = time.time() + 30
         while not re.fullmatch(r"\d+,\d+", selected.input_value()) and time.time() < deadline:
             time.sleep(0.2)
         ids = selected.input_value()
         page.get_by_role("button", name="Compare selected").click()
-        page.get_by_text("Side by side").first.wait_for(timeout=60_000)
-        page.get_by_text("Throughput (samples/s)").first.wait_for(timeout=30_000)
-        page.get_by_text("Peak memory: predicted and measured").first.wait_for(timeout=30_000)
+        compared = page.locator("#compare-table").get_by_role("row").filter(has=page.get_by_role("gridcell"))
+        compared.first.wait_for(timeout=60_000)
+        assert compared.count() == 2
+        for chart in ("#compare-throughput", "#compare-memory", "#compare-loss"):  # drawn, not placeholders
+            page.locator(f"{chart} canvas, {chart} svg").first.wait_for(timeout=30_000)
         with page.expect_download(timeout=60_000) as download:
             page.get_by_role("button", name="Export selected (CSV)").click()
             page.locator("a[href*='selection-']").first.click(timeout=60_000)
