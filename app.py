@@ -296,11 +296,11 @@ def build_demo(settings: Settings | None = None) -> gr.Blocks:
                     return
                 if job.state == "queued":
                     position, now = service.position(job), time.monotonic()
-                    if position != last_position or now - last_wait > 2:
+                    if position != last_position or now - last_wait > 10:
                         last_position, last_wait = position, now
                         ahead = ", ".join(j.summary for j in service.running(job.lane)) or "nothing yet"
                         yield {"event": "waiting", "position": position, "running": ahead}
-                await asyncio.sleep(POLL_S)
+                await asyncio.sleep(POLL_S if job.state != "queued" else 2 * POLL_S)
         finally:
             if not job.finished:
                 service.cancel(job.id, job.user)

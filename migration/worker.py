@@ -5,7 +5,7 @@ Sets JAX's environment from the config *before* JAX is first imported, runs one 
 with --probe-env, reports the environment), writes JSON-lines events to the given file descriptor
 and exits. Exit code 0 on success, 1 on a failed run, 2 on an invalid config.
 
-It runs at a lower CPU priority (nice 10) than the process that started it, sends {"event": "alive"}
+It runs at the lowest CPU priority (nice 19), below the process that started it, sends {"event": "alive"}
 every min(2 s, silence_timeout_s / 4) so that its parent can tell a long compile from a hang, and,
 given --lifeline-fd (the read end of a pipe whose only write end the parent holds), kills its whole
 process group as soon as that pipe reports end-of-file: the parent is gone (exited, crashed or was
@@ -30,7 +30,7 @@ from migration.worker_env import planner_environment, worker_environment
 
 # After one of these the parent reads no further events (the runner's TERMINAL_EVENTS).
 TERMINAL_EVENTS = ("finished", "failed", "plan", "environment")
-WORKER_NICE = 10  # below the server that started it, which must stay responsive
+WORKER_NICE = 19  # the lowest: the server that started it must stay responsive; a GPU job barely needs the CPU
 
 
 class EventWriter:
