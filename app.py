@@ -39,7 +39,7 @@ import pandas as pd  # noqa: E402
 
 from migration import checklist, forms  # noqa: E402
 from migration.codecheck import CodeCheck, CodeCheckError, Finding, check_sources, read_upload  # noqa: E402
-from migration.config import PRECISIONS, REMAT_NAMES, ConfigError, PlanRequest, RunConfig  # noqa: E402
+from migration.config import LIMITS, PRECISIONS, REMAT_NAMES, ConfigError, PlanRequest, RunConfig  # noqa: E402
 from migration.hardware import GPU_SPECS, TPU_SPECS  # noqa: E402
 from migration.history import History, HistoryError  # noqa: E402
 from migration.jobs import Job, JobService, Limits, LimitError, NotYourJob  # noqa: E402
@@ -731,27 +731,46 @@ def read_auth(path: str | None, env_value: str | None) -> list[tuple[str, str]] 
     return users or None
 
 
+def bounded(kind: type, lo: float, hi: float) -> Any:
+    """An argparse type: a `kind` number from lo to hi (flags and their MIGRATION_* variables alike)."""
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {'a whole number' if kind is int else 'a number'} "
+                                             f"from {lo:g} to {hi:g}; got {text!r}")
+        if not lo <= value <= hi:  # NaN fails this too
+            raise argparse.ArgumentTypeError(f"must be from {lo:g} to {hi:g}; got {text!r}")
+        return value
+    return parse
+
+
 def main() -> None:
     env = os.environ.get
     d = Limits()
     parser = argparse.ArgumentParser(description="TPU -> GPU migration explorer (Gradio app)")
     parser.add_argument("--host", default=env("MIGRATION_HOST", "127.0.0.1"),
                         help="address to listen on (default loopback); 0.0.0.0 serves every interface: use with auth")
-    parser.add_argument("--port", type=int, default=int(env("MIGRATION_PORT", "7860")))
+    parser.add_argument("--port", type=bounded(int, 1, 65535), default=env("MIGRATION_PORT", "7860"))
     parser.add_argument("--root-path", default=env("MIGRATION_ROOT_PATH", ""), help="path prefix behind a reverse proxy")
     parser.add_argument("--auth-file", default=env("MIGRATION_AUTH_FILE"), help="file of user:password lines")
     parser.add_argument("--history-db", default=env("MIGRATION_HISTORY_DB", "runs/history.sqlite"))
-    parser.add_argument("--history-max-mb", type=float, default=float(env("MIGRATION_HISTORY_MAX_MB", "0")) or None,
-                        help="cap on the history's size; past it new records are refused, old ones kept")
+    parser.add_argument("--history-max-mb", type=bounded(float, 0, 10**7), default=env("MIGRATION_HISTORY_MAX_MB", "0"),
+                        help="cap on the history's size (0: none); past it new records are refused, old ones kept")
     parser.add_argument("--export-dir", default=env("MIGRATION_EXPORT_DIR", ""),
                         help="where CSV exports and traces are written (default: private folder in the cache)")
-    parser.add_argument("--export-max-age-hours", type=float, default=float(env("MIGRATION_EXPORT_MAX_AGE_HOURS", "168")))
-    parser.add_argument("--jobs-per-user", type=int, default=int(env("MIGRATION_JOBS_PER_USER", d.jobs_per_user)))
-    parser.add_argument("--max-steps", type=int, default=int(env("MIGRATION_MAX_STEPS", d.max_steps)))
-    parser.add_argument("--max-run-seconds", type=float, default=float(env("MIGRATION_MAX_RUN_SECONDS", d.max_run_s)))
-    parser.add_argument("--silence-seconds", type=float, default=float(env("MIGRATION_SILENCE_SECONDS", d.silence_s)),
+    parser.add_argument("--export-max-age-hours", type=bounded(float, 1e-4, 10**6),
+                        default=env("MIGRATION_EXPORT_MAX_AGE_HOURS", "168"))
+    parser.add_argument("--jobs-per-user", type=bounded(int, 1, 10_000),
+                        default=env("MIGRATION_JOBS_PER_USER", str(d.jobs_per_user)))
+    parser.add_argument("--max-steps", type=bounded(int, 1, int(LIMITS["steps"][1])),
+                        default=env("MIGRATION_MAX_STEPS", str(d.max_steps)))
+    parser.add_argument("--max-run-seconds", type=bounded(float, 10, LIMITS["timeout_s"][1]),
+                        default=env("MIGRATION_MAX_RUN_SECONDS", str(d.max_run_s)))
+    parser.add_argument("--silence-seconds", type=bounded(float, *LIMITS["silence_timeout_s"]),
+                        default=env("MIGRATION_SILENCE_SECONDS", str(d.silence_s)),
                         help="a worker silent this long (no heartbeat) is killed and reported as timeout")
-    parser.add_argument("--queue-size", type=int, default=int(env("MIGRATION_QUEUE_SIZE", d.queue_size)),
+    parser.add_argument("--queue-size", type=bounded(int, 1, 100_000), default=env("MIGRATION_QUEUE_SIZE", str(d.queue_size)),
                         help="jobs waiting or running, all users together")
     args = parser.parse_args()
     users = read_auth(args.auth_file, env("MIGRATION_AUTH"))
@@ -759,7 +778,7 @@ def main() -> None:
                     silence_s=args.silence_seconds, queue_size=args.queue_size)
     settings = Settings(history_db=args.history_db, export_dir=args.export_dir, limits=limits,
                         multi_user=users is not None, export_max_age_s=args.export_max_age_hours * 3600,
-                        history_max_mb=args.history_max_mb)
+                        history_max_mb=args.history_max_mb or None)
     demo = build_demo(settings)
     service: JobService = demo.service  # type: ignore[attr-defined]
 

@@ -645,3 +645,16 @@ def test_old_exports_are_removed_at_start_up_and_on_export(tmp_path):
         assert not first[0].exists() and len(second) == 1, (first, second)
     finally:
         s.close()
+
+
+@pytest.mark.parametrize("argv, env, flag", [
+    (["--max-steps", "0"], {}, "--max-steps"),
+    (["--jobs-per-user", "abc"], {}, "--jobs-per-user"),
+    (["--silence-seconds", "nan"], {}, "--silence-seconds"),
+    ([], {"MIGRATION_QUEUE_SIZE": "-3"}, "--queue-size"),
+])
+def test_bad_server_settings_are_refused_in_one_line(argv, env, flag):
+    out = subprocess.run([sys.executable, "app.py", *argv], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, **env})
+    assert out.returncode == 2 and f"argument {flag}: must be" in out.stderr
+    assert "Traceback" not in out.stderr
