@@ -15,12 +15,13 @@ from migration.config import (
     PLATFORMS,
     PRECISIONS,
     REMAT_NAMES,
+    SHARDINGS,
     ConfigError,
     PlanRequest,
     RunConfig,
 )
 
-from migration.common import fmt_gib, fmt_loss, write_csv
+from migration.common import fmt_gib, fmt_loss, fmt_model, write_csv
 
 
 class _Parser(argparse.ArgumentParser):
@@ -31,6 +32,53 @@ class _Parser(argparse.ArgumentParser):
 _FLAGS = {"per_device_batch": "--batch", "accumulation_steps": "--accum", "warmup_steps": "--warmup",
           "learning_rate": "--lr", "timeout_s": "--timeout", "memory_fraction": "--mem-fraction",
           "visible_devices": "--visible-devices", "xla_flags": "--xla-flags"}
+
+
+# Model dimension flags -> the workload config's fields (transformer families).
+MODEL_FLAGS = {"layers": "n_layers", "d_model": "d_model", "heads": "n_heads", "kv_heads": "n_kv_heads",
+               "d_ff": "d_ff", "vocab": "vocab_size", "seq": "seq_len"}
+
+
+def _add_model_flags(parser: argparse.ArgumentParser) -> None:
+    from workloads.transformer import DIM_LIMITS
+
+    group = parser.add_argument_group("model dimensions (override the preset's; transformer and llama)")
+    for flag, field in MODEL_FLAGS.items():
+        lo, hi = DIM_LIMITS[field]
+        group.add_argument(f"--{flag.replace('_', '-')}", dest=f"dim_{flag}", type=int, default=None, metavar="N",
+                           help=f"{field} ({lo} to {hi})")
+    tied = group.add_mutually_exclusive_group()
+    tied.add_argument("--tied", dest="dim_tied", action="store_const", const=True, default=None,
+                      help="output projection shares the input embedding")
+    tied.add_argument("--untied", dest="dim_tied", action="store_const", const=False,
+                      help="a separate output projection")
+
+
+PRESET_HELP = ("size preset of the workload (default tiny; with dimension flags, the family's full-size layout they "
+               "change: llama 8b, transformer gpt2-small)")
+
+
+def _model_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The dimension flags given, and the preset they apply to (`args.preset` is set when it was None).
+    Flags equal to the preset's own value are dropped, so a plan names only what differs."""
+    out = {field: getattr(args, f"dim_{flag}") for flag, field in MODEL_FLAGS.items()
+           if getattr(args, f"dim_{flag}") is not None}
+    if args.dim_tied is not None:
+        out["tied_embeddings"] = args.dim_tied
+    if args.preset is not None and not out:
+        return out
+    from workloads import WORKLOADS, resolve_workload
+
+    try:
+        workload = resolve_workload(args.workload)
+    except (KeyError, ValueError):
+        args.preset = args.preset or "tiny"  # validation names the unknown workload
+        return out
+    args.preset = args.preset or (workload.custom_base if out else "tiny")
+    base = workload.presets.get(args.preset)
+    if base is None or args.workload not in WORKLOADS:
+        return out
+    return {k: v for k, v in out.items() if getattr(base, k, object()) != v}
 
 
 def _range(field: str) -> str:
@@ -48,11 +96,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = RunConfig()
     run = sub.add_parser("run", help="run one training config in a fresh worker and measure it")
-    run.add_argument("--workload", default=d.workload, help="mlp, cnn or transformer")
-    run.add_argument("--preset", default=d.preset, help="size preset of the workload (e.g. tiny, small)")
+    run.add_argument("--workload", default=d.workload,
+                     help="a registered workload (mlp, cnn, transformer, llama, or a team's), or package.module:NAME")
+    run.add_argument("--preset", default=None, help=PRESET_HELP)
     run.add_argument("--batch", dest="per_device_batch", type=int, default=d.per_device_batch,
                      help=f"per-device micro-batch ({_range('per_device_batch')})")
     run.add_argument("--devices", type=int, default=d.devices, help="data-parallel devices (on CPU: XLA CPU devices)")
+    run.add_argument("--sharding", choices=SHARDINGS, default=d.sharding,
+                     help="replicated state, or parameters, gradients and optimizer state sharded over the devices (fsdp)")
     run.add_argument("--precision", choices=PRECISIONS, default=d.precision)
     run.add_argument("--remat", choices=REMAT_NAMES, default=d.remat, help="rematerialisation policy per block")
     run.add_argument("--accum", dest="accumulation_steps", type=int, default=d.accumulation_steps,
@@ -70,6 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--xla-flags", default=d.xla_flags, help="extra XLA_FLAGS for the worker")
     run.add_argument("--visible-devices", dest="visible_devices", default=d.visible_devices,
                      help="CUDA_VISIBLE_DEVICES for the worker, e.g. 0,1 (the device count is --devices)")
+    _add_model_flags(run)
     run.add_argument("--json", metavar="PATH", help="write the report as JSON")
     run.add_argument("--csv", metavar="PATH", help="write the report as a one-row CSV")
     run.add_argument("--quiet", action="store_true", help="no per-step progress")
@@ -93,15 +145,23 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = PlanRequest()
     pl = sub.add_parser("plan", help="plan a TPU-style setup for a GPU: batch, precision, remat, accumulation, environment")
-    pl.add_argument("--workload", default=p.workload)
-    pl.add_argument("--preset", default=p.preset)
+    pl.add_argument("--workload", default=p.workload,
+                    help="a registered workload (mlp, cnn, transformer, llama, or a team's), or package.module:NAME")
+    pl.add_argument("--preset", default=None, help=PRESET_HELP)
     pl.add_argument("--source", default=p.source, help=f"TPU source: {', '.join(TPU_SPECS)}")
     pl.add_argument("--global-batch", dest="global_batch", type=int, default=p.global_batch)
     pl.add_argument("--per-core-batch", dest="per_core_batch", type=int, default=None,
                     help="the TPU setup's per-core batch (default: global batch / TPU devices)")
     pl.add_argument("--source-precision", dest="source_precision", default=p.source_precision, choices=["bf16", "fp32"])
     pl.add_argument("--target", default=p.target, help=f"GPU target: local, {', '.join(GPU_SPECS)}")
-    pl.add_argument("--gpus", type=int, default=p.gpus, help="number of GPUs of the target")
+    pl.add_argument("--gpus", type=int, default=p.gpus,
+                    help="GPUs of the target in all (more than --gpus-per-node: several nodes)")
+    pl.add_argument("--gpus-per-node", dest="gpus_per_node", type=int, default=p.gpus_per_node,
+                    help=f"GPUs per node (default {p.gpus_per_node})")
+    pl.add_argument("--sharding", choices=SHARDINGS, default=None,
+                    help="override the state decision: replicated, or fsdp (sharded over the GPUs)")
+    pl.add_argument("--source-sharding", dest="source_sharding", choices=SHARDINGS, default=None,
+                    help="how the TPU job held its state (default: replicated if it fits a chip, else fsdp)")
     pl.add_argument("--mem-fraction", dest="memory_fraction", type=float, default=p.memory_fraction,
                     help="share of each GPU the job may use (default 0.8)")
     pl.add_argument("--safety-margin", dest="safety_margin", type=float, default=p.safety_margin,
@@ -115,6 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--no-tpu-compile", dest="compile_for_tpu", action="store_false",
                     help="do not try to compile the TPU-style setup for the source TPU")
     pl.add_argument("--timeout", dest="timeout_s", type=float, default=p.timeout_s)
+    _add_model_flags(pl)
     pl.add_argument("--json", metavar="PATH", help="write the plan as JSON")
     pl.add_argument("--quiet", action="store_true", help="no progress lines")
     return parser
@@ -190,7 +251,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     from migration.runner import start_run
 
     names = {f.name for f in dataclasses.fields(RunConfig)}
+    model = _model_overrides(args)
     given = {k: v for k, v in vars(args).items() if k in names and v is not None}
+    if model:
+        given["model"] = model
     if args.plan:
         return cmd_run_plan(args, given)
     cfg = RunConfig(**given)
@@ -238,7 +302,8 @@ def cmd_run_plan(args: argparse.Namespace, given: dict[str, Any]) -> int:
     except (CodeCheckError, OSError) as exc:
         print(f"error: --code: {exc}", file=sys.stderr)
         return 2
-    plan_fields = ("workload", "preset", "per_device_batch", "accumulation_steps", "precision", "remat", "devices")
+    plan_fields = ("workload", "preset", "model", "per_device_batch", "accumulation_steps", "precision", "remat",
+                   "devices", "sharding")
     base = base_config(saved, **{k: v for k, v in given.items() if k not in plan_fields})
     options = RunOptions(fp32_reference=args.fp32_reference, tpu_style=args.tpu_style, profile=args.profile)
     progress = _progress_printer(args.quiet, base.steps)
@@ -318,8 +383,15 @@ def cmd_env(args: argparse.Namespace) -> int:
 
 
 def print_plan(plan: Any) -> None:
-    print(f"\n{plan.workload}/{plan.preset}: {plan.source_name} (global batch {plan.requested_global_batch}, "
-          f"{plan.source_per_core_batch} per core, {plan.source_precision}) -> {plan.gpus} x {plan.target_name}")
+    where = (f"{plan.nodes} nodes x {plan.gpus_per_node}" if plan.nodes > 1 else f"{plan.gpus}")
+    print(f"\n{plan.workload}/{plan.preset}{' (' + fmt_model(plan.model) + ')' if plan.model else ''}: "
+          f"{plan.param_count:,} parameters")
+    print(f"{plan.source_name} (global batch {plan.requested_global_batch}, {plan.source_per_core_batch} per core, "
+          f"{plan.source_precision}) -> {where} x {plan.target_name}")
+    if plan.source_job:
+        sj = plan.source_job
+        print(f"the TPU job: {sj['devices']} devices of {_fmt_bytes(sj['hbm_bytes_per_device'])}, state {sj['sharding']} "
+              f"({_fmt_bytes(sj['state_bytes_per_device'])} per device: {sj['why']})")
     print(f"memory budget per GPU: {_fmt_bytes(plan.budget_bytes)} ({plan.memory_fraction:.0%} of "
           f"{_fmt_bytes(plan.device_memory_bytes)}, minus a {plan.safety_margin:.0%} margin; device memory: "
           f"{plan.budget_source})")
@@ -327,12 +399,20 @@ def print_plan(plan: Any) -> None:
     if plan.status != "ok":
         print(f"\nNOT FEASIBLE: {plan.message}")
         return
-    print(f"\nplan: {plan.per_device_batch} per GPU x {plan.gpus} GPU(s) x {plan.accumulation_steps} accumulation "
+    print(f"\nplan: {plan.sharding} state, {plan.per_device_batch} per GPU x {plan.gpus} GPU(s) x "
+          f"{plan.accumulation_steps} accumulation "
           f"= global batch {plan.global_batch}{'' if plan.global_batch_exact else ' (NOT the requested ' + str(plan.requested_global_batch) + ')'}, "
           f"{plan.precision}, remat {plan.remat}; predicted peak {_fmt_bytes(plan.predicted_peak_bytes)} per GPU")
     for d in plan.decisions:
         print(f"  {d.decision:<20} {str(d.value):<14} {d.reason}")
-    print("largest batch per remat policy searched: " + ", ".join(f"{k} {v}" for k, v in plan.max_batch_by_remat.items()))
+    for mode, found in (plan.max_batch_by_sharding or {plan.sharding: plan.max_batch_by_remat}).items():
+        print(f"largest batch per remat policy searched ({mode} state): " + ", ".join(f"{k} {v}" for k, v in found.items()))
+    st = plan.state
+    if st.get("state_with_gradients_bytes_per_gpu") is not None:
+        print(f"state per GPU: {_fmt_bytes(st['compiled_state_bytes_per_gpu'])} compiled (parameters + AdamW moments; "
+              f"arithmetic 12 B/param / {st['shared_by']} = {_fmt_bytes(st['arithmetic_state_bytes_per_gpu'])}); with "
+              f"gradients {_fmt_bytes(st['state_with_gradients_bytes_per_gpu'])} against 16 B/param / {st['shared_by']} = "
+              f"{_fmt_bytes(st['arithmetic_bytes_per_gpu'])} ({st['difference']:+.2%})")
     print_ranked(plan)
     print(f"the TPU-style setup on this target: {plan.tpu_setup_on_target.get('summary', 'n/a')}")
     src = plan.source_tpu_compile
@@ -368,7 +448,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from migration.runner import PlanError, start_plan
 
     fields = {f.name for f in dataclasses.fields(PlanRequest)}
-    req = PlanRequest(**{k: v for k, v in vars(args).items() if k in fields})
+    model = _model_overrides(args)
+    req = PlanRequest(**{k: v for k, v in vars(args).items() if k in fields}, model=model)
     try:
         handle = start_plan(req)
     except ConfigError as exc:
@@ -428,6 +509,10 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if getattr(args, "workload", None) and ":" in args.workload:
+        from workloads import allow_references
+
+        allow_references()  # `--workload package.module:NAME`: the command line may import a team's model
     return {"run": cmd_run, "env": cmd_env, "plan": cmd_plan, "check": cmd_check}[args.command](args)
 
 

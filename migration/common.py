@@ -54,6 +54,11 @@ def compiled_peak_bytes(compiled: Any) -> int | None:
                - stats.alias_size_in_bytes + stats.temp_size_in_bytes)
 
 
+def fmt_model(overrides: Mapping[str, Any]) -> str:
+    """Dimension overrides as one line, "n_layers=4 d_model=256", in a stable order ("" for none)."""
+    return " ".join(f"{k}={overrides[k]}" for k in sorted(overrides))
+
+
 def csv_cell(value: Any) -> Any:
     """A text cell starting with = + - @ would be evaluated by a spreadsheet: neutralise it."""
     if isinstance(value, str) and value[:1] in ("=", "+", "-", "@", "\t", "\r"):

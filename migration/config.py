@@ -14,6 +14,9 @@ from typing import Any, Literal, get_args
 Precision = Literal["fp32", "bf16", "fp16"]
 RematName = Literal["none", "dots", "dots_no_batch", "full"]
 Platform = Literal["auto", "cpu", "gpu"]
+# How parameters, gradients and optimizer state live on the devices (see migration/train.py).
+Sharding = Literal["replicated", "fsdp"]
+SHARDINGS: tuple[str, ...] = get_args(Sharding)
 
 PRECISIONS: tuple[str, ...] = get_args(Precision)
 REMAT_NAMES: tuple[str, ...] = get_args(RematName)
@@ -52,8 +55,11 @@ class RunConfig:
 
     workload: str = "transformer"
     preset: str = "tiny"
+    # Overrides of the preset's dimensions (field -> value, e.g. {"n_layers": 4}); checked by the workload.
+    model: dict[str, Any] = dataclasses.field(default_factory=dict)
     per_device_batch: int = 8
     devices: int = 1
+    sharding: Sharding = "replicated"
     precision: Precision = "fp32"
     remat: RematName = "none"
     accumulation_steps: int = 1
@@ -131,18 +137,36 @@ def _check_choice(cfg: RunConfig, field: str, allowed: tuple[str, ...]) -> None:
         raise ConfigError(field, f"must be one of {', '.join(allowed)}; got {_shown(value)}")
 
 
+def check_model(obj: Any) -> Any:
+    """The workload (registered, or a reference where this process allows them), its preset and
+    the dimension overrides in `obj.model`; returns the resolved model config."""
+    from workloads import WORKLOADS, ModelConfigError, WorkloadError, is_reference, resolve_workload
+
+    if not (isinstance(obj.workload, str) and (obj.workload in WORKLOADS or is_reference(obj.workload))):
+        raise ConfigError("workload", f"must be one of {', '.join(WORKLOADS)}; got {_shown(obj.workload)}")
+    try:
+        workload = resolve_workload(obj.workload)
+    except WorkloadError as exc:
+        raise ConfigError("workload", str(exc)) from None
+    _check_choice(obj, "preset", tuple(workload.presets))
+    if not isinstance(obj.model, dict) or not all(isinstance(k, str) for k in obj.model):
+        raise ConfigError("model", f"must map dimension names to values, e.g. {{\"n_layers\": 4}}; got {_shown(obj.model)}")
+    try:
+        return workload.config(obj.preset, obj.model)
+    except ModelConfigError as exc:
+        raise ConfigError(exc.field, str(exc).split(": ", 1)[1]) from None
+
+
 def validate(cfg: RunConfig) -> RunConfig:
     """Return `cfg` unchanged if valid; raise ConfigError naming the first bad field otherwise."""
-    from workloads import WORKLOADS  # imports JAX (no backend initialised): keep it out of module scope
-
-    _check_choice(cfg, "workload", tuple(WORKLOADS))
-    _check_choice(cfg, "preset", tuple(WORKLOADS[cfg.workload].presets))
+    check_model(cfg)
     for field in ("per_device_batch", "devices", "accumulation_steps", "steps", "warmup_steps", "seed", "profile_steps"):
         _check_int(cfg, field)
     for field in ("learning_rate", "timeout_s", "silence_timeout_s", "memory_fraction"):
         _check_float(cfg, field)
     _check_choice(cfg, "precision", PRECISIONS)
     _check_choice(cfg, "remat", REMAT_NAMES)
+    _check_choice(cfg, "sharding", SHARDINGS)
     _check_choice(cfg, "platform", PLATFORMS)
     if cfg.warmup_steps >= cfg.steps:
         raise ConfigError(
@@ -172,7 +196,8 @@ GRANULARITIES: tuple[str, ...] = get_args(Granularity)
 PLAN_LIMITS: dict[str, tuple[float, float]] = {
     "global_batch": (1, 1_048_576),
     "per_core_batch": (1, 65536),
-    "gpus": (1, 64),
+    "gpus": (1, 256),
+    "gpus_per_node": (1, 16),
     "memory_fraction": (0.05, 1.0),
     "safety_margin": (0.0, 0.5),
     "max_per_device_batch": (1, 65536),
@@ -191,22 +216,32 @@ class PlanRequest:
 
     workload: str = "transformer"
     preset: str = "tiny"
+    model: dict[str, Any] = dataclasses.field(default_factory=dict)  # see RunConfig
     source: str = "tpu-v5e-8"
     global_batch: int = 256
     per_core_batch: int | None = None
     source_precision: Precision = "bf16"
     target: str = "h100-sxm"  # a catalog GPU key, or "local" for this machine's devices
-    gpus: int = 1
+    gpus: int = 1  # in all; more than gpus_per_node means several nodes
+    gpus_per_node: int = 8
+    # How the TPU job held its state: None = as the source's memory forces it (replicated under
+    # pmap when 16 bytes per parameter fit a chip's HBM, else sharded over the slice).
+    source_sharding: Sharding | None = None
     memory_fraction: float = 0.8  # the share of each GPU the job may use (the guide's 0.8)
     safety_margin: float = 0.1  # of that share, kept free for fragmentation and library workspaces
     granularity: Granularity = "multiple8"
     max_per_device_batch: int = 1024
     precision: Precision | None = None  # override; default: bf16 where native, else fp16
     remat: RematName | None = None  # override; default: the cheapest policy that fits
+    sharding: Sharding | None = None  # override; default: replicated while it fits, FSDP when it does not or is faster
     accumulation_steps: int | None = None  # override
     compile_for_tpu: bool = True  # also compile the TPU-style setup for the source TPU where libtpu is installed
     timeout_s: float = 900.0
     silence_timeout_s: float = 120.0  # see RunConfig
+
+    @property
+    def nodes(self) -> int:
+        return max(1, -(-self.gpus // self.gpus_per_node))
 
     @property
     def source_per_core_batch(self) -> int:
@@ -235,14 +270,20 @@ def _check_range(obj: Any, field: str, limits: dict[str, tuple[float, float]], i
 
 def validate_plan_request(req: PlanRequest) -> PlanRequest:
     from migration.hardware import GPU_SPECS, TPU_SPECS
-    from workloads import WORKLOADS
 
-    _check_choice(req, "workload", tuple(WORKLOADS))
-    _check_choice(req, "preset", tuple(WORKLOADS[req.workload].presets))
+    check_model(req)
     _check_choice(req, "source", tuple(TPU_SPECS))
     _check_choice(req, "target", ("local", *GPU_SPECS))
-    for field in ("global_batch", "gpus", "max_per_device_batch"):
+    for field in ("global_batch", "gpus", "gpus_per_node", "max_per_device_batch"):
         _check_range(req, field, PLAN_LIMITS, integer=True)
+    if req.gpus > req.gpus_per_node and req.gpus % req.gpus_per_node:
+        raise ConfigError("gpus", f"{req.gpus} GPUs do not fill whole nodes of {req.gpus_per_node}; use a multiple of "
+                                  f"{req.gpus_per_node} (or at most {req.gpus_per_node} on one node)")
+    if req.target == "local" and req.gpus > req.gpus_per_node:
+        raise ConfigError("gpus", f"target local is this machine (one node): at most {req.gpus_per_node}; got {req.gpus}")
+    for field in ("sharding", "source_sharding"):
+        if getattr(req, field) is not None:
+            _check_choice(req, field, SHARDINGS)
     if req.per_core_batch is not None:
         _check_range(req, "per_core_batch", PLAN_LIMITS, integer=True)
     for field in ("memory_fraction", "safety_margin", "timeout_s", "silence_timeout_s"):

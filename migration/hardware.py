@@ -104,6 +104,37 @@ GPU_SPECS: dict[str, GpuSpec] = {
 }
 
 
+# GPU-to-GPU bandwidth inside a node, per GPU and direction (the datasheets print NVLink totals for
+# both directions: half of them here); PCIe cards talk over PCIe x16 (gen3 16, gen4 32, gen5 64 GB/s).
+LINK_BYTES_PER_S: dict[str, tuple[float, str]] = {
+    "v100-16gb": (150e9, "NVLink 2: 300 GB/s total (V100 datasheet)"),
+    "v100-32gb": (150e9, "NVLink 2: 300 GB/s total (V100 datasheet)"),
+    "t4": (16e9, "PCIe gen3 x16"),
+    "a10": (32e9, "PCIe gen4 x16"),
+    "l4": (32e9, "PCIe gen4 x16"),
+    "rtx-4090": (32e9, "PCIe gen4 x16"),
+    "a100-40gb": (300e9, "NVLink 3: 600 GB/s total (A100 datasheet)"),
+    "a100-80gb": (300e9, "NVLink 3: 600 GB/s total (A100 datasheet)"),
+    "a100-80gb-pcie": (32e9, "PCIe gen4 x16 (no NVLink bridge assumed)"),
+    "h100-pcie": (64e9, "PCIe gen5 x16 (no NVLink bridge assumed)"),
+    "h100-sxm": (450e9, "NVLink 4: 900 GB/s total (H100 datasheet)"),
+    "h100-nvl": (300e9, "NVLink bridge: 600 GB/s total (H100 NVL datasheet)"),
+    "h200": (450e9, "NVLink 4: 900 GB/s total (H200 datasheet)"),
+}
+# Between nodes: one 400 Gb/s InfiniBand NDR port per GPU, as in NVIDIA's DGX H100 reference
+# design. An assumption about the cluster, not a property of the GPU: plans say so.
+INTER_NODE_BYTES_PER_S = 50e9
+INTER_NODE_NOTE = "400 Gb/s InfiniBand per GPU between nodes (DGX H100 reference design; assumed)"
+
+
+def link_bandwidth(key: str, nodes: int) -> tuple[float | None, str]:
+    """Bytes/s per GPU of the slowest link a collective over the target's GPUs crosses, and why."""
+    link, note = LINK_BYTES_PER_S.get(key, (None, "unknown interconnect"))
+    if nodes > 1:
+        return min(link or INTER_NODE_BYTES_PER_S, INTER_NODE_BYTES_PER_S), INTER_NODE_NOTE
+    return link, note
+
+
 def gpu_spec_for_device_kind(device_kind: str) -> GpuSpec | None:
     """The catalog entry whose device kind is exactly `device_kind` (case and surrounding spaces
     aside), or None: a 16 GB V100 never borrows the 32 GB entry's memory or an H100 NVL the SXM's."""
@@ -199,6 +230,10 @@ class TpuSpec:
     bandwidth_bytes_per_s_per_chip: float
     topology: str  # for jax.experimental.topologies.get_topology_desc(..., "tpu")
 
+    @property
+    def is_pod_slice(self) -> bool:
+        return self.devices > 8
+
 
 TPU_SPECS: dict[str, TpuSpec] = {
     s.key: s
@@ -209,6 +244,22 @@ TPU_SPECS: dict[str, TpuSpec] = {
         TpuSpec("tpu-v5e-8", "TPU v5e-8 (v5 lite)", "v5e", 8, 16 * GB, 197, 819e9, "v5e:2x4"),
         TpuSpec("tpu-v5p-8", "TPU v5p-8", "v5p", 4, 95 * GB, 459, 2765e9, "v5p:2x2x1"),
         TpuSpec("tpu-v6e-8", "TPU v6e-8 (Trillium)", "v6e", 8, 32 * GB, 918, 1640e9, "v6e:2x4"),
+        # Pod slices. v3 and v4/v5p names count TensorCores (two per chip), v5e and v6e names count chips.
+        TpuSpec("tpu-v3-32", "TPU v3-32", "v3", 32, 16 * GiB, 123 / 2, 900e9, "v3:4x4"),
+        TpuSpec("tpu-v4-32", "TPU v4-32", "v4", 16, 32 * GiB, 275, 1228e9, "v4:2x2x4"),
+        TpuSpec("tpu-v4-64", "TPU v4-64", "v4", 32, 32 * GiB, 275, 1228e9, "v4:2x4x4"),
+        TpuSpec("tpu-v4-128", "TPU v4-128", "v4", 64, 32 * GiB, 275, 1228e9, "v4:4x4x4"),
+        TpuSpec("tpu-v5p-32", "TPU v5p-32", "v5p", 16, 95 * GB, 459, 2765e9, "v5p:2x2x4"),
+        TpuSpec("tpu-v5p-64", "TPU v5p-64", "v5p", 32, 95 * GB, 459, 2765e9, "v5p:2x4x4"),
+        TpuSpec("tpu-v5p-128", "TPU v5p-128", "v5p", 64, 95 * GB, 459, 2765e9, "v5p:4x4x4"),
+        TpuSpec("tpu-v5e-16", "TPU v5e-16", "v5e", 16, 16 * GB, 197, 819e9, "v5e:4x4"),
+        TpuSpec("tpu-v5e-32", "TPU v5e-32", "v5e", 32, 16 * GB, 197, 819e9, "v5e:4x8"),
+        TpuSpec("tpu-v5e-64", "TPU v5e-64", "v5e", 64, 16 * GB, 197, 819e9, "v5e:8x8"),
+        TpuSpec("tpu-v5e-128", "TPU v5e-128", "v5e", 128, 16 * GB, 197, 819e9, "v5e:8x16"),
+        TpuSpec("tpu-v5e-256", "TPU v5e-256", "v5e", 256, 16 * GB, 197, 819e9, "v5e:16x16"),
+        TpuSpec("tpu-v6e-16", "TPU v6e-16", "v6e", 16, 32 * GB, 918, 1640e9, "v6e:4x4"),
+        TpuSpec("tpu-v6e-64", "TPU v6e-64", "v6e", 64, 32 * GB, 918, 1640e9, "v6e:8x8"),
+        TpuSpec("tpu-v6e-256", "TPU v6e-256", "v6e", 256, 32 * GB, 918, 1640e9, "v6e:16x16"),
     ]
 }
 

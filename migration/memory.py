@@ -32,6 +32,7 @@ from migration.hardware import (
     fp32_matmul_precision,
     gpu_spec_for_device_kind,
     gpu_target_config,
+    link_bandwidth,
     matmul_unit,
 )
 from migration.search import ROWS_PER_SM_TO_FILL
@@ -57,11 +58,20 @@ def code_fingerprint(root: Path = PROJECT_ROOT) -> str:
     return digest.hexdigest()[:16]
 
 
-def compile_peak(program: TrainProgram, mesh: Any) -> int | None:
-    """Peak bytes per device of the real train step compiled on abstract inputs for `mesh`'s devices
-    (allocates nothing; raises what XLA raises, e.g. when even the compiler finds it cannot fit)."""
+def compile_memory(program: TrainProgram, mesh: Any) -> dict[str, int | None]:
+    """Peak bytes per device of the real train step compiled on abstract inputs for `mesh`'s devices,
+    and the bytes of its state arguments per device (allocates nothing; raises what XLA raises,
+    e.g. when even the compiler finds it cannot fit)."""
     lowered = jit_step(program, mesh).lower(abstract_state(program, mesh), abstract_batch(program, mesh))
-    return compiled_peak_bytes(lowered.compile())
+    compiled = lowered.compile()
+    stats = compiled.memory_analysis()
+    batch_bytes = sum(s.size * s.dtype.itemsize for s in program.batch_shapes().values()) // mesh.size
+    state = None if stats is None else int(stats.argument_size_in_bytes) - batch_bytes
+    return {"peak_bytes": compiled_peak_bytes(compiled), "state_bytes": state}
+
+
+def compile_peak(program: TrainProgram, mesh: Any) -> int | None:
+    return compile_memory(program, mesh)["peak_bytes"]
 
 
 class CompileCache:
@@ -97,6 +107,8 @@ class Target:
     platform: str  # "gpu" or "cpu"
     fill_rows: int  # rows that fill the device (see search.ROWS_PER_SM_TO_FILL)
     device_kind: str | None = None
+    link_bytes_per_s: float | None = None  # slowest GPU-to-GPU link of the target (hardware.link_bandwidth)
+    link_note: str = ""
 
     def peak_flops(self, precision: str) -> float | None:
         """Dense peak per device for the precision (fp32 as the default matmul precision runs it)."""
@@ -109,9 +121,10 @@ class Target:
 def resolve_target(req: PlanRequest) -> Target:
     if req.target != "local":
         spec = GPU_SPECS[req.target]
+        link, link_note = link_bandwidth(spec.key, req.nodes)
         return Target(spec.name, spec, spec.memory_bytes, _budget(spec.memory_bytes * req.memory_fraction, req),
                       f"{fmt_gib(spec.memory_bytes)} from {spec.source}", spec.bf16_native, spec.compute_capability,
-                      "gpu", spec.sm_count * ROWS_PER_SM_TO_FILL)
+                      "gpu", spec.sm_count * ROWS_PER_SM_TO_FILL, None, link, link_note)
     device = jax.devices()[0]
     name = f"this machine: {device.device_kind} ({device.platform})"
     if device.platform == "gpu":
@@ -138,8 +151,9 @@ def _local_gpu_target(device: Any, name: str, req: PlanRequest) -> Target:
     else:
         raise CompileFailed(f"{device.device_kind} reports no memory limit and is not in the catalog")
     sms = spec.sm_count if spec else int(getattr(device, "core_count", 0) or 100)
+    link, link_note = link_bandwidth(spec.key, 1) if spec else (None, "unknown interconnect")
     return Target(name, spec, total, _budget(share, req), source, cc >= (8, 0), cc, "gpu",
-                  sms * ROWS_PER_SM_TO_FILL, device.device_kind)
+                  sms * ROWS_PER_SM_TO_FILL, device.device_kind, link, link_note)
 
 
 def _budget(share: float, req: PlanRequest) -> int:
@@ -160,9 +174,11 @@ class MemoryPredictor:
     """Per-device peak bytes of the train step for (precision, remat, batch, accumulation)."""
 
     def __init__(self, req: PlanRequest, emit: Emit, cache: CompileCache | None = None,
-                 estimate_because: str | None = None):
+                 estimate_because: str | None = None, model: dict[str, Any] | None = None):
         self.req = req
+        self.model = dict(req.model if model is None else model)  # the dimension overrides compiled
         self.emit = emit
+        self.state_bytes: dict[tuple[str, str, int, int, str], int | None] = {}
         self.cache = cache or CompileCache()
         self.compiles = 0
         self.cache_hits = 0
@@ -189,60 +205,81 @@ class MemoryPredictor:
             return "compiled-local", note, make_data_mesh(devices[: req.gpus]), f"local:{kind}"
         spec = GPU_SPECS[req.target]
         text = gpu_target_config(spec)
+        per_node = req.gpus if req.nodes == 1 else req.gpus_per_node
+        topology = f"1x{req.nodes}x{per_node}"
         try:
             from jax.experimental import topologies
 
-            topo = topologies.get_topology_desc(platform="cuda", target_config=text, topology=f"1x1x{req.gpus}")
+            topo = topologies.get_topology_desc(platform="cuda", target_config=text, topology=topology)
             mesh = make_data_mesh(topo.devices)
         except Exception as exc:  # noqa: BLE001 - plugin missing or unable to describe the target: estimate instead
             return ("estimate", f"analytic estimate: no compile for {spec.name} was possible here ({first_line(exc)})",
                     None, f"estimate:{spec.key}")
-        return ("compiled-for-target", f"compiled for {spec.name} without the device (deviceless XLA GPU compile)",
-                mesh, hashlib.sha256(text.encode()).hexdigest()[:16])
+        where = f"{req.nodes} nodes x {per_node} x {spec.name}" if req.nodes > 1 else f"{req.gpus} x {spec.name}"
+        return ("compiled-for-target", f"compiled for {where} without the devices (deviceless XLA GPU compile of the "
+                f"{req.gpus}-device program, topology {topology}; per-device figures)",
+                mesh, hashlib.sha256((text + topology).encode()).hexdigest()[:16])
 
-    def _key(self, precision: str, remat: str, batch: int, accum: int) -> str:
+    def _key(self, precision: str, remat: str, batch: int, accum: int, sharding: str) -> str:
         parts = [jax.__version__, code_fingerprint(), self.method, self.target_id, self.req.workload, self.req.preset,
-                 precision, remat, batch, accum, self.req.gpus, os.environ.get("XLA_FLAGS", "")]
-        return hashlib.sha256(json.dumps(parts).encode()).hexdigest()
+                 sorted(self.model.items()), precision, remat, batch, accum, self.req.gpus, sharding,
+                 os.environ.get("XLA_FLAGS", "")]
+        return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()
 
     # -- prediction ------------------------------------------------------------------------
-    def predict(self, precision: str, remat: str, batch: int, accum: int = 1, record: bool = True) -> int | None:
+    def predict(self, precision: str, remat: str, batch: int, accum: int = 1, record: bool = True,
+                sharding: str = "replicated") -> int | None:
         """Peak bytes per device, or None when the compiler says it cannot fit at all."""
-        key = self._key(precision, remat, batch, accum)
+        key = self._key(precision, remat, batch, accum, sharding)
         hit = self.cache.get(key)
         t0 = time.perf_counter()
         if hit is not None:
             self.cache_hits += 1
-            peak = hit["peak_bytes"]
+            found = hit
         else:
-            peak = self.estimate(precision, remat, batch, accum) if self.method == "estimate" else \
-                self._compile(precision, remat, batch, accum)
-            self.cache.put(key, {"peak_bytes": peak})
+            found = self.estimate_memory(precision, remat, batch, accum, sharding) if self.method == "estimate" else \
+                self._compile(precision, remat, batch, accum, sharding)
+            self.cache.put(key, found)
+        peak = found["peak_bytes"]
+        self.state_bytes[(sharding, remat, batch, accum, precision)] = found.get("state_bytes")
         if record:
-            row = {"per_device_batch": batch, "remat": remat, "precision": precision, "accumulation_steps": accum,
-                   "predicted_bytes": peak, "cached": hit is not None, "seconds": round(time.perf_counter() - t0, 3)}
+            row = {"sharding": sharding, "per_device_batch": batch, "remat": remat, "precision": precision,
+                   "accumulation_steps": accum, "predicted_bytes": peak, "state_bytes": found.get("state_bytes"),
+                   "cached": hit is not None, "seconds": round(time.perf_counter() - t0, 3)}
             self.table.append(row)
             self.emit("candidate", **row)
         return peak
 
-    def _compile(self, precision: str, remat: str, batch: int, accum: int) -> int | None:
-        cfg = RunConfig(workload=self.req.workload, preset=self.req.preset, per_device_batch=batch,
-                        devices=self.req.gpus, precision=precision, remat=remat, accumulation_steps=accum)
+    def _compile(self, precision: str, remat: str, batch: int, accum: int, sharding: str) -> dict[str, int | None]:
+        cfg = RunConfig(workload=self.req.workload, preset=self.req.preset, model=self.model, per_device_batch=batch,
+                        devices=self.req.gpus, precision=precision, remat=remat, accumulation_steps=accum,
+                        sharding=sharding)
         self.compiles += 1
         try:
-            return compile_peak(TrainProgram.from_config(cfg), self.mesh)
+            return compile_memory(TrainProgram.from_config(cfg), self.mesh)
         except Exception as exc:  # noqa: BLE001 - XLA raises several types; memory is told apart by its message
             if is_oom(str(exc)):
-                return None
+                return {"peak_bytes": None, "state_bytes": None}
             raise CompileFailed(f"compiling for the target failed ({type(exc).__name__}: {first_line(exc)})") from exc
 
-    def estimate(self, precision: str, remat: str, batch: int, accum: int = 1) -> int:
-        """Parameters, gradients and AdamW state in float32 (16 bytes per parameter), a gradient
-        accumulator when accumulating, and activations by precision and remat policy."""
+    def estimate_memory(self, precision: str, remat: str, batch: int, accum: int, sharding: str) -> dict[str, int]:
+        p = get_workload(self.req.workload).param_count(self._model_cfg())
+        share = self.req.gpus if sharding == "fsdp" else 1
+        return {"peak_bytes": self.estimate(precision, remat, batch, accum, sharding),
+                "state_bytes": int(12 * p / share)}
+
+    def _model_cfg(self) -> Any:
+        return get_workload(self.req.workload).config(self.req.preset, self.model)
+
+    def estimate(self, precision: str, remat: str, batch: int, accum: int = 1, sharding: str = "replicated") -> int:
+        """Parameters, gradients and AdamW state in float32 (16 bytes per parameter, a 1/gpus share
+        of them under FSDP), a gradient accumulator when accumulating, and activations by
+        precision and remat policy."""
         w = get_workload(self.req.workload)
-        cfg = w.config(self.req.preset)
+        cfg = self._model_cfg()
         p = w.param_count(cfg)
-        state = STATE_BYTES_PER_PARAM * p + (4 * p if accum > 1 else 0)
+        share = self.req.gpus if sharding == "fsdp" else 1
+        state = (STATE_BYTES_PER_PARAM * p + (4 * p if accum > 1 else 0)) / share
         prof = w.activation_profile(cfg)
         elem = 4 if precision == "fp32" else 2
         kept = {"none": prof.n_blocks * prof.per_block,

@@ -10,6 +10,7 @@ predicted peak over the budget.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable
@@ -26,6 +27,7 @@ from migration.search import (
     RECOMPUTE_NOTE,
     REMAT_ORDER,
     Choice,
+    Communication,
     StepCostModel,
     batch_candidates,
     describe_choice,
@@ -47,43 +49,75 @@ def plan_migration(req: PlanRequest, emit: Emit) -> Plan:
     the whole search is redone by the analytic estimate (never a mix of the two), labelled."""
     t0 = time.perf_counter()
     target = resolve_target(req)
+    precision = req.precision or ("bf16" if target.bf16_native else "fp16")
+    model, attention = planned_model(req, target, precision)
     try:
-        return _Planner(req, emit, target, MemoryPredictor(req, emit), t0).plan()
+        return _Planner(req, emit, target, MemoryPredictor(req, emit, model=model), t0, precision, attention).plan()
     except CompileFailed as exc:
         emit("fallback", message=str(exc))
-        return _Planner(req, emit, target, MemoryPredictor(req, emit, estimate_because=str(exc)), t0).plan()
+        predictor = MemoryPredictor(req, emit, estimate_because=str(exc), model=model)
+        return _Planner(req, emit, target, predictor, t0, precision, attention).plan()
+
+
+def planned_model(req: PlanRequest, target: Target, precision: str) -> tuple[dict[str, Any], Decision | None]:
+    """The model's dimension overrides as planned: the request's, plus the attention kernel for a
+    model that has a choice of one (the fused cuDNN kernel on NVIDIA GPUs of compute capability 8.0+
+    in bf16 or fp16: it never stores the T x T scores; plain XLA attention elsewhere)."""
+    w = get_workload(req.workload)
+    cfg = w.config(req.preset, req.model)
+    if "attention" not in {f.name for f in dataclasses.fields(cfg)}:
+        return dict(req.model), None
+    if "attention" in req.model:
+        return dict(req.model), Decision("attention", req.model["attention"], "override")
+    fused = (target.platform == "gpu" and (target.compute_capability or (0, 0)) >= (8, 0)
+             and precision in ("bf16", "fp16"))
+    if fused:
+        why = (f"{target.name} runs cuDNN's fused attention (jax.nn.dot_product_attention, implementation='cudnn') "
+               f"in {precision}: memory linear in the sequence ({cfg.seq_len}), the scores are never stored")
+    else:
+        why = ("cuDNN's fused attention needs an NVIDIA GPU of compute capability 8.0+ and bf16 or fp16 compute; "
+               "plain XLA attention stores the T x T scores per head")
+    value = "cudnn" if fused else "xla"
+    return {**req.model, "attention": value}, Decision("attention", value, why)
+
+
+Key = tuple[str, str]  # (sharding, remat)
 
 
 class _Planner:
-    """One planning pass: precision, the per-policy search, the ranking, the verified choice."""
+    """One planning pass: precision, the per-(sharding, policy) search, the ranking, the verified choice."""
 
-    def __init__(self, req: PlanRequest, emit: Emit, target: Target, predictor: MemoryPredictor, t0: float):
+    def __init__(self, req: PlanRequest, emit: Emit, target: Target, predictor: MemoryPredictor, t0: float,
+                 precision: str, attention: Decision | None):
         self.req, self.emit, self.target, self.predictor, self.t0 = req, emit, target, predictor, t0
         w = get_workload(req.workload)
-        cfg = w.config(req.preset)
+        cfg = w.config(req.preset, predictor.model)
         self.params = w.param_count(cfg)
-        self.precision = req.precision or ("bf16" if target.bf16_native else "fp16")
+        self.precision = precision
+        comm = Communication(self.params, req.gpus, 4 if precision == "fp32" else 2, target.link_bytes_per_s)
         self.cost = StepCostModel(w.flops_per_example(cfg), w.rows_per_example(cfg), target.fill_rows,
-                                  target.peak_flops(self.precision))
+                                  target.peak_flops(self.precision), w.matmul_width(cfg), comm)
         self.needed = math.ceil(req.global_batch / req.gpus)
         self.limit = min(self.needed, req.max_per_device_batch)
         candidates = batch_candidates(self.limit, req.granularity)
         self.candidates = exact_candidates(candidates, req.global_batch, req.gpus) or candidates
         self.decisions = [Decision("precision", self.precision, self._precision_reason())]
+        if attention:
+            self.decisions.append(attention)
+        self.modes, self.sharding_forced = self._sharding_modes()
 
     # -- stages ------------------------------------------------------------------------------
     def plan(self) -> Plan:
         budget = self.target.budget_bytes
         self.emit("plan_started", method=self.predictor.method, note=self.predictor.note, budget_bytes=budget)
-        self.skipped: dict[str, float] = {}
-        max_batch = self.search_policies(self.policies())
+        self.skipped: dict[Key, float] = {}
+        max_batch = self.search_policies(self.keys())
         ranked = self.rank(max_batch)
         chosen, peak, rejected = self.verify(ranked)
         if chosen is None and self.skipped:
             # The choices that ruled the other policies out did not fit with their accumulation:
             # search those policies too before giving up.
-            max_batch.update(self.search_policies(list(self.skipped), known=max(max_batch.values(), default=0),
-                                                  prune=False))
+            max_batch.update(self.search_policies(list(self.skipped), prune=False))
             self.skipped = {}
             ranked = self.rank(max_batch)
             chosen, peak, rejected = self.verify(ranked)
@@ -91,65 +125,85 @@ class _Planner:
             return self._infeasible(max_batch, ranked, rejected)
         return self._ok(chosen, peak, max_batch, ranked, rejected)
 
-    def policies(self) -> list[str]:
-        return [self.req.remat] if self.req.remat else list(REMAT_ORDER)
+    def keys(self) -> list[Key]:
+        policies = [self.req.remat] if self.req.remat else list(REMAT_ORDER)
+        return [(mode, remat) for mode in self.modes for remat in policies]
 
-    def rank(self, max_batch: dict[str, int]) -> list[Choice]:
+    def _sharding_modes(self) -> tuple[list[str], str | None]:
+        """The ways of holding the state worth searching, and the reason when only one is."""
+        req, budget = self.req, self.target.budget_bytes
+        if req.sharding:
+            return [req.sharding], f"override: {req.sharding}"
+        if req.gpus == 1:
+            return ["replicated"], "one GPU: nothing to shard over (FSDP over one device is the same program)"
+        state = STATE_BYTES_PER_PARAM * self.params
+        if state > budget:
+            return ["fsdp"], (
+                f"replicated, the float32 parameters, gradients and AdamW state need {fmt_gib(state)} on every GPU "
+                f"({self.params:,} parameters x 16 bytes), more than the {fmt_gib(budget)} budget; sharded over "
+                f"{req.gpus} GPUs they need {fmt_gib(state / req.gpus)} each")
+        return ["replicated", "fsdp"], None
+
+    def rank(self, max_batch: dict[Key, int]) -> list[Choice]:
         return rank_choices(max_batch, self.candidates, self.req.global_batch, self.req.gpus, self.cost,
                             accumulation=self.req.accumulation_steps,
                             max_accumulation=int(LIMITS["accumulation_steps"][1]))
 
-    def search_policies(self, policies: list[str], known: int = 0, prune: bool = True) -> dict[str, int]:
-        """Largest fitting batch per remat policy, searching only policies that could still win.
+    def search_policies(self, keys: list[Key], prune: bool = True) -> dict[Key, int]:
+        """Largest fitting batch per (sharding, remat policy), searching only those that could still win.
 
-        Policies go from least to most recompute; each search starts from the batch the previous
-        policy reached (a policy that keeps less never needs more memory). With `prune`, a policy is
-        skipped (and remembered in `self.skipped`) when even a perfectly filled device under it is
-        slower than the best choice found so far that keeps the global batch.
+        Per sharding, policies go from least to most recompute; each search starts from the batch
+        the previous policy reached (a policy that keeps less never needs more memory). With
+        `prune`, a pair is skipped (and remembered in `self.skipped`) when even a perfectly filled
+        device under it is slower than the best choice found so far that keeps the global batch.
         """
-        found: dict[str, int] = {}
+        found: dict[Key, int] = {}
         best = math.inf
-        for remat in policies:
-            bound = self.cost.best_possible(remat, self.needed)
+        known: dict[str, int] = {}
+        for mode, remat in keys:
+            bound = self.cost.best_possible(remat, self.needed, mode)
             if prune and bound >= best:
-                self.skipped[remat] = bound
-                self.emit("skip_policy", remat=remat, reason="cannot beat the best choice found so far")
+                self.skipped[(mode, remat)] = bound
+                self.emit("skip_policy", remat=remat, sharding=mode, reason="cannot beat the best choice found so far")
                 continue
-            measure = lambda b, r=remat: self.predictor.predict(self.precision, r, b)
+            measure = lambda b, r=remat, m=mode: self.predictor.predict(self.precision, r, b, sharding=m)
+            kept = known.get(mode, 0)
             # After a policy that fits nothing, the smallest batch is the likeliest boundary: probe it first.
-            guess = self.candidates[0] if found and not known else self._guess(remat)
-            found[remat] = largest_fitting(self.candidates, measure, self.target.budget_bytes, known_fit=known,
-                                           first_guess=guess)
-            known = max(known, found[remat])
-            exact = [c for c in self.rank({remat: found[remat]}) if c.exact]
+            tried = any(k[0] == mode for k in found)
+            guess = self.candidates[0] if tried and not kept else self._guess(mode, remat)
+            found[(mode, remat)] = largest_fitting(self.candidates, measure, self.target.budget_bytes,
+                                                   known_fit=kept, first_guess=guess)
+            known[mode] = max(kept, found[(mode, remat)])
+            exact = [c for c in self.rank({(mode, remat): found[(mode, remat)]}) if c.exact]
             if exact:
                 best = min(best, exact[0].step_cost)
         return found
 
     def verify(self, ranked: list[Choice]) -> tuple[Choice | None, int | None, list[dict[str, Any]]]:
         """The first ranked choice whose compile with its accumulation fits the budget. A choice is
-        not compiled when one with the same policy and a batch no larger already failed (its peak
-        can only be larger)."""
+        not compiled when one with the same sharding and policy and a batch no larger already
+        failed (its peak can only be larger)."""
         rejected: list[dict[str, Any]] = []
-        failed: dict[str, int] = {}
+        failed: dict[Key, int] = {}
         for choice in ranked:
-            if choice.accumulation_steps > 1 and choice.per_device_batch >= failed.get(choice.remat, math.inf):
+            key = (choice.sharding, choice.remat)
+            if choice.accumulation_steps > 1 and choice.per_device_batch >= failed.get(key, math.inf):
                 continue
             peak = self.predictor.predict(self.precision, choice.remat, choice.per_device_batch,
-                                          choice.accumulation_steps)
+                                          choice.accumulation_steps, sharding=choice.sharding)
             if peak is not None and peak <= self.target.budget_bytes:
                 return choice, peak, rejected
-            failed[choice.remat] = min(failed.get(choice.remat, math.inf), choice.per_device_batch)
+            failed[key] = min(failed.get(key, math.inf), choice.per_device_batch)
             rejected.append({**choice.to_dict(self.cost), "predicted_peak_bytes": peak})
         return None, None, rejected
 
     # -- helpers -----------------------------------------------------------------------------
-    def _guess(self, remat: str) -> int | None:
+    def _guess(self, mode: str, remat: str) -> int | None:
         """The boundary under `remat` from an affine model of memory in the batch: the
         batch-independent part from 'none', the per-example part scaled by the estimate's ratio."""
         points = sorted((row["per_device_batch"], row["predicted_bytes"]) for row in self.predictor.table
                         if row["remat"] == "none" and row["predicted_bytes"] is not None
-                        and row["accumulation_steps"] == 1)
+                        and row["accumulation_steps"] == 1 and row["sharding"] == mode)
         if remat == "none" or len(points) < 2 or points[-1][0] <= points[0][0]:
             return None
         (b0, m0), (b1, m1) = points[0], points[-1]
@@ -168,23 +222,82 @@ class _Planner:
         return (f"{name} has no native bf16: fp16 compute, float32 master weights, dynamic loss scaling "
                 "(halve and skip on overflow)")
 
-    def _remat_reason(self, chosen: Choice, max_batch: dict[str, int], ranked: list[Choice]) -> str:
+    def _remat_reason(self, chosen: Choice, max_batch: dict[Key, int], ranked: list[Choice]) -> str:
         if self.req.remat:
             return f"override: {self.req.remat} (the planner did not compare policies)"
-        searched = ", ".join(f"{r}: {b}" for r, b in max_batch.items())
+        searched = ", ".join(f"{self._name(k)}: {b}" for k, b in max_batch.items())
         why = (f"fastest predicted step among the fitting choices ({RECOMPUTE_NOTE[chosen.remat]}); largest batch per "
                f"policy searched: {searched}")
         if self.skipped:
             why += "; not searched, since even a fully used GPU under them is slower: " + ", ".join(
-                f"{r} (at least {self._step_text(b)})" for r, b in self.skipped.items())
+                f"{self._name(k)} (at least {self._step_text(b)})" for k, b in self.skipped.items())
         return why
+
+    def _name(self, key: Key) -> str:
+        """A (sharding, remat) pair as text: the remat name alone when one sharding was searched."""
+        return key[1] if len(self.modes) == 1 else f"{key[0]}/{key[1]}"
+
+    def _sharding_reason(self, chosen: Choice, ranked: list[Choice]) -> str:
+        if self.sharding_forced:
+            why = self.sharding_forced
+        else:
+            other = next((c for c in ranked if c.sharding != chosen.sharding and c.exact), None)
+            if other is None:
+                why = (f"{chosen.sharding}: the only way searched that fits the global batch"
+                       if not any(k[0] != chosen.sharding for k in self.skipped) else
+                       f"{chosen.sharding}: the other way cannot beat it even with a fully used GPU (not searched)")
+            else:
+                why = (f"fastest predicted step: {chosen.sharding} {self._step_text(chosen.step_cost)} against "
+                       f"{other.sharding} {self._step_text(other.step_cost)} (its best fitting choice, "
+                       f"{other.per_device_batch} per GPU x {other.accumulation_steps})")
+        comm = self.cost.communication
+        if comm and self.req.gpus > 1:
+            moved = comm.bytes_per_micro_batch(chosen.sharding)
+            why += (f"; collectives move {fmt_gib(moved)} per GPU per micro-batch"
+                    + (f", {self._step_text(self.cost.comm_seconds(chosen.sharding, chosen.accumulation_steps))} "
+                       f"per step over {self.target.link_note}" if self.target.link_bytes_per_s else "")
+                    + " (predicted; overlapped with compute by XLA's latency-hiding scheduler)")
+        return why
+
+    def _state(self, chosen: Choice) -> dict[str, Any]:
+        """Bytes of the state per GPU: the compiled step's state arguments (parameters and AdamW's two
+        moments) against 12 bytes per parameter over the GPUs holding a share, and with the
+        gradients (4 bytes per parameter, same share) against the usual 16 bytes per parameter."""
+        share = self.req.gpus if chosen.sharding == "fsdp" else 1
+        compiled = self.predictor.state_bytes.get((chosen.sharding, chosen.remat, chosen.per_device_batch,
+                                                   chosen.accumulation_steps, self.precision))
+        arithmetic = STATE_BYTES_PER_PARAM * self.params / share
+        with_grads = None if compiled is None else compiled + 4 * self.params / share
+        return {"sharding": chosen.sharding, "shared_by": share, "param_count": self.params,
+                "compiled_state_bytes_per_gpu": compiled, "arithmetic_state_bytes_per_gpu": 12 * self.params / share,
+                "state_with_gradients_bytes_per_gpu": with_grads, "arithmetic_bytes_per_gpu": arithmetic,
+                "difference": None if with_grads is None else round(with_grads / arithmetic - 1, 4),
+                "how": f"compiled arguments of the step ({self.predictor.method}) plus float32 gradients "
+                       f"(4 bytes x {self.params:,} / {share}), against 16 bytes x {self.params:,} / {share}"}
+
+    def _source_job(self) -> dict[str, Any]:
+        """How the TPU job held its state on the source slice."""
+        src, req = TPU_SPECS[self.req.source], self.req
+        state = STATE_BYTES_PER_PARAM * self.params
+        sharding = source_sharding(req, self.params)
+        per_chip = state / (src.devices if sharding == "fsdp" else 1)
+        why = (f"given: {sharding}" if req.source_sharding else
+               "replicated under pmap: the state fits one chip" if sharding == "replicated" else
+               f"the state ({fmt_gib(state)}) exceeds one chip's {fmt_gib(src.hbm_bytes_per_device)}: it must have been "
+               f"sharded over the slice's {src.devices} chips")
+        return {"devices": src.devices, "hbm_bytes_per_device": src.hbm_bytes_per_device, "sharding": sharding,
+                "state_bytes_per_device": int(per_chip), "why": why, "pod_slice": src.is_pod_slice}
 
     def _step_text(self, seconds: float | None) -> str:
         return "n/a (no peak for this device)" if seconds is None or not self.cost.peak_flops else f"{seconds * 1e3:.1f} ms"
 
     # -- results -----------------------------------------------------------------------------
-    def _common(self, max_batch: dict[str, int], ranked: list[Choice], rejected: list[dict[str, Any]]) -> dict[str, Any]:
+    def _common(self, max_batch: dict[Key, int], ranked: list[Choice], rejected: list[dict[str, Any]],
+                sharding: str) -> dict[str, Any]:
         req, t, source = self.req, self.target, TPU_SPECS[self.req.source]
+        by_sharding: dict[str, dict[str, int]] = {}
+        for (mode, remat), b in max_batch.items():
+            by_sharding.setdefault(mode, {})[remat] = b
         rot, rot_note = rule_of_thumb_batch(t.device_memory_bytes * req.memory_fraction, self.params)
         return dict(
             workload=req.workload, preset=req.preset, source=req.source, source_name=source.name,
@@ -195,18 +308,22 @@ class _Planner:
             requested_global_batch=req.global_batch, precision=self.precision,
             prediction_method=self.predictor.method, prediction_note=self.predictor.note, param_count=self.params,
             compiles=self.predictor.compiles, cache_hits=self.predictor.cache_hits,
-            search_seconds=round(time.perf_counter() - self.t0, 2), max_batch_by_remat=max_batch,
+            search_seconds=round(time.perf_counter() - self.t0, 2), max_batch_by_remat=by_sharding.get(sharding, {}),
+            max_batch_by_sharding=by_sharding, model=self.predictor.model, sharding=sharding, nodes=req.nodes,
+            gpus_per_node=min(req.gpus, req.gpus_per_node), source_job=self._source_job(),
+            interconnect=t.link_note,
             table=self.predictor.table, candidates=self.candidates,
             ranked=[c.to_dict(self.cost) for c in ranked[:RANKED_SHOWN]],
             rule_of_thumb_batch=rot, rule_of_thumb_note=rot_note, matmul_precision=_matmul_precision_notes(t, self.precision),
-            environment=_environment(req), jax_version=jax.__version__, planned_on=jax.default_backend(),
+            environment=_environment(req, sharding), jax_version=jax.__version__, planned_on=jax.default_backend(),
             planned_device_kind=t.device_kind,
         )
 
-    def _ok(self, chosen: Choice, peak: int, max_batch: dict[str, int], ranked: list[Choice],
+    def _ok(self, chosen: Choice, peak: int, max_batch: dict[Key, int], ranked: list[Choice],
             rejected: list[dict[str, Any]]) -> Plan:
         req = self.req
         d = self.decisions
+        d.append(Decision("sharding", chosen.sharding, self._sharding_reason(chosen, ranked)))
         d.append(Decision("remat", chosen.remat, self._remat_reason(chosen, max_batch, ranked)))
         d.append(Decision("per_device_batch", chosen.per_device_batch,
                           f"predicted peak {fmt_gib(peak)} of a {fmt_gib(self.target.budget_bytes)} budget per GPU "
@@ -219,58 +336,76 @@ class _Planner:
         d.append(Decision("xla_flags", "no --xla_gpu_enable_triton_gemm=false", (
             "the guide disables Triton GEMMs 'for stability'; current XLA autotunes cuBLAS against Triton, "
             "so keep them unless a GEMM fails to compile")))
-        tpu_setup = _tpu_setup_on_target(req, self.predictor, self.target.budget_bytes)
+        if req.nodes > 1:
+            d.append(Decision("nodes", req.nodes, (
+                f"{req.gpus} GPUs as {req.nodes} nodes of {min(req.gpus, req.gpus_per_node)}: one process per node "
+                "calls jax.distributed.initialize() before anything else, and the mesh spans every GPU; collectives "
+                f"cross nodes over {self.target.link_note}")))
+        tpu_setup = _tpu_setup_on_target(req, self.predictor, self.target.budget_bytes, chosen.sharding)
         source_compile = _compile_for_source_tpu(req) if req.compile_for_tpu else {"status": "not requested"}
         return Plan(status="ok", per_device_batch=chosen.per_device_batch, accumulation_steps=chosen.accumulation_steps,
                     global_batch=chosen.global_batch, global_batch_exact=chosen.exact, remat=chosen.remat,
                     remat_chosen_by="override" if req.remat else "search", predicted_peak_bytes=peak,
                     predicted_step_s=chosen.step_cost if self.cost.peak_flops else None,
                     tpu_setup_on_target=tpu_setup, source_tpu_compile=source_compile, decisions=d,
-                    **self._common(max_batch, ranked, rejected))
+                    state=self._state(chosen), **self._common(max_batch, ranked, rejected, chosen.sharding))
 
-    def _infeasible(self, max_batch: dict[str, int], ranked: list[Choice], rejected: list[dict[str, Any]]) -> Plan:
+    def _infeasible(self, max_batch: dict[Key, int], ranked: list[Choice], rejected: list[dict[str, Any]]) -> Plan:
         req, budget = self.req, self.target.budget_bytes
         policy = req.remat or "full"
+        mode = self.modes[-1]
         if not ranked and any(max_batch.values()):
             floor = None
-            why = (f"the batches that fit a budget of {{budget}} ({', '.join(f'{r}: {b}' for r, b in max_batch.items())} "
+            why = (f"the batches that fit a budget of {{budget}} ({', '.join(f'{self._name(k)}: {b}' for k, b in max_batch.items())} "
                    f"per GPU) would need more than {int(LIMITS['accumulation_steps'][1])} accumulation steps to reach "
                    f"the global batch {req.global_batch}")
-            policy = req.remat or max(max_batch, key=max_batch.get)
+            mode, policy = max(max_batch, key=max_batch.get)
         elif rejected:
             fastest = rejected[0]
             floor = fastest["predicted_peak_bytes"]
             why = (f"no choice fits once accumulation is added: the fastest, {fastest['per_device_batch']} per GPU x "
                    f"{fastest['accumulation_steps']} accumulation under remat {fastest['remat']}, needs {fmt_gib(floor)} "
                    "against a budget of {budget}")
-            policy = fastest["remat"]
+            policy, mode = fastest["remat"], fastest["sharding"]
         else:
-            floor = self.predictor.predict(self.precision, policy, 1)
-            tried = ", ".join(max_batch) or policy
+            floor = self.predictor.predict(self.precision, policy, 1, sharding=mode)
+            tried = ", ".join(self._name(k) for k in max_batch) or policy
             why = (f"does not fit even at batch 1 with remat {policy} (policies tried: {tried}), because the step "
                    f"needs {fmt_gib(floor)} per GPU against a budget of {{budget}}")
-        state_bytes = STATE_BYTES_PER_PARAM * self.params
+        state_bytes = STATE_BYTES_PER_PARAM * self.params / (req.gpus if mode == "fsdp" else 1)
         budget_text = (f"{fmt_gib(budget)} ({req.memory_fraction:.0%} of {fmt_gib(self.target.device_memory_bytes)} "
                        f"minus a {req.safety_margin:.0%} margin)")
         message = (why.format(budget=budget_text) + "; parameters, "
-                   f"gradients and AdamW state alone take {fmt_gib(state_bytes)} ({self.params:,} parameters x 16 bytes). "
-                   "What would help: " + "; ".join(_what_would_help(req)) + ".")
+                   f"gradients and AdamW state alone take {fmt_gib(state_bytes)} per GPU ({self.params:,} parameters x 16 "
+                   f"bytes{f' / {req.gpus} GPUs (FSDP)' if mode == 'fsdp' else ''}). "
+                   "What would help: " + "; ".join(_what_would_help(req, mode)) + ".")
         self.emit("infeasible", message=message)
         return Plan(status="infeasible", per_device_batch=0, accumulation_steps=0, global_batch=0,
                     global_batch_exact=False, remat=policy, remat_chosen_by="override" if req.remat else "search",
                     predicted_peak_bytes=floor, predicted_step_s=None, tpu_setup_on_target={},
                     source_tpu_compile={"status": "not requested"}, decisions=self.decisions, message=message,
-                    **self._common(max_batch, ranked, rejected))
+                    **self._common(max_batch, ranked, rejected, mode))
 
 
-def _what_would_help(req: PlanRequest) -> list[str]:
-    helps = ["a GPU with more memory", "a smaller preset"]
+def source_sharding(req: PlanRequest, params: int) -> str:
+    """How the TPU job held its state: as given, else replicated (pmap) when 16 bytes per parameter
+    fit 90% of a chip's HBM, else sharded over the slice."""
+    hbm = TPU_SPECS[req.source].hbm_bytes_per_device
+    return req.source_sharding or ("replicated" if STATE_BYTES_PER_PARAM * params <= 0.9 * hbm else "fsdp")
+
+
+def _what_would_help(req: PlanRequest, mode: str) -> list[str]:
+    helps = ["a GPU with more memory", "a smaller model"]
     if req.memory_fraction < 0.95:
         helps.insert(0, "a larger memory share")
     if req.remat and req.remat != "full":
         helps.insert(0, "remat full (or let the planner choose the policy)")
-    helps.append("sharding parameters and optimizer state over more GPUs (FSDP; this planner replicates them, "
-                 "so more GPUs alone do not help)")
+    if mode == "fsdp":
+        helps.append(f"more GPUs than {req.gpus} (FSDP shares parameters, gradients and optimizer state among them)")
+    elif req.sharding == "replicated":
+        helps.append("sharding the state over the GPUs (leave sharding to the planner, or FSDP)")
+    else:
+        helps.append("several GPUs with the state sharded over them (FSDP: 16 bytes per parameter / GPUs)")
     return helps
 
 
@@ -282,7 +417,7 @@ def _matmul_precision_notes(target: Target, precision: str) -> dict[str, str]:
     return {"tpu": "bf16 passes on the MXU (TPUs run fp32 matrix products in bf16 by default)", "gpu": gpu}
 
 
-def _environment(req: PlanRequest) -> dict[str, dict[str, str]]:
+def _environment(req: PlanRequest, sharding: str) -> dict[str, dict[str, str]]:
     env = {
         "XLA_PYTHON_CLIENT_PREALLOCATE": {
             "value": "false",
@@ -298,15 +433,21 @@ def _environment(req: PlanRequest) -> dict[str, dict[str, str]]:
         },
     }
     if req.gpus > 1:
+        what = ("the parameter all-gathers and gradient reduce-scatters" if sharding == "fsdp" else
+                "the gradient all-reduce")
         env["XLA_FLAGS"] = {"value": "--xla_gpu_enable_latency_hiding_scheduler=true",
-                            "why": "overlap the gradient all-reduce with compute across GPUs"}
+                            "why": f"overlap {what} with compute across GPUs"}
+    if req.nodes > 1:
+        env["CUDA_VISIBLE_DEVICES"]["value"] = ",".join(str(i) for i in range(min(req.gpus, req.gpus_per_node)))
+        env["CUDA_VISIBLE_DEVICES"]["why"] = "on every node, that node's GPUs (set before JAX is imported)"
     return env
 
 
-def _tpu_setup_on_target(req: PlanRequest, predictor: MemoryPredictor, budget: int) -> dict[str, Any]:
-    """How the unchanged TPU-style setup (per-core batch, source precision, no remat) fares on the target."""
+def _tpu_setup_on_target(req: PlanRequest, predictor: MemoryPredictor, budget: int, sharding: str) -> dict[str, Any]:
+    """How the unchanged TPU-style setup (per-core batch, source precision, no remat) fares on the
+    target, with the plan's way of holding the state."""
     b = req.source_per_core_batch
-    peak = predictor.predict(req.source_precision, "none", b, record=False)
+    peak = predictor.predict(req.source_precision, "none", b, record=False, sharding=sharding)
     fits = peak is not None and peak <= budget
     return {"per_device_batch": b, "precision": req.source_precision, "remat": "none",
             "predicted_peak_bytes": peak, "budget_bytes": budget, "fits": fits,
@@ -329,8 +470,11 @@ def _compile_for_source_tpu(req: PlanRequest) -> dict[str, Any]:
                           "(Python 3.12+)",
                 "detail": first_line(exc, 200)}
     try:
-        cfg = RunConfig(workload=req.workload, preset=req.preset, per_device_batch=req.source_per_core_batch,
-                        devices=source.devices, precision=req.source_precision, remat="none")
+        w = get_workload(req.workload)
+        sharding = source_sharding(req, w.param_count(w.config(req.preset, req.model)))
+        cfg = RunConfig(workload=req.workload, preset=req.preset, model=req.model,
+                        per_device_batch=req.source_per_core_batch, devices=source.devices,
+                        precision=req.source_precision, remat="none", sharding=sharding)
         peak = compile_peak(TrainProgram.from_config(cfg), make_data_mesh(topo.devices))
         return {"status": "ok", "peak_bytes_per_chip": peak,
                 "hbm_bytes_per_device": source.hbm_bytes_per_device, "device_kind": topo.devices[0].device_kind}

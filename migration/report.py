@@ -13,7 +13,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from migration.common import json_safe, write_csv as write_csv_rows
+from migration.common import fmt_model, json_safe, write_csv as write_csv_rows
 from migration.config import RunConfig
 
 
@@ -46,6 +46,8 @@ class RunReport(JsonExport):
     global_batch: int
     steps: int
     warmup_steps: int
+    sharding: str = "replicated"
+    model: str = ""  # the preset's dimensions that were overridden, as "name=value ..." (see fmt_model)
     # where
     backend: str | None = None  # the JAX backend the run used: cpu or gpu
     device_kind: str | None = None
@@ -135,6 +137,8 @@ class RunReport(JsonExport):
             global_batch=cfg.global_batch,
             steps=cfg.steps,
             warmup_steps=cfg.warmup_steps,
+            sharding=cfg.sharding,
+            model=fmt_model(cfg.model),
             losses=losses,
             step_ms=[ev["step_ms"] for ev in steps],
             loss_first=losses[0] if losses else None,
@@ -220,6 +224,14 @@ class Plan(JsonExport):
     jax_version: str | None = None
     planned_on: str | None = None  # backend of the machine that planned (e.g. cpu)
     planned_device_kind: str | None = None  # for target "local": the device the plan was made for
+    model: dict[str, Any] = dataclasses.field(default_factory=dict)  # dimension overrides as planned
+    sharding: str = "replicated"  # how parameters, gradients and optimizer state live on the GPUs
+    nodes: int = 1
+    gpus_per_node: int = 1
+    max_batch_by_sharding: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
+    source_job: dict[str, Any] = dataclasses.field(default_factory=dict)  # how the TPU job held its state
+    interconnect: str = ""  # the link the step-time model assumed between GPUs
+    state: dict[str, Any] = dataclasses.field(default_factory=dict)  # state bytes per GPU: compiled vs arithmetic
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Plan":

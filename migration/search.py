@@ -137,29 +137,69 @@ def rule_of_thumb_batch(memory_bytes: float, param_count: int) -> tuple[int, str
 
 
 @dataclasses.dataclass(frozen=True)
+class Communication:
+    """Seconds of collectives per optimizer step for a way of holding the state, from the bytes
+    each device sends (ring algorithms: a share (n-1)/n of the data) over the slowest link the
+    collective crosses. Per micro-batch, since the step accumulates gradients in a sharded or
+    replicated carry: replicated state all-reduces the float32 gradients (2 x 4 bytes per
+    parameter); FSDP gathers the parameters in the compute dtype for the forward pass and again
+    for the backward pass, and reduce-scatters the gradients in that dtype (3 x its bytes)."""
+
+    param_count: int
+    devices: int
+    compute_bytes: int  # bytes per element of the compute dtype
+    link_bytes_per_s: float | None  # None: unknown (a CPU target): no communication term
+
+    def bytes_per_micro_batch(self, sharding: str) -> float:
+        if self.devices == 1:
+            return 0.0
+        share = (self.devices - 1) / self.devices
+        if sharding == "fsdp":
+            return 3 * share * self.param_count * self.compute_bytes
+        return 2 * share * self.param_count * 4
+
+    def seconds(self, sharding: str, accumulation: int) -> float:
+        if not self.link_bytes_per_s:
+            return 0.0
+        return accumulation * self.bytes_per_micro_batch(sharding) / self.link_bytes_per_s
+
+
+@dataclasses.dataclass(frozen=True)
 class StepCostModel:
-    """Predicted step time of a (remat, per-device batch, accumulation) choice:
+    """Predicted step time of a (sharding, remat, per-device batch, accumulation) choice: the longer
+    of its compute and its communication (XLA's latency-hiding scheduler overlaps the two), with
 
-        accumulation x (flops_per_example x batch x recompute factor) / (peak x fill)
+        compute = accumulation x (flops_per_example x batch x recompute factor) / (peak x fill)
 
-    with fill = min(1, batch x rows_per_example / fill_rows). `peak_flops` is the target's dense
+    and fill = min(1, batch x rows_per_example x max(1, matmul_width / 128) / fill_rows): output
+    tiles of 128 x 128 against the tiles that fill every SM. `peak_flops` is the target's dense
     peak for the precision; without one (a CPU target) the cost is relative (peak = 1 FLOP/s)."""
 
     flops_per_example: float
     rows_per_example: int
     fill_rows: int
     peak_flops: float | None
+    matmul_width: int = 128
+    communication: Communication | None = None
 
     def fill(self, batch: int) -> float:
-        return min(1.0, batch * self.rows_per_example / max(1, self.fill_rows))
+        tiles_across = max(1.0, self.matmul_width / 128)
+        return min(1.0, batch * self.rows_per_example * tiles_across / max(1, self.fill_rows))
 
-    def step_seconds(self, remat: str, batch: int, accumulation: int) -> float:
+    def compute_seconds(self, remat: str, batch: int, accumulation: int) -> float:
         work = self.flops_per_example * batch * RECOMPUTE_FACTOR[remat]
         return accumulation * work / ((self.peak_flops or 1.0) * self.fill(batch))
 
-    def best_possible(self, remat: str, examples_per_device: int) -> float:
-        """A lower bound for any batch under `remat` (full fill)."""
-        return self.flops_per_example * examples_per_device * RECOMPUTE_FACTOR[remat] / (self.peak_flops or 1.0)
+    def comm_seconds(self, sharding: str, accumulation: int) -> float:
+        return self.communication.seconds(sharding, accumulation) if self.communication and self.peak_flops else 0.0
+
+    def step_seconds(self, remat: str, batch: int, accumulation: int, sharding: str = "replicated") -> float:
+        return max(self.compute_seconds(remat, batch, accumulation), self.comm_seconds(sharding, accumulation))
+
+    def best_possible(self, remat: str, examples_per_device: int, sharding: str = "replicated") -> float:
+        """A lower bound for any batch under `remat` (full fill, one micro-batch)."""
+        compute = self.flops_per_example * examples_per_device * RECOMPUTE_FACTOR[remat] / (self.peak_flops or 1.0)
+        return max(compute, self.comm_seconds(sharding, 1))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,16 +211,26 @@ class Choice:
     exact: bool
     step_cost: float  # seconds when the model has a peak, else relative
     fill: float
+    sharding: str = "replicated"
 
     def to_dict(self, model: StepCostModel) -> dict[str, Any]:
-        return {"remat": self.remat, "per_device_batch": self.per_device_batch,
+        return {"sharding": self.sharding, "remat": self.remat, "per_device_batch": self.per_device_batch,
                 "accumulation_steps": self.accumulation_steps, "global_batch": self.global_batch,
                 "exact": self.exact, "fill": round(self.fill, 3),
                 "predicted_step_s": self.step_cost if model.peak_flops else None,
+                "compute_s": model.compute_seconds(self.remat, self.per_device_batch, self.accumulation_steps)
+                if model.peak_flops else None,
+                "communication_s": model.comm_seconds(self.sharding, self.accumulation_steps)
+                if model.peak_flops else None,
                 "relative_cost": self.step_cost}
 
 
-def rank_choices(max_batch: dict[str, int], candidates: list[int], global_batch: int, gpus: int,
+def _key(key: str | tuple[str, str]) -> tuple[str, str]:
+    """A `max_batch` key: a remat name (replicated state) or (sharding, remat)."""
+    return key if isinstance(key, tuple) else ("replicated", key)
+
+
+def rank_choices(max_batch: dict[Any, int], candidates: list[int], global_batch: int, gpus: int,
                  model: StepCostModel, accumulation: int | None = None, max_accumulation: int = 1024) -> list[Choice]:
     """Every (remat, batch, accumulation) that the searched maxima allow and that keeps the global
     batch exactly, fastest first (ties: fewer accumulation steps, then the smaller batch, which
@@ -188,31 +238,36 @@ def rank_choices(max_batch: dict[str, int], candidates: list[int], global_batch:
     allowed batch with the least time per example, its accumulation rounding the global batch up
     (marked inexact; shown after exact choices only when faster than all of them). The planner
     takes the first entry, so an exact choice always wins when there is one. `accumulation` fixes
-    the number of accumulation steps (an override)."""
+    the number of accumulation steps (an override). Keys of `max_batch` are remat names
+    (replicated state) or (sharding, remat) pairs; on equal cost replicated state comes first."""
     exact: list[Choice] = []
-    for remat, top in max_batch.items():
+    for key, top in max_batch.items():
+        sharding, remat = _key(key)
         for b in (c for c in candidates if c <= top):
             if global_batch % (b * gpus):
                 continue
             steps = global_batch // (b * gpus)
             if steps > max_accumulation or (accumulation and steps != accumulation):
                 continue
-            exact.append(Choice(remat, b, steps, global_batch, True, model.step_seconds(remat, b, steps), model.fill(b)))
+            exact.append(Choice(remat, b, steps, global_batch, True, model.step_seconds(remat, b, steps, sharding),
+                                model.fill(b), sharding))
     inexact = []
-    for remat, top in max_batch.items():
+    for key, top in max_batch.items():
+        sharding, remat = _key(key)
         options = []
         for b in (c for c in candidates if c <= top):
             steps = accumulation or max(1, math.ceil(global_batch / (b * gpus)))
             if b * gpus * steps != global_batch and steps <= max_accumulation:
-                options.append(Choice(remat, b, steps, b * gpus * steps, False, model.step_seconds(remat, b, steps),
-                                      model.fill(b)))
+                options.append(Choice(remat, b, steps, b * gpus * steps, False,
+                                      model.step_seconds(remat, b, steps, sharding), model.fill(b), sharding))
         if options:  # per policy, the least time per example, then the closest global batch
             inexact.append(min(options, key=lambda c: (float(f"{c.step_cost / c.global_batch:.9g}"),
                                                        abs(c.global_batch - global_batch))))
     if exact:  # alternatives are worth showing only where they are faster than keeping the batch
         fastest = min(c.step_cost for c in exact)
         inexact = [c for c in inexact if c.step_cost < fastest]
-    return sorted(exact, key=lambda c: (c.step_cost, c.accumulation_steps, c.per_device_batch)) + \
+    return sorted(exact, key=lambda c: (c.step_cost, c.sharding != "replicated", c.accumulation_steps,
+                                        c.per_device_batch)) + \
         sorted(inexact, key=lambda c: (abs(c.global_batch - global_batch), c.step_cost, c.accumulation_steps))
 
 

@@ -2,9 +2,15 @@
 
 Forward, backward, gradient accumulation over micro-batches (a `lax.scan` inside the same jit, so
 one compile and one dispatch per global step), loss scaling for fp16, and the optimizer update.
-State is donated. Data parallelism is `jax.make_mesh` + `NamedSharding`: parameters replicated,
-each micro-batch sharded along the mesh's "data" axis; XLA inserts the gradient all-reduce (this
-replaces `pmap` + `lax.pmean`).
+State is donated. Data parallelism is `jax.make_mesh` + `NamedSharding`: each micro-batch sharded
+along the mesh's "data" axis; XLA inserts the collectives (this replaces `pmap` + `lax.pmean`).
+
+Two ways to hold the state (`SHARDINGS`): "replicated" keeps parameters, gradients and optimizer
+state whole on every device (XLA all-reduces the gradients); "fsdp" shards each of them over the
+same data axis (ZeRO-3 / FSDP: a `PartitionSpec` per array, see `fsdp_spec`), and each block
+gathers its own parameters, in the compute dtype, just before it runs (inside the block's remat,
+so the backward pass gathers them again instead of keeping them); XLA turns the gradient of that
+gather into a reduce-scatter.
 
 The same `TrainProgram` serves a measured run (concrete arrays) and compile-only planning
 (`abstract_state` / `abstract_batch` as `jax.ShapeDtypeStruct`s on any mesh, a deviceless one too).
@@ -21,7 +27,7 @@ import optax
 from flax import nnx
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
-from migration.config import RunConfig
+from migration.config import SHARDINGS, RunConfig
 from migration.policies import (
     PRECISION_POLICIES,
     REMAT_POLICIES,
@@ -59,13 +65,15 @@ class TrainProgram:
     learning_rate: float
     seed: int
     loss_scale: DynamicLossScale = DynamicLossScale()
+    sharding: str = "replicated"  # a SHARDINGS key
 
     @classmethod
     def from_config(cls, cfg: RunConfig, *, loss_scale: DynamicLossScale | None = None) -> "TrainProgram":
         workload = get_workload(cfg.workload)
         return cls(
             workload=workload,
-            model_cfg=workload.config(cfg.preset),
+            model_cfg=workload.config(cfg.preset, cfg.model),
+            sharding=cfg.sharding,
             precision=PRECISION_POLICIES[cfg.precision],
             remat=REMAT_POLICIES[cfg.remat],
             per_device_batch=cfg.per_device_batch,
@@ -87,20 +95,38 @@ class TrainProgram:
         return self.micro_batch * self.accumulation_steps
 
     # -- model and optimizer -----------------------------------------------------------------
-    def build_model(self, seed: int) -> nnx.Module:
+    def build_model(self, seed: int, mesh: Mesh | None = None) -> nnx.Module:
         return self.workload.build(
             self.model_cfg,
             dtype=self.precision.compute_dtype,
-            block_wrap=self.remat.block_wrap(),
+            block_wrap=self.block_wrap(mesh),
             rngs=nnx.Rngs(seed),
         )
+
+    def block_wrap(self, mesh: Mesh | None):
+        """The remat policy's wrap, with the FSDP gather inside it when the state is sharded."""
+        remat = self.remat.block_wrap()
+        if self.sharding != "fsdp" or mesh is None:
+            return remat
+        whole, dtype = replicated(mesh), self.precision.compute_dtype
+
+        def gathered(fn):
+            def call(block, *args):
+                graphdef, params, rest = nnx.split(block, nnx.Param, ...)
+                params = jax.tree.map(
+                    lambda p: jax.lax.with_sharding_constraint(p.astype(dtype) if jnp.issubdtype(p.dtype, jnp.floating)
+                                                               else p, whole), params)
+                return fn(nnx.merge(graphdef, params, rest), *args)
+            return call
+
+        return lambda fn: remat(gathered(fn))
 
     @property
     def optimizer(self) -> optax.GradientTransformation:
         return optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(self.learning_rate, weight_decay=1e-4))
 
-    def graphdef(self) -> Any:
-        graphdef, _, _ = nnx.split(nnx.eval_shape(lambda: self.build_model(0)), nnx.Param, ...)
+    def graphdef(self, mesh: Mesh | None = None) -> Any:
+        graphdef, _, _ = nnx.split(nnx.eval_shape(lambda: self.build_model(0, mesh)), nnx.Param, ...)
         return graphdef
 
     def init_state(self) -> TrainState:
@@ -121,9 +147,9 @@ class TrainProgram:
         return {k: jax.ShapeDtypeStruct((self.accumulation_steps, *v.shape), v.dtype) for k, v in shapes.items()}
 
     # -- the step ----------------------------------------------------------------------------
-    def grad_fn(self):
+    def grad_fn(self, mesh: Mesh | None = None):
         """`(params, model_state, micro_batch, scale) -> (grads of scale*loss, loss, model_state)`."""
-        graphdef, workload = self.graphdef(), self.workload
+        graphdef, workload = self.graphdef(mesh), self.workload
 
         def micro_step(params, model_state, micro: Batch, scale):
             def scaled_loss(p):
@@ -138,11 +164,11 @@ class TrainProgram:
 
         return micro_step
 
-    def step_fn(self):
-        """The pure step `(state, batch) -> (state, metrics)`."""
+    def step_fn(self, mesh: Mesh | None = None):
+        """The pure step `(state, batch) -> (state, metrics)` (`mesh`: where an FSDP state lives)."""
         tx, accum = self.optimizer, self.accumulation_steps
         scaler = self.loss_scale if self.precision.loss_scaling else None
-        micro_step = self.grad_fn()
+        micro_step = self.grad_fn(mesh)
 
         def step(state: TrainState, batch: Batch):
             # Without loss scaling the scale is the Python float 1.0: no extra ops are traced.
@@ -197,10 +223,32 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, P(None, DATA_AXIS))
 
 
+def fsdp_spec(shape: tuple[int, ...], devices: int) -> P:
+    """Shard an array's largest dimension that the device count divides (the last such on a tie),
+    over the data axis; replicate it when none does (scalars, small vectors). A stacked layer axis
+    is never the largest in practice, so the scanned layer loop slices an unsharded axis."""
+    best = None
+    for axis, size in enumerate(shape):
+        if size % devices == 0 and size >= devices and (best is None or size >= shape[best]):
+            best = axis
+    if best is None or devices == 1:
+        return P()
+    return P(*[DATA_AXIS if axis == best else None for axis in range(len(shape))])
+
+
+def state_shardings(program: TrainProgram, mesh: Mesh) -> TrainState:
+    """A NamedSharding per state array: replicated, or FSDP (`fsdp_spec`) for the "fsdp" mode."""
+    shapes = jax.eval_shape(program.init_state)
+    if program.sharding != "fsdp":
+        return jax.tree.map(lambda _: replicated(mesh), shapes)
+    n = mesh.shape[DATA_AXIS]
+    return jax.tree.map(lambda s: NamedSharding(mesh, fsdp_spec(s.shape, n)), shapes)
+
+
 def abstract_state(program: TrainProgram, mesh: Mesh) -> TrainState:
     shapes = jax.eval_shape(program.init_state)
-    rep = replicated(mesh)
-    return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=rep), shapes)
+    return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes,
+                        state_shardings(program, mesh))
 
 
 def abstract_batch(program: TrainProgram, mesh: Mesh) -> dict[str, jax.ShapeDtypeStruct]:
@@ -210,10 +258,10 @@ def abstract_batch(program: TrainProgram, mesh: Mesh) -> dict[str, jax.ShapeDtyp
 
 def jit_step(program: TrainProgram, mesh: Mesh):
     """The jitted step with explicit shardings (so outputs never drift) and donated state."""
-    state_sharding = jax.tree.map(lambda _: replicated(mesh), jax.eval_shape(program.init_state))
+    state_sharding = state_shardings(program, mesh)
     batch_sh = {k: batch_sharding(mesh) for k in program.batch_shapes()}
     return jax.jit(
-        program.step_fn(),
+        program.step_fn(mesh),
         in_shardings=(state_sharding, batch_sh),
         out_shardings=(state_sharding, replicated(mesh)),
         donate_argnums=0,
@@ -221,8 +269,7 @@ def jit_step(program: TrainProgram, mesh: Mesh):
 
 
 def init_state_on(program: TrainProgram, mesh: Mesh) -> TrainState:
-    state_sharding = jax.tree.map(lambda _: replicated(mesh), jax.eval_shape(program.init_state))
-    return jax.jit(program.init_state, out_shardings=state_sharding)()
+    return jax.jit(program.init_state, out_shardings=state_shardings(program, mesh))()
 
 
 def batch_maker(program: TrainProgram, mesh: Mesh):

@@ -166,9 +166,12 @@ def main(argv: list[str] | None = None) -> int:
     except (TypeError, ValueError) as exc:
         emit("failed", kind="invalid", message=f"config: {exc}")
         return 2
+    from workloads import WorkloadError, allow_references
+
+    allow_references()  # the parent validated the name; a command-line reference is imported here too
     try:
         validate_plan_request(cfg) if args.mode == "plan" else validate(cfg)
-    except ConfigError as exc:
+    except (ConfigError, WorkloadError) as exc:
         emit("failed", kind="invalid", message=str(exc))
         return 2
     try:

@@ -1,4 +1,4 @@
-"""Test setup: the CPU backend with 4 XLA CPU devices, set before JAX is first imported, in the
+"""Test setup: the CPU backend with 8 XLA CPU devices, set before JAX is first imported, in the
 planner worker's environment (deviceless GPU compiles allowed, XLA's own rematerialisation off), so
 that tests can compile for catalog GPUs in-process exactly as a planner worker does."""
 
@@ -10,7 +10,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from migration.worker_env import DISABLE_XLA_REMAT  # noqa: E402  (imports no JAX)
 
 os.environ["JAX_PLATFORMS"] = "cpu"
-os.environ["JAX_NUM_CPU_DEVICES"] = "4"
+os.environ["JAX_NUM_CPU_DEVICES"] = "8"
 os.environ["JAX_SKIP_CUDA_CONSTRAINTS_CHECK"] = "1"
 _outer_xla_flags = os.environ.get("XLA_FLAGS")
 os.environ["XLA_FLAGS"] = " ".join(f for f in (_outer_xla_flags or "", DISABLE_XLA_REMAT) if f)

@@ -76,7 +76,7 @@ def test_accumulating_k_micro_batches_equals_one_batch_of_k_times_b(trainer, wor
 
 @pytest.mark.parametrize("workload", ["mlp", "cnn", "transformer"])
 def test_four_cpu_devices_equal_one_device(trainer, workload):
-    assert len(jax.devices()) >= 4, "conftest sets JAX_NUM_CPU_DEVICES=4"
+    assert len(jax.devices()) >= 4, "conftest sets JAX_NUM_CPU_DEVICES=8"
     one = trainer(RunConfig(workload=workload, preset="tiny", per_device_batch=8, devices=1))
     four = trainer(RunConfig(workload=workload, preset="tiny", per_device_batch=2, devices=4))
     m1, m4 = one.run(3), four.run(3)

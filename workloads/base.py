@@ -37,16 +37,46 @@ def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
     return optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), labels).mean()
 
 
+class ModelConfigError(ValueError):
+    """A model dimension is out of range or inconsistent. `str()` is one line naming it."""
+
+    def __init__(self, field: str, message: str):
+        self.field = field
+        super().__init__(f"{field}: {message}")
+
+
 class Workload(abc.ABC):
-    """One trainable workload. Subclasses are final and stateless; configs carry the sizes."""
+    """One trainable workload. Subclasses are final and stateless; configs carry the sizes.
+
+    A config is a preset with optional overrides of its fields (`config`), checked by `check`.
+    """
 
     name: ClassVar[str]
     description: ClassVar[str]
     presets: ClassVar[Mapping[str, Any]]
     default_preset: ClassVar[str]
+    # The preset that dimensions given without a preset start from (its layout: tied or not, etc.).
+    custom_base: ClassVar[str] = "tiny"
 
-    def config(self, preset: str) -> Any:
-        return self.presets[preset]
+    def config(self, preset: str, overrides: Mapping[str, Any] | None = None) -> Any:
+        """The preset's config with `overrides` (field -> value) applied and checked."""
+        base = self.presets[preset]
+        if not overrides:
+            return base
+        fields = {f.name for f in dataclasses.fields(base)}
+        unknown = sorted(set(overrides) - fields)
+        if unknown:
+            raise ModelConfigError(unknown[0], f"not a dimension of {self.name}; allowed: {', '.join(sorted(fields))}")
+        changes = {**self.follow(base, dict(overrides)), **overrides}
+        return self.check(dataclasses.replace(base, **changes))
+
+    def follow(self, preset: Any, overrides: dict[str, Any]) -> dict[str, Any]:
+        """Fields that follow an override when not given themselves (none by default)."""
+        return {}
+
+    def check(self, cfg: Any) -> Any:
+        """`cfg` unchanged if valid, else ModelConfigError. Workloads with free dimensions override."""
+        return cfg
 
     @abc.abstractmethod
     def build(self, cfg: Any, *, dtype: Any, block_wrap: BlockWrap, rngs: nnx.Rngs) -> nnx.Module:
@@ -88,6 +118,11 @@ class Workload(abc.ABC):
         sequence model, output pixels for a convolution as an implicit GEMM, 1 for an MLP). The
         planner's step-time model uses it to tell when a micro-batch is too small to fill a GPU."""
         return self.tokens_per_example(cfg) or 1
+
+    def matmul_width(self, cfg: Any) -> int:
+        """Typical output width of the model's large matrix products (columns of a GEMM): with
+        `rows_per_example`, how many output tiles a micro-batch gives the GPU to fill its SMs."""
+        return 128
 
     def describe(self, cfg: Any) -> dict[str, Any]:
         return {"workload": self.name, **dataclasses.asdict(cfg)}

@@ -1,24 +1,43 @@
-"""GPT-style decoder-only language model with causal self-attention, on a synthetic token task.
+"""Decoder-only language models on a synthetic token task: the GPT-2 layout and the modern family
+(RMSNorm, SwiGLU MLP, rotary positions, grouped-query attention, the layout of Llama-style models),
+one model with any dimensions.
 
 The synthetic task: each sequence starts at a random token and follows a fixed permutation of the
 vocabulary (next = perm[current]), except that with probability `noise` a token is replaced by a
 random one. A model learns the permutation within a few dozen steps at the tiny size, so the loss
 curve means something; the floor is set by the noise.
 
-Sizes follow GPT-2 (tied input/output embedding, learned positions, pre-LayerNorm blocks, 4x MLP).
+Layers are stacked (every block parameter has a leading `n_layers` axis) and run by one
+`lax.scan`, so XLA compiles one block body whatever the depth.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import final
+from typing import Any, final
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from workloads.base import ActivationProfile, Batch, BlockWrap, Workload, cross_entropy
+from workloads.base import ActivationProfile, Batch, BlockWrap, ModelConfigError, Workload, cross_entropy
+
+NORMS = ("layernorm", "rmsnorm")
+MLPS = ("gelu", "swiglu")
+POSITIONS = ("learned", "rope")
+ATTENTIONS = ("xla", "cudnn")
+
+# Bounds of each dimension a user may give (CLI, app, API): validation and help text read them.
+DIM_LIMITS: dict[str, tuple[int, int]] = {
+    "n_layers": (1, 256),
+    "d_model": (8, 65536),
+    "n_heads": (1, 1024),
+    "n_kv_heads": (1, 1024),
+    "d_ff": (1, 262144),
+    "vocab_size": (2, 1_048_576),
+    "seq_len": (2, 131072),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,94 +47,208 @@ class TransformerConfig:
     d_model: int
     n_layers: int
     n_heads: int
-    mlp_ratio: int = 4
+    n_kv_heads: int  # grouped-query attention when smaller than n_heads (it must divide it)
+    d_ff: int
+    tied_embeddings: bool = True  # output projection = the input embedding's transpose
+    norm: str = "layernorm"
+    mlp: str = "gelu"  # "gelu": up, GELU, down; "swiglu": SiLU(gate) x up, down
+    positions: str = "learned"  # "learned": a position table; "rope": rotary on queries and keys
+    bias: bool = True  # biases in the linear layers (GPT-2) or none (modern family)
+    rope_theta: float = 500000.0
     noise: float = 0.05
-    attention: str = "xla"  # "xla": plain einsum attention; "cudnn": jax.nn's fused kernel (GPU only)
+    attention: str = "xla"  # "xla": plain einsum attention; "cudnn": jax.nn's fused kernel (NVIDIA GPUs)
 
     @property
-    def d_ff(self) -> int:
-        return self.mlp_ratio * self.d_model
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+
+def check_config(cfg: TransformerConfig) -> TransformerConfig:
+    """`cfg` unchanged if its dimensions are in range and consistent; else ModelConfigError."""
+    for name, (lo, hi) in DIM_LIMITS.items():
+        value = getattr(cfg, name)
+        if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+            raise ModelConfigError(name, f"must be an integer from {lo} to {hi}; got {value!r}")
+    for name, allowed in (("norm", NORMS), ("mlp", MLPS), ("positions", POSITIONS), ("attention", ATTENTIONS)):
+        if getattr(cfg, name) not in allowed:
+            raise ModelConfigError(name, f"must be one of {', '.join(allowed)}; got {getattr(cfg, name)!r}")
+    for name in ("tied_embeddings", "bias"):
+        if not isinstance(getattr(cfg, name), bool):
+            raise ModelConfigError(name, f"must be true or false; got {getattr(cfg, name)!r}")
+    if cfg.d_model % cfg.n_heads:
+        raise ModelConfigError("n_heads", f"must divide d_model ({cfg.d_model}); got {cfg.n_heads}")
+    if cfg.n_heads % cfg.n_kv_heads:
+        raise ModelConfigError("n_kv_heads", f"must divide n_heads ({cfg.n_heads}); got {cfg.n_kv_heads}")
+    if cfg.positions == "rope" and cfg.head_dim % 2:
+        raise ModelConfigError("n_heads", f"rotary positions need an even head size; d_model / n_heads = {cfg.head_dim}")
+    if not (isinstance(cfg.noise, (int, float)) and 0 <= cfg.noise <= 0.5):
+        raise ModelConfigError("noise", f"must be a number from 0 to 0.5; got {cfg.noise!r}")
+    if not (isinstance(cfg.rope_theta, (int, float)) and 1 <= cfg.rope_theta <= 1e9):
+        raise ModelConfigError("rope_theta", f"must be a number from 1 to 1e9; got {cfg.rope_theta!r}")
+    return cfg
 
 
 _init = nnx.initializers.normal(stddev=0.02)
 
 
+def _linear(cfg: TransformerConfig, d_in: int, d_out: int, *, dtype, rngs: nnx.Rngs, init=_init) -> nnx.Linear:
+    return nnx.Linear(d_in, d_out, use_bias=cfg.bias, kernel_init=init, dtype=dtype, param_dtype=jnp.float32, rngs=rngs)
+
+
+def _norm(cfg: TransformerConfig, *, dtype, rngs: nnx.Rngs) -> nnx.Module:
+    if cfg.norm == "rmsnorm":
+        return nnx.RMSNorm(cfg.d_model, dtype=dtype, param_dtype=jnp.float32, rngs=rngs)
+    return nnx.LayerNorm(cfg.d_model, dtype=dtype, param_dtype=jnp.float32, rngs=rngs)
+
+
 class _Attention(nnx.Module):
     def __init__(self, cfg: TransformerConfig, *, dtype, rngs: nnx.Rngs):
-        d = cfg.d_model
+        d, dh = cfg.d_model, cfg.head_dim
         out_init = nnx.initializers.normal(stddev=0.02 / math.sqrt(2 * cfg.n_layers))
-        self.qkv = nnx.Linear(d, 3 * d, kernel_init=_init, dtype=dtype, param_dtype=jnp.float32, rngs=rngs)
-        self.out = nnx.Linear(d, d, kernel_init=out_init, dtype=dtype, param_dtype=jnp.float32, rngs=rngs)
-        self.n_heads = cfg.n_heads
-        self.implementation = cfg.attention
+        self.q = _linear(cfg, d, cfg.n_heads * dh, dtype=dtype, rngs=rngs)
+        self.kv = _linear(cfg, d, 2 * cfg.n_kv_heads * dh, dtype=dtype, rngs=rngs)
+        self.out = _linear(cfg, cfg.n_heads * dh, d, dtype=dtype, rngs=rngs, init=out_init)
+        self.n_heads, self.n_kv_heads, self.implementation = cfg.n_heads, cfg.n_kv_heads, cfg.attention
 
-    def __call__(self, x: jax.Array) -> jax.Array:  # (B, T, D)
-        b, t, d = x.shape
-        qkv = self.qkv(x).reshape(b, t, 3, self.n_heads, d // self.n_heads)  # (B, T, 3, H, Dh)
-        q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
-        if self.implementation == "cudnn":  # fused kernel, NVIDIA GPUs only
+    def __call__(self, x: jax.Array, rope: tuple[jax.Array, jax.Array] | None) -> jax.Array:  # (B, T, D)
+        b, t, _ = x.shape
+        q = self.q(x).reshape(b, t, self.n_heads, -1)  # (B, T, H, Dh)
+        kv = self.kv(x).reshape(b, t, 2, self.n_kv_heads, q.shape[-1])  # (B, T, 2, K, Dh)
+        k, v = kv[:, :, 0], kv[:, :, 1]
+        if rope is not None:
+            q, k = _rotate(q, *rope), _rotate(k, *rope)
+        if self.implementation == "cudnn":  # fused kernel, NVIDIA GPUs only; takes K < H heads as is
             y = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn")
         else:
             y = _causal_attention(q, k, v)
-        return self.out(y.reshape(b, t, d))
+        return self.out(y.reshape(b, t, -1))
+
+
+def _rope_tables(seq_len: int, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
+    """cos and sin of the rotary angles, (T, Dh/2) in float32."""
+    freq = theta ** (-jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim)
+    angles = jnp.arange(seq_len, dtype=jnp.float32)[:, None] * freq[None]
+    return jnp.cos(angles), jnp.sin(angles)
+
+
+def _rotate(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """Rotary positions on (B, T, heads, Dh), the two halves of each head as (real, imaginary)."""
+    x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+    c, s = cos[None, :, None], sin[None, :, None]
+    return jnp.concatenate([x1 * c - x2 * s, x1 * s + x2 * c], axis=-1).astype(x.dtype)
 
 
 def _causal_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
-    """Plain XLA attention: scores in the compute dtype, softmax in float32. Runs on every backend
-    (the CPU backend rejects fp16 matmuls with float32 accumulation, which jax.nn's version asks for)."""
-    t, dh = q.shape[1], q.shape[-1]
-    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(dh).astype(q.dtype)  # (B, H, T, T)
+    """Plain XLA attention with grouped heads: scores in the compute dtype, softmax in float32. Runs
+    on every backend (the CPU backend rejects fp16 matmuls with float32 accumulation, which jax.nn's
+    version asks for)."""
+    b, t, h, dh = q.shape
+    kv_heads = k.shape[2]
+    q = q.reshape(b, t, kv_heads, h // kv_heads, dh)  # (B, T, K, G, Dh)
+    scores = jnp.einsum("bqkgd,bskd->bkgqs", q, k) / jnp.sqrt(dh).astype(q.dtype)  # (B, K, G, T, T)
     causal = jnp.tril(jnp.ones((t, t), dtype=bool))
     scores = jnp.where(causal, scores.astype(jnp.float32), jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    return jnp.einsum("bhqk,bkhd->bqhd", probs, v)  # (B, T, H, Dh)
+    return jnp.einsum("bkgqs,bskd->bqkgd", probs, v).reshape(b, t, h, dh)  # (B, T, H, Dh)
+
+
+class _Mlp(nnx.Module):
+    def __init__(self, cfg: TransformerConfig, *, dtype, rngs: nnx.Rngs):
+        out_init = nnx.initializers.normal(stddev=0.02 / math.sqrt(2 * cfg.n_layers))
+        self.swiglu = cfg.mlp == "swiglu"
+        self.up = _linear(cfg, cfg.d_model, (2 if self.swiglu else 1) * cfg.d_ff, dtype=dtype, rngs=rngs)
+        self.down = _linear(cfg, cfg.d_ff, cfg.d_model, dtype=dtype, rngs=rngs, init=out_init)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        h = self.up(x)
+        if self.swiglu:
+            gate, up = jnp.split(h, 2, axis=-1)
+            return self.down(jax.nn.silu(gate) * up)
+        return self.down(jax.nn.gelu(h))
 
 
 class _Block(nnx.Module):
     def __init__(self, cfg: TransformerConfig, *, dtype, rngs: nnx.Rngs):
-        d = cfg.d_model
-        out_init = nnx.initializers.normal(stddev=0.02 / math.sqrt(2 * cfg.n_layers))
-        self.ln1 = nnx.LayerNorm(d, dtype=dtype, param_dtype=jnp.float32, rngs=rngs)
+        self.norm1 = _norm(cfg, dtype=dtype, rngs=rngs)
         self.attn = _Attention(cfg, dtype=dtype, rngs=rngs)
-        self.ln2 = nnx.LayerNorm(d, dtype=dtype, param_dtype=jnp.float32, rngs=rngs)
-        self.fc = nnx.Linear(d, cfg.d_ff, kernel_init=_init, dtype=dtype, param_dtype=jnp.float32, rngs=rngs)
-        self.proj = nnx.Linear(cfg.d_ff, d, kernel_init=out_init, dtype=dtype, param_dtype=jnp.float32, rngs=rngs)
+        self.norm2 = _norm(cfg, dtype=dtype, rngs=rngs)
+        self.mlp = _Mlp(cfg, dtype=dtype, rngs=rngs)
 
-    def __call__(self, x: jax.Array) -> jax.Array:  # (B, T, D) -> (B, T, D)
-        x = x + self.attn(self.ln1(x))
-        return x + self.proj(jax.nn.gelu(self.fc(self.ln2(x))))
+    def __call__(self, x: jax.Array, rope: tuple[jax.Array, jax.Array] | None) -> jax.Array:  # (B, T, D)
+        x = x + self.attn(self.norm1(x), rope)
+        return x + self.mlp(self.norm2(x))
 
 
-class GPT(nnx.Module):
+class Decoder(nnx.Module):
     def __init__(self, cfg: TransformerConfig, *, dtype, block_wrap: BlockWrap, rngs: nnx.Rngs):
-        self.wte = nnx.Embed(cfg.vocab_size, cfg.d_model, embedding_init=_init, dtype=dtype, param_dtype=jnp.float32, rngs=rngs)
-        self.wpe = nnx.Embed(cfg.seq_len, cfg.d_model, embedding_init=_init, dtype=dtype, param_dtype=jnp.float32, rngs=rngs)
-        self.blocks = nnx.List([_Block(cfg, dtype=dtype, rngs=rngs) for _ in range(cfg.n_layers)])
-        self.ln_f = nnx.LayerNorm(cfg.d_model, dtype=dtype, param_dtype=jnp.float32, rngs=rngs)
+        self.cfg = cfg
+        self.embed = nnx.Embed(cfg.vocab_size, cfg.d_model, embedding_init=_init, dtype=dtype,
+                               param_dtype=jnp.float32, rngs=rngs)
+        if cfg.positions == "learned":
+            self.positions = nnx.Embed(cfg.seq_len, cfg.d_model, embedding_init=_init, dtype=dtype,
+                                       param_dtype=jnp.float32, rngs=rngs)
+
+        @nnx.split_rngs(splits=cfg.n_layers)
+        @nnx.vmap(in_axes=(0,), out_axes=0)
+        def stacked(rngs: nnx.Rngs) -> _Block:
+            return _Block(cfg, dtype=dtype, rngs=rngs)
+
+        self.blocks = stacked(rngs)  # every parameter (n_layers, ...)
+        self.norm_f = _norm(cfg, dtype=dtype, rngs=rngs)
+        if not cfg.tied_embeddings:
+            self.head = nnx.Linear(cfg.d_model, cfg.vocab_size, use_bias=False, kernel_init=_init, dtype=dtype,
+                                   param_dtype=jnp.float32, rngs=rngs)
         self.block_call = block_wrap(_Block.__call__)
 
     def __call__(self, tokens: jax.Array) -> jax.Array:  # (B, T) int32 -> (B, T, V) logits
-        x = self.wte(tokens) + self.wpe(jnp.arange(tokens.shape[1]))[None]
-        for block in self.blocks:
-            x = self.block_call(block, x)
-        return self.wte.attend(self.ln_f(x))  # tied output embedding
+        cfg = self.cfg
+        t = tokens.shape[1]
+        x = self.embed(tokens)
+        rope = None
+        if cfg.positions == "learned":
+            x = x + self.positions(jnp.arange(t))[None]
+        else:
+            rope = _rope_tables(t, cfg.head_dim, cfg.rope_theta)
+        graphdef, layers = nnx.split(self.blocks)
+
+        def layer(x: jax.Array, params: Any) -> tuple[jax.Array, None]:
+            return self.block_call(nnx.merge(graphdef, params), x, rope), None
+
+        x, _ = jax.lax.scan(layer, x, layers)
+        x = self.norm_f(x)
+        return self.embed.attend(x) if cfg.tied_embeddings else self.head(x)
 
 
-@final
-class TransformerWorkload(Workload):
-    name = "transformer"
-    description = "GPT-style decoder language model (causal attention, GPT-2 layout)"
-    presets = {
-        "tiny": TransformerConfig(vocab_size=256, seq_len=64, d_model=64, n_layers=2, n_heads=4),
-        # The guide's worked example is a 42M-parameter model.
-        "small": TransformerConfig(vocab_size=32000, seq_len=512, d_model=512, n_layers=8, n_heads=8),
-        "gpt2-small": TransformerConfig(vocab_size=50257, seq_len=1024, d_model=768, n_layers=12, n_heads=12),
-        "gpt2-medium": TransformerConfig(vocab_size=50257, seq_len=1024, d_model=1024, n_layers=24, n_heads=16),
-    }
-    default_preset = "small"
+def _gpt2(vocab: int, seq: int, d: int, layers: int, heads: int) -> TransformerConfig:
+    return TransformerConfig(vocab_size=vocab, seq_len=seq, d_model=d, n_layers=layers, n_heads=heads,
+                             n_kv_heads=heads, d_ff=4 * d)
 
-    def build(self, cfg: TransformerConfig, *, dtype, block_wrap: BlockWrap, rngs: nnx.Rngs) -> GPT:
-        return GPT(cfg, dtype=dtype, block_wrap=block_wrap, rngs=rngs)
+
+def _modern(vocab: int, seq: int, d: int, layers: int, heads: int, kv_heads: int, d_ff: int, tied: bool,
+            theta: float = 500000.0) -> TransformerConfig:
+    return TransformerConfig(vocab_size=vocab, seq_len=seq, d_model=d, n_layers=layers, n_heads=heads,
+                             n_kv_heads=kv_heads, d_ff=d_ff, tied_embeddings=tied, norm="rmsnorm", mlp="swiglu",
+                             positions="rope", bias=False, rope_theta=theta)
+
+
+class _DecoderWorkload(Workload):
+    """What both decoder families share: the task, the loss, the analytic cost."""
+
+    def build(self, cfg: TransformerConfig, *, dtype, block_wrap: BlockWrap, rngs: nnx.Rngs) -> Decoder:
+        return Decoder(cfg, dtype=dtype, block_wrap=block_wrap, rngs=rngs)
+
+    def check(self, cfg: TransformerConfig) -> TransformerConfig:
+        return check_config(cfg)
+
+    def follow(self, preset: TransformerConfig, overrides: dict[str, Any]) -> dict[str, Any]:
+        """Dimensions that follow others when not given: attention heads stay full (not grouped)
+        where the preset's are, and a GPT-2 MLP stays 4 x d_model."""
+        extra = {}
+        if "n_heads" in overrides and "n_kv_heads" not in overrides and preset.n_kv_heads == preset.n_heads:
+            extra["n_kv_heads"] = overrides["n_heads"]
+        if "d_model" in overrides and "d_ff" not in overrides and preset.d_ff == 4 * preset.d_model:
+            extra["d_ff"] = 4 * overrides["d_model"]
+        return extra
 
     def batch_shapes(self, cfg: TransformerConfig, batch_size: int) -> dict[str, jax.ShapeDtypeStruct]:
         return {"tokens": jax.ShapeDtypeStruct((batch_size, cfg.seq_len + 1), jnp.int32)}
@@ -135,33 +268,79 @@ class TransformerWorkload(Workload):
         _, rest = jax.lax.scan(follow, first, (replace, random_tokens))  # (T, B)
         return {"tokens": jnp.concatenate([first[:, None], rest.T], axis=1)}
 
-    def loss(self, model: GPT, batch: Batch) -> jax.Array:
+    def loss(self, model: Decoder, batch: Batch) -> jax.Array:
         tokens = batch["tokens"]
         return cross_entropy(model(tokens[:, :-1]), tokens[:, 1:])
 
     def param_count(self, cfg: TransformerConfig) -> int:
-        d = cfg.d_model
-        per_block = 4 * d + (3 * d * d + 3 * d) + (d * d + d) + (d * cfg.d_ff + cfg.d_ff) + (cfg.d_ff * d + d)
-        return cfg.vocab_size * d + cfg.seq_len * d + cfg.n_layers * per_block + 2 * d
+        d, f, kv = cfg.d_model, cfg.d_ff, cfg.n_kv_heads * cfg.head_dim
+        norm = (2 if cfg.norm == "layernorm" else 1) * d
+        attn = d * d + d * 2 * kv + d * d + (d + 2 * kv + d if cfg.bias else 0)
+        up = (2 if cfg.mlp == "swiglu" else 1) * f
+        mlp = d * up + f * d + (up + d if cfg.bias else 0)
+        embeddings = cfg.vocab_size * d * (1 if cfg.tied_embeddings else 2)
+        positions = cfg.seq_len * d if cfg.positions == "learned" else 0
+        return embeddings + positions + cfg.n_layers * (2 * norm + attn + mlp) + norm
 
     def activation_profile(self, cfg: TransformerConfig) -> ActivationProfile:
         # Per layer, after Korthikanti et al. 2022 ("Reducing activation recomputation"), without
-        # dropout masks: ~16 x T x D elements plus the T x T scores and probabilities per head.
+        # dropout masks: about 10 x T x D elements around attention and the norms, the MLP's hidden
+        # activations (two, three with a gate), and with plain XLA attention the T x T scores and
+        # probabilities per head (the fused kernel keeps none).
         t, d = cfg.seq_len, cfg.d_model
-        return ActivationProfile(per_block=16 * t * d + 2 * cfg.n_heads * t * t, block_input=t * d,
+        mlp = (3 if cfg.mlp == "swiglu" else 2) * cfg.d_ff
+        scores = 2 * cfg.n_heads * t * t if cfg.attention == "xla" else 0
+        return ActivationProfile(per_block=t * (10 * d + mlp) + scores, block_input=t * d,
                                  n_blocks=cfg.n_layers, head_fp32=1.5 * t * cfg.vocab_size)
 
     def flops_per_example(self, cfg: TransformerConfig) -> float:
-        # Per token: 6 x matmul parameters (blocks + the tied output projection), plus attention
-        # scores and values, 12 * layers * d_model * seq_len (the PaLM paper's convention: the full
-        # T x T product is counted, causal masking not subtracted).
-        d = cfg.d_model
-        matmul_params = cfg.n_layers * (4 * d * d + 2 * d * cfg.d_ff) + cfg.vocab_size * d
+        # Per token: 6 x matmul parameters (blocks and the output projection), plus attention scores
+        # and values, 12 * layers * d_model * seq_len (the PaLM paper's convention: the full T x T
+        # product is counted, causal masking not subtracted).
+        d, kv = cfg.d_model, cfg.n_kv_heads * cfg.head_dim
+        mlp = (3 if cfg.mlp == "swiglu" else 2) * d * cfg.d_ff
+        matmul_params = cfg.n_layers * (2 * d * d + 2 * d * kv + mlp) + cfg.vocab_size * d
         per_token = 6.0 * matmul_params + 12.0 * cfg.n_layers * d * cfg.seq_len
         return per_token * cfg.seq_len
 
     def tokens_per_example(self, cfg: TransformerConfig) -> int:
         return cfg.seq_len
 
+    def matmul_width(self, cfg: TransformerConfig) -> int:
+        return cfg.d_model
+
+
+@final
+class TransformerWorkload(_DecoderWorkload):
+    name = "transformer"
+    description = "GPT-2-style decoder (LayerNorm, GELU MLP, learned positions, tied embeddings)"
+    presets = {
+        "tiny": _gpt2(256, 64, 64, 2, 4),
+        # The guide's worked example is a 42M-parameter model.
+        "small": _gpt2(32000, 512, 512, 8, 8),
+        "gpt2-small": _gpt2(50257, 1024, 768, 12, 12),
+        "gpt2-medium": _gpt2(50257, 1024, 1024, 24, 16),
+        "gpt2-large": _gpt2(50257, 1024, 1280, 36, 20),
+        "gpt2-xl": _gpt2(50257, 1024, 1600, 48, 25),
+    }
+    default_preset = "small"
+    custom_base = "gpt2-small"
+
+
+@final
+class LlamaWorkload(_DecoderWorkload):
+    name = "llama"
+    description = ("modern decoder (RMSNorm, SwiGLU MLP, rotary positions, grouped-query attention); "
+                   "presets with the published dimensions of Llama 3.2 1B and 3B and Llama 3.1 8B")
+    presets = {
+        "tiny": _modern(256, 64, 64, 2, 4, 2, 128, True, theta=10000.0),
+        "1b": _modern(128256, 2048, 2048, 16, 32, 8, 8192, True),
+        "3b": _modern(128256, 2048, 3072, 28, 24, 8, 8192, True),
+        "8b": _modern(128256, 2048, 4096, 32, 32, 8, 14336, False),
+    }
+    default_preset = "tiny"
+    custom_base = "8b"
+
 
 WORKLOAD = TransformerWorkload()
+LLAMA = LlamaWorkload()
