@@ -27,7 +27,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from migration.common import GiB, cache_dir, first_line, fmt_gib, private_dir, remove_older_than
+from migration.common import GiB, cache_dir, first_line, fmt_gib, fmt_model, private_dir, remove_older_than
 
 # Gradio keeps uploaded and served files in its temp folder: make it private to the service user
 # before gradio is imported (it reads the variable then).
@@ -39,7 +39,7 @@ import pandas as pd  # noqa: E402
 
 from migration import checklist, forms  # noqa: E402
 from migration.codecheck import CodeCheck, CodeCheckError, Finding, check_sources, read_upload  # noqa: E402
-from migration.config import LIMITS, PRECISIONS, REMAT_NAMES, ConfigError, PlanRequest, RunConfig  # noqa: E402
+from migration.config import LIMITS, PRECISIONS, REMAT_NAMES, SHARDINGS, ConfigError, PlanRequest, RunConfig  # noqa: E402
 from migration.hardware import GPU_SPECS, TPU_SPECS  # noqa: E402
 from migration.history import History, HistoryError  # noqa: E402
 from migration.jobs import Job, JobService, Limits, LimitError, NotYourJob  # noqa: E402
@@ -83,7 +83,13 @@ def host_banner(settings: Settings) -> str:
 # -- formatting ---------------------------------------------------------------------------------
 
 def plan_markdown(p: Plan) -> str:
-    head = (f"### {p.workload}/{p.preset}: {p.source_name} → {p.gpus} × {p.target_name}\n"
+    where = f"{p.nodes} nodes × {p.gpus_per_node}" if p.nodes > 1 else f"{p.gpus}"
+    dims = f" ({fmt_model(p.model)})" if p.model else ""
+    sj = p.source_job
+    source_job = (f"The TPU job: {sj['devices']} devices of {_gib(sj['hbm_bytes_per_device'])}, state **{sj['sharding']}** "
+                  f"({_gib(sj['state_bytes_per_device'])} per device: {sj['why']}).\n\n" if sj else "")
+    head = (f"### {p.workload}/{p.preset}{dims}: {p.source_name} → {where} × {p.target_name}\n"
+            f"{p.param_count:,} parameters. " + source_job +
             f"Prediction: **{p.prediction_method}** — {p.prediction_note}. Budget per GPU {_gib(p.budget_bytes)} "
             f"({p.memory_fraction:.0%} of {_gib(p.device_memory_bytes)} minus a {p.safety_margin:.0%} margin; device "
             f"memory: {p.budget_source}).\n\n")
@@ -95,11 +101,17 @@ def plan_markdown(p: Plan) -> str:
                    f"the plan uses {_gib(p.predicted_peak_bytes)} per GPU.\n\n" if src.get("status") == "ok" else
                    f"Source TPU compile: {src.get('status')} — {src.get('reason', '')}\n\n" if src else "")
     env = "\n".join(f"export {k}={v['value']!r}  # {v['why']}" for k, v in p.environment.items())
-    return (head + f"**Plan:** {p.per_device_batch} per GPU × {p.gpus} GPU(s) × {p.accumulation_steps} accumulation = "
+    st = p.state
+    state_line = (f"State per GPU ({st['sharding']}, shared by {st['shared_by']}): {_gib(st['compiled_state_bytes_per_gpu'])} "
+                  f"compiled for parameters and AdamW moments, {_gib(st['state_with_gradients_bytes_per_gpu'])} with "
+                  f"gradients, against 16 B/parameter / {st['shared_by']} = {_gib(st['arithmetic_bytes_per_gpu'])} "
+                  f"({st['difference']:+.2%}).\n\n" if st.get("state_with_gradients_bytes_per_gpu") is not None else "")
+    return (head + f"**Plan:** **{p.sharding}** state, {p.per_device_batch} per GPU × {p.gpus} GPU(s) × "
+            f"{p.accumulation_steps} accumulation = "
             f"global batch {p.global_batch}{exact}, **{p.precision}**, remat **{p.remat}**; predicted peak "
             f"{_gib(p.predicted_peak_bytes)} per GPU"
             + (f", predicted step {p.predicted_step_s * 1e3:.1f} ms" if p.predicted_step_s else "")
-            + ". The table below ranks every choice that fits by predicted step time.\n\n"
+            + ". The table below ranks every choice that fits by predicted step time.\n\n" + state_line +
             f"TPU-style setup on this target: {p.tpu_setup_on_target.get('summary', 'n/a')}.\n\n"
             f"Guide's rule of thumb: batch **{p.rule_of_thumb_batch}** vs the compiler's **{p.per_device_batch}** "
             f"— {p.rule_of_thumb_note}.\n\n" + source_line +
@@ -122,7 +134,7 @@ def decisions_frame(p: Plan) -> pd.DataFrame:
 def memory_frame(rows: list[dict[str, Any]], budget: int | None) -> pd.DataFrame:
     """Predicted GiB per batch and remat policy (single micro-batch compiles), with the budget."""
     points = [{"per_device_batch": r["per_device_batch"], "predicted_GiB": r["predicted_bytes"] / GiB,
-               "series": f"remat {r['remat']}"} for r in rows
+               "series": f"remat {r['remat']}" + (" (fsdp)" if r.get("sharding") == "fsdp" else "")} for r in rows
               if r.get("predicted_bytes") is not None and r.get("accumulation_steps", 1) == 1]
     batches = sorted({r["per_device_batch"] for r in points}) or [1]
     if budget:
@@ -309,9 +321,12 @@ def build_demo(settings: Settings | None = None) -> gr.Blocks:
         return f"⏳ {what} is queued: position {ev['position']} (running now: {ev['running']})."
 
     async def do_plan(workload, preset, source, global_batch, per_core_batch, source_precision, target, gpus,
-                      memory_fraction, granularity, remat, precision, accumulation, label, request: gr.Request):
+                      memory_fraction, granularity, remat, precision, accumulation, n_layers, d_model, n_heads,
+                      n_kv_heads, d_ff, vocab_size, seq_len, embeddings, sharding, gpus_per_node, label,
+                      request: gr.Request):
         form = (workload, preset, source, global_batch, per_core_batch, source_precision, target, gpus,
-                memory_fraction, granularity, remat, precision, accumulation)
+                memory_fraction, granularity, remat, precision, accumulation, n_layers, d_model, n_heads, n_kv_heads,
+                d_ff, vocab_size, seq_len, embeddings, sharding, gpus_per_node)
         try:
             req = forms.plan_request(*form)
             label = forms.label_text(label)
@@ -351,10 +366,13 @@ def build_demo(settings: Settings | None = None) -> gr.Blocks:
                p.to_dict(), None)
 
     async def do_run(plan_dict, code_state, plan_file, steps, learning_rate, compare_tpu, profile, fp32_reference,
-                     workload, preset, source, global_batch, per_core_batch, source_precision, target, gpus,
-                     memory_fraction, granularity, remat, precision, accumulation, label, request: gr.Request):
+                     pmap_before, workload, preset, source, global_batch, per_core_batch, source_precision, target, gpus,
+                     memory_fraction, granularity, remat, precision, accumulation, n_layers, d_model, n_heads,
+                     n_kv_heads, d_ff, vocab_size, seq_len, embeddings, sharding, gpus_per_node, label,
+                     request: gr.Request):
         form = (workload, preset, source, global_batch, per_core_batch, source_precision, target, gpus,
-                memory_fraction, granularity, remat, precision, accumulation)
+                memory_fraction, granularity, remat, precision, accumulation, n_layers, d_model, n_heads, n_kv_heads,
+                d_ff, vocab_size, seq_len, embeddings, sharding, gpus_per_node)
         user = user_of(request)
         try:
             steps, learning_rate, label = forms.run_settings(steps, learning_rate, label,
@@ -368,7 +386,8 @@ def build_demo(settings: Settings | None = None) -> gr.Blocks:
                 source = req  # planned first, in the job, and recorded
             base = RunConfig(memory_fraction=source.memory_fraction, steps=steps, learning_rate=learning_rate,
                              warmup_steps=min(2, steps - 1), timeout_s=settings.limits.max_run_s)
-            options = RunOptions(fp32_reference=bool(fp32_reference), tpu_style=bool(compare_tpu), profile=bool(profile))
+            options = RunOptions(fp32_reference=bool(fp32_reference), tpu_style=bool(compare_tpu), profile=bool(profile),
+                                 pmap_before=bool(pmap_before))
             code = CodeCheck.from_dict(code_state) if code_state else None
             job = service.submit_run(user, source, base, options, code=code, label=label)
         except (ConfigError, PlanError, LimitError, HistoryError, ValueError) as exc:
@@ -544,6 +563,22 @@ def build_demo(settings: Settings | None = None) -> gr.Blocks:
                 gpus = gr.Number(1, label="GPUs")
                 memory_fraction = gr.Number(0.8, label="GPU memory share (0.05 to 1)", step=0.05)
                 steps = gr.Number(20, label="Steps")
+            with gr.Accordion("Your model's dimensions, sharding and nodes (0: the preset's)", open=False):
+                with gr.Row():
+                    n_layers = gr.Number(0, label="Layers", precision=0)
+                    d_model = gr.Number(0, label="d_model", precision=0)
+                    n_heads = gr.Number(0, label="Heads", precision=0)
+                    n_kv_heads = gr.Number(0, label="KV heads (grouped-query when fewer)", precision=0)
+                    d_ff = gr.Number(0, label="d_ff (MLP hidden)", precision=0)
+                with gr.Row():
+                    vocab_size = gr.Number(0, label="Vocabulary", precision=0)
+                    seq_len = gr.Number(0, label="Sequence length", precision=0)
+                    embeddings = gr.Dropdown(list(forms.EMBEDDINGS), value="preset", label="Embeddings",
+                                             allow_custom_value=True)
+                    sharding = gr.Dropdown(["auto", *SHARDINGS], value="auto",
+                                           label="State (auto: replicated while it fits, else FSDP)",
+                                           allow_custom_value=True)
+                    gpus_per_node = gr.Number(8, label="GPUs per node (GPUs above it: several nodes)", precision=0)
             with gr.Accordion("Advanced", open=False):
                 with gr.Row():
                     remat = gr.Dropdown(["auto", *REMAT_NAMES], value="auto", label="Remat policy",
@@ -558,6 +593,8 @@ def build_demo(settings: Settings | None = None) -> gr.Blocks:
                     compare_tpu = gr.Checkbox(False, label="Also run the TPU-style setup here (loss comparison)")
                     profile = gr.Checkbox(False, label="Capture a profile (3 extra steps under jax.profiler.trace)")
                     fp32_reference = gr.Checkbox(False, label="Also run an fp32 reference (numerics check)")
+                    pmap_before = gr.Checkbox(False, label="Also run the TPU-era pmap step (before vs after: same loss, "
+                                                           "throughput of each)")
                     plan_file = gr.File(label="…or run a saved plan (JSON from `python -m migration plan --json`)",
                                         file_types=[".json"], type="filepath")
             with gr.Row():
@@ -621,14 +658,19 @@ def build_demo(settings: Settings | None = None) -> gr.Blocks:
             env_json = gr.JSON(label="Details")
 
         form = [workload, preset, source, global_batch, per_core_batch, source_precision, target, gpus,
-                memory_fraction, granularity, remat, precision, accumulation]
-        workload.change(lambda w: gr.Dropdown(choices=list(WORKLOADS[w].presets) if w in WORKLOADS else [],
-                                              value="tiny"), workload, preset, api_visibility="private")
+                memory_fraction, granularity, remat, precision, accumulation, n_layers, d_model, n_heads, n_kv_heads,
+                d_ff, vocab_size, seq_len, embeddings, sharding, gpus_per_node]
+
+        def presets_of(w):
+            presets = list(WORKLOADS[w].presets) if w in WORKLOADS else []
+            return gr.Dropdown(choices=presets, value="tiny" if "tiny" in presets else (presets or [None])[0])
+
+        workload.change(presets_of, workload, preset, api_visibility="private")
         plan_event = plan_btn.click(do_plan, [*form, label],
                                     [progress_md, plan_md, memory_plot, ranked_table, decisions, plan_state, job_state],
                                     api_name="plan", concurrency_limit=None)
         run_event = run_btn.click(do_run, [plan_state, code_state, plan_file, steps, learning_rate, compare_tpu,
-                                           profile, fp32_reference, *form, label],
+                                           profile, fp32_reference, pmap_before, *form, label],
                                   [progress_md, results, loss_plot, report_file, checklist_view, checklist_file,
                                    deploy_file, trace_file, job_state], api_name="run", concurrency_limit=None)
         stop_btn.click(do_stop, job_state, progress_md, cancels=[run_event, plan_event], api_name="stop")
@@ -651,8 +693,10 @@ def build_demo(settings: Settings | None = None) -> gr.Blocks:
 def same_job(plan_dict: dict[str, Any], req: PlanRequest) -> bool:
     """Whether the plan in this tab was made for the form as it is now."""
     keys = ("workload", "preset", "source", "global_batch", "target", "gpus")
-    return all(plan_dict.get(k if k != "global_batch" else "requested_global_batch", plan_dict.get(k)) == getattr(req, k)
-               for k in keys)
+    planned_model = {k: v for k, v in plan_dict.get("model", {}).items() if k != "attention" or k in req.model}
+    return (all(plan_dict.get(k if k != "global_batch" else "requested_global_batch", plan_dict.get(k)) == getattr(req, k)
+                for k in keys)
+            and planned_model == req.model and req.sharding in (None, plan_dict.get("sharding")))
 
 
 def read_plan_file(path: str) -> Plan:

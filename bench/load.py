@@ -51,7 +51,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # The tiny preset, target "local": the plan is a local CPU compile inside the job (no deviceless GPU
 # compile). Order of the app's form inputs.
-FORM = ["transformer", "tiny", "tpu-v5e-8", 32, 0, "bf16", "local", 1, 0.8, "multiple8", "auto", "auto", 0]
+FORM = ["transformer", "tiny", "tpu-v5e-8", 32, 0, "bf16", "local", 1, 0.8, "multiple8", "auto", "auto", 0, 0, 0, 0, 0, 0, 0, 0, "preset", "auto", 8]
 LEARNING_RATE = 0.003
 HISTORY_ARGS = ("mine", "all", "all", "all")  # scope, kind, workload, status
 LIGHT_SLEEP_S = 0.5
@@ -274,7 +274,7 @@ class LoadClient(threading.Thread):
             for i in range(self.args.runs_per_client):
                 label = f"load-{self.user}-{i}"
                 t0 = time.monotonic()
-                job = self.client.submit(None, self.args.steps, LEARNING_RATE, False, False, False, *FORM, label,
+                job = self.client.submit(None, self.args.steps, LEARNING_RATE, False, False, False, False, *FORM, label,
                                          api_name="/run")
                 self.runs[label] = {"label": label, "user": self.user, "t_submit": t0, "job": job, "outcome": None}
             ids = ""

@@ -59,6 +59,7 @@ class Evidence:
     code: CodeCheck | None = None
     fp32_reference: RunReport | None = None
     tpu_style_run: RunReport | None = None
+    pmap_run: RunReport | None = None  # the TPU-era pmap step on the same config, devices and data
     scaling_runs: tuple[RunReport, ...] = ()
 
     @property
@@ -352,6 +353,31 @@ def grade_numerics(ev: Evidence) -> Grade:
 
 
 @dataclasses.dataclass(frozen=True)
+PMAP_LOSS_TOLERANCE = 1e-3  # relative: the two steps reduce in a different order
+
+
+def grade_pmap(ev: Evidence) -> Grade:
+    r, before = ev.run, ev.pmap_run
+    if before is None:
+        return NOT_CHECKED, "the TPU-era pmap step was not run beside the migrated step", \
+            "run the plan with the pmap 'before' step (same devices, same data) to compare loss and throughput"
+    if not (ev.ran and before.ok and before.losses and r.losses):
+        return NOT_CHECKED, f"the pmap step {before.status} ({before.failure_kind or 'no losses'})", \
+            "run both steps again"
+    pairs = list(zip(before.losses, r.losses))
+    worst = max(abs(a - b) / max(abs(a), 1e-6) for a, b in pairs)
+    ratio = r.samples_per_s / before.samples_per_s if r.samples_per_s and before.samples_per_s else None
+    text = (f"jit with shardings vs pmap + lax.pmean on {r.device_count} {r.device_kind} device(s), same data: "
+            f"largest relative loss difference {worst:.1e} over {len(pairs)} steps; throughput "
+            + (f"{r.samples_per_s:,.1f} vs {before.samples_per_s:,.1f} samples/s ({ratio:.2f}x)" if ratio else "n/a")
+            + f"; {where(r)}")
+    if worst > PMAP_LOSS_TOLERANCE:
+        return FAIL, text, "the migrated step does not compute what the pmap step did: compare their gradients"
+    if not (ev.on_target(r) and ev.on_target(before)):
+        return WARN, f"{text}; {_elsewhere(ev, r)}", f"compare the two steps' throughput on {ev.plan.target_name}"
+    return PASS, text, "retire the pmap step; keep jit with NamedSharding"
+
+
 class ItemSpec:
     title: str
     statuses: tuple[str, ...]  # every status the function can return
@@ -374,6 +400,7 @@ ITEMS: dict[str, ItemSpec] = {
     "preallocation": ItemSpec("Memory preallocation on a shared GPU", (PASS, WARN, FAIL, NOT_CHECKED), grade_preallocation),
     "numerics": ItemSpec("Numerics of the chosen precision against fp32", (PASS, WARN, FAIL, NA, NOT_CHECKED),
                          grade_numerics),
+    "pmap": ItemSpec("pmap replaced by jit with shardings, same results", (PASS, WARN, FAIL, NOT_CHECKED), grade_pmap),
 }
 
 

@@ -17,6 +17,10 @@ Platform = Literal["auto", "cpu", "gpu"]
 # How parameters, gradients and optimizer state live on the devices (see migration/train.py).
 Sharding = Literal["replicated", "fsdp"]
 SHARDINGS: tuple[str, ...] = get_args(Sharding)
+# The step a run times: "jit" is the migrated step (migration/train.py); "pmap" is the TPU-era step
+# as the guide writes it (pmap over the devices, lax.pmean of the gradients, replicated state).
+StepStyle = Literal["jit", "pmap"]
+STEP_STYLES: tuple[str, ...] = get_args(StepStyle)
 
 PRECISIONS: tuple[str, ...] = get_args(Precision)
 REMAT_NAMES: tuple[str, ...] = get_args(RematName)
@@ -60,6 +64,7 @@ class RunConfig:
     per_device_batch: int = 8
     devices: int = 1
     sharding: Sharding = "replicated"
+    step_style: StepStyle = "jit"
     precision: Precision = "fp32"
     remat: RematName = "none"
     accumulation_steps: int = 1
@@ -167,6 +172,9 @@ def validate(cfg: RunConfig) -> RunConfig:
     _check_choice(cfg, "precision", PRECISIONS)
     _check_choice(cfg, "remat", REMAT_NAMES)
     _check_choice(cfg, "sharding", SHARDINGS)
+    _check_choice(cfg, "step_style", STEP_STYLES)
+    if cfg.step_style == "pmap" and cfg.sharding != "replicated":
+        raise ConfigError("step_style", "pmap replicates the state on every device; use sharding replicated with it")
     _check_choice(cfg, "platform", PLATFORMS)
     if cfg.warmup_steps >= cfg.steps:
         raise ConfigError(

@@ -22,6 +22,7 @@ from migration.config import (
     PLAN_LIMITS,
     PRECISIONS,
     REMAT_NAMES,
+    SHARDINGS,
     ConfigError,
     PlanRequest,
     validate_plan_request,
@@ -125,12 +126,37 @@ def label_text(value: Any, field: str = "label", max_chars: int = LABEL_MAX_CHAR
     return text
 
 
+# The form's model dimension fields, in order -> the workload config's fields (0: the preset's value).
+DIMENSION_FIELDS = ("n_layers", "d_model", "n_heads", "n_kv_heads", "d_ff", "vocab_size", "seq_len")
+EMBEDDINGS = ("preset", "tied", "untied")
+
+
+def model_overrides(values: tuple[Any, ...], embeddings: Any) -> dict[str, Any]:
+    """Dimension overrides from the form: whole numbers, 0 keeps the preset's value (the workload then
+    checks ranges and consistency, naming the field)."""
+    from workloads.transformer import DIM_LIMITS
+
+    out = {}
+    for field, value in zip(DIMENSION_FIELDS, values):
+        n = whole(value, field, 0, DIM_LIMITS[field][1], note=" (0: the preset's)")
+        if n:
+            out[field] = n
+    tie = choice(embeddings, "embeddings", EMBEDDINGS)
+    if tie != "preset":
+        out["tied_embeddings"] = tie == "tied"
+    return out
+
+
 def plan_request(workload: Any, preset: Any, source: Any, global_batch: Any, per_core_batch: Any,
                  source_precision: Any, target: Any, gpus: Any, memory_fraction: Any, granularity: Any,
-                 remat: Any, precision: Any, accumulation: Any) -> PlanRequest:
+                 remat: Any, precision: Any, accumulation: Any, n_layers: Any = 0, d_model: Any = 0, n_heads: Any = 0,
+                 n_kv_heads: Any = 0, d_ff: Any = 0, vocab_size: Any = 0, seq_len: Any = 0,
+                 embeddings: Any = "preset", sharding: Any = "auto", gpus_per_node: Any = 8) -> PlanRequest:
     """A validated PlanRequest from the Migrate form's values (the app's conventions: per_core_batch 0 is
-    global batch / the TPU's cores, accumulation 0 and remat/precision "auto" let the planner choose).
-    Raises ConfigError naming the first bad field, including settings that contradict each other."""
+    global batch / the TPU's cores, accumulation 0 and remat/precision/sharding "auto" let the planner
+    choose, a dimension 0 keeps the preset's). Only registered workloads are accepted: the app never
+    imports a module named in a request. Raises ConfigError naming the first bad field, including
+    settings that contradict each other."""
     from migration.hardware import GPU_SPECS, TPU_SPECS
     from workloads import WORKLOADS  # imports JAX (no backend initialised)
 
@@ -153,6 +179,9 @@ def plan_request(workload: Any, preset: Any, source: Any, global_batch: Any, per
         precision=_auto(choice(precision, "precision", ("auto", *PRECISIONS))),
         accumulation_steps=whole(accumulation, "accumulation_steps", 0, LIMITS["accumulation_steps"][1],
                                  note=" (0: chosen by the planner)") or None,
+        model=model_overrides((n_layers, d_model, n_heads, n_kv_heads, d_ff, vocab_size, seq_len), embeddings),
+        sharding=_auto(choice(sharding, "sharding", ("auto", *SHARDINGS))),
+        gpus_per_node=whole(gpus_per_node, "gpus_per_node", *PLAN_LIMITS["gpus_per_node"]),
     )
     return validate_plan_request(req)
 

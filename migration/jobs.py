@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from migration.codecheck import CodeCheck
-from migration.common import first_line
-from migration.config import ConfigError, PlanRequest, RunConfig, validate, validate_plan_request
+from migration.common import first_line, fmt_model
+from migration.config import ConfigError, PlanRequest, RunConfig, check_model, validate, validate_plan_request
 from migration.history import History, HistoryError
 from migration.orchestrate import MigrationResult, Recorder, RunOptions, run_plan
 from migration.report import Plan
@@ -119,7 +119,8 @@ class JobService:
         req = validate_plan_request(dataclasses.replace(
             req, timeout_s=min(req.timeout_s, self.limits.max_run_s), silence_timeout_s=self.limits.silence_s))
         lane = "gpu" if req.target == "local" and self.gpu_host else "cpu"
-        summary = f"plan {req.workload}/{req.preset} {req.source} → {req.gpus} × {req.target}"
+        dims = f" ({fmt_model(req.model)})" if req.model else ""
+        summary = f"plan {req.workload}/{req.preset}{dims} {req.source} → {req.gpus} × {req.target}"
         payload = {"config": {"global_batch": req.global_batch, "devices": req.gpus, "target": req.target},
                    "request": req.to_dict(), "message": "queued"}
         return self._submit("plan", user, label, lane, summary, req.workload, req.preset, payload,
@@ -137,6 +138,7 @@ class JobService:
         if isinstance(source, Plan):
             if not source.ok:
                 raise PlanError("invalid", f"the plan is {source.status}: {source.message}")
+            check_model(source)  # a registered workload and valid dimensions, whoever wrote the file
             workload, preset, target = source.workload, source.preset, source.target_name
             config = {"per_device_batch": source.per_device_batch, "devices": source.gpus,
                       "accumulation_steps": source.accumulation_steps, "global_batch": source.global_batch,

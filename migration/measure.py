@@ -1,10 +1,14 @@
 """One measured training run, inside a worker process whose JAX environment is already set.
 
 Emits events through `emit(kind, **fields)`: started, compiled, step (one per step), finished.
-Failures raise; the worker turns them into a `failed` event. How figures are taken:
+Failures raise; the worker turns them into a `failed` event. The step timed is `cfg.step_style`'s:
+the migrated jit step, or the TPU-era pmap step (the "before"; see migration/train.py), each with
+its own state and batch placement, and every figure below taken the same way for both.
+How figures are taken:
 
-- compile: `jit(step).lower(state, batch).compile()`, timed on its own; the same executable then
-  serves the calls (JAX's compile cache), and `memory_analysis()` of it is the predicted peak.
+- compile: `step.lower(state, batch).compile()` (jit or pmap), timed on its own; the same
+  executable then serves the calls (JAX's compile cache), and `memory_analysis()` of it is the
+  predicted peak.
 - step time: steps are dispatched one ahead; a step's time is the interval between the
   completions of consecutive steps (`block_until_ready` on its metrics), so the device never
   waits for the host and no host sync sits between two dispatches. Warm-up steps are excluded;
@@ -41,7 +45,7 @@ from migration.hardware import (
     matmul_unit,
 )
 from migration.profiling import summarise_trace
-from migration.train import TrainProgram, batch_maker, init_state_on, jit_step, make_data_mesh
+from migration.train import StepParts, TrainProgram, step_parts
 from migration.worker_env import jax_env_in_effect
 
 Emit = Callable[..., None]
@@ -107,11 +111,11 @@ def measured_run(cfg: RunConfig, emit: Emit) -> None:
     program = TrainProgram.from_config(cfg)
     fp32_matmul = _announce(cfg, emit, platform, devices, program)
     compiles = _count_compiles()
-    mesh = make_data_mesh(devices)
+    parts = step_parts(program, devices, cfg.step_style)
     with stage("initialising parameters"):
-        state = init_state_on(program, mesh)
-    pool = _data_pool(cfg, program, mesh)
-    step = jit_step(program, mesh)
+        state = parts.init_state()
+    pool = _data_pool(cfg, parts)
+    step = parts.step
     with stage("compiling the train step"):
         t0 = time.perf_counter()
         compiled = step.lower(state, pool[0]).compile()
@@ -119,7 +123,7 @@ def measured_run(cfg: RunConfig, emit: Emit) -> None:
     predicted = compiled_peak_bytes(compiled)
     emit("compiled", compile_s=compile_s, predicted_peak_bytes=predicted, data_pool_batches=len(pool),
          data_pool_bytes=sum(x.nbytes for x in jax.tree.leaves(pool)))
-    state, timed = _timed_loop(cfg, emit, step, state, pool, predicted, compiles)
+    state, timed = _timed_loop(cfg, emit, parts, state, pool, predicted, compiles)
     profile = _profile(cfg, emit, step, state, pool)
     emit("finished", compile_s=compile_s, predicted_peak_bytes=predicted, profile=profile,
          **_figures(cfg, program, platform, devices, fp32_matmul, timed, predicted))
@@ -166,10 +170,10 @@ def _count_compiles() -> list[float]:
     return compiles
 
 
-def _data_pool(cfg: RunConfig, program: TrainProgram, mesh: Any) -> list[Any]:
+def _data_pool(cfg: RunConfig, parts: StepParts) -> list[Any]:
     """Distinct batches kept on the device (at most DATA_POOL_BYTES), cycled through by the loop."""
     with stage("generating the synthetic data"):
-        make = batch_maker(program, mesh)
+        make = parts.make_batch
         first = make(0)
         batch_bytes = sum(x.nbytes for x in jax.tree.leaves(first))
         pool_size = max(1, min(cfg.steps, DATA_POOL_BYTES // max(batch_bytes, 1)))
@@ -178,10 +182,11 @@ def _data_pool(cfg: RunConfig, program: TrainProgram, mesh: Any) -> list[Any]:
     return pool
 
 
-def _timed_loop(cfg: RunConfig, emit: Emit, step: Any, state: Any, pool: list[Any], predicted: int | None,
+def _timed_loop(cfg: RunConfig, emit: Emit, parts: StepParts, state: Any, pool: list[Any], predicted: int | None,
                 compiles: list[float]) -> tuple[Any, _Timed]:
     """Steps dispatched one ahead; each step's time is the interval between the completions of
     consecutive steps, read when its metrics arrive (the device never waits for the host)."""
+    step = parts.step
     compiles_before = len(compiles)
     timed = _Timed([], [], 0, {}, 0)
     last_done = time.perf_counter()
@@ -192,7 +197,7 @@ def _timed_loop(cfg: RunConfig, emit: Emit, step: Any, state: Any, pool: list[An
                 state, metrics = step(state, pool[i % len(pool)])
         if pending is not None:  # complete step i-1 while step i runs
             with stage(f"running step {i} (the compiled step needs {fmt_gib(predicted, missing='an unknown amount')} per device)"):
-                values = jax.device_get(pending)
+                values = parts.host_metrics(jax.device_get(pending))
             done = time.perf_counter()
             timed.step_s.append(done - last_done)
             last_done = done

@@ -39,6 +39,7 @@ class RunOptions:
     fp32_reference: bool = False
     tpu_style: bool = False
     profile: bool = False
+    pmap_before: bool = False  # the TPU-era pmap step on the same devices and data: same loss, its throughput
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,6 +111,8 @@ def plan_runs(p: Plan, cfg: RunConfig, options: RunOptions, trace_dir: Path) -> 
     runs = [("migrated", migrated)]
     if options.fp32_reference and cfg.precision != "fp32":
         runs.append(("fp32 reference", dataclasses.replace(cfg, precision="fp32")))
+    if options.pmap_before:
+        runs.append(("pmap (before)", dataclasses.replace(cfg, step_style="pmap", sharding="replicated")))
     if options.tpu_style:
         runs.append(("TPU-style", dataclasses.replace(
             cfg, per_device_batch=p.source_per_core_batch, accumulation_steps=1, precision=p.source_precision,
@@ -138,6 +141,7 @@ def run_plan(p: Plan, base: RunConfig, options: RunOptions, export_dir: Path, *,
     evidence = checklist.Evidence(
         plan=p, run=done[0][1], ran_plan=here.local_plan, code=code,
         fp32_reference=dict(done).get("fp32 reference"), tpu_style_run=dict(done).get("TPU-style"),
+        pmap_run=dict(done).get("pmap (before)"),
         scaling_runs=tuple(_recorded_scaling_runs(recorder, done[0][1])))
     items = checklist.evaluate(evidence)
     files = _write_exports(p, done, items, export_dir, stamp)
@@ -151,11 +155,17 @@ def on_this_machine(saved: Plan, base: RunConfig) -> Iterator[dict[str, Any]]:
     if not saved.ok:
         raise PlanError("invalid", f"the plan is {saved.status}: {saved.message}")
     validate(base)
+    if saved.nodes > 1:
+        raise PlanError("invalid", f"the plan spans {saved.nodes} nodes of {saved.gpus_per_node} GPUs and this machine "
+                                   f"is one: plan for at most {saved.gpus_per_node} GPUs to run it here (a multi-node "
+                                   "job runs one process per node, joined by jax.distributed)")
     batch, accum = saved.per_device_batch, saved.accumulation_steps
     note, local, refitted = f"runs the plan as made ({saved.target_name})", None, False
     if saved.target != "local":
+        # The local plan chooses its own attention kernel (the fused one exists on NVIDIA GPUs only).
         local = yield from _local_plan(PlanRequest(
             workload=saved.workload, preset=saved.preset, source=saved.source, global_batch=saved.global_batch,
+            model={k: v for k, v in saved.model.items() if k != "attention"}, sharding=saved.sharding,
             per_core_batch=_consistent_per_core(saved), target="local", gpus=saved.gpus,
             memory_fraction=base.memory_fraction, safety_margin=saved.safety_margin, precision=saved.precision,
             remat=saved.remat, compile_for_tpu=False, max_per_device_batch=saved.per_device_batch))
@@ -171,9 +181,10 @@ def on_this_machine(saved: Plan, base: RunConfig) -> Iterator[dict[str, Any]]:
         else:
             note = (f"the plan was made for {saved.target_name}; it also fits {local.target_name} as planned "
                     f"({local.prediction_method}). Figures measured here are this machine's, not the target's")
-    cfg = dataclasses.replace(base, workload=saved.workload, preset=saved.preset, per_device_batch=batch,
+    cfg = dataclasses.replace(base, workload=saved.workload, preset=saved.preset,
+                              model=dict(local.model if local is not None else saved.model), per_device_batch=batch,
                               accumulation_steps=accum, precision=saved.precision, remat=saved.remat,
-                              devices=saved.gpus)
+                              devices=saved.gpus, sharding=saved.sharding)
     return PlanOnThisMachine(validate(cfg), note, local, refitted)
 
 
@@ -273,7 +284,8 @@ def scaling_runs(history: History, main: RunReport) -> list[RunReport]:
         if (e["preset"], e["precision"], e["remat"], e["per_device_batch"], e["device_kind"]) == \
                 (main.preset, main.precision, main.remat, main.per_device_batch, main.device_kind):
             report = history.run_report(e["id"])
-            if report is not None:
+            if report is not None and (report.model, report.sharding, getattr(report, "step_style", "jit")) == \
+                    (main.model, main.sharding, getattr(main, "step_style", "jit")):
                 same.append(report)
     return same
 

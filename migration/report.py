@@ -47,6 +47,7 @@ class RunReport(JsonExport):
     steps: int
     warmup_steps: int
     sharding: str = "replicated"
+    step_style: str = "jit"  # the step timed: "jit" (migrated) or "pmap" (the TPU-era "before")
     model: str = ""  # the preset's dimensions that were overridden, as "name=value ..." (see fmt_model)
     # where
     backend: str | None = None  # the JAX backend the run used: cpu or gpu
@@ -138,6 +139,7 @@ class RunReport(JsonExport):
             steps=cfg.steps,
             warmup_steps=cfg.warmup_steps,
             sharding=cfg.sharding,
+            step_style=cfg.step_style,
             model=fmt_model(cfg.model),
             losses=losses,
             step_ms=[ev["step_ms"] for ev in steps],

@@ -14,15 +14,26 @@ gather into a reduce-scatter.
 
 The same `TrainProgram` serves a measured run (concrete arrays) and compile-only planning
 (`abstract_state` / `abstract_batch` as `jax.ShapeDtypeStruct`s on any mesh, a deviceless one too).
+
+The TPU-era step (`pmap_step`, RunConfig.step_style "pmap") exists only as the measured "before" of
+a migration, so that a run can time the step a TPU job starts from beside the one it moves to; `pmap`
+is in maintenance mode and nothing new should be written with it. It is the guide's pattern:
+`jax.pmap(step, axis_name=...)` over the devices, every state array replicated with a leading device
+axis, each device's gradients and loss averaged with `lax.pmean`. Model, loss, accumulation, loss
+scaling and optimizer are the same code as the jit step's (`step_fn(axis_name=...)`), and its batch
+is the jit step's global batch laid out per device (`per_device_layout`), so on the same seed the two
+styles train identically (BatchNorm aside: under pmap it normalises over each device's examples).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import nnx
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
@@ -164,8 +175,12 @@ class TrainProgram:
 
         return micro_step
 
-    def step_fn(self, mesh: Mesh | None = None):
-        """The pure step `(state, batch) -> (state, metrics)` (`mesh`: where an FSDP state lives)."""
+    def step_fn(self, mesh: Mesh | None = None, axis_name: str | None = None):
+        """The pure step `(state, batch) -> (state, metrics)` (`mesh`: where an FSDP state lives).
+
+        `axis_name`: the pmap step's device axis (`pmap_step`). The accumulated gradients, the loss
+        and floating model state (BatchNorm statistics) are then averaged over it with `lax.pmean`
+        before the update; the jit step leaves the reduction to XLA and passes None."""
         tx, accum = self.optimizer, self.accumulation_steps
         scaler = self.loss_scale if self.precision.loss_scaling else None
         micro_step = self.grad_fn(mesh)
@@ -187,6 +202,8 @@ class TrainProgram:
                 (grad_sum, loss_sum, model_state), _ = jax.lax.scan(body, init, batch)
                 grads = jax.tree.map(lambda g: g / accum, grad_sum)
                 loss = loss_sum / accum
+            if axis_name is not None:
+                grads, loss, model_state = pmean_over_devices((grads, loss, model_state), axis_name)
             if scaler:
                 grads = jax.tree.map(lambda g: g / scale, grads)
             updates, opt_state = tx.update(grads, state.opt_state, state.params)
@@ -277,3 +294,95 @@ def batch_maker(program: TrainProgram, mesh: Mesh):
     sharding = {k: batch_sharding(mesh) for k in program.batch_shapes()}
     make = jax.jit(program.make_batch, out_shardings=sharding)
     return lambda index: make(jnp.asarray(index, jnp.int32))
+
+
+# -- the TPU-era step: pmap (the measured "before" only) -----------------------------------------
+
+def pmean_over_devices(tree: Any, axis_name: str) -> Any:
+    """Each floating leaf averaged over the pmap axis (`lax.pmean`); integer leaves kept as they are."""
+    return jax.tree.map(lambda x: jax.lax.pmean(x, axis_name) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
+
+
+def pmap_mesh(devices: Sequence[Any]) -> Mesh:
+    """The mesh `jax.pmap(..., devices=devices, axis_name=DATA_AXIS)` maps over (pmap is jit over
+    shard_map in this JAX). Arrays placed on it with `P(DATA_AXIS)` enter the pmapped step without a
+    copy, and the step's outputs come back with the same sharding, so no call recompiles."""
+    return Mesh(np.asarray(list(devices)), (DATA_AXIS,))
+
+
+def per_device(mesh: Mesh) -> NamedSharding:
+    """Leading axis split over the devices: one slice per device, as pmap takes its arguments."""
+    return NamedSharding(mesh, P(DATA_AXIS))
+
+
+def pmap_step(program: TrainProgram, devices: Sequence[Any]):
+    """The TPU-era step as the guide writes it: `jax.pmap` of the step over `devices`, gradients
+    and loss `lax.pmean`'d over the device axis (`step_fn(axis_name=...)`), state donated. Takes the
+    replicated state (`init_state_replicated`) and the per-device batch (`pmap_batch_maker`); every
+    metric comes back once per device (`unreplicate`)."""
+    if program.sharding != "replicated":
+        raise ValueError(f"the pmap step replicates the state on every device; got sharding {program.sharding!r}")
+    if len(devices) != program.devices:
+        raise ValueError(f"the program is for {program.devices} devices; got {len(devices)}")
+    return jax.pmap(program.step_fn(axis_name=DATA_AXIS), axis_name=DATA_AXIS, devices=tuple(devices),
+                    donate_argnums=0)
+
+
+def init_state_replicated(program: TrainProgram, mesh: Mesh) -> TrainState:
+    """Fresh state (the jit step's `init_state`, same seed) with a leading device axis, one copy per
+    device: the state pmap takes (what `device_put_replicated` used to build)."""
+    n = mesh.devices.size
+
+    def init() -> TrainState:
+        return jax.tree.map(lambda x: jnp.broadcast_to(x, (n, *x.shape)), program.init_state())
+
+    return jax.jit(init, out_shardings=per_device(mesh))()
+
+
+def per_device_layout(program: TrainProgram, batch: Batch) -> Batch:
+    """The jit step's batch (accumulation_steps, micro_batch, ...) as pmap takes it, (devices,
+    accumulation_steps, per_device_batch, ...): device d gets, at every micro-step, the same examples
+    as the jit step's shard d of that micro-batch."""
+    def split(x: jax.Array) -> jax.Array:
+        x = x.reshape(program.accumulation_steps, program.devices, program.per_device_batch, *x.shape[2:])
+        return jnp.moveaxis(x, 1, 0)
+
+    return jax.tree.map(split, batch)
+
+
+def pmap_batch_maker(program: TrainProgram, mesh: Mesh):
+    """A jitted `index -> batch` for the pmap step: global batch `index` of `make_batch` (the jit
+    step's data), laid out per device and placed one slice per device (compiled once)."""
+    make = jax.jit(lambda index: per_device_layout(program, program.make_batch(index)),
+                   out_shardings=per_device(mesh))
+    return lambda index: make(jnp.asarray(index, jnp.int32))
+
+
+def unreplicate(tree: Any) -> Any:
+    """Device 0's copy of every leaf of a pmap output (the metrics: pmean'd, equal on all devices)."""
+    return jax.tree.map(lambda x: x[0], tree)
+
+
+# -- either style, for a measured run ------------------------------------------------------------
+
+class StepParts(NamedTuple):
+    """What a run needs of one step style on its devices."""
+
+    step: Callable[..., Any]  # (state, batch) -> (state, metrics); the state is donated
+    init_state: Callable[[], TrainState]
+    make_batch: Callable[[int], Batch]  # global batch number -> batch, placed as `step` takes it
+    host_metrics: Callable[[Any], Any]  # fetched metrics -> one value per metric
+    mesh: Mesh  # the devices the state and batches live on
+
+
+def step_parts(program: TrainProgram, devices: Sequence[Any], style: str = "jit") -> StepParts:
+    """The migrated jit step ("jit") or the TPU-era pmap step ("pmap", see `pmap_step`) on `devices`."""
+    if style == "pmap":
+        mesh = pmap_mesh(devices)
+        return StepParts(pmap_step(program, devices), lambda: init_state_replicated(program, mesh),
+                         pmap_batch_maker(program, mesh), unreplicate, mesh)
+    if style != "jit":
+        raise ValueError(f"step style must be jit or pmap; got {style!r}")
+    mesh = make_data_mesh(list(devices))
+    return StepParts(jit_step(program, mesh), lambda: init_state_on(program, mesh), batch_maker(program, mesh),
+                     lambda metrics: metrics, mesh)

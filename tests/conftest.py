@@ -28,24 +28,26 @@ else:
 
 from migration.config import RunConfig  # noqa: E402
 from migration.policies import DynamicLossScale  # noqa: E402
-from migration.train import TrainProgram, batch_maker, init_state_on, jit_step, make_data_mesh  # noqa: E402
+from migration.train import TrainProgram, step_parts  # noqa: E402
 
 
 class Trainer:
-    """Runs a program in-process on the first `devices` CPU devices (for numerics tests)."""
+    """Runs a program in-process on the first `devices` CPU devices (for numerics tests), with the
+    config's step style: the jit step, or the TPU-era pmap step (its state keeps the leading device
+    axis; `run` returns device 0's metrics)."""
 
     def __init__(self, cfg: RunConfig, loss_scale: DynamicLossScale | None = None):
         self.program = TrainProgram.from_config(cfg, loss_scale=loss_scale)
-        self.mesh = make_data_mesh(jax.devices()[: cfg.devices])
-        self.state = init_state_on(self.program, self.mesh)
-        self.step = jit_step(self.program, self.mesh)
-        self.make = batch_maker(self.program, self.mesh)
+        parts = step_parts(self.program, jax.devices()[: cfg.devices], cfg.step_style)
+        self.mesh = parts.mesh
+        self.state = parts.init_state()
+        self.step, self.make, self._host_metrics = parts.step, parts.make_batch, parts.host_metrics
 
     def run(self, steps: int, start: int = 0) -> list[dict]:
         out = []
         for i in range(start, start + steps):
             self.state, metrics = self.step(self.state, self.make(i))
-            out.append(jax.device_get(metrics))
+            out.append(self._host_metrics(jax.device_get(metrics)))
         return out
 
 

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
 
 # Form values in the order of the app's inputs (after steps, learning rate, TPU comparison for /run).
-FORM = ["transformer", "tiny", "tpu-v5e-8", 32, 0, "bf16", "h100-sxm", 1, 0.8, "multiple8", "auto", "auto", 0]
+FORM = ["transformer", "tiny", "tpu-v5e-8", 32, 0, "bf16", "h100-sxm", 1, 0.8, "multiple8", "auto", "auto", 0, 0, 0, 0, 0, 0, 0, 0, "preset", "auto", 8]
 
 
 def free_port() -> int:
@@ -92,8 +92,8 @@ def app(tmp_path_factory):
     a.close()
 
 
-def run_args(steps, *, compare=False, profile=False, fp32=False, label="", plan_file=None, form=FORM):
-    return (plan_file, steps, 0.003, compare, profile, fp32, *form, label)
+def run_args(steps, *, compare=False, profile=False, fp32=False, pmap=False, label="", plan_file=None, form=FORM):
+    return (plan_file, steps, 0.003, compare, profile, fp32, pmap, *form, label)
 
 
 def test_plan_streams_each_compile_then_the_plan(app):

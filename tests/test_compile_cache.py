@@ -32,6 +32,6 @@ def test_the_fingerprint_is_part_of_every_cache_key(monkeypatch, tmp_path):
     req = PlanRequest(workload="transformer", preset="tiny", target="t4")
     predictor = memory.MemoryPredictor(req, lambda *a, **k: None, estimate_because="no compile in this test",
                                        cache=memory.CompileCache(tmp_path / "cache.json"))
-    before = predictor._key("bf16", "none", 8, 1)
+    before = predictor._key("bf16", "none", 8, 1, "replicated")
     monkeypatch.setattr(memory, "code_fingerprint", lambda root=PROJECT_ROOT: "a-different-code-version")
-    assert predictor._key("bf16", "none", 8, 1) != before
+    assert predictor._key("bf16", "none", 8, 1, "replicated") != before

@@ -21,11 +21,11 @@ from tests.test_app import ROOT, App, Client, value
 pytestmark = pytest.mark.slow
 
 # Target "local": the plan is a quick compile for this machine, so the tests spend their time on faults.
-FORM = ["transformer", "tiny", "tpu-v5e-8", 32, 0, "bf16", "local", 1, 0.8, "multiple8", "auto", "auto", 0]
+FORM = ["transformer", "tiny", "tpu-v5e-8", 32, 0, "bf16", "local", 1, 0.8, "multiple8", "auto", "auto", 0, 0, 0, 0, 0, 0, 0, 0, "preset", "auto", 8]
 
 
 def run_args(steps, label="", plan_file=None):
-    return (plan_file, steps, 0.003, False, False, False, *FORM, label)
+    return (plan_file, steps, 0.003, False, False, False, False, *FORM, label)
 
 
 def gone(pid):

@@ -193,7 +193,7 @@ def auth_server(tmp_path_factory):
 def formula_run(server, client):
     """A short run on this machine labelled with a spreadsheet formula; its outputs."""
     form = [*FORM.values()]
-    outputs = client.predict(None, 3, 0.003, False, False, False, *form, FORMULA_LABEL, api_name="/run")
+    outputs = client.predict(None, 3, 0.003, False, False, False, False, *form, FORMULA_LABEL, api_name="/run")
     assert "Run finished" in outputs[0], outputs[0]
     return outputs
 
@@ -204,9 +204,11 @@ def formula_run(server, client):
 # the target: fastest on a CPU host).
 FORM = {"workload": "transformer", "preset": "tiny", "source": "tpu-v5e-8", "global_batch": 32, "per_core_batch": 0,
         "source_precision": "bf16", "target": "local", "gpus": 1, "memory_fraction": 0.8,
-        "granularity": "multiple8", "remat": "auto", "precision": "auto", "accumulation": 0}
+        "granularity": "multiple8", "remat": "auto", "precision": "auto", "accumulation": 0, "n_layers": 0,
+        "d_model": 0, "n_heads": 0, "n_kv_heads": 0, "d_ff": 0, "vocab_size": 0, "seq_len": 0, "embeddings": "preset",
+        "sharding": "auto", "gpus_per_node": 8}
 RUN_OPTIONS = {"plan_file": None, "steps": 3, "learning_rate": 0.003, "compare_tpu": False, "profile": False,
-               "fp32_reference": False}
+               "fp32_reference": False, "pmap_before": False}
 INPUTS = {
     "/plan": [*FORM, "label"],
     "/run": [*RUN_OPTIONS, *FORM, "label"],
@@ -246,9 +248,9 @@ BAD = [
     Bad("plan-global-batch-empty", "/plan", {"global_batch": ""}, "global_batch", WHOLE),
     Bad("plan-global-batch-exponent-text", "/plan", {"global_batch": "1e3"}, "global_batch", WHOLE),
     Bad("plan-global-batch-none", "/plan", {"global_batch": None}, "global_batch", WHOLE),
-    Bad("plan-gpus-fraction", "/plan", {"gpus": 2.5}, "gpus", "whole number from 1 to 64"),
-    Bad("plan-gpus-0", "/plan", {"gpus": 0}, "gpus", "whole number from 1 to 64"),
-    Bad("plan-gpus-none", "/plan", {"gpus": None}, "gpus", "whole number from 1 to 64"),
+    Bad("plan-gpus-fraction", "/plan", {"gpus": 2.5}, "gpus", "whole number from 1 to 256"),
+    Bad("plan-gpus-0", "/plan", {"gpus": 0}, "gpus", "whole number from 1 to 256"),
+    Bad("plan-gpus-none", "/plan", {"gpus": None}, "gpus", "whole number from 1 to 256"),
     Bad("plan-per-core-negative", "/plan", {"per_core_batch": -8}, "per_core_batch", "0: global batch / the TPU's cores"),
     Bad("plan-accumulation-fraction", "/plan", {"accumulation": 0.5}, "accumulation_steps", "0: chosen by the planner"),
     Bad("plan-memory-fraction-0", "/plan", {"memory_fraction": 0}, "memory_fraction", "number from 0.05 to 1"),
@@ -267,6 +269,18 @@ BAD = [
     Bad("plan-unknown-precision", "/plan", {"precision": "fp64"}, "precision", "one of auto, fp32, bf16, fp16"),
     Bad("plan-unknown-remat", "/plan", {"remat": "everything"}, "remat", "one of auto, none, dots"),
     Bad("plan-unknown-granularity", "/plan", {"granularity": "pow3"}, "granularity", "one of multiple8, pow2"),
+    Bad("plan-unknown-sharding", "/plan", {"sharding": "zero3"}, "sharding", "one of auto, replicated, fsdp"),
+    Bad("plan-unknown-embeddings", "/plan", {"embeddings": "shared"}, "embeddings", "one of preset, tied, untied"),
+    Bad("plan-workload-reference", "/plan", {"workload": "os:system"}, "workload", "one of mlp, cnn, transformer"),
+    # model dimensions: ranges, consistency, and dimensions the workload does not have
+    Bad("plan-layers-negative", "/plan", {"n_layers": -1}, "n_layers", "0: the preset's"),
+    Bad("plan-layers-fraction", "/plan", {"n_layers": 2.5}, "n_layers", "0: the preset's"),
+    Bad("plan-kv-heads-not-dividing", "/plan", {"n_kv_heads": 3}, "n_kv_heads", "must divide n_heads (4)"),
+    Bad("plan-heads-not-dividing-d-model", "/plan", {"n_heads": 5}, "n_heads", "must divide d_model (64)"),
+    Bad("plan-dimension-of-another-workload", "/plan", {"workload": "mlp", "n_layers": 4}, "n_layers",
+        "not a dimension of mlp"),
+    Bad("plan-gpus-not-whole-nodes", "/plan", {"gpus": 12, "target": "h100-sxm"}, "gpus", "a multiple of 8"),
+    Bad("plan-gpus-per-node-0", "/plan", {"gpus_per_node": 0}, "gpus_per_node", "whole number from 1 to 16"),
     # settings that contradict each other
     Bad("plan-per-core-contradicts-global", "/plan", {"global_batch": 256, "per_core_batch": 16}, "per_core_batch",
         "use per_core_batch 32", extra=("8 cores", "global_batch is 256")),
@@ -556,7 +570,7 @@ def test_users_stop_only_their_own_jobs_and_see_their_own_history(auth_server):
     alice = auth_server.client(("alice", "pw1"))
     bob = auth_server.client(("bob", "pw2"))
     form = [*FORM.values()]
-    long_run = alice.submit(None, 400, 0.003, False, False, False, *form, "alice-long", api_name="/run")
+    long_run = alice.submit(None, 400, 0.003, False, False, False, False, *form, "alice-long", api_name="/run")
     entry = _wait_for(lambda: _entry(alice, "mine", "alice-long"), 20, "alice's run in her history")
     assert entry["status"] in ("queued", "running") and entry["user"] == "alice", entry
     job_id = str(entry["id"])
@@ -570,7 +584,7 @@ def test_users_stop_only_their_own_jobs_and_see_their_own_history(auth_server):
     assert auth_server.workers() and not long_run.done()
 
     # bob's own job, queued behind alice's, is his to stop
-    bob_run = bob.submit(None, 3, 0.003, False, False, False, *form, "bob-queued", api_name="/run")
+    bob_run = bob.submit(None, 3, 0.003, False, False, False, False, *form, "bob-queued", api_name="/run")
     bob_entry = _wait_for(lambda: _entry(bob, "mine", "bob-queued"), 20, "bob's run in his history")
     assert "Stopping job" in bob.predict(str(bob_entry["id"]), api_name="/cancel_job")
     _wait_for(lambda: _entry(bob, "mine", "bob-queued")["status"] == "cancelled", 30, "bob's run cancelled")

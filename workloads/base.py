@@ -57,16 +57,18 @@ class Workload(abc.ABC):
     default_preset: ClassVar[str]
     # The preset that dimensions given without a preset start from (its layout: tied or not, etc.).
     custom_base: ClassVar[str] = "tiny"
+    # Config fields a user may override (each checked by `check`); none unless a workload says so.
+    free_dimensions: ClassVar[tuple[str, ...]] = ()
 
     def config(self, preset: str, overrides: Mapping[str, Any] | None = None) -> Any:
         """The preset's config with `overrides` (field -> value) applied and checked."""
         base = self.presets[preset]
         if not overrides:
             return base
-        fields = {f.name for f in dataclasses.fields(base)}
-        unknown = sorted(set(overrides) - fields)
+        unknown = sorted(set(overrides) - set(self.free_dimensions))
         if unknown:
-            raise ModelConfigError(unknown[0], f"not a dimension of {self.name}; allowed: {', '.join(sorted(fields))}")
+            allowed = ", ".join(self.free_dimensions) or "none (its presets only)"
+            raise ModelConfigError(unknown[0], f"not a dimension of {self.name} that can be changed; allowed: {allowed}")
         changes = {**self.follow(base, dict(overrides)), **overrides}
         return self.check(dataclasses.replace(base, **changes))
 

@@ -234,6 +234,8 @@ def _modern(vocab: int, seq: int, d: int, layers: int, heads: int, kv_heads: int
 class _DecoderWorkload(Workload):
     """What both decoder families share: the task, the loss, the analytic cost."""
 
+    free_dimensions = tuple(f.name for f in dataclasses.fields(TransformerConfig))
+
     def build(self, cfg: TransformerConfig, *, dtype, block_wrap: BlockWrap, rngs: nnx.Rngs) -> Decoder:
         return Decoder(cfg, dtype=dtype, block_wrap=block_wrap, rngs=rngs)
 

@@ -1,0 +1,165 @@
+"""Weak scaling of the step, before and after the migration: the TPU-era pmap step ("pmap") and the
+migrated jit step ("jit"), each measured in its own worker process at several device counts.
+
+Every run keeps the per-device batch, so the global batch is per-device batch x devices (weak
+scaling), and the same steps, warm-up, seed and precision. For each device count n and style:
+
+- samples/s, tokens/s and the median step time, as the run's report measured them;
+- scaling efficiency: throughput at n / (n x throughput at 1 device), the same style;
+- jit/pmap: the jit step's throughput over the pmap step's at the same n;
+- losses match: both styles' per-step losses at the same n agree to `LOSS_RTOL` (same data, same
+  initial state: they must, up to the order of floating-point sums).
+
+Every row carries where it was measured (backend, device kind, JAX version, date). On the CPU
+backend the XLA devices share the host's cores, so these are CPU-backend timings of the two step
+styles, not a prediction of how a GPU box scales.
+
+`scaling_events` is a generator of progress events for a UI (closing it stops the current worker);
+`scaling_table` runs it to the end and returns the rows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from migration.config import RunConfig, validate
+from migration.report import RunReport
+from migration.runner import start_run
+
+STYLES = ("pmap", "jit")  # before, after
+LOSS_RTOL = 1e-4
+# Worker events passed on as progress (a step event per step would flood a UI for nothing).
+PROGRESS_EVENTS = ("started", "compiled")
+
+
+def scaling_configs(workload: str = "transformer", preset: str = "tiny", devices: Sequence[int] = (1, 2, 4, 8), *,
+                    per_device_batch: int = 8, steps: int = 12, warmup_steps: int = 2, platform: str = "cpu",
+                    **fields: Any) -> list[RunConfig]:
+    """One validated RunConfig per (device count, style), pmap before jit at each count. `fields`:
+    any other RunConfig field (precision, seed, timeout_s...), the same for every run."""
+    configs = [RunConfig(workload=workload, preset=preset, devices=n, step_style=style,
+                         per_device_batch=per_device_batch, steps=steps, warmup_steps=warmup_steps,
+                         platform=platform, **fields)
+               for n in devices for style in STYLES]
+    return [validate(cfg) for cfg in configs]
+
+
+def scaling_events(workload: str = "transformer", preset: str = "tiny", devices: Sequence[int] = (1, 2, 4, 8),
+                   **options: Any) -> Iterator[dict[str, Any]]:
+    """Runs `scaling_configs(...)` one after another. Yields {"event": "progress", "message", ...}
+    while a run goes, {"event": "report", "report": RunReport, ...} after each run, and last
+    {"event": "result", "rows": [...]} (see `scaling_rows`). Raises ConfigError before any run
+    starts when a setting is invalid."""
+    configs = scaling_configs(workload, preset, devices, **options)
+    reports: list[RunReport] = []
+    for index, cfg in enumerate(configs, start=1):
+        where = {"devices": cfg.devices, "style": cfg.step_style, "index": index, "runs": len(configs)}
+        name = f"[{index}/{len(configs)}] {cfg.step_style} step on {cfg.devices} device(s)"
+        handle = start_run(cfg)
+        with contextlib.closing(handle.events()) as events:  # closed early: the worker is killed
+            for ev in events:
+                if ev["event"] in PROGRESS_EVENTS:
+                    yield {"event": "progress", **where, "message": f"{name}: {_describe(ev)}"}
+        report = handle.report
+        reports.append(report)
+        yield {"event": "report", **where, "report": report, "message": f"{name}: {_outcome(report)}"}
+    yield {"event": "result", "rows": scaling_rows(reports)}
+
+
+def scaling_table(workload: str = "transformer", preset: str = "tiny", devices: Sequence[int] = (1, 2, 4, 8), *,
+                  on_progress: Callable[[dict[str, Any]], None] | None = None, **options: Any) -> list[dict[str, Any]]:
+    """The rows of `scaling_events` (one per device count and style); `on_progress` gets every
+    other event as it comes."""
+    for ev in scaling_events(workload, preset, devices, **options):
+        if ev["event"] == "result":
+            return ev["rows"]
+        if on_progress is not None:
+            on_progress(ev)
+    raise RuntimeError("the scaling runs ended without a result")
+
+
+def scaling_rows(reports: Sequence[RunReport], loss_rtol: float = LOSS_RTOL) -> list[dict[str, Any]]:
+    """One row per report, in their order, with the figures that compare them (module docstring).
+    A failed run keeps its row: status and message, no figures; what depends on it is None."""
+    by_key = {(r.devices, r.step_style): r for r in reports}
+    measured_on = time.strftime("%Y-%m-%d")
+    rows = []
+    for r in reports:
+        one = by_key.get((1, r.step_style))
+        pmap, jit = by_key.get((r.devices, "pmap")), by_key.get((r.devices, "jit"))
+        rows.append({
+            "devices": r.devices,
+            "style": r.step_style,
+            "status": r.status,
+            "global_batch": r.global_batch,
+            "per_device_batch": r.per_device_batch,
+            "samples_per_s": _figure(r, "samples_per_s"),
+            "tokens_per_s": _figure(r, "tokens_per_s"),
+            "step_ms_median": _figure(r, "step_ms_median"),
+            "scaling_efficiency": _ratio(_figure(r, "samples_per_s"),
+                                         _times(r.devices, _figure(one, "samples_per_s"))),
+            "jit_over_pmap": _ratio(_figure(jit, "samples_per_s"), _figure(pmap, "samples_per_s")),
+            "losses_match": losses_match(pmap, jit, loss_rtol),
+            "max_loss_rel_diff": max_loss_rel_diff(pmap, jit),
+            "compile_s": _figure(r, "compile_s"),
+            "recompilations": r.recompilations if r.ok else None,
+            "workload": r.workload,
+            "preset": r.preset,
+            "steps": r.steps,
+            "warmup_steps": r.warmup_steps,
+            "backend": r.backend,
+            "device_kind": r.device_kind,
+            "jax_version": r.jax_version,
+            "measured_on": measured_on,
+            "message": r.message,
+        })
+    return rows
+
+
+def losses_match(a: RunReport | None, b: RunReport | None, rtol: float = LOSS_RTOL) -> bool | None:
+    """Whether two runs' per-step losses agree to `rtol`; None where either run is missing or failed."""
+    diff = max_loss_rel_diff(a, b)
+    return None if diff is None else diff <= rtol
+
+
+def max_loss_rel_diff(a: RunReport | None, b: RunReport | None) -> float | None:
+    """The largest |a - b| / |b| over the steps (inf where the step counts differ or a loss is not
+    finite); None where either run is missing or failed."""
+    if a is None or b is None or not (a.ok and b.ok):
+        return None
+    if len(a.losses) != len(b.losses) or not a.losses:
+        return math.inf
+    diffs = []
+    for x, y in zip(a.losses, b.losses):
+        if not (isinstance(x, (int, float)) and isinstance(y, (int, float)) and math.isfinite(x) and math.isfinite(y)):
+            return math.inf
+        diffs.append(abs(x - y) / max(abs(y), 1e-30))
+    return max(diffs)
+
+
+def _figure(r: RunReport | None, name: str) -> float | None:
+    return getattr(r, name) if r is not None and r.ok else None
+
+
+def _times(n: int, value: float | None) -> float | None:
+    return None if value is None else n * value
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def _describe(ev: dict[str, Any]) -> str:
+    if ev["event"] == "started":
+        return f"started on {ev['device_kind']} x{ev['device_count']} ({ev['backend']}); compiling"
+    return f"compiled in {ev['compile_s']:.1f} s; timing"
+
+
+def _outcome(r: RunReport) -> str:
+    if not r.ok:
+        return f"{r.status} ({r.failure_kind}): {r.message}"
+    return f"{r.samples_per_s:,.1f} samples/s, median step {r.step_ms_median:.1f} ms, loss {r.loss_last:.4f}"
