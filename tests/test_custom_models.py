@@ -9,13 +9,27 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from flax import nnx
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from migration.__main__ import MODEL_FLAGS, _model_overrides, build_parser
-from migration.config import ConfigError, PlanRequest, RunConfig, validate, validate_plan_request
-from migration.train import TrainProgram, abstract_batch, abstract_state, jit_step, make_data_mesh
+from migration.config import (
+    ConfigError,
+    PlanRequest,
+    RunConfig,
+    validate,
+    validate_plan_request,
+)
+from migration.train import (
+    TrainProgram,
+    abstract_batch,
+    abstract_state,
+    jit_step,
+    make_data_mesh,
+)
 from workloads import WORKLOADS
 from workloads.transformer import DIM_LIMITS
 
@@ -24,7 +38,7 @@ FAMILIES = ("transformer", "llama")
 
 
 def build(workload, cfg, *, abstract: bool):
-    make = lambda: workload.build(cfg, dtype=jnp.float32, block_wrap=lambda f: f, rngs=nnx.Rngs(0))  # noqa: E731
+    make = lambda: workload.build(cfg, dtype=jnp.float32, block_wrap=lambda f: f, rngs=nnx.Rngs(0))
     return nnx.eval_shape(make) if abstract else make()
 
 
@@ -57,6 +71,19 @@ def dimensions(draw):
     return family, preset, overrides
 
 
+def with_random_values(model, seed: int = 0):
+    """(graphdef, state) of an abstract model with small random values for its arrays: a forward pass
+    without initialising eagerly (one compile per example instead of one per initialiser)."""
+    graphdef, state = nnx.split(model)
+    rng = np.random.default_rng(seed)
+
+    def fill(s):
+        assert jnp.issubdtype(s.dtype, jnp.floating), s
+        return rng.normal(0.0, 0.02, s.shape).astype(s.dtype)
+
+    return graphdef, jax.tree.map(fill, state)
+
+
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(dimensions(), st.integers(1, 3))
 def test_any_valid_dimensions_build_a_model_of_the_analytic_size_that_runs(dims, batch):
@@ -65,13 +92,24 @@ def test_any_valid_dimensions_build_a_model_of_the_analytic_size_that_runs(dims,
     cfg = w.config(preset, overrides)
     for field, value in overrides.items():
         assert getattr(cfg, field) == value
-    assert counted(build(w, cfg, abstract=True)) == w.param_count(cfg)
+    model = build(w, cfg, abstract=True)
+    assert counted(model) == w.param_count(cfg)
 
-    model = build(w, cfg, abstract=False)
+    graphdef, state = with_random_values(model)
     tokens = jax.random.randint(jax.random.key(0), (batch, cfg.seq_len), 0, cfg.vocab_size, dtype=jnp.int32)
-    logits = model(tokens)
+    logits = jax.jit(lambda state, tokens: nnx.merge(graphdef, state)(tokens))(state, tokens)
     assert logits.shape == (batch, cfg.seq_len, cfg.vocab_size)
     assert bool(jnp.isfinite(logits).all())
+
+
+def test_a_built_model_runs_eagerly_on_its_own_initial_values():
+    w = WORKLOADS["llama"]
+    cfg = w.config("tiny", {"n_layers": 1, "d_model": 24, "n_heads": 6, "n_kv_heads": 3, "d_ff": 7, "vocab_size": 5,
+                            "seq_len": 3, "tied_embeddings": False})
+    model = build(w, cfg, abstract=False)
+    assert counted(model) == w.param_count(cfg)
+    logits = model(jnp.zeros((2, 3), jnp.int32))
+    assert logits.shape == (2, 3, 5) and bool(jnp.isfinite(logits).all())
 
 
 # -- the presets' published sizes ------------------------------------------------------------------
@@ -151,7 +189,7 @@ def test_the_model_overrides_must_be_a_mapping_of_names():
 
 def test_cli_refuses_kv_heads_that_do_not_divide_the_heads_in_one_line():
     proc = subprocess.run([sys.executable, "-m", "migration", "plan", "--workload", "llama", "--kv-heads", "3",
-                           "--no-tpu-compile", "--target", "t4"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+                           "--no-tpu-compile", "--target", "t4"], cwd=ROOT, capture_output=True, text=True, check=False, timeout=120)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in proc.stderr + proc.stdout, proc.stderr
@@ -168,7 +206,8 @@ def lowered_step_text(n_layers: int) -> str:
 
 def test_the_train_step_of_a_deep_model_lowers_to_one_block_body():
     shallow, deep = lowered_step_text(4), lowered_step_text(32)
-    assert "32x" in deep and "32x" not in shallow  # the stacked layer axis is there
+    d = WORKLOADS["llama"].presets["tiny"].d_model
+    assert f"tensor<32x{d}x" in deep and f"tensor<4x{d}x" in shallow  # block parameters stacked on a layer axis
     assert len(deep) / len(shallow) < 1.1, (len(shallow), len(deep))
     assert deep.count("stablehlo.while") == shallow.count("stablehlo.while") > 0
 
@@ -194,7 +233,7 @@ def test_cli_dimension_flags_reach_the_plan(tmp_path):
     argv = [x for flag, value in flags.items() for x in (f"--{flag}", str(value))]
     proc = subprocess.run([sys.executable, "-m", "migration", "plan", "--workload", "llama", *argv, "--target", "t4",
                            "--global-batch", "16", "--no-tpu-compile", "--quiet", "--json", str(out)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+                          cwd=ROOT, capture_output=True, text=True, check=False, timeout=600)
     assert proc.returncode == 0, proc.stderr + proc.stdout
     plan = json.loads(out.read_text())
     expected = {"n_layers": 2, "d_model": 64, "n_heads": 4, "n_kv_heads": 2, "d_ff": 96, "vocab_size": 256,
