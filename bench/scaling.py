@@ -3,7 +3,7 @@ processes on the CPU backend at 1, 2, 4 and 8 devices, the same per-device batch
 (the core is `migration.scaling.scaling_table`; this script parses flags and prints).
 
     python bench/scaling.py [--workload transformer] [--preset tiny] [--devices 1,2,4,8]
-                            [--batch 8] [--steps 12] [--warmup 2] [--csv PATH]
+                            [--batch 8] [--steps 20] [--warmup 3] [--csv PATH]
 
 Every figure is a CPU-backend timing (XLA's CPU devices share the host's cores): it compares the two
 step styles on this machine; it is not a GPU figure.
@@ -70,8 +70,8 @@ def main() -> int:
     parser.add_argument("--preset", default="tiny")
     parser.add_argument("--devices", type=device_counts, default=(1, 2, 4, 8), help="default 1,2,4,8")
     parser.add_argument("--batch", type=int, default=8, help="per-device batch (default 8)")
-    parser.add_argument("--steps", type=int, default=12)
-    parser.add_argument("--warmup", type=int, default=2, help="warm-up steps, not timed (default 2)")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=3, help="warm-up steps, not timed (default 3)")
     parser.add_argument("--csv", type=Path, help="also write the table as CSV")
     args = parser.parse_args()
 

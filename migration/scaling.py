@@ -37,7 +37,7 @@ PROGRESS_EVENTS = ("started", "compiled")
 
 
 def scaling_configs(workload: str = "transformer", preset: str = "tiny", devices: Sequence[int] = (1, 2, 4, 8), *,
-                    per_device_batch: int = 8, steps: int = 12, warmup_steps: int = 2, platform: str = "cpu",
+                    per_device_batch: int = 8, steps: int = 20, warmup_steps: int = 3, platform: str = "cpu",
                     **fields: Any) -> list[RunConfig]:
     """One validated RunConfig per (device count, style), pmap before jit at each count. `fields`:
     any other RunConfig field (precision, seed, timeout_s...), the same for every run."""
