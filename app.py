@@ -170,6 +170,32 @@ def loss_frame(reports: list[tuple[str, RunReport]]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["step", "loss", "run"]).astype({"step": "int64", "loss": "float64", "run": "str"})
 
 
+def before_after_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    """The pmap and jit runs side by side (rows from `orchestrate.scaling_view`), figures as text."""
+    def pct(x):
+        return "n/a" if x is None else f"{x:.0%}"
+
+    def num(x, spec):
+        return "n/a" if x is None else format(x, spec)
+
+    shown = [{"run": r["run"], "step": r["style"], "devices": r["devices"], "global batch": r["global_batch"],
+              "samples/s": num(r["samples_per_s"], ",.1f"), "tokens/s": num(r["tokens_per_s"], ",.0f"),
+              "step ms (median)": num(r["step_ms_median"], ".2f"), "scaling efficiency": pct(r["scaling_efficiency"]),
+              "jit / pmap": num(r["jit_over_pmap"], ".2f"),
+              "same loss": {True: "yes", False: "NO", None: "n/a"}[r["losses_match"]],
+              "measured on": f"{r['device_kind']} ({r['backend']} backend), JAX {r['jax_version']}"} for r in rows]
+    return pd.DataFrame(shown, columns=["run", "step", "devices", "global batch", "samples/s", "tokens/s",
+                                        "step ms (median)", "scaling efficiency", "jit / pmap", "same loss",
+                                        "measured on"])
+
+
+def scaling_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    points = [{"devices": r["devices"], "samples_per_s": r["samples_per_s"], "style": r["style"]} for r in rows
+              if r["samples_per_s"] is not None]
+    return pd.DataFrame(points, columns=["devices", "samples_per_s", "style"]).astype(
+        {"devices": "int64", "samples_per_s": "float64", "style": "str"})
+
+
 BADGE_COLOURS = {"pass": "#1a7f37", "warn": "#9a6700", "fail": "#cf222e", "not checked": "#57606a", "n/a": "#8c959f"}
 
 
@@ -366,7 +392,7 @@ def build_demo(settings: Settings | None = None) -> gr.Blocks:
                p.to_dict(), None)
 
     async def do_run(plan_dict, code_state, plan_file, steps, learning_rate, compare_tpu, profile, fp32_reference,
-                     pmap_before, workload, preset, source, global_batch, per_core_batch, source_precision, target, gpus,
+                     pmap_before, scaling, workload, preset, source, global_batch, per_core_batch, source_precision, target, gpus,
                      memory_fraction, granularity, remat, precision, accumulation, n_layers, d_model, n_heads,
                      n_kv_heads, d_ff, vocab_size, seq_len, embeddings, sharding, gpus_per_node, label,
                      request: gr.Request):
@@ -387,34 +413,34 @@ def build_demo(settings: Settings | None = None) -> gr.Blocks:
             base = RunConfig(memory_fraction=source.memory_fraction, steps=steps, learning_rate=learning_rate,
                              warmup_steps=min(2, steps - 1), timeout_s=settings.limits.max_run_s)
             options = RunOptions(fp32_reference=bool(fp32_reference), tpu_style=bool(compare_tpu), profile=bool(profile),
-                                 pmap_before=bool(pmap_before))
+                                 pmap_before=bool(pmap_before), scaling=bool(scaling))
             code = CodeCheck.from_dict(code_state) if code_state else None
             job = service.submit_run(user, source, base, options, code=code, label=label)
         except (ConfigError, PlanError, LimitError, HistoryError, ValueError) as exc:
             raise refuse(exc)
-        skip7 = [gr.skip()] * 7
+        skip10 = [gr.skip()] * 10
         note = ""
-        yield (f"Run job #{job.id} submitted…", *skip7, job.id)
+        yield (f"Run job #{job.id} submitted…", *skip10, job.id)
         async with contextlib.aclosing(follow(job)) as events:
             async for ev in events:
                 kind = ev["event"]
                 if kind == "waiting":
-                    yield (waiting_line(ev, "Your run"), *skip7, gr.skip())
+                    yield (waiting_line(ev, "Your run"), *skip10, gr.skip())
                 elif kind == "planning":
                     wev = ev["worker_event"]
                     if wev["event"] in ("candidate", "heartbeat"):
-                        yield ("Planning first (no plan was made for this form)…", *skip7, gr.skip())
+                        yield ("Planning first (no plan was made for this form)…", *skip10, gr.skip())
                 elif kind == "status":
-                    yield (ev["message"], *skip7, gr.skip())
+                    yield (ev["message"], *skip10, gr.skip())
                 elif kind == "note":
                     note = ev["message"] + ".\n\n"
                 elif kind == "progress":
                     losses = loss_frame(ev["done"] + [(ev["run"], ev["partial"])])
                     # An empty frame would fix the plot's colour scale with no series: skip it.
                     yield (note + ev["status"], gr.skip(), gr.update(value=losses, visible=True) if len(losses)
-                           else gr.skip(), *[gr.skip()] * 5, gr.skip())
+                           else gr.skip(), *[gr.skip()] * 8, gr.skip())
         if job.state == "cancelled":
-            yield ("Run stopped; the partial run is in the history as cancelled.", *skip7, None)
+            yield ("Run stopped; the partial run is in the history as cancelled.", *skip10, None)
             return
         result: MigrationResult | None = job.result
         warnings = "".join(f"\n\n⚠️ {w}" for w in job.warnings)
@@ -429,7 +455,10 @@ def build_demo(settings: Settings | None = None) -> gr.Blocks:
                gr.update(value=checklist_html(result.checklist), visible=True),
                gr.update(value=files["checklist_csv"], visible=True),
                gr.update(value=files["deployment"], visible=True),
-               gr.update(value=files.get("trace"), visible=bool(files.get("trace"))), None)
+               gr.update(value=files.get("trace"), visible=bool(files.get("trace"))),
+               gr.update(value=before_after_frame(result.scaling), visible=bool(result.scaling)),
+               gr.update(value=scaling_frame(result.scaling), visible=len({r["devices"] for r in result.scaling}) > 1),
+               gr.update(value=files.get("scaling_csv"), visible=bool(files.get("scaling_csv"))), None)
 
     def do_stop(job_id, request: gr.Request):
         if job_id is None:
@@ -595,6 +624,7 @@ def build_demo(settings: Settings | None = None) -> gr.Blocks:
                     fp32_reference = gr.Checkbox(False, label="Also run an fp32 reference (numerics check)")
                     pmap_before = gr.Checkbox(False, label="Also run the TPU-era pmap step (before vs after: same loss, "
                                                            "throughput of each)")
+                    scaling = gr.Checkbox(False, label="Also measure scaling: both steps at 1, 2, 4, 8 devices")
                     plan_file = gr.File(label="…or run a saved plan (JSON from `python -m migration plan --json`)",
                                         file_types=[".json"], type="filepath")
             with gr.Row():
@@ -612,6 +642,12 @@ def build_demo(settings: Settings | None = None) -> gr.Blocks:
             decisions = gr.Dataframe(label="Decisions with their reasons", wrap=True, visible=False)
             results = gr.Dataframe(label="Results", wrap=True, visible=False)
             loss_plot = gr.LinePlot(x="step", y="loss", color="run", title="Loss", height=300, visible=False)
+            before_after = gr.Dataframe(label="Before (pmap) and after (jit with shardings), side by side", wrap=True,
+                                        visible=False, elem_id="before-after")
+            scaling_plot = gr.LinePlot(x="devices", y="samples_per_s", color="style", height=300, visible=False,
+                                       title="Throughput by device count (weak scaling: per-device batch kept)",
+                                       elem_id="scaling-plot")
+            scaling_file = gr.File(label="Scaling CSV", visible=False)
             checklist_view = gr.HTML(visible=False)
             with gr.Row():
                 report_file = gr.File(label="CSV of this report", visible=False)
@@ -670,9 +706,10 @@ def build_demo(settings: Settings | None = None) -> gr.Blocks:
                                     [progress_md, plan_md, memory_plot, ranked_table, decisions, plan_state, job_state],
                                     api_name="plan", concurrency_limit=None)
         run_event = run_btn.click(do_run, [plan_state, code_state, plan_file, steps, learning_rate, compare_tpu,
-                                           profile, fp32_reference, pmap_before, *form, label],
+                                           profile, fp32_reference, pmap_before, scaling, *form, label],
                                   [progress_md, results, loss_plot, report_file, checklist_view, checklist_file,
-                                   deploy_file, trace_file, job_state], api_name="run", concurrency_limit=None)
+                                   deploy_file, trace_file, before_after, scaling_plot, scaling_file, job_state],
+                                  api_name="run", concurrency_limit=None)
         stop_btn.click(do_stop, job_state, progress_md, cancels=[run_event, plan_event], api_name="stop")
         gr.api(do_cancel_job, api_name="cancel_job")
         code_btn.click(do_code_check, [code_text, code_files], [code_summary, code_table, code_state],

@@ -274,7 +274,7 @@ class LoadClient(threading.Thread):
             for i in range(self.args.runs_per_client):
                 label = f"load-{self.user}-{i}"
                 t0 = time.monotonic()
-                job = self.client.submit(None, self.args.steps, LEARNING_RATE, False, False, False, False, *FORM, label,
+                job = self.client.submit(None, self.args.steps, LEARNING_RATE, False, False, False, False, False, *FORM, label,
                                          api_name="/run")
                 self.runs[label] = {"label": label, "user": self.user, "t_submit": t0, "job": job, "outcome": None}
             ids = ""

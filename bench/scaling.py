@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from migration.common import write_csv  # noqa: E402
 from migration.config import ConfigError  # noqa: E402
-from migration.scaling import LOSS_RTOL, scaling_table  # noqa: E402
+from migration.scaling import loss_tolerance, scaling_table  # noqa: E402
 
 COLUMNS = (("devices", "devices", "{}"), ("style", "style", "{}"), ("global batch", "global_batch", "{}"),
            ("samples/s", "samples_per_s", "{:,.1f}"), ("tokens/s", "tokens_per_s", "{:,.0f}"),
@@ -86,7 +86,7 @@ def main() -> int:
     print(table(rows))
     print(f"Scaling efficiency: samples/s at n / (n x samples/s at 1 device), same style. jit/pmap: the jit "
           f"step's samples/s over the pmap step's at the same n. Losses match: every step's loss within "
-          f"{LOSS_RTOL:g} relative. XLA's CPU devices share this host's cores, so efficiency here falls with n "
+          f"{loss_tolerance('fp32'):g} relative (fp32). XLA's CPU devices share this host's cores, so efficiency here falls with n "
           f"by construction; the figures compare the two step styles, they do not predict GPU scaling.")
     failed = [r for r in rows if r["status"] != "ok"]
     for r in failed:

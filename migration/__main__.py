@@ -16,6 +16,7 @@ from migration.config import (
     PRECISIONS,
     REMAT_NAMES,
     SHARDINGS,
+    STEP_STYLES,
     ConfigError,
     PlanRequest,
     RunConfig,
@@ -104,6 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--devices", type=int, default=d.devices, help="data-parallel devices (on CPU: XLA CPU devices)")
     run.add_argument("--sharding", choices=SHARDINGS, default=d.sharding,
                      help="replicated state, or parameters, gradients and optimizer state sharded over the devices (fsdp)")
+    run.add_argument("--step-style", dest="step_style", choices=STEP_STYLES, default=d.step_style,
+                     help="jit: the migrated step; pmap: the TPU-era step (pmap + lax.pmean, replicated state)")
     run.add_argument("--precision", choices=PRECISIONS, default=d.precision)
     run.add_argument("--remat", choices=REMAT_NAMES, default=d.remat, help="rematerialisation policy per block")
     run.add_argument("--accum", dest="accumulation_steps", type=int, default=d.accumulation_steps,
@@ -131,6 +134,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--code", nargs="+", metavar="FILE.py", help="with --plan: your training code, for the checklist")
     run.add_argument("--fp32-reference", action="store_true", help="with --plan: also run an fp32 reference (numerics)")
     run.add_argument("--tpu-style", action="store_true", help="with --plan: also run the unchanged TPU-style setup here")
+    run.add_argument("--pmap-before", action="store_true",
+                     help="with --plan: also run the TPU-era pmap step on the same devices and data (loss, throughput)")
     run.add_argument("--profile", action="store_true", help="with --plan: capture a profile of 3 extra steps")
     run.add_argument("--history-db", metavar="PATH", help="with --plan: record the runs in this history database")
     run.add_argument("--export-dir", metavar="DIR", default="runs/exports",
@@ -260,6 +265,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     cfg = RunConfig(**given)
     plan_only = [flag for flag, on in (("--checklist", args.checklist), ("--code", args.code),
                                        ("--fp32-reference", args.fp32_reference), ("--tpu-style", args.tpu_style),
+                                       ("--pmap-before", args.pmap_before),
                                        ("--profile", args.profile), ("--history-db", args.history_db)) if on]
     if plan_only:
         print(f"error: {plan_only[0]} needs --plan PLAN_JSON (the checklist grades a plan and its run)", file=sys.stderr)
@@ -303,9 +309,10 @@ def cmd_run_plan(args: argparse.Namespace, given: dict[str, Any]) -> int:
         print(f"error: --code: {exc}", file=sys.stderr)
         return 2
     plan_fields = ("workload", "preset", "model", "per_device_batch", "accumulation_steps", "precision", "remat",
-                   "devices", "sharding")
+                   "devices", "sharding", "step_style")
     base = base_config(saved, **{k: v for k, v in given.items() if k not in plan_fields})
-    options = RunOptions(fp32_reference=args.fp32_reference, tpu_style=args.tpu_style, profile=args.profile)
+    options = RunOptions(fp32_reference=args.fp32_reference, tpu_style=args.tpu_style, profile=args.profile,
+                         pmap_before=args.pmap_before)
     progress = _progress_printer(args.quiet, base.steps)
     result = None
     try:

@@ -352,11 +352,9 @@ def grade_numerics(ev: Evidence) -> Grade:
     return PASS, text, "none"
 
 
-@dataclasses.dataclass(frozen=True)
-PMAP_LOSS_TOLERANCE = 1e-3  # relative: the two steps reduce in a different order
-
-
 def grade_pmap(ev: Evidence) -> Grade:
+    from migration.scaling import loss_tolerance, max_loss_rel_diff
+
     r, before = ev.run, ev.pmap_run
     if before is None:
         return NOT_CHECKED, "the TPU-era pmap step was not run beside the migrated step", \
@@ -364,20 +362,21 @@ def grade_pmap(ev: Evidence) -> Grade:
     if not (ev.ran and before.ok and before.losses and r.losses):
         return NOT_CHECKED, f"the pmap step {before.status} ({before.failure_kind or 'no losses'})", \
             "run both steps again"
-    pairs = list(zip(before.losses, r.losses))
-    worst = max(abs(a - b) / max(abs(a), 1e-6) for a, b in pairs)
+    worst = max_loss_rel_diff(before, r)
     ratio = r.samples_per_s / before.samples_per_s if r.samples_per_s and before.samples_per_s else None
     text = (f"jit with shardings vs pmap + lax.pmean on {r.device_count} {r.device_kind} device(s), same data: "
-            f"largest relative loss difference {worst:.1e} over {len(pairs)} steps; throughput "
+            f"largest relative loss difference {worst:.1e} over {len(r.losses)} steps; throughput "
             + (f"{r.samples_per_s:,.1f} vs {before.samples_per_s:,.1f} samples/s ({ratio:.2f}x)" if ratio else "n/a")
             + f"; {where(r)}")
-    if worst > PMAP_LOSS_TOLERANCE:
+    text += f" (tolerance {loss_tolerance(r.precision):.0e} for {r.precision})"
+    if worst > loss_tolerance(r.precision):
         return FAIL, text, "the migrated step does not compute what the pmap step did: compare their gradients"
     if not (ev.on_target(r) and ev.on_target(before)):
         return WARN, f"{text}; {_elsewhere(ev, r)}", f"compare the two steps' throughput on {ev.plan.target_name}"
     return PASS, text, "retire the pmap step; keep jit with NamedSharding"
 
 
+@dataclasses.dataclass(frozen=True)
 class ItemSpec:
     title: str
     statuses: tuple[str, ...]  # every status the function can return

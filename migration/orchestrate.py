@@ -22,12 +22,14 @@ from typing import Any
 
 from migration import checklist
 from migration.codecheck import CodeCheck
-from migration.common import first_line, fmt_gib, fmt_loss
+from migration.common import first_line, fmt_gib, fmt_loss, write_csv as write_csv_rows
 from migration.config import PlanRequest, RunConfig, validate
 from migration.hardware import TPU_SPECS
 from migration.history import History, HistoryError
-from migration.report import Plan, RunReport, write_csv
+from migration.report import Plan, RunReport
 from migration.runner import PlanError, RunHandle, start_plan
+from migration.scaling import scaling_rows
+from migration.worker_env import nvidia_gpus, resolve_platform
 
 PROGRESS_EVERY_S = 0.25
 
@@ -40,6 +42,7 @@ class RunOptions:
     tpu_style: bool = False
     profile: bool = False
     pmap_before: bool = False  # the TPU-era pmap step on the same devices and data: same loss, its throughput
+    scaling: bool = False  # both steps at 1, 2, 4, 8 devices (as many as this machine has), per-device batch kept
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,7 +63,8 @@ class MigrationResult:
     local_plan: Plan | None
     runs: list[tuple[str, RunReport]]
     checklist: list[checklist.ChecklistItem]
-    files: dict[str, str]  # report_csv, checklist_csv, deployment, trace (when captured)
+    files: dict[str, str]  # report_csv, checklist_csv, deployment, trace (when captured), scaling_csv
+    scaling: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # before/after rows (scaling_rows)
 
     @property
     def main(self) -> RunReport:
@@ -105,14 +109,30 @@ def base_config(p: Plan, **fields: Any) -> RunConfig:
     return RunConfig(**{"memory_fraction": p.memory_fraction, **fields})
 
 
+SCALING_DEVICES = (1, 2, 4, 8)
+
+
+def local_device_count(cfg: RunConfig) -> int:
+    """Devices a run here can use: the GPUs NVML sees, or on the CPU backend as many XLA devices as
+    the scaling table asks for (they share the host's cores)."""
+    if resolve_platform(cfg.platform) == "cpu":
+        return max(SCALING_DEVICES)
+    return len(nvidia_gpus()) or 1
+
+
 def plan_runs(p: Plan, cfg: RunConfig, options: RunOptions, trace_dir: Path) -> list[tuple[str, RunConfig]]:
     """The runs a plan makes here, in order; `cfg` is the plan's config on this machine."""
     migrated = dataclasses.replace(cfg, profile_steps=3, profile_dir=str(trace_dir)) if options.profile else cfg
     runs = [("migrated", migrated)]
     if options.fp32_reference and cfg.precision != "fp32":
         runs.append(("fp32 reference", dataclasses.replace(cfg, precision="fp32")))
-    if options.pmap_before:
+    if options.pmap_before or options.scaling:
         runs.append(("pmap (before)", dataclasses.replace(cfg, step_style="pmap", sharding="replicated")))
+    if options.scaling:
+        for n in (n for n in SCALING_DEVICES if n != cfg.devices and n <= local_device_count(cfg)):
+            runs.append((f"jit ×{n}", dataclasses.replace(cfg, devices=n, visible_devices="")))
+            runs.append((f"pmap ×{n}", dataclasses.replace(cfg, devices=n, visible_devices="", step_style="pmap",
+                                                           sharding="replicated")))
     if options.tpu_style:
         runs.append(("TPU-style", dataclasses.replace(
             cfg, per_device_batch=p.source_per_core_batch, accumulation_steps=1, precision=p.source_precision,
@@ -144,8 +164,9 @@ def run_plan(p: Plan, base: RunConfig, options: RunOptions, export_dir: Path, *,
         pmap_run=dict(done).get("pmap (before)"),
         scaling_runs=tuple(_recorded_scaling_runs(recorder, done[0][1])))
     items = checklist.evaluate(evidence)
-    files = _write_exports(p, done, items, export_dir, stamp)
-    yield {"event": "result", "result": MigrationResult(p, here.note, here.local_plan, done, items, files)}
+    scaling = scaling_view(done)
+    files = _write_exports(p, done, items, export_dir, stamp, scaling)
+    yield {"event": "result", "result": MigrationResult(p, here.note, here.local_plan, done, items, files, scaling)}
 
 
 def on_this_machine(saved: Plan, base: RunConfig) -> Iterator[dict[str, Any]]:
@@ -290,13 +311,34 @@ def scaling_runs(history: History, main: RunReport) -> list[RunReport]:
     return same
 
 
+def _is_scaling_run(name: str) -> bool:
+    return name in ("migrated", "pmap (before)") or name.startswith(("jit ×", "pmap ×"))
+
+
+def scaling_view(done: list[tuple[str, RunReport]]) -> list[dict[str, Any]]:
+    """The before (pmap) and after (jit) runs side by side with their scaling figures
+    (`migration.scaling.scaling_rows`), fewest devices first; empty without a pmap run."""
+    named = sorted(((n, r) for n, r in done if _is_scaling_run(n)), key=lambda nr: (nr[1].devices, nr[1].step_style))
+    if not any(r.step_style == "pmap" for _, r in named):
+        return []
+    return [{"run": n, **row} for (n, _), row in zip(named, scaling_rows([r for _, r in named]))]
+
+
+SCALING_COLUMNS = ("scaling_efficiency", "jit_over_pmap", "losses_match", "max_loss_rel_diff")
+
+
 def _write_exports(p: Plan, done: list[tuple[str, RunReport]], items: list[checklist.ChecklistItem],
-                   export_dir: Path, stamp: str) -> dict[str, str]:
+                   export_dir: Path, stamp: str, scaling: list[dict[str, Any]]) -> dict[str, str]:
     main = done[0][1]
     stem = f"{main.workload}-{main.preset}-{stamp}"
     files = {"report_csv": export_dir / f"report-{stem}.csv", "checklist_csv": export_dir / f"checklist-{stem}.csv",
              "deployment": export_dir / f"deploy-{stem}.sh"}
-    write_csv([r for _, r in done], files["report_csv"])
+    by_run = {row["run"]: row for row in scaling}
+    write_csv_rows([{"run": name, **r.csv_row(), **{k: by_run.get(name, {}).get(k) for k in SCALING_COLUMNS}}
+                    for name, r in done], path=files["report_csv"])
+    if scaling:
+        files["scaling_csv"] = export_dir / f"scaling-{stem}.csv"
+        write_csv_rows(scaling, path=files["scaling_csv"])
     checklist.to_csv(items, files["checklist_csv"])
     files["deployment"].write_text(checklist.deployment_snippet(p))
     out = {k: str(v) for k, v in files.items()}

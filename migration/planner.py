@@ -161,7 +161,7 @@ class _Planner:
         best = math.inf
         known: dict[str, int] = {}
         for mode, remat in keys:
-            bound = self.cost.best_possible(remat, self.needed, mode)
+            bound = self.cost.best_possible(remat, self.needed, mode, self.limit)
             if prune and bound >= best:
                 self.skipped[(mode, remat)] = bound
                 self.emit("skip_policy", remat=remat, sharding=mode, reason="cannot beat the best choice found so far")
@@ -229,7 +229,7 @@ class _Planner:
         why = (f"fastest predicted step among the fitting choices ({RECOMPUTE_NOTE[chosen.remat]}); largest batch per "
                f"policy searched: {searched}")
         if self.skipped:
-            why += "; not searched, since even a fully used GPU under them is slower: " + ", ".join(
+            why += "; not searched, since even their fastest possible step (the largest micro-batch allowed) is slower: " + ", ".join(
                 f"{self._name(k)} (at least {self._step_text(b)})" for k, b in self.skipped.items())
         return why
 
@@ -245,7 +245,7 @@ class _Planner:
             if other is None:
                 why = (f"{chosen.sharding}: the only way searched that fits the global batch"
                        if not any(k[0] != chosen.sharding for k in self.skipped) else
-                       f"{chosen.sharding}: the other way cannot beat it even with a fully used GPU (not searched)")
+                       f"{chosen.sharding}: the other way cannot beat it even at its fastest possible step (not searched)")
             else:
                 why = (f"fastest predicted step: {chosen.sharding} {self._step_text(chosen.step_cost)} against "
                        f"{other.sharding} {self._step_text(other.step_cost)} (its best fitting choice, "

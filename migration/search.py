@@ -196,10 +196,15 @@ class StepCostModel:
     def step_seconds(self, remat: str, batch: int, accumulation: int, sharding: str = "replicated") -> float:
         return max(self.compute_seconds(remat, batch, accumulation), self.comm_seconds(sharding, accumulation))
 
-    def best_possible(self, remat: str, examples_per_device: int, sharding: str = "replicated") -> float:
-        """A lower bound for any batch under `remat` (full fill, one micro-batch)."""
-        compute = self.flops_per_example * examples_per_device * RECOMPUTE_FACTOR[remat] / (self.peak_flops or 1.0)
-        return max(compute, self.comm_seconds(sharding, 1))
+    def best_possible(self, remat: str, examples_per_device: int, sharding: str = "replicated",
+                      max_batch: int | None = None) -> float:
+        """A lower bound for any choice under `remat` that gives each device `examples_per_device`
+        examples per step with micro-batches of at most `max_batch`: the fill of the largest
+        micro-batch allowed, and the fewest micro-batches."""
+        largest = min(examples_per_device, max_batch or examples_per_device)
+        compute = (self.flops_per_example * examples_per_device * RECOMPUTE_FACTOR[remat]
+                   / ((self.peak_flops or 1.0) * self.fill(largest)))
+        return max(compute, self.comm_seconds(sharding, math.ceil(examples_per_device / largest)))
 
 
 @dataclasses.dataclass(frozen=True)

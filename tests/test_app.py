@@ -92,8 +92,9 @@ def app(tmp_path_factory):
     a.close()
 
 
-def run_args(steps, *, compare=False, profile=False, fp32=False, pmap=False, label="", plan_file=None, form=FORM):
-    return (plan_file, steps, 0.003, compare, profile, fp32, pmap, *form, label)
+def run_args(steps, *, compare=False, profile=False, fp32=False, pmap=False, scaling=False, label="",
+             plan_file=None, form=FORM):
+    return (plan_file, steps, 0.003, compare, profile, fp32, pmap, scaling, *form, label)
 
 
 def test_plan_streams_each_compile_then_the_plan(app):
@@ -114,7 +115,7 @@ def test_run_streams_progress_then_results_and_exports_csv(app):
     outputs = job.outputs()
     assert len(outputs) >= 3  # progress updates arrived before the result
     assert any("step" in str(value(o[0])) for o in outputs[:-1])
-    progress, results, losses, csv_path, report_html, items_csv, deploy, trace = result
+    progress, results, losses, csv_path, report_html, items_csv, deploy, trace, before_after, scaling, scaling_csv = result
     assert "Run finished" in progress and "CPU backend" in progress
     metrics = {row[0]: row[1] for row in results["data"]}
     assert metrics["status"] == "ok" and metrics["recompilations after the first step"] == "0"
@@ -136,7 +137,31 @@ def test_run_streams_progress_then_results_and_exports_csv(app):
         assert f'data-id="{row["id"]}" data-status="{row["status"]}"' in report_html
     assert "Evidence:" in report_html and "Action:" in report_html
     assert "export XLA_PYTHON_CLIENT_PREALLOCATE='false'" in Path(deploy).read_text()
-    assert trace is None
+    assert trace is None and scaling_csv is None  # no pmap or scaling runs asked for
+
+
+def test_before_and_after_side_by_side_and_scaling_in_the_app_and_csv(app):
+    """The TPU-era pmap step beside the migrated jit step on the same devices and data, and both at
+    1, 2, 4 and 8 CPU devices: the same losses, a throughput each, a chart and CSVs."""
+    result = [value(o) for o in app.client.submit(*run_args(5, pmap=True, scaling=True), api_name="/run")
+              .result(timeout=900)]
+    progress, csv_path, items_csv, before_after, chart, scaling_csv = (result[i] for i in (0, 3, 5, 8, 9, 10))
+    assert "Run finished" in progress
+    table = pd.DataFrame(before_after["data"], columns=before_after["headers"])
+    assert sorted(zip(table["devices"], table["step"])) == [(n, s) for n in (1, 2, 4, 8) for s in ("jit", "pmap")]
+    assert set(table["same loss"]) == {"yes"}  # at every device count
+    assert all("(cpu backend)" in m for m in table["measured on"])
+    assert len(chart["data"]) == 8  # a point per run, coloured by step style
+    rows = pd.read_csv(scaling_csv)
+    assert set(rows["style"]) == {"jit", "pmap"} and rows["losses_match"].all()
+    one = rows[rows["devices"] == 1].set_index("style")
+    assert (one["scaling_efficiency"] == 1.0).all()
+    assert (rows["samples_per_s"] > 0).all() and rows["jit_over_pmap"].notna().all()
+    report = pd.read_csv(csv_path)  # the report CSV: a row per run, named, with the scaling columns
+    assert {"migrated", "pmap (before)", "jit ×8", "pmap ×8"} <= set(report["run"])
+    assert set(report.loc[report["run"].isin(["migrated", "pmap (before)"]), "step_style"]) == {"jit", "pmap"}
+    items = dict(zip(*pd.read_csv(items_csv)[["id", "status"]].T.values))
+    assert items["pmap"] == "warn" and items["scaling"] == "warn"  # equal losses, but CPU figures, not the target
 
 
 def test_checklist_uses_the_code_check_profile_and_fp32_reference(app):

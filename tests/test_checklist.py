@@ -173,6 +173,14 @@ CASES = [
     ("numerics", NOT_CHECKED, lambda w: Evidence(w["plan"], w["run"]), "no fp32 reference"),
     ("numerics", NOT_CHECKED, lambda w: Evidence(w["plan"], w["run"], fp32_reference=dataclasses.replace(
         w["ref"], losses=[4.0, None])), "no reference to compare"),
+    ("pmap", PASS, lambda w: Evidence(w["plan"], on_gpu(w["run"], losses=[4.0, 3.0], samples_per_s=200.0),
+                                      pmap_run=on_gpu(w["run"], losses=[4.0, 3.0001], samples_per_s=160.0)), "1.25x"),
+    ("pmap", WARN, lambda w: Evidence(w["plan"], w["run"], pmap_run=w["run"]), "CPU backend"),
+    ("pmap", FAIL, lambda w: Evidence(w["plan"], on_gpu(w["run"], losses=[4.0, 3.0]),
+                                      pmap_run=on_gpu(w["run"], losses=[4.0, 3.5])), "largest relative loss difference"),
+    ("pmap", NOT_CHECKED, lambda w: Evidence(w["plan"], w["run"]), "was not run"),
+    ("pmap", NOT_CHECKED, lambda w: Evidence(w["plan"], w["run"], pmap_run=dataclasses.replace(
+        w["run"], status="failed", failure_kind="oom", losses=[])), "pmap step failed"),
 ]
 
 

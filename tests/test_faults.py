@@ -25,7 +25,7 @@ FORM = ["transformer", "tiny", "tpu-v5e-8", 32, 0, "bf16", "local", 1, 0.8, "mul
 
 
 def run_args(steps, label="", plan_file=None):
-    return (plan_file, steps, 0.003, False, False, False, False, *FORM, label)
+    return (plan_file, steps, 0.003, False, False, False, False, False, *FORM, label)
 
 
 def gone(pid):

@@ -193,7 +193,7 @@ def auth_server(tmp_path_factory):
 def formula_run(server, client):
     """A short run on this machine labelled with a spreadsheet formula; its outputs."""
     form = [*FORM.values()]
-    outputs = client.predict(None, 3, 0.003, False, False, False, False, *form, FORMULA_LABEL, api_name="/run")
+    outputs = client.predict(None, 3, 0.003, False, False, False, False, False, *form, FORMULA_LABEL, api_name="/run")
     assert "Run finished" in outputs[0], outputs[0]
     return outputs
 
@@ -208,7 +208,7 @@ FORM = {"workload": "transformer", "preset": "tiny", "source": "tpu-v5e-8", "glo
         "d_model": 0, "n_heads": 0, "n_kv_heads": 0, "d_ff": 0, "vocab_size": 0, "seq_len": 0, "embeddings": "preset",
         "sharding": "auto", "gpus_per_node": 8}
 RUN_OPTIONS = {"plan_file": None, "steps": 3, "learning_rate": 0.003, "compare_tpu": False, "profile": False,
-               "fp32_reference": False, "pmap_before": False}
+               "fp32_reference": False, "pmap_before": False, "scaling": False}
 INPUTS = {
     "/plan": [*FORM, "label"],
     "/run": [*RUN_OPTIONS, *FORM, "label"],
@@ -570,7 +570,7 @@ def test_users_stop_only_their_own_jobs_and_see_their_own_history(auth_server):
     alice = auth_server.client(("alice", "pw1"))
     bob = auth_server.client(("bob", "pw2"))
     form = [*FORM.values()]
-    long_run = alice.submit(None, 400, 0.003, False, False, False, False, *form, "alice-long", api_name="/run")
+    long_run = alice.submit(None, 400, 0.003, False, False, False, False, False, *form, "alice-long", api_name="/run")
     entry = _wait_for(lambda: _entry(alice, "mine", "alice-long"), 20, "alice's run in her history")
     assert entry["status"] in ("queued", "running") and entry["user"] == "alice", entry
     job_id = str(entry["id"])
@@ -584,7 +584,7 @@ def test_users_stop_only_their_own_jobs_and_see_their_own_history(auth_server):
     assert auth_server.workers() and not long_run.done()
 
     # bob's own job, queued behind alice's, is his to stop
-    bob_run = bob.submit(None, 3, 0.003, False, False, False, False, *form, "bob-queued", api_name="/run")
+    bob_run = bob.submit(None, 3, 0.003, False, False, False, False, False, *form, "bob-queued", api_name="/run")
     bob_entry = _wait_for(lambda: _entry(bob, "mine", "bob-queued"), 20, "bob's run in his history")
     assert "Stopping job" in bob.predict(str(bob_entry["id"]), api_name="/cancel_job")
     _wait_for(lambda: _entry(bob, "mine", "bob-queued")["status"] == "cancelled", 30, "bob's run cancelled")
