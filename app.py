@@ -123,7 +123,7 @@ def plan_markdown(p: Plan) -> str:
 def ranked_frame(p: Plan) -> pd.DataFrame:
     """The fitting choices, fastest predicted step first (the planner's choice rule)."""
     return pd.DataFrame(p.ranked_rows(), columns=["remat", "per_device_batch", "accumulation_steps", "global_batch",
-                                                  "device_fill", "predicted_step", "chosen"])
+                                                  "device_fill", "predicted_step", "state", "chosen"])
 
 
 def decisions_frame(p: Plan) -> pd.DataFrame:
@@ -158,7 +158,8 @@ def results_frame(r: RunReport, budget: int | None) -> pd.DataFrame:
         ("recompilations after the first step", str(r.recompilations)),
         ("fp32 matmul precision", str(r.fp32_matmul_precision)),
         ("config", f"{r.per_device_batch} per device × {r.devices} × {r.accumulation_steps} accum = {r.global_batch}, "
-                   f"{r.precision}, remat {r.remat}"),
+                   f"{r.precision}, remat {r.remat}, {r.sharding} state, {r.step_style} step"
+                   + (f"; model {r.model}" if r.model else "")),
     ]
     return pd.DataFrame(rows, columns=["metric", "value"])
 
@@ -594,20 +595,20 @@ def build_demo(settings: Settings | None = None) -> gr.Blocks:
                 steps = gr.Number(20, label="Steps")
             with gr.Accordion("Your model's dimensions, sharding and nodes (0: the preset's)", open=False):
                 with gr.Row():
-                    n_layers = gr.Number(0, label="Layers", precision=0)
-                    d_model = gr.Number(0, label="d_model", precision=0)
-                    n_heads = gr.Number(0, label="Heads", precision=0)
-                    n_kv_heads = gr.Number(0, label="KV heads (grouped-query when fewer)", precision=0)
-                    d_ff = gr.Number(0, label="d_ff (MLP hidden)", precision=0)
+                    n_layers = gr.Number(0, label="Layers")
+                    d_model = gr.Number(0, label="d_model")
+                    n_heads = gr.Number(0, label="Heads")
+                    n_kv_heads = gr.Number(0, label="KV heads (grouped-query when fewer)")
+                    d_ff = gr.Number(0, label="d_ff (MLP hidden)")
                 with gr.Row():
-                    vocab_size = gr.Number(0, label="Vocabulary", precision=0)
-                    seq_len = gr.Number(0, label="Sequence length", precision=0)
+                    vocab_size = gr.Number(0, label="Vocabulary")
+                    seq_len = gr.Number(0, label="Sequence length")
                     embeddings = gr.Dropdown(list(forms.EMBEDDINGS), value="preset", label="Embeddings",
                                              allow_custom_value=True)
                     sharding = gr.Dropdown(["auto", *SHARDINGS], value="auto",
                                            label="State (auto: replicated while it fits, else FSDP)",
                                            allow_custom_value=True)
-                    gpus_per_node = gr.Number(8, label="GPUs per node (GPUs above it: several nodes)", precision=0)
+                    gpus_per_node = gr.Number(8, label="GPUs per node (GPUs above it: several nodes)")
             with gr.Accordion("Advanced", open=False):
                 with gr.Row():
                     remat = gr.Dropdown(["auto", *REMAT_NAMES], value="auto", label="Remat policy",

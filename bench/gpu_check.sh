@@ -13,4 +13,7 @@ python3 bench/gpu_check.py "$@" || status=1
 echo
 echo "== planner: predicted vs measured peak memory on the local GPU"
 python3 bench/planner_gpu_check.py || status=1
+echo
+echo "== llama 1b planned for the local GPU, replicated vs FSDP over one device"
+python3 bench/gpu_check_fsdp.py || status=1
 exit ${status:-0}

@@ -195,8 +195,9 @@ def _fmt(value: Any, spec: str, unit: str = "") -> str:
 
 
 def print_summary(r: Any) -> None:
-    print(f"\n{r.workload}/{r.preset}  {r.precision}  remat={r.remat}  batch {r.per_device_batch} x "
-          f"{r.devices} device(s) x {r.accumulation_steps} accum = global {r.global_batch}")
+    print(f"\n{r.workload}/{r.preset}{' (' + r.model + ')' if r.model else ''}  {r.precision}  remat={r.remat}  "
+          f"batch {r.per_device_batch} x {r.devices} device(s) x {r.accumulation_steps} accum = global "
+          f"{r.global_batch}  {r.sharding} state, {r.step_style} step")
     if r.backend:
         print(f"measured on: {r.device_kind} x{r.device_count} ({r.backend} backend), JAX {r.jax_version}, host {r.host}")
     if r.backend == "cpu":
@@ -445,10 +446,10 @@ def print_ranked(plan: Any) -> None:
     if not rows:
         return
     print("choices that fit, fastest predicted step first (those that change the global batch last):")
-    print(f"  {'remat':<14} {'batch':>6} {'accum':>6} {'global':>7} {'fill':>6} {'step (predicted)':>17}")
+    print(f"  {'state':<11} {'remat':<14} {'batch':>6} {'accum':>6} {'global':>7} {'fill':>6} {'step (predicted)':>17}")
     for r in rows:
-        print(f"  {r['remat']:<14} {r['per_device_batch']:>6} {r['accumulation_steps']:>6} {r['global_batch']:>7} "
-              f"{r['device_fill']:>6} {r['predicted_step']:>17}{'  <- plan' if r['chosen'] else ''}")
+        print(f"  {r['state']:<11} {r['remat']:<14} {r['per_device_batch']:>6} {r['accumulation_steps']:>6} "
+              f"{r['global_batch']:>7} {r['device_fill']:>6} {r['predicted_step']:>17}{'  <- plan' if r['chosen'] else ''}")
 
 
 def cmd_plan(args: argparse.Namespace) -> int:

@@ -274,6 +274,9 @@ class Plan(JsonExport):
             rows.append({"remat": c["remat"], "per_device_batch": c["per_device_batch"],
                          "accumulation_steps": c["accumulation_steps"], "global_batch": c["global_batch"],
                          "device_fill": f"{c['fill']:.0%}", "predicted_step": step,
-                         "chosen": "✔" if (c["remat"], c["per_device_batch"], c["accumulation_steps"]) ==
-                                         (self.remat, self.per_device_batch, self.accumulation_steps) else ""})
+                         "state": c.get("sharding", "replicated"),
+                         "chosen": "✔" if (c["remat"], c["per_device_batch"], c["accumulation_steps"],
+                                          c.get("sharding", "replicated")) ==
+                                         (self.remat, self.per_device_batch, self.accumulation_steps,
+                                          self.sharding) else ""})
         return rows

@@ -103,7 +103,8 @@ def test_plan_streams_each_compile_then_the_plan(app):
     lines = [str(value(o[0])) for o in job.outputs()]
     assert any(line.startswith("Compiled batch") and "GiB" in line for line in lines)  # streamed, per compile
     assert "compiled-for-target" in markdown and "Plan:" in markdown and "rule of thumb" in markdown
-    assert [row[0] for row in decisions["data"]][:4] == ["precision", "remat", "per_device_batch", "accumulation_steps"]
+    assert [row[0] for row in decisions["data"]][:6] == ["precision", "attention", "sharding", "remat", "per_device_batch",
+                                                        "accumulation_steps"]
     assert any(row[2] == "budget" for row in memory["data"])
     assert ranked["headers"][:3] == ["remat", "per_device_batch", "accumulation_steps"]
     assert ranked["data"][0][-1] == "✔" and "ms" in ranked["data"][0][5]  # the plan is the fastest choice

@@ -134,7 +134,7 @@ def test_fp16_scaler_backs_off_on_overflow_and_skips_that_update(trainer):
     skipped = [bool(x["skipped"]) for x in ms]
     # Once finite, updates go through; a later overflow (the model's gradients grow as it learns)
     # halves the scale again and skips that one step.
-    assert skipped[0] and skipped.count(False) >= 10
+    assert skipped[0] and skipped.count(False) >= 5
     assert float(t.state.loss_scale.scale) <= 2.0**20  # backed off by 2^20 or more
     assert ms[-1]["loss"] < m["loss"]
 

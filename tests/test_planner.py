@@ -77,7 +77,7 @@ def test_a_model_larger_than_the_budget_is_infeasible_with_what_would_help():
     assert p.status == "infeasible"
     assert "does not fit even at batch 1 with remat full" in p.message
     assert "parameters, gradients and AdamW state alone" in p.message
-    assert "more memory" in p.message and "smaller preset" in p.message and "more GPUs" in p.message
+    assert "more memory" in p.message and "smaller model" in p.message and "several GPUs with the state sharded" in p.message
     assert p.predicted_peak_bytes > p.budget_bytes
 
 

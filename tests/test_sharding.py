@@ -10,8 +10,11 @@ from migration.train import TrainProgram, abstract_batch, abstract_state, fsdp_s
 from jax.sharding import PartitionSpec as P
 
 
-@pytest.mark.parametrize("devices", [4, 8])
-@pytest.mark.parametrize("workload", ["transformer", "llama"])
+@pytest.mark.parametrize("workload,devices", [
+    ("llama", 4),
+    pytest.param("llama", 8, marks=pytest.mark.slow),
+    pytest.param("transformer", 8, marks=pytest.mark.slow),
+])
 def test_fsdp_follows_the_replicated_loss_trajectory(trainer, workload, devices):
     base = RunConfig(workload=workload, preset="tiny", per_device_batch=2, devices=devices, learning_rate=3e-3)
     replicated = trainer(base).run(6)
@@ -27,6 +30,7 @@ def test_fsdp_follows_the_replicated_loss_trajectory(trainer, workload, devices)
     assert big.addressable_shards[0].data.size == big.size // devices
 
 
+@pytest.mark.slow
 def test_fsdp_with_remat_and_accumulation_matches_replicated(trainer):
     base = RunConfig(workload="llama", preset="tiny", per_device_batch=2, devices=4, accumulation_steps=2,
                      remat="full")
