@@ -125,4 +125,6 @@ def test_the_planner_worker_disables_xla_rematerialisation(tmp_path, monkeypatch
     squeezed = subprocess.run([sys.executable, "-c", REMAT_ON_PROBE, str(tmp_path / "on.json")], cwd=ROOT, env=env,
                               capture_output=True, text=True, timeout=300)
     assert squeezed.returncode == 0, squeezed.stderr[-2000:]
-    assert int(squeezed.stdout.split()[-1]) < 0.9 * row["predicted_bytes"]
+    # The layers run in one lax.scan, whose body XLA's pass leaves alone: it squeezes only what lies
+    # outside the loop (about 3% here; 35% for the same model unrolled, when layers were a Python loop).
+    assert int(squeezed.stdout.split()[-1]) < row["predicted_bytes"]
