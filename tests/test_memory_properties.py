@@ -126,5 +126,5 @@ def test_the_planner_worker_disables_xla_rematerialisation(tmp_path, monkeypatch
                               capture_output=True, text=True, timeout=300)
     assert squeezed.returncode == 0, squeezed.stderr[-2000:]
     # The layers run in one lax.scan, whose body XLA's pass leaves alone: it squeezes only what lies
-    # outside the loop (about 3% here; 35% for the same model unrolled, when layers were a Python loop).
+    # outside the loop (about 3% here; over 10% for the same model unrolled, when layers were a Python loop).
     assert int(squeezed.stdout.split()[-1]) < row["predicted_bytes"]
