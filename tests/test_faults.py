@@ -175,6 +175,11 @@ def test_a_full_history_is_a_clear_error_and_nothing_stored_is_damaged(tmp_path)
             while True:
                 history.add_run(filler, label="filler")
                 stored += 1
+    with pytest.raises(HistoryError, match="full"):  # then entries smaller than any job the app records
+        while True:
+            entry = history.open_entry("run", "transformer", "tiny", {"config": {}, "message": "x"}, label="f")
+            stored += 1
+            history.set_status(entry, "failed", "x")  # same size as "queued": never the write that fails
     assert stored >= 3
     app = App(tmp_path, "--history-max-mb", str(cap_mb), db=db)
     try:
