@@ -1,4 +1,4 @@
-"""Command line: `python -m migration {env,run,plan,check}`. Formats the backend's results; decides nothing."""
+"""Command line: `python -m migration {env,run,plan,check,autotune}`. Formats the backend's results; decides nothing."""
 
 from __future__ import annotations
 
@@ -183,6 +183,27 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_flags(pl)
     pl.add_argument("--json", metavar="PATH", help="write the plan as JSON")
     pl.add_argument("--quiet", action="store_true", help="no progress lines")
+
+    from migration.autotune import TOP_MAX, AutotuneSettings
+
+    a = AutotuneSettings()
+    at = sub.add_parser("autotune", help="measure the plan's fastest predicted fitting choices on its target and pick "
+                                         "the fastest measured")
+    at.add_argument("--plan", metavar="PLAN_JSON", required=True, help="a plan made by `plan` for this machine's device")
+    at.add_argument("--top", type=int, default=a.top, metavar="N",
+                    help=f"ranked choices to measure, those that keep the global batch (default {a.top}, at most {TOP_MAX})")
+    at.add_argument("--steps", dest="timed_steps", type=int, default=a.timed_steps, metavar="N",
+                    help=f"timed steps per choice; the median is its step time (default {a.timed_steps})")
+    at.add_argument("--warmup", dest="warmup_steps", type=int, default=a.warmup_steps, metavar="N",
+                    help=f"untimed steps before them (default {a.warmup_steps})")
+    at.add_argument("--timeout", dest="timeout_s", type=float, default=a.timeout_s, metavar="S",
+                    help="seconds before one choice's run is stopped")
+    at.add_argument("--mem-fraction", dest="memory_fraction", type=float, default=None, metavar="F",
+                    help="XLA_PYTHON_CLIENT_MEM_FRACTION for each run (default: the plan's memory share)")
+    at.add_argument("--history-db", metavar="PATH", help="record the runs in this history database")
+    at.add_argument("--json", metavar="PATH", help="write the result (rows, verdict, run reports) as JSON")
+    at.add_argument("--csv", metavar="PATH", help="write the table as CSV, one row per choice")
+    at.add_argument("--quiet", action="store_true", help="no per-step progress")
     return parser
 
 
@@ -515,13 +536,110 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 1 if has_errors(findings) else 0
 
 
+_SHOWN = ("started", "compiled", "step")  # worker events shown as progress
+_AUTOTUNE_FLAGS = {"top": "--top", "timed_steps": "--steps", "warmup_steps": "--warmup", "timeout_s": "--timeout",
+                   "memory_fraction": "--mem-fraction"}
+
+
+def cmd_autotune(args: argparse.Namespace) -> int:
+    from migration.autotune import AutotuneRefused, AutotuneSettings, start_autotune
+    from migration.history import History
+    from migration.report import Plan
+
+    try:
+        saved = Plan.from_json(args.plan)
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        print(f"error: --plan {args.plan}: not a readable plan ({exc})", file=sys.stderr)
+        return 2
+    settings = AutotuneSettings(top=args.top, warmup_steps=args.warmup_steps, timed_steps=args.timed_steps,
+                                timeout_s=args.timeout_s, memory_fraction=args.memory_fraction)
+    try:
+        history = History(args.history_db) if args.history_db else None
+        events = start_autotune(saved, settings, history=history)
+    except AutotuneRefused as exc:
+        print(f"error: cannot autotune {args.plan}: {exc}", file=sys.stderr)
+        return 2
+    except ConfigError as exc:
+        flag = _AUTOTUNE_FLAGS.get(exc.field)
+        print(f"error: invalid settings: {exc}" + (f" (flag {flag})" if flag else ""), file=sys.stderr)
+        return 2
+    except (OSError, sqlite3.Error) as exc:
+        print(f"error: --history-db: {exc}", file=sys.stderr)
+        return 2
+    result = None
+    try:
+        for ev in events:
+            if ev["event"] == "status":
+                print(ev["message"], flush=True)
+            elif ev["event"] == "progress" and not args.quiet and ev["worker_event"]["event"] in _SHOWN:
+                print(f"  {ev['status']}", flush=True)
+            elif ev["event"] == "measured" and not ev["row"].ok:
+                print(f"  {ev['row'].status} ({ev['row'].failure_kind}): {ev['row'].message}", flush=True)
+            elif ev["event"] == "result":
+                result = ev["result"]
+    except KeyboardInterrupt:
+        events.close()
+        print("\ncancelled", file=sys.stderr)
+        return 130
+    print_autotune(result)
+    if args.json:
+        result.to_json(args.json)
+        print(f"wrote {args.json}")
+    if args.csv:
+        write_csv(result.table_rows(), path=args.csv)
+        print(f"wrote {args.csv}")
+    return 0 if result.pick_rank is not None else 1
+
+
+def print_autotune(result: Any) -> None:
+    """The measured candidates beside their predictions, and the verdict."""
+    print(f"\nautotune of {result.workload}/{result.preset} for {result.gpus} x {result.target_name}, global batch "
+          f"{result.requested_global_batch}: {result.warmup_steps} warm-up + {result.timed_steps} timed step(s) each")
+    print(f"timings: {result.measured_on}")
+    if result.prediction != "seconds":
+        print("predicted step: the planner's relative cost (no peak FLOP/s for this device), so measured/predicted is "
+              "n/a; 'vs best' compares each to the best of the measured choices")
+    head = (f"  {'pred':>4} {'state':<11} {'remat':<14} {'batch':>6} {'accum':>6} {'predicted':>14} {'measured':>11} "
+            f"{'meas/pred':>9} {'pred vs best':>12} {'meas vs best':>12} {'peak memory':>12} {'meas':>4}  status")
+    print(head)
+    for r in result.rows:
+        predicted = (f"{r.predicted_step_s * 1e3:.3g} ms" if r.predicted_step_s is not None
+                     else f"{r.relative_cost:.3g} rel")
+        status = "ok" if r.ok else f"{r.status} ({r.failure_kind})"
+        memory = fmt_gib(r.peak_memory_bytes, 3)
+        if r.peak_memory_source and not r.peak_memory_source.startswith("measured"):
+            memory += "*"
+        print(f"  {'#' + str(r.predicted_rank):>4} {r.sharding:<11} {r.remat:<14} {r.per_device_batch:>6} "
+              f"{r.accumulation_steps:>6} {predicted:>14} {_fmt(r.measured_step_ms, '.2f', ' ms'):>11} "
+              f"{_fmt(r.measured_over_predicted, '.3g'):>9} {_fmt(r.predicted_vs_best, '.2f', 'x'):>12} "
+              f"{_fmt(r.measured_vs_best, '.2f', 'x'):>12} {memory:>12} "
+              f"{'#' + str(r.measured_rank) if r.measured_rank else '-':>4}  {status}"
+              f"{'  <- plan' if r.planned else ''}{'  <- pick' if r.predicted_rank == result.pick_rank else ''}")
+    sources = {r.peak_memory_source for r in result.rows if r.peak_memory_source
+               and not r.peak_memory_source.startswith("measured")}
+    for source in sources:
+        print(f"  * peak memory not measured: {source}")
+    for s in result.skipped:
+        print(f"  not measured: #{s['predicted_rank']} ({s['per_device_batch']} x{s['accumulation_steps']}, "
+              f"{s['remat']}): {s['why']}")
+    for r in result.rows:
+        if not r.ok:
+            print(f"  #{r.predicted_rank} {r.status}: {r.message}")
+    print(f"verdict: {result.verdict}")
+    if result.ranking_held is not None:
+        print(f"ranking held: {'yes' if result.ranking_held else 'no'} (predicted order "
+              f"{' '.join(f'#{n}' for n in result.predicted_order)}, measured order "
+              f"{' '.join(f'#{n}' for n in result.measured_order)})")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if getattr(args, "workload", None) and ":" in args.workload:
         from workloads import allow_references
 
         allow_references()  # `--workload package.module:NAME`: the command line may import a team's model
-    return {"run": cmd_run, "env": cmd_env, "plan": cmd_plan, "check": cmd_check}[args.command](args)
+    return {"run": cmd_run, "env": cmd_env, "plan": cmd_plan, "check": cmd_check,
+            "autotune": cmd_autotune}[args.command](args)
 
 
 if __name__ == "__main__":

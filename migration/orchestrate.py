@@ -156,7 +156,7 @@ def run_plan(p: Plan, base: RunConfig, options: RunOptions, export_dir: Path, *,
     export_dir.mkdir(parents=True, exist_ok=True)
     done: list[tuple[str, RunReport]] = []
     for name, cfg in plan_runs(p, here.config, options, export_dir / f"trace-{stamp}"):
-        report = yield from _one_run(name, cfg, done, recorder)
+        report = yield from measure_run(name, cfg, done, recorder)
         done.append((name, report))
     evidence = checklist.Evidence(
         plan=p, run=done[0][1], ran_plan=here.local_plan, code=code,
@@ -202,11 +202,19 @@ def on_this_machine(saved: Plan, base: RunConfig) -> Iterator[dict[str, Any]]:
         else:
             note = (f"the plan was made for {saved.target_name}; it also fits {local.target_name} as planned "
                     f"({local.prediction_method}). Figures measured here are this machine's, not the target's")
-    cfg = dataclasses.replace(base, workload=saved.workload, preset=saved.preset,
-                              model=dict(local.model if local is not None else saved.model), per_device_batch=batch,
-                              accumulation_steps=accum, precision=saved.precision, remat=saved.remat,
-                              devices=saved.gpus, sharding=saved.sharding)
-    return PlanOnThisMachine(validate(cfg), note, local, refitted)
+    as_run = dataclasses.replace(saved, per_device_batch=batch, accumulation_steps=accum,
+                                 model=dict(local.model if local is not None else saved.model))
+    return PlanOnThisMachine(config_as_planned(as_run, base), note, local, refitted)
+
+
+def config_as_planned(p: Plan, base: RunConfig) -> RunConfig:
+    """The run config of a plan exactly as made (its model, per-device batch, accumulation, precision,
+    remat, GPUs and sharding) with `base`'s run settings (steps, platform, memory share, ...);
+    raises ConfigError."""
+    return validate(dataclasses.replace(
+        base, workload=p.workload, preset=p.preset, model=dict(p.model), per_device_batch=p.per_device_batch,
+        accumulation_steps=p.accumulation_steps, precision=p.precision, remat=p.remat, devices=p.gpus,
+        sharding=p.sharding))
 
 
 def _consistent_per_core(saved: Plan) -> int | None:
@@ -237,8 +245,11 @@ def _plan_progress(ev: dict[str, Any]) -> str:
     return f"{ev['elapsed_s']:.0f} s"
 
 
-def _one_run(name: str, cfg: RunConfig, done: list[tuple[str, RunReport]],
-             recorder: Recorder | None) -> Iterator[dict[str, Any]]:
+def measure_run(name: str, cfg: RunConfig, done: list[tuple[str, RunReport]],
+                recorder: Recorder | None) -> Iterator[dict[str, Any]]:
+    """One run in a fresh worker: "progress" events (with the partial report and the runs `done`
+    before it), then its RunReport (returned), recorded when there is a recorder. Closing the
+    generator early kills the worker and records the run as cancelled."""
     handle = RunHandle(cfg)
     try:
         last = 0.0
