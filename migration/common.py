@@ -1,6 +1,7 @@
 """Small helpers the backend shares, one home each: byte formatting, the first line of an error,
-the peak of a compiled program, out-of-memory markers, CSV and atomic JSON writing, and the cache
-directory. Imports nothing heavy (no JAX): the config layer and the worker's start-up use it.
+the peak of a compiled program, out-of-memory markers, CSV and atomic JSON writing, the cache
+directory and JAX's persistent compilation cache in it. Imports nothing heavy at module level (only
+`enable_compile_cache` imports JAX): the config layer and the worker's start-up use it.
 """
 
 from __future__ import annotations
@@ -120,6 +121,29 @@ def cache_dir() -> Path:
     """Where measured CPU peaks and compiled memory figures are cached ($MIGRATION_CACHE_DIR), a
     folder private to the service user (created on first use)."""
     return private_dir(os.environ.get("MIGRATION_CACHE_DIR", Path.home() / ".cache" / "tpu-gpu-migration"))
+
+
+# JAX's persistent compilation cache keeps every compile that took at least this long. Loading an
+# entry back takes up to about a tenth of a second, so a shorter compile gains little and only adds files.
+COMPILE_CACHE_MIN_COMPILE_S = 0.2
+
+
+def enable_compile_cache(folder: str | Path | None = None) -> Path | None:
+    """Point JAX's persistent compilation cache at `folder` (default: `cache_dir() / "xla"`, private
+    to the service user), keeping compiles of COMPILE_CACHE_MIN_COMPILE_S and longer whatever their
+    size, on every backend that can reload an executable (CPU and GPU; a deviceless compile for a
+    described GPU is written but cannot be read back). Imports JAX; call it before the process's
+    first compile. Returns the folder, or None where JAX_ENABLE_COMPILATION_CACHE switched the cache
+    off. Raises OSError where the folder cannot be made."""
+    import jax
+
+    if not jax.config.jax_enable_compilation_cache:
+        return None
+    path = private_dir(cache_dir() / "xla" if folder is None else folder)
+    jax.config.update("jax_compilation_cache_dir", str(path))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", COMPILE_CACHE_MIN_COMPILE_S)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)  # no size floor, and JAX may not set one
+    return path
 
 
 def private_dir(path: str | Path) -> Path:

@@ -66,6 +66,8 @@ class RunReport(JsonExport):
     # what it cost
     param_count: int | None = None
     compile_s: float | None = None
+    # executables (parameter init, data, train step) JAX's persistent compilation cache served; None: cache off
+    compile_cache_hits: int | None = None
     step_ms_median: float | None = None
     step_ms_p90: float | None = None
     step_ms_mean: float | None = None

@@ -10,6 +10,10 @@ every min(2 s, silence_timeout_s / 4) so that its parent can tell a long compile
 given --lifeline-fd (the read end of a pipe whose only write end the parent holds), kills its whole
 process group as soon as that pipe reports end-of-file: the parent is gone (exited, crashed or was
 killed), and no worker may outlive it.
+
+Runs, and plans for this machine's devices, use JAX's persistent compilation cache in the service's
+private cache folder (`enable_compile_cache`); a run's `compiled` and `finished` events say how many
+executables it served (`compile_cache_hits`).
 """
 
 from __future__ import annotations
@@ -22,15 +26,18 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from typing import Any
 
-from migration.common import first_line, is_oom, json_safe
+from migration.common import enable_compile_cache, first_line, is_oom, json_safe
 from migration.config import ConfigError, PlanRequest, RunConfig, validate, validate_plan_request
 from migration.worker_env import planner_environment, worker_environment
 
 # After one of these the parent reads no further events (the runner's TERMINAL_EVENTS).
 TERMINAL_EVENTS = ("finished", "failed", "plan", "environment")
 WORKER_NICE = 19  # the lowest: the server that started it must stay responsive; a GPU job barely needs the CPU
+# Recorded by jax._src.compiler once for every executable loaded from the persistent compilation cache.
+CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
 
 
 class EventWriter:
@@ -139,6 +146,47 @@ def classify_exception(exc: BaseException) -> tuple[str, str]:
     return "crashed", f"{type(exc).__name__}{where}: {first}"
 
 
+class CompileCacheHits:
+    """Counts the executables JAX's persistent compilation cache served in this process."""
+
+    def __init__(self) -> None:
+        import jax
+
+        self.count = 0
+        jax.monitoring.register_event_listener(self._on_event)
+
+    def _on_event(self, event: str, **_: Any) -> None:
+        if event == CACHE_HIT_EVENT:
+            self.count += 1
+
+
+def start_compile_cache(mode: str, cfg: RunConfig | PlanRequest) -> CompileCacheHits | None:
+    """JAX's persistent compilation cache for a run, and for a plan that compiles for this machine's
+    devices (target "local"), with a counter of its hits; None where it stays off. A catalog target's
+    compiles are deviceless: JAX writes them to the cache but its compile-only client cannot load
+    them back, so there the cache would only fill the disk and warn at every compile."""
+    if mode == "probe-env" or (mode == "plan" and cfg.target != "local"):
+        return None
+    try:
+        if enable_compile_cache() is None:
+            return None
+    except OSError:  # no cache folder can be made: compile as without the cache
+        return None
+    return CompileCacheHits()
+
+
+def with_cache_hits(emit: Callable[..., None], hits: CompileCacheHits | None) -> Callable[..., None]:
+    """`emit`, adding the persistent-cache hits so far to the `compiled` and `finished` events (left
+    out where the cache is off)."""
+
+    def emit_with_hits(kind: str, /, **fields: Any) -> None:
+        if hits is not None and kind in ("compiled", "finished"):
+            fields["compile_cache_hits"] = hits.count
+        emit(kind, **fields)
+
+    return emit_with_hits
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m migration.worker")
     parser.add_argument("--events-fd", type=int, required=True)
@@ -174,6 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, WorkloadError) as exc:
         emit("failed", kind="invalid", message=str(exc))
         return 2
+    hits = start_compile_cache(args.mode, cfg)
     try:
         if args.mode == "probe-env":
             from migration.env_report import collect_environment
@@ -186,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             from migration.measure import measured_run
 
-            measured_run(cfg, emit)
+            measured_run(cfg, with_cache_hits(emit, hits))
     except Exception as exc:  # the worker's one boundary: every failure becomes an event
         kind, message = classify_exception(exc)
         emit("failed", kind=kind, message=message, traceback=traceback.format_exc(limit=8)[-4000:])

@@ -1,7 +1,10 @@
-"""The compile cache's key: a changed model, train step or policy never serves stale figures."""
+"""The compile caches: the planner's key (a changed model, train step or policy never serves stale
+figures), and JAX's persistent compilation cache in the worker (private, and hit by a second run)."""
 
 import shutil
 from pathlib import Path
+
+import pytest
 
 from migration.memory import COMPILE_SOURCES, PROJECT_ROOT, code_fingerprint
 
@@ -35,3 +38,74 @@ def test_the_fingerprint_is_part_of_every_cache_key(monkeypatch, tmp_path):
     before = predictor._key("bf16", "none", 8, 1, "replicated")
     monkeypatch.setattr(memory, "code_fingerprint", lambda root=PROJECT_ROOT: "a-different-code-version")
     assert predictor._key("bf16", "none", 8, 1, "replicated") != before
+
+
+# -- JAX's persistent compilation cache in the worker ---------------------------------------------
+
+def test_the_persistent_cache_is_private_and_keeps_compiles_of_a_few_tenths_of_a_second(monkeypatch, tmp_path):
+    import jax
+
+    from migration.common import COMPILE_CACHE_MIN_COMPILE_S, enable_compile_cache
+
+    updates = {}
+    monkeypatch.setattr(jax.config, "update", lambda name, value: updates.__setitem__(name, value))
+    monkeypatch.setenv("MIGRATION_CACHE_DIR", str(tmp_path / "service"))
+    (tmp_path / "service" / "xla").mkdir(parents=True, mode=0o755)  # left open by someone: tightened
+    folder = enable_compile_cache()
+    assert folder == tmp_path / "service" / "xla"
+    assert folder.stat().st_mode & 0o777 == 0o700 and folder.parent.stat().st_mode & 0o777 == 0o700
+    assert updates == {"jax_compilation_cache_dir": str(folder),
+                       "jax_persistent_cache_min_compile_time_secs": COMPILE_CACHE_MIN_COMPILE_S,
+                       "jax_persistent_cache_min_entry_size_bytes": -1}
+    assert 0.1 <= COMPILE_CACHE_MIN_COMPILE_S <= 0.5
+
+
+def test_probes_and_deviceless_plans_leave_the_cache_off(monkeypatch):
+    from migration import worker
+    from migration.config import PlanRequest, RunConfig
+
+    monkeypatch.setattr(worker, "enable_compile_cache", lambda: pytest.fail("the cache was switched on"))
+    assert worker.start_compile_cache("probe-env", RunConfig()) is None
+    # A catalog target compiles without its devices: JAX writes such executables but cannot load them.
+    assert worker.start_compile_cache("plan", PlanRequest(target="h100-sxm")) is None
+
+
+def test_a_run_reports_the_hits_of_its_compiled_and_finished_events():
+    from types import SimpleNamespace
+
+    from migration.config import RunConfig
+    from migration.report import RunReport
+    from migration.worker import with_cache_hits
+
+    events = []
+    hits = SimpleNamespace(count=0)
+    emit = with_cache_hits(lambda kind, **fields: events.append({"event": kind, **fields}), hits)
+    emit("started", backend="cpu")
+    hits.count = 2
+    emit("compiled", compile_s=0.5)
+    emit("step", index=0, loss=1.0, step_ms=3.0)
+    hits.count = 3
+    emit("finished", compile_s=0.5)
+    assert [e.get("compile_cache_hits") for e in events] == [None, 2, None, 3]
+    assert RunReport.from_events(RunConfig(), events, status="ok").compile_cache_hits == 3
+    off = []
+    with_cache_hits(lambda kind, **fields: off.append(fields), None)("compiled", compile_s=0.5)
+    assert off == [{"compile_s": 0.5}]
+
+
+@pytest.mark.slow
+def test_a_second_worker_run_loads_its_compiles_from_the_private_cache(monkeypatch, tmp_path):
+    from migration.config import RunConfig
+    from migration.runner import run
+
+    monkeypatch.setenv("MIGRATION_CACHE_DIR", str(tmp_path / "service"))
+    cfg = RunConfig(workload="transformer", preset="tiny", per_device_batch=2, steps=2, warmup_steps=1, platform="cpu")
+    first = run(cfg)
+    assert first.ok, first.message + first.stderr_tail
+    folder = tmp_path / "service" / "xla"
+    assert folder.stat().st_mode & 0o777 == 0o700
+    assert any(p.name.startswith("jit_step-") for p in folder.iterdir())  # the train step was written
+    second = run(cfg)
+    assert second.ok, second.message + second.stderr_tail
+    assert first.compile_cache_hits == 0 and second.compile_cache_hits > 0
+    assert second.losses == first.losses  # the loaded executable computes what the compiled one did
