@@ -43,7 +43,7 @@ from migration.config import LIMITS, PRECISIONS, REMAT_NAMES, SHARDINGS, ConfigE
 from migration.hardware import GPU_SPECS, TPU_SPECS  # noqa: E402
 from migration.history import History, HistoryError  # noqa: E402
 from migration.jobs import Job, JobService, Limits, LimitError, NotYourJob  # noqa: E402
-from migration.orchestrate import MigrationResult, RunOptions  # noqa: E402
+from migration.orchestrate import MigrationResult, RunOptions, candidate_text  # noqa: E402
 from migration.report import Plan, RunReport  # noqa: E402
 from migration.runner import PlanError, probe_environment  # noqa: E402
 from migration.worker_env import nvidia_gpus  # noqa: E402
@@ -132,10 +132,11 @@ def decisions_frame(p: Plan) -> pd.DataFrame:
 
 
 def memory_frame(rows: list[dict[str, Any]], budget: int | None) -> pd.DataFrame:
-    """Predicted GiB per batch and remat policy (single micro-batch compiles), with the budget."""
+    """Predicted GiB per batch and remat policy (single micro-batch compiles; candidates ruled out by
+    the lower bound were not compiled and are not drawn), with the budget."""
     points = [{"per_device_batch": r["per_device_batch"], "predicted_GiB": r["predicted_bytes"] / GiB,
                "series": f"remat {r['remat']}" + (" (fsdp)" if r.get("sharding") == "fsdp" else "")} for r in rows
-              if r.get("predicted_bytes") is not None and r.get("accumulation_steps", 1) == 1]
+              if r.get("predicted_bytes") is not None and r.get("accumulation_steps", 1) == 1 and not r.get("lower_bound")]
     batches = sorted({r["per_device_batch"] for r in points}) or [1]
     if budget:
         points += [{"per_device_batch": b, "predicted_GiB": budget / GiB, "series": "budget"} for b in batches]
@@ -374,9 +375,9 @@ def build_demo(settings: Settings | None = None) -> gr.Blocks:
                         budget = wev.get("budget_bytes")
                     if wev["event"] == "candidate":
                         rows.append(wev)
-                        line = (f"Compiled batch {wev['per_device_batch']}, remat {wev['remat']}, "
-                                f"×{wev['accumulation_steps']}: {fmt_gib(wev['predicted_bytes'], missing='does not fit')} "
-                                f"({len(rows)} compile(s) so far)")
+                        line = (f"{'Ruled out' if wev.get('lower_bound') else 'Compiled'} batch {wev['per_device_batch']}, "
+                                f"remat {wev['remat']}, ×{wev['accumulation_steps']}: {candidate_text(wev)} "
+                                f"({len(rows)} candidate(s) so far)")
                         yield (line, gr.skip(), gr.update(value=memory_frame(rows, budget), visible=True), *keep[:3],
                                gr.skip())
                     elif wev["event"] == "heartbeat":

@@ -458,7 +458,8 @@ def print_plan(plan: Any) -> None:
     print("environment for the target:")
     for name, item in plan.environment.items():
         print(f"  {name}={item['value']}    # {item['why']}")
-    print(f"search: {plan.compiles} compile(s), {plan.cache_hits} cache hit(s), {plan.search_seconds:.1f} s")
+    print(f"search: {plan.compiles} compile(s), {plan.cache_hits} cache hit(s), {plan.ruled_out_by_bound} ruled out "
+          f"uncompiled by the lower bound, {plan.search_seconds:.1f} s")
 
 
 def print_ranked(plan: Any) -> None:
@@ -492,7 +493,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
             print(f"planning by {ev['method']}: budget {_fmt_bytes(ev['budget_bytes'])} per GPU", flush=True)
         elif ev["event"] == "candidate":
             fit = "-" if ev["predicted_bytes"] is None else _fmt_bytes(ev["predicted_bytes"])
-            print(f"  batch {ev['per_device_batch']:>5} remat {ev['remat']:<13} x{ev['accumulation_steps']} accum: "
+            if ev.get("lower_bound"):
+                fit = f"at least {fit} (lower bound over the budget: not compiled)"
+            print(f"  batch {ev['per_device_batch']:>5} remat {ev['remat']:<22} x{ev['accumulation_steps']} accum: "
                   f"{fit}{' (cached)' if ev['cached'] else ''}  [{ev['seconds']:.1f} s]", flush=True)
 
     try:

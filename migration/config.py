@@ -12,7 +12,15 @@ import math
 from typing import Any, Literal, get_args
 
 Precision = Literal["fp32", "bf16", "fp16"]
-RematName = Literal["none", "dots", "dots_no_batch", "full"]
+RematName = Literal["none", "dots", "dots_no_batch", "save_dot_except_mlp", "save_qkv", "offload_dot_except_mlp",
+                    "full"]
+# The activations each named policy saves (or offloads to host memory): names a model tags with
+# `checkpoint_name`. A named policy applies only to a workload whose `checkpoint_names` include them.
+REMAT_NAMED: dict[str, tuple[str, ...]] = {
+    "save_dot_except_mlp": ("query_proj", "kv_proj", "attention_out", "attention_proj"),
+    "save_qkv": ("query_proj", "kv_proj"),
+    "offload_dot_except_mlp": ("query_proj", "kv_proj", "attention_out", "attention_proj"),
+}
 Platform = Literal["auto", "cpu", "gpu"]
 # How parameters, gradients and optimizer state live on the devices (see migration/train.py).
 Sharding = Literal["replicated", "fsdp"]
@@ -162,6 +170,22 @@ def check_model(obj: Any) -> Any:
         raise ConfigError(exc.field, str(exc).split(": ", 1)[1]) from None
 
 
+def remat_applies(workload: Any, remat: str) -> bool:
+    """Whether `remat` means something for `workload`: a named policy needs the model to tag the
+    activations it saves."""
+    return set(REMAT_NAMED.get(remat, ())) <= set(getattr(workload, "checkpoint_names", ()))
+
+
+def check_remat_applies(obj: Any) -> None:
+    from workloads import resolve_workload
+
+    workload = resolve_workload(obj.workload)
+    if not remat_applies(workload, obj.remat):
+        usable = ", ".join(r for r in REMAT_NAMES if remat_applies(workload, r))
+        raise ConfigError("remat", f"{obj.remat} saves activations that {obj.workload} does not name "
+                                   f"({', '.join(REMAT_NAMED[obj.remat])}); allowed for it: {usable}")
+
+
 def validate(cfg: RunConfig) -> RunConfig:
     """Return `cfg` unchanged if valid; raise ConfigError naming the first bad field otherwise."""
     check_model(cfg)
@@ -171,6 +195,7 @@ def validate(cfg: RunConfig) -> RunConfig:
         _check_float(cfg, field)
     _check_choice(cfg, "precision", PRECISIONS)
     _check_choice(cfg, "remat", REMAT_NAMES)
+    check_remat_applies(cfg)
     _check_choice(cfg, "sharding", SHARDINGS)
     _check_choice(cfg, "step_style", STEP_STYLES)
     if cfg.step_style == "pmap" and cfg.sharding != "replicated":
@@ -302,6 +327,7 @@ def validate_plan_request(req: PlanRequest) -> PlanRequest:
         _check_choice(req, "precision", PRECISIONS)
     if req.remat is not None:
         _check_choice(req, "remat", REMAT_NAMES)
+        check_remat_applies(req)
     if req.accumulation_steps is not None:
         _check_range(req, "accumulation_steps", LIMITS, integer=True)
     _check_plan_consistency(req, TPU_SPECS[req.source].devices)

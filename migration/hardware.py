@@ -127,6 +127,16 @@ INTER_NODE_BYTES_PER_S = 50e9
 INTER_NODE_NOTE = "400 Gb/s InfiniBand per GPU between nodes (DGX H100 reference design; assumed)"
 
 
+# GPU to host memory, one direction, by architecture (compute capability major): Volta and Turing
+# on PCIe gen3 x16, Ampere and Ada on gen4, Hopper on gen5. What offloaded activations travel over.
+HOST_LINK_BYTES_PER_S = {7: 16e9, 8: 32e9, 9: 64e9}
+
+
+def host_link_bandwidth(compute_capability: tuple[int, int] | None) -> float | None:
+    """Bytes/s between a GPU and pinned host memory (PCIe x16 of its generation); None when unknown."""
+    return HOST_LINK_BYTES_PER_S.get(compute_capability[0]) if compute_capability else None
+
+
 def link_bandwidth(key: str, nodes: int) -> tuple[float | None, str]:
     """Bytes/s per GPU of the slowest link a collective over the target's GPUs crosses, and why."""
     link, note = LINK_BYTES_PER_S.get(key, (None, "unknown interconnect"))

@@ -24,7 +24,7 @@ from typing import Any
 import jax
 
 from migration.common import PROJECT_ROOT, cache_dir, compiled_peak_bytes, first_line, fmt_gib, is_oom, read_json, write_json_atomic
-from migration.config import PlanRequest, RunConfig
+from migration.config import REMAT_NAMED, PlanRequest, RunConfig
 from migration.hardware import (
     GPU_SPECS,
     GpuSpec,
@@ -45,6 +45,18 @@ COMPILE_SOURCES = ("workloads/*.py", "migration/train.py", "migration/policies.p
                    "migration/config.py", "migration/common.py")
 # float32 parameters, gradients and AdamW's two moments, all live during the update
 STATE_BYTES_PER_PARAM = 16
+# Named activations each policy keeps for the backward pass, at the least: without remat, the q, k,
+# v projections (attention's backward reads them), the attention output (the projection's weight
+# gradient) and the MLP's hidden layer (its activation's backward); the dots policies keep the
+# matmul outputs among those; a named policy keeps its names; offloading and full remat keep none
+# on the device. Every policy keeps each block's input.
+MUST_KEEP: dict[str, tuple[str, ...]] = {
+    "none": ("query_proj", "kv_proj", "attention_out", "mlp_hidden"),
+    "dots": ("query_proj", "kv_proj", "mlp_hidden"),
+    "dots_no_batch": ("query_proj", "kv_proj", "mlp_hidden"),
+    "save_dot_except_mlp": REMAT_NAMED["save_dot_except_mlp"],
+    "save_qkv": REMAT_NAMED["save_qkv"],
+}
 
 
 @functools.lru_cache(maxsize=4)
@@ -182,6 +194,11 @@ class MemoryPredictor:
         self.cache = cache or CompileCache()
         self.compiles = 0
         self.cache_hits = 0
+        # With a budget, a candidate whose lower bound exceeds it is not compiled (`lower_bound`):
+        # it is counted, and its figure is the bound ("at least").
+        self.budget: int | None = None
+        self.ruled_out = 0
+        self.bounded: set[tuple[str, str, int, int, str]] = set()
         self.table: list[dict[str, Any]] = []
         if estimate_because:
             self.method, self.note, self.mesh, self.target_id = (
@@ -233,19 +250,30 @@ class MemoryPredictor:
         key = self._key(precision, remat, batch, accum, sharding)
         hit = self.cache.get(key)
         t0 = time.perf_counter()
+        bound = None
         if hit is not None:
             self.cache_hits += 1
             found = hit
-        else:
-            found = self.estimate_memory(precision, remat, batch, accum, sharding) if self.method == "estimate" else \
-                self._compile(precision, remat, batch, accum, sharding)
+        elif self.method == "estimate":
+            found = self.estimate_memory(precision, remat, batch, accum, sharding)
             self.cache.put(key, found)
+        else:
+            bound = self.lower_bound(precision, remat, batch, sharding) if self.budget is not None else None
+            if bound is not None and bound > self.budget:  # over the budget whatever the compiler does
+                self.ruled_out += 1
+                self.bounded.add((sharding, remat, batch, accum, precision))
+                found = {"peak_bytes": bound, "state_bytes": None}
+            else:
+                bound = None
+                found = self._compile(precision, remat, batch, accum, sharding)
+                self.cache.put(key, found)
         peak = found["peak_bytes"]
         self.state_bytes[(sharding, remat, batch, accum, precision)] = found.get("state_bytes")
         if record:
             row = {"sharding": sharding, "per_device_batch": batch, "remat": remat, "precision": precision,
                    "accumulation_steps": accum, "predicted_bytes": peak, "state_bytes": found.get("state_bytes"),
-                   "cached": hit is not None, "seconds": round(time.perf_counter() - t0, 3)}
+                   "cached": hit is not None, "lower_bound": bound is not None,
+                   "seconds": round(time.perf_counter() - t0, 3)}
             self.table.append(row)
             self.emit("candidate", **row)
         return peak
@@ -282,9 +310,30 @@ class MemoryPredictor:
         state = (STATE_BYTES_PER_PARAM * p + (4 * p if accum > 1 else 0)) / share
         prof = w.activation_profile(cfg)
         elem = 4 if precision == "fp32" else 2
+        named = sum(prof.named.get(n, 0.0) for n in REMAT_NAMED.get(remat, ())) if not remat.startswith("offload") else 0
         kept = {"none": prof.n_blocks * prof.per_block,
                 "dots": 0.6 * prof.n_blocks * prof.per_block,
                 "dots_no_batch": 0.45 * prof.n_blocks * prof.per_block,
-                "full": prof.n_blocks * prof.block_input + prof.per_block}[remat]
+                }.get(remat, prof.n_blocks * (prof.block_input + named) + prof.per_block)
         activations = batch * (kept * elem + prof.head_fp32 * 4)
         return int(state + activations)
+
+    def lower_bound(self, precision: str, remat: str, batch: int, sharding: str = "replicated") -> int:
+        """Bytes per device the step needs at the least: the float32 parameters and AdamW moments
+        (12 bytes per parameter, a share under FSDP: live whatever XLA fuses; gradients may be fed
+        straight into the update, so they are not counted), and per example the activations the
+        policy must keep for the backward pass: every block's input, and where a model names its
+        activations, those the backward pass reads and the policy cannot recompute (MUST_KEEP).
+        Nothing else (no workspace, no logits, no recompute buffer): a compile below this bound is
+        impossible, so a candidate above the budget by this bound alone is never compiled."""
+        w = get_workload(self.req.workload)
+        cfg = self._model_cfg()
+        share = self.req.gpus if sharding == "fsdp" else 1
+        prof = w.activation_profile(cfg)
+        elem = 4 if precision == "fp32" else 2
+        if prof.named:  # a decoder's blocks are all alike: each keeps at least its input
+            per_block = prof.block_input + sum(prof.named.get(n, 0.0) for n in MUST_KEEP.get(remat, ()))
+            activations = prof.n_blocks * per_block
+        else:  # blocks of different sizes: only one block's input is certain
+            activations = prof.block_input
+        return int(12 * w.param_count(cfg) / share + batch * activations * elem)

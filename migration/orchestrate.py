@@ -209,12 +209,13 @@ def on_this_machine(saved: Plan, base: RunConfig) -> Iterator[dict[str, Any]]:
 
 def config_as_planned(p: Plan, base: RunConfig) -> RunConfig:
     """The run config of a plan exactly as made (its model, per-device batch, accumulation, precision,
-    remat, GPUs and sharding) with `base`'s run settings (steps, platform, memory share, ...);
-    raises ConfigError."""
+    remat, GPUs, sharding and XLA flags) with `base`'s run settings (steps, platform, memory share,
+    flags of its own, ...); raises ConfigError."""
+    planned_flags = p.environment.get("XLA_FLAGS", {}).get("value", "")
     return validate(dataclasses.replace(
         base, workload=p.workload, preset=p.preset, model=dict(p.model), per_device_batch=p.per_device_batch,
         accumulation_steps=p.accumulation_steps, precision=p.precision, remat=p.remat, devices=p.gpus,
-        sharding=p.sharding))
+        sharding=p.sharding, xla_flags=" ".join(f for f in (base.xla_flags, planned_flags) if f)))
 
 
 def _consistent_per_core(saved: Plan) -> int | None:
@@ -238,10 +239,16 @@ def _local_plan(req: PlanRequest) -> Iterator[dict[str, Any]]:
     return handle.plan
 
 
+def candidate_text(ev: dict[str, Any]) -> str:
+    """A planner candidate's figure: its compiled peak, or the lower bound that ruled it out uncompiled."""
+    if ev.get("lower_bound"):
+        return f"at least {fmt_gib(ev['predicted_bytes'])} (analytic lower bound, over the budget: not compiled)"
+    return fmt_gib(ev["predicted_bytes"], missing="does not fit")
+
+
 def _plan_progress(ev: dict[str, Any]) -> str:
     if ev["event"] == "candidate":
-        return (f"batch {ev['per_device_batch']} remat {ev['remat']} x{ev['accumulation_steps']}: "
-                f"{fmt_gib(ev['predicted_bytes'], missing='does not fit')}")
+        return f"batch {ev['per_device_batch']} remat {ev['remat']} x{ev['accumulation_steps']}: {candidate_text(ev)}"
     return f"{ev['elapsed_s']:.0f} s"
 
 

@@ -19,13 +19,14 @@ from typing import Any
 import jax
 
 from migration.common import first_line, fmt_gib, is_oom
-from migration.config import LIMITS, PlanRequest, RunConfig
-from migration.hardware import MATMUL_UNITS, TPU_SPECS, fp32_matmul_precision
+from migration.config import LIMITS, REMAT_NAMED, PlanRequest, RunConfig, remat_applies
+from migration.hardware import MATMUL_UNITS, TPU_SPECS, fp32_matmul_precision, host_link_bandwidth
 from migration.memory import STATE_BYTES_PER_PARAM, CompileFailed, MemoryPredictor, Target, compile_peak, resolve_target
 from migration.report import Decision, Plan
 from migration.search import (
     RECOMPUTE_NOTE,
     REMAT_ORDER,
+    recompute_factors,
     Choice,
     Communication,
     StepCostModel,
@@ -38,6 +39,7 @@ from migration.search import (
 )
 from migration.train import TrainProgram, make_data_mesh
 from workloads import get_workload
+from workloads.transformer import CUDNN_HEAD_DIM_MAX
 
 Emit = Callable[..., None]
 RANKED_SHOWN = 10  # ranked choices kept in the plan
@@ -69,14 +71,19 @@ def planned_model(req: PlanRequest, target: Target, precision: str) -> tuple[dic
         return dict(req.model), None
     if "attention" in req.model:
         return dict(req.model), Decision("attention", req.model["attention"], "override")
+    head_ok = cfg.head_dim % 8 == 0 and cfg.head_dim <= CUDNN_HEAD_DIM_MAX
     fused = (target.platform == "gpu" and (target.compute_capability or (0, 0)) >= (8, 0)
-             and precision in ("bf16", "fp16"))
+             and precision in ("bf16", "fp16") and head_ok)
     if fused:
         why = (f"{target.name} runs cuDNN's fused attention (jax.nn.dot_product_attention, implementation='cudnn') "
-               f"in {precision}: memory linear in the sequence ({cfg.seq_len}), the scores are never stored")
+               f"in {precision} with head size {cfg.head_dim}: memory linear in the sequence ({cfg.seq_len}), the "
+               "scores are never stored. Planned without the GPU, the compile keeps cuDNN's call and its workspace "
+               "in the peak; the kernel itself is chosen when the step first runs on the GPU")
     else:
-        why = ("cuDNN's fused attention needs an NVIDIA GPU of compute capability 8.0+ and bf16 or fp16 compute; "
-               "plain XLA attention stores the T x T scores per head")
+        why = ("jax.nn.dot_product_attention with XLA's implementation, which stores the T x T scores per head: "
+               "cuDNN's fused kernel needs an NVIDIA GPU of compute capability 8.0+, bf16 or fp16 compute and a head "
+               f"size that is a multiple of 8 up to {CUDNN_HEAD_DIM_MAX} (here: {target.name}, {precision}, head size "
+               f"{cfg.head_dim})")
     value = "cudnn" if fused else "xla"
     return {**req.model, "attention": value}, Decision("attention", value, why)
 
@@ -94,9 +101,17 @@ class _Planner:
         cfg = w.config(req.preset, predictor.model)
         self.params = w.param_count(cfg)
         self.precision = precision
-        comm = Communication(self.params, req.gpus, 4 if precision == "fp32" else 2, target.link_bytes_per_s)
+        elem = 4 if precision == "fp32" else 2
+        comm = Communication(self.params, req.gpus, elem, target.link_bytes_per_s)
+        prof = w.activation_profile(cfg)
+        offloaded = prof.n_blocks * sum(prof.named.get(n, 0.0) for n in REMAT_NAMED["offload_dot_except_mlp"]) * elem
         self.cost = StepCostModel(w.flops_per_example(cfg), w.rows_per_example(cfg), target.fill_rows,
-                                  target.peak_flops(self.precision), w.matmul_width(cfg), comm)
+                                  target.peak_flops(self.precision), w.matmul_width(cfg), comm,
+                                  recompute_factors(w.forward_flops_by_part(cfg), w.flops_per_example(cfg)),
+                                  offloaded, host_link_bandwidth(target.compute_capability))
+        # Policies that apply: the named ones only to a model that names their activations.
+        self.policies = [r for r in REMAT_ORDER if remat_applies(w, r)]
+        predictor.budget = target.budget_bytes
         self.needed = math.ceil(req.global_batch / req.gpus)
         self.limit = min(self.needed, req.max_per_device_batch)
         candidates = batch_candidates(self.limit, req.granularity)
@@ -126,7 +141,7 @@ class _Planner:
         return self._ok(chosen, peak, max_batch, ranked, rejected)
 
     def keys(self) -> list[Key]:
-        policies = [self.req.remat] if self.req.remat else list(REMAT_ORDER)
+        policies = [self.req.remat] if self.req.remat else self.policies
         return [(mode, remat) for mode in self.modes for remat in policies]
 
     def _sharding_modes(self) -> tuple[list[str], str | None]:
@@ -198,6 +213,12 @@ class _Planner:
         return None, None, rejected
 
     # -- helpers -----------------------------------------------------------------------------
+    def _block_param_count(self) -> int:
+        """Parameters per block (a layer of the scan; the model's parameters over its blocks, so an
+        upper figure), for the collectives' combine thresholds."""
+        w = get_workload(self.req.workload)
+        return int(self.params / max(1, w.activation_profile(w.config(self.req.preset, self.predictor.model)).n_blocks))
+
     def _guess(self, mode: str, remat: str) -> int | None:
         """The boundary under `remat` from an affine model of memory in the batch: the
         batch-independent part from 'none', the per-example part scaled by the estimate's ratio."""
@@ -308,6 +329,7 @@ class _Planner:
             requested_global_batch=req.global_batch, precision=self.precision,
             prediction_method=self.predictor.method, prediction_note=self.predictor.note, param_count=self.params,
             compiles=self.predictor.compiles, cache_hits=self.predictor.cache_hits,
+            ruled_out_by_bound=self.predictor.ruled_out,
             search_seconds=round(time.perf_counter() - self.t0, 2), max_batch_by_remat=by_sharding.get(sharding, {}),
             max_batch_by_sharding=by_sharding, model=self.predictor.model, sharding=sharding, nodes=req.nodes,
             gpus_per_node=min(req.gpus, req.gpus_per_node), source_job=self._source_job(),
@@ -315,7 +337,8 @@ class _Planner:
             table=self.predictor.table, candidates=self.candidates,
             ranked=[c.to_dict(self.cost) for c in ranked[:RANKED_SHOWN]],
             rule_of_thumb_batch=rot, rule_of_thumb_note=rot_note, matmul_precision=_matmul_precision_notes(t, self.precision),
-            environment=_environment(req, sharding), jax_version=jax.__version__, planned_on=jax.default_backend(),
+            environment=_environment(req, sharding, t, self.precision, self._block_param_count()), jax_version=jax.__version__,
+            planned_on=jax.default_backend(),
             planned_device_kind=t.device_kind,
         )
 
@@ -417,7 +440,17 @@ def _matmul_precision_notes(target: Target, precision: str) -> dict[str, str]:
     return {"tpu": "bf16 passes on the MXU (TPUs run fp32 matrix products in bf16 by default)", "gpu": gpu}
 
 
-def _environment(req: PlanRequest, sharding: str) -> dict[str, dict[str, str]]:
+def _combine_threshold(nbytes: float) -> int:
+    """`nbytes` rounded up to a whole MiB: a combine threshold that takes one block's collective whole."""
+    return int(math.ceil(max(nbytes, 1) / 2**20) * 2**20)
+
+
+def _environment(req: PlanRequest, sharding: str, target: Target, precision: str,
+                 block_params: int) -> dict[str, dict[str, str]]:
+    """Environment variables for the target, each with its reason. XLA flags follow NVIDIA's guidance
+    for JAX on GPUs (JAX-Toolbox's GPU performance notes, the JAX GPU performance tips): they matter
+    where collectives run, so a one-GPU plan sets none; every flag named here is accepted by the
+    installed XLA (tests/test_planner.py checks it in a fresh process)."""
     env = {
         "XLA_PYTHON_CLIENT_PREALLOCATE": {
             "value": "false",
@@ -433,14 +466,43 @@ def _environment(req: PlanRequest, sharding: str) -> dict[str, dict[str, str]]:
         },
     }
     if req.gpus > 1:
-        what = ("the parameter all-gathers and gradient reduce-scatters" if sharding == "fsdp" else
-                "the gradient all-reduce")
-        env["XLA_FLAGS"] = {"value": "--xla_gpu_enable_latency_hiding_scheduler=true",
-                            "why": f"overlap {what} with compute across GPUs"}
+        flags = xla_flags_for(sharding, precision, block_params)
+        env["XLA_FLAGS"] = {"value": " ".join(f for f, _ in flags), "why": "; ".join(f"{f}: {why}" for f, why in flags)}
+        if (target.compute_capability or (0, 0))[0] == 9:
+            env["CUDA_DEVICE_MAX_CONNECTIONS"] = {
+                "value": "1",
+                "why": ("Hopper: one hardware work queue per device keeps kernels in the order XLA's latency-hiding "
+                        "scheduler chose, so collectives overlap compute as scheduled (NVIDIA's guidance for "
+                        "multi-GPU JAX on Hopper; not for Blackwell)"),
+            }
     if req.nodes > 1:
         env["CUDA_VISIBLE_DEVICES"]["value"] = ",".join(str(i) for i in range(min(req.gpus, req.gpus_per_node)))
         env["CUDA_VISIBLE_DEVICES"]["why"] = "on every node, that node's GPUs (set before JAX is imported)"
     return env
+
+
+def xla_flags_for(sharding: str, precision: str, block_params: int) -> list[tuple[str, str]]:
+    """XLA flags for a multi-GPU step, each with its reason. Combine thresholds are one block's
+    collective, so each layer's communication is one collective that overlaps the next layer's compute."""
+    compute = 4 if precision == "fp32" else 2  # FSDP gathers parameters in the compute dtype
+    flags = [("--xla_gpu_enable_latency_hiding_scheduler=true",
+              "schedule collectives early and overlap them with compute")]
+    if sharding == "fsdp":
+        gather = _combine_threshold(block_params * compute)
+        flags += [
+            (f"--xla_gpu_all_gather_combine_threshold_bytes={gather}",
+             f"one all-gather per block (about {block_params:,} parameters per block, in the compute dtype)"),
+            (f"--xla_gpu_reduce_scatter_combine_threshold_bytes={gather}",
+             "one reduce-scatter of each block's gradients"),
+            ("--xla_gpu_enable_pipelined_all_gather=true",
+             "gather the next layer's parameters while this layer computes (the scanned layer loop)"),
+            ("--xla_gpu_enable_pipelined_reduce_scatter=true",
+             "reduce-scatter a layer's gradients while the previous layer's backward pass runs"),
+        ]
+    else:
+        flags.append((f"--xla_gpu_all_reduce_combine_threshold_bytes={_combine_threshold(block_params * 4)}",
+                      f"one all-reduce per block's float32 gradients (about {block_params:,} parameters per block)"))
+    return flags
 
 
 def _tpu_setup_on_target(req: PlanRequest, predictor: MemoryPredictor, budget: int, sharding: str) -> dict[str, Any]:

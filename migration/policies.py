@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from migration.config import REMAT_NAMED
 from workloads.base import BlockWrap, no_wrap
 
 
@@ -55,12 +56,31 @@ class RematPolicy:
 
 
 _cp = jax.checkpoint_policies
+_saved = REMAT_NAMED["save_dot_except_mlp"]
 REMAT_POLICIES: dict[str, RematPolicy] = {
     "none": RematPolicy("none", None, False, "keep every activation for the backward pass"),
     "dots": RematPolicy("dots", _cp.dots_saveable, True, "per block: keep matmul outputs, recompute the rest"),
     "dots_no_batch": RematPolicy(
         "dots_no_batch", _cp.dots_with_no_batch_dims_saveable, True,
         "per block: keep matmul outputs without batch dimensions (not attention scores), recompute the rest",
+    ),
+    "save_dot_except_mlp": RematPolicy(
+        "save_dot_except_mlp", _cp.save_only_these_names(*_saved), True,
+        "per block: keep the attention side's matmul outputs (q, k, v, attention output and its projection), "
+        "recompute the MLP and the elementwise work",
+    ),
+    "save_qkv": RematPolicy(
+        "save_qkv", _cp.save_only_these_names(*REMAT_NAMED["save_qkv"]), True,
+        "per block: keep the q, k, v projections, recompute attention, its projection and the MLP",
+    ),
+    "offload_dot_except_mlp": RematPolicy(
+        "offload_dot_except_mlp",
+        _cp.save_and_offload_only_these_names(names_which_can_be_saved=[],
+                                              names_which_can_be_offloaded=list(REMAT_NAMED["offload_dot_except_mlp"]),
+                                              offload_src="device", offload_dst="pinned_host"),
+        True,
+        "per block: as save_dot_except_mlp, but the kept activations wait in pinned host memory "
+        "(copied out in the forward pass, back in the backward pass)",
     ),
     "full": RematPolicy("full", _cp.nothing_saveable, True, "per block: keep only block inputs, recompute everything"),
 }

@@ -236,6 +236,7 @@ class Plan(JsonExport):
     source_job: dict[str, Any] = dataclasses.field(default_factory=dict)  # how the TPU job held its state
     interconnect: str = ""  # the link the step-time model assumed between GPUs
     state: dict[str, Any] = dataclasses.field(default_factory=dict)  # state bytes per GPU: compiled vs arithmetic
+    ruled_out_by_bound: int = 0  # candidates not compiled: their analytic lower bound exceeded the budget
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Plan":

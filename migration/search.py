@@ -13,17 +13,48 @@ from collections.abc import Callable
 from typing import Any
 
 MiB = 2**20
-# Least recompute first (and most memory kept): the order in which policies are searched.
-REMAT_ORDER = ("none", "dots", "dots_no_batch", "full")
+# Most memory kept (least recompute) first: the order in which policies are searched. A policy
+# never needs more memory than the one before it, so each search starts where the last one fit.
+REMAT_ORDER = ("none", "dots", "dots_no_batch", "save_dot_except_mlp", "save_qkv", "offload_dot_except_mlp", "full")
 
-# Compute of a training step under each policy, relative to no remat. A step is about 3 forward
-# passes (forward + backward at twice the forward); `full` recomputes each block's forward pass
-# (4/3); `dots` keeps every matmul output and recomputes elementwise work only (memory-bound, a few
-# percent); `dots_no_batch` also recomputes the attention-score products (batched matmuls).
-RECOMPUTE_FACTOR = {"none": 1.0, "dots": 1.05, "dots_no_batch": 1.10, "full": 4 / 3}
-RECOMPUTE_NOTE = {"none": "no recompute", "dots": "recomputes elementwise work only (about 5% more time)",
-                  "dots_no_batch": "recomputes elementwise work and attention-score matmuls (about 10% more)",
-                  "full": "recomputes each block's forward pass (about a third more compute)"}
+# What each policy recomputes in the backward pass: the forward work of a block's parts (a
+# workload's `forward_flops_by_part`; "block" is the whole block, for models that name no parts),
+# plus the elementwise work (norms, activations, residuals), counted as a fixed share of the step:
+# it is memory-bound and small next to the matrix products.
+ELEMENTWISE_SHARE = 0.05
+RECOMPUTES: dict[str, tuple[str, ...]] = {
+    "none": (),
+    "dots": ("elementwise",),
+    "dots_no_batch": ("elementwise", "attention"),
+    "save_dot_except_mlp": ("elementwise", "mlp"),
+    "save_qkv": ("elementwise", "attention", "attention_proj", "mlp"),
+    "offload_dot_except_mlp": ("elementwise", "mlp"),
+    "full": ("block",),
+}
+RECOMPUTE_NOTE = {
+    "none": "no recompute",
+    "dots": "recomputes elementwise work only",
+    "dots_no_batch": "recomputes elementwise work and the attention-score matmuls",
+    "save_dot_except_mlp": "recomputes the MLP's matmuls and elementwise work; the attention side is kept",
+    "save_qkv": "keeps the q, k, v projections; recomputes attention, its projection and the MLP",
+    "offload_dot_except_mlp": "recomputes the MLP; the attention side's outputs wait in host memory (PCIe copies)",
+    "full": "recomputes each block's forward pass",
+}
+
+
+def recompute_factors(forward_by_part: dict[str, float], step_flops: float) -> dict[str, float]:
+    """Compute of a training step under each policy relative to no remat: 1 + the recomputed
+    forward FLOPs (per example, by part) over the step's FLOPs (forward + backward, per example)."""
+    block = sum(forward_by_part.values())
+    out = {}
+    for name, parts in RECOMPUTES.items():
+        extra = sum(block if p == "block" else forward_by_part.get(p, 0.0) for p in parts if p != "elementwise")
+        out[name] = 1.0 + extra / step_flops + (ELEMENTWISE_SHARE if "elementwise" in parts else 0.0)
+    return out
+
+
+# For a model whose block is all its forward work (a third of a step): full remat adds a third.
+RECOMPUTE_FACTOR = recompute_factors({"block": 1.0}, 3.0)
 # A micro-batch fills a GPU once its matrix products have this many rows per SM (one 128-row tile
 # per SM); below that it runs at rows / (128 x SMs) of the peak: the stated small-batch penalty.
 ROWS_PER_SM_TO_FILL = 128
@@ -181,20 +212,32 @@ class StepCostModel:
     peak_flops: float | None
     matmul_width: int = 128
     communication: Communication | None = None
+    recompute: dict[str, float] = dataclasses.field(default_factory=lambda: dict(RECOMPUTE_FACTOR))
+    # Offloading policies copy their kept activations to host memory and back: bytes per example
+    # each way, over the host link (bytes/s); overlapped with compute, like the collectives.
+    offload_bytes_per_example: float = 0.0
+    host_link_bytes_per_s: float | None = None
 
     def fill(self, batch: int) -> float:
         tiles_across = max(1.0, self.matmul_width / 128)
         return min(1.0, batch * self.rows_per_example * tiles_across / max(1, self.fill_rows))
 
     def compute_seconds(self, remat: str, batch: int, accumulation: int) -> float:
-        work = self.flops_per_example * batch * RECOMPUTE_FACTOR[remat]
+        work = self.flops_per_example * batch * self.recompute[remat]
         return accumulation * work / ((self.peak_flops or 1.0) * self.fill(batch))
+
+    def offload_seconds(self, remat: str, examples: int) -> float:
+        """Host copies of an offloading policy for `examples` per device: out and back in."""
+        if not remat.startswith("offload") or not (self.host_link_bytes_per_s and self.peak_flops):
+            return 0.0
+        return 2 * examples * self.offload_bytes_per_example / self.host_link_bytes_per_s
 
     def comm_seconds(self, sharding: str, accumulation: int) -> float:
         return self.communication.seconds(sharding, accumulation) if self.communication and self.peak_flops else 0.0
 
     def step_seconds(self, remat: str, batch: int, accumulation: int, sharding: str = "replicated") -> float:
-        return max(self.compute_seconds(remat, batch, accumulation), self.comm_seconds(sharding, accumulation))
+        return max(self.compute_seconds(remat, batch, accumulation), self.comm_seconds(sharding, accumulation),
+                   self.offload_seconds(remat, batch * accumulation))
 
     def best_possible(self, remat: str, examples_per_device: int, sharding: str = "replicated",
                       max_batch: int | None = None) -> float:
@@ -202,9 +245,10 @@ class StepCostModel:
         examples per step with micro-batches of at most `max_batch`: the fill of the largest
         micro-batch allowed, and the fewest micro-batches."""
         largest = min(examples_per_device, max_batch or examples_per_device)
-        compute = (self.flops_per_example * examples_per_device * RECOMPUTE_FACTOR[remat]
+        compute = (self.flops_per_example * examples_per_device * self.recompute[remat]
                    / ((self.peak_flops or 1.0) * self.fill(largest)))
-        return max(compute, self.comm_seconds(sharding, math.ceil(examples_per_device / largest)))
+        return max(compute, self.comm_seconds(sharding, math.ceil(examples_per_device / largest)),
+                   self.offload_seconds(remat, examples_per_device))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from migration.config import PlanRequest
+from migration.config import REMAT_NAMES, PlanRequest, remat_applies
 from migration.memory import CompileCache, MemoryPredictor
 from migration.runner import plan
 from migration.worker_env import DISABLE_XLA_REMAT, planner_environment
@@ -90,6 +90,29 @@ def test_a_tiny_mlp_keeps_at_least_its_parameters_and_adam_moments(cache_root):
     assert p.predict("bf16", "none", 8) >= 12 * params
 
 
+@property_settings
+@given(model=st.sampled_from([*PRESETS, ("llama", "tiny")]), remat=st.sampled_from(REMAT_NAMES),
+       batch=st.sampled_from(BATCHES))
+def test_the_lower_bound_never_exceeds_a_compiled_peak(cache_root, model, remat, batch):
+    """The planner skips a candidate whose analytic lower bound exceeds the budget without compiling
+    it: the bound must never be above what the compiler finds."""
+    w = get_workload(model[0])
+    if not remat_applies(w, remat):
+        return
+    p = predictor(*model, cache_root)
+    assert p.lower_bound("bf16", remat, batch) <= p.predict("bf16", remat, batch)
+
+
+def test_the_lower_bound_rules_out_what_is_far_over_the_budget(tmp_path):
+    """gpt2-medium at the TPU job's 512 per device on an A100 40GB: the bound alone is several times
+    the budget, so the planner does not compile it."""
+    req = PlanRequest(workload="transformer", preset="gpt2-medium", target="a100-40gb", compile_for_tpu=False)
+    p = MemoryPredictor(req, lambda *a, **k: None, cache=CompileCache(tmp_path / "c.json"))
+    p.budget = 28 * 2**30
+    assert p.predict("bf16", "none", 512) > 4 * p.budget
+    assert p.compiles == 0 and p.ruled_out == 1 and p.table[-1]["lower_bound"]
+
+
 def test_accumulation_never_lowers_the_peak(cache_root):
     """The accumulator and the stacked micro-batches cost memory (XLA may fuse each micro-batch's
     gradient into the accumulator, so the cost is less than a full gradient copy)."""
@@ -99,7 +122,7 @@ def test_accumulation_never_lowers_the_peak(cache_root):
 
 REMAT_ON_PROBE = """
 import os, sys
-from migration.config import PlanRequest
+from migration.config import REMAT_NAMES, PlanRequest, remat_applies
 from migration.worker_env import planner_environment, DISABLE_XLA_REMAT
 req = PlanRequest(workload="transformer", preset="tiny", target="t4", compile_for_tpu=False)
 env = planner_environment(req)

@@ -14,9 +14,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from migration.config import RunConfig
+from migration.config import RunConfig, remat_applies
 from migration.policies import REMAT_POLICIES, DynamicLossScale
 from migration.train import TrainProgram, init_state_on, make_data_mesh
+from workloads import get_workload
 
 RTOL, ATOL = 1e-5, 2e-6
 PARAM_RTOL, PARAM_ATOL = 1e-4, 5e-5
@@ -45,9 +46,15 @@ def loss_and_grads(cfg: RunConfig):
     return float(loss), jax.device_get(grads)
 
 
-@pytest.mark.parametrize("workload", ["mlp", "cnn", "transformer"])
-@pytest.mark.parametrize("remat", [r for r in REMAT_POLICIES if r != "none"])
+@pytest.mark.parametrize("workload, remat", [
+    *((w, r) for w in ("mlp", "cnn") for r in ("dots", "full")),
+    *(("transformer", r) for r in ("dots", "dots_no_batch", "full")),
+    # The named policies on the modern layout (grouped-query attention, SwiGLU, rotary positions;
+    # the decoder code is the same for both families).
+    *(("llama", r) for r in REMAT_POLICIES if r != "none" and remat_applies(get_workload("llama"), r)),
+])
 def test_remat_leaves_loss_and_gradients_unchanged(workload, remat):
+    """Every policy, the named ones (saved or offloaded to host memory) included, recomputes the same math."""
     base = RunConfig(workload=workload, preset="tiny", per_device_batch=4)
     loss0, grads0 = loss_and_grads(base)
     loss1, grads1 = loss_and_grads(RunConfig(**{**base.to_dict(), "remat": remat}))
@@ -156,3 +163,78 @@ def test_fp16_computes_in_half_precision_and_bf16_in_bfloat16():
         dot_lines = [l for l in jaxpr.splitlines() if "dot_general" in l]
         short = {"float16": "f16", "bfloat16": "bf16", "float32": "f32"}[jnp.dtype(dtype).name]
         assert dot_lines and all(f"{short}[" in l for l in dot_lines), (precision, dot_lines[:2])
+
+
+# -- attention and the loss -----------------------------------------------------------------------
+
+def _qkv(dtype, heads=4, kv_heads=2, t=48, dh=16):
+    kq, kk, kv = jax.random.split(jax.random.key(7), 3)
+    q = jax.random.normal(kq, (2, t, heads, dh), jnp.float32).astype(dtype)
+    k = jax.random.normal(kk, (2, t, kv_heads, dh), jnp.float32).astype(dtype)
+    v = jax.random.normal(kv, (2, t, kv_heads, dh), jnp.float32).astype(dtype)
+    return q, k, v
+
+
+@pytest.mark.parametrize("dtype, tol", [(jnp.float32, 1e-5), (jnp.bfloat16, 3e-2)])
+def test_jax_nn_attention_matches_the_einsum_reference(dtype, tol):
+    """The model's attention (jax.nn.dot_product_attention, XLA implementation, grouped heads) against
+    the einsum version it replaced, forward and backward."""
+    from workloads.transformer import _causal_attention
+
+    q, k, v = _qkv(dtype)
+    nn = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="xla")  # noqa: E731
+    np.testing.assert_allclose(np.asarray(nn(q, k, v), np.float32), np.asarray(_causal_attention(q, k, v), np.float32),
+                               atol=tol, rtol=tol)
+    if dtype == jnp.float32:
+        loss = lambda f: lambda *a: jnp.sum(jnp.sin(f(*a)))  # noqa: E731
+        g_nn = jax.grad(loss(nn), argnums=(0, 1, 2))(q, k, v)
+        g_ref = jax.grad(loss(_causal_attention), argnums=(0, 1, 2))(q, k, v)
+        assert_trees_close(g_nn, g_ref, rtol=1e-4, atol=1e-5)
+
+
+def test_fp16_attention_takes_the_einsum_path_the_cpu_can_run():
+    from workloads.transformer import TransformerConfig, _Attention
+    from flax import nnx
+
+    cfg = TransformerConfig(vocab_size=64, seq_len=16, d_model=32, n_layers=1, n_heads=4, n_kv_heads=2, d_ff=64)
+    attn = _Attention(cfg, dtype=jnp.float16, rngs=nnx.Rngs(0))
+    x = jnp.ones((2, 16, 32), jnp.float16)
+    grads = jax.jit(nnx.grad(lambda m: m(x, None).astype(jnp.float32).sum()))(attn)
+    assert all(jnp.isfinite(g).all() for g in jax.tree.leaves(grads))
+
+
+@pytest.mark.parametrize("t, dtype, tol", [(300, jnp.float32, 1e-6), (256, jnp.float32, 1e-6), (300, jnp.bfloat16, 2e-2)])
+def test_chunked_cross_entropy_equals_the_full_loss(t, dtype, tol):
+    """Chunks of 128 tokens (300: the last one padded and masked) give the loss and gradients of the
+    full float32 logits."""
+    from workloads.base import LOSS_CHUNK_MIN_LOGITS, chunked_cross_entropy, cross_entropy
+
+    vocab = 4096
+    assert t * vocab >= LOSS_CHUNK_MIN_LOGITS  # the chunked path, not the small-problem one
+    kh, kw, ky = jax.random.split(jax.random.key(3), 3)
+    h = jax.random.normal(kh, (3, t, 32), jnp.float32).astype(dtype)
+    w = (0.3 * jax.random.normal(kw, (32, vocab), jnp.float32)).astype(dtype)
+    y = jax.random.randint(ky, (3, t), 0, vocab)
+    chunked = lambda h, w: chunked_cross_entropy(h, lambda x: x @ w, y)  # noqa: E731
+    full = lambda h, w: cross_entropy(h @ w, y)  # noqa: E731
+    np.testing.assert_allclose(float(chunked(h, w)), float(full(h, w)), rtol=tol)
+    g_chunked = jax.grad(chunked, argnums=(0, 1))(h, w)
+    g_full = jax.grad(full, argnums=(0, 1))(h, w)
+    for a, b in zip(g_chunked, g_full):
+        a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+        assert np.abs(a - b).max() <= tol * max(1.0, np.abs(b).max()) * (1 if dtype == jnp.float32 else 5)
+
+
+def test_the_decoder_loss_is_chunked_and_equals_the_loss_of_its_logits():
+    """A decoder whose logits are large enough to chunk: its training loss equals the plain loss
+    of model(tokens)'s full logits."""
+    from workloads.base import cross_entropy
+
+    w = get_workload("llama")
+    cfg = w.config("tiny", {"vocab_size": 8192, "seq_len": 512})
+    model = w.build(cfg, dtype=jnp.float32, block_wrap=lambda f: f, rngs=__import__("flax").nnx.Rngs(0))
+    batch = w.make_batch(cfg, jax.random.key(1), 2)
+    tokens = batch["tokens"]
+    assert w.activation_profile(cfg).head_fp32 < 1.5 * cfg.seq_len * cfg.vocab_size  # planned as chunked
+    np.testing.assert_allclose(float(w.loss(model, batch)), float(cross_entropy(model(tokens[:, :-1]), tokens[:, 1:])),
+                               rtol=1e-6)

@@ -37,6 +37,50 @@ def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
     return optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), labels).mean()
 
 
+# Tokens per chunk of the chunked cross-entropy: the float32 logits alive at once are
+# batch x LOSS_CHUNK x vocab instead of batch x sequence x vocab.
+LOSS_CHUNK = 128
+# Below this many logits per example (sequence x vocab) the loss is computed in one piece.
+LOSS_CHUNK_MIN_LOGITS = 2**20
+
+
+def chunked_cross_entropy(
+    hidden: jax.Array, project: Callable[[jax.Array], jax.Array], labels: jax.Array, chunk: int = LOSS_CHUNK
+) -> jax.Array:
+    """Mean softmax cross-entropy of `project(hidden)` against `labels`, without the full logits.
+
+    hidden: (B, T, D); project maps (B, c, D) to (B, c, V) logits; labels: (B, T) int. The sequence
+    is cut into chunks of `chunk` tokens (the last one padded and masked), and a scan computes each
+    chunk's logits, their float32 log-sum-exp and the picked logit. Each chunk's body is
+    rematerialised, so the backward pass recomputes a chunk's logits from its slice of `hidden`
+    instead of keeping all B x T x V of them (in float32, with their softmax, that is most of a
+    large-vocabulary model's activation memory). Small problems are computed in one piece.
+    """
+    b, t, _ = hidden.shape
+    probe = jax.eval_shape(project, jax.ShapeDtypeStruct((b, 1, hidden.shape[-1]), hidden.dtype))
+    if t <= chunk or t * probe.shape[-1] < LOSS_CHUNK_MIN_LOGITS:
+        return cross_entropy(project(hidden), labels)
+    n = -(-t // chunk)
+    pad = n * chunk - t
+    mask = jnp.arange(n * chunk) < t
+    xs = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0))).reshape(b, n, chunk, -1).swapaxes(0, 1)  # (n, B, c, D)
+    ys = jnp.pad(labels, ((0, 0), (0, pad))).reshape(b, n, chunk).swapaxes(0, 1)  # (n, B, c)
+    ms = mask.reshape(n, 1, chunk)
+
+    @jax.checkpoint
+    def piece(x: jax.Array, y: jax.Array, m: jax.Array) -> jax.Array:
+        logits = project(x).astype(jnp.float32)
+        lse = jax.nn.logsumexp(logits, axis=-1)
+        picked = jnp.take_along_axis(logits, y[..., None], axis=-1)[..., 0]
+        return jnp.sum(jnp.where(m, lse - picked, 0.0))
+
+    def step(total: jax.Array, xs: tuple[jax.Array, ...]) -> tuple[jax.Array, None]:
+        return total + piece(*xs), None
+
+    total, _ = jax.lax.scan(step, jnp.zeros((), jnp.float32), (xs, ys, ms))
+    return total / (b * t)
+
+
 class ModelConfigError(ValueError):
     """A model dimension is out of range or inconsistent. `str()` is one line naming it."""
 
@@ -59,6 +103,9 @@ class Workload(abc.ABC):
     custom_base: ClassVar[str] = "tiny"
     # Config fields a user may override (each checked by `check`); none unless a workload says so.
     free_dimensions: ClassVar[tuple[str, ...]] = ()
+    # Activations the model tags with `jax.ad_checkpoint.checkpoint_name`: the named remat policies
+    # (save or offload these, recompute the rest) apply only to a workload that names theirs.
+    checkpoint_names: ClassVar[tuple[str, ...]] = ()
 
     def config(self, preset: str, overrides: Mapping[str, Any] | None = None) -> Any:
         """The preset's config with `overrides` (field -> value) applied and checked."""
@@ -111,6 +158,11 @@ class Workload(abc.ABC):
     def activation_profile(self, cfg: Any) -> "ActivationProfile":
         """Rough activation sizes per example, for the planner's analytic fallback estimate."""
 
+    def forward_flops_by_part(self, cfg: Any) -> dict[str, float]:
+        """Forward FLOPs per example of the blocks, by part, for the cost of recomputing them
+        (`migration.search.RECOMPUTES`). By default all of the forward pass is one part."""
+        return {"block": self.flops_per_example(cfg) / 3}
+
     def tokens_per_example(self, cfg: Any) -> int | None:
         """Tokens in one example, for tokens/s; None where the notion does not apply."""
         return None
@@ -143,6 +195,9 @@ class ActivationProfile:
     block_input: float
     n_blocks: int
     head_fp32: float = 0.0
+    # Per block, elements of each activation the model tags with `checkpoint_name` (its
+    # `checkpoint_names`): what a named remat policy keeps.
+    named: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
 
 def prototype_classification_batch(

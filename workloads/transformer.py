@@ -21,12 +21,29 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from workloads.base import ActivationProfile, Batch, BlockWrap, ModelConfigError, Workload, cross_entropy
+from jax.ad_checkpoint import checkpoint_name
+
+from workloads.base import (
+    LOSS_CHUNK,
+    LOSS_CHUNK_MIN_LOGITS,
+    ActivationProfile,
+    Batch,
+    BlockWrap,
+    ModelConfigError,
+    Workload,
+    chunked_cross_entropy,
+)
 
 NORMS = ("layernorm", "rmsnorm")
 MLPS = ("gelu", "swiglu")
 POSITIONS = ("learned", "rope")
 ATTENTIONS = ("xla", "cudnn")
+# Names of the activations a block tags with `checkpoint_name`, which the named remat policies
+# (migration/policies.py) save, offload or recompute.
+CHECKPOINT_NAMES = ("query_proj", "kv_proj", "attention_out", "attention_proj", "mlp_hidden", "mlp_out")
+# cuDNN's fused attention takes head sizes that are multiples of 8, up to 128 on every architecture
+# it supports (the planner picks XLA attention otherwise).
+CUDNN_HEAD_DIM_MAX = 128
 
 # Bounds of each dimension a user may give (CLI, app, API): validation and help text read them.
 DIM_LIMITS: dict[str, tuple[int, int]] = {
@@ -56,7 +73,7 @@ class TransformerConfig:
     bias: bool = True  # biases in the linear layers (GPT-2) or none (modern family)
     rope_theta: float = 500000.0
     noise: float = 0.05
-    attention: str = "xla"  # "xla": plain einsum attention; "cudnn": jax.nn's fused kernel (NVIDIA GPUs)
+    attention: str = "xla"  # jax.nn.dot_product_attention's implementation: "xla" (every backend) or "cudnn" (NVIDIA GPUs)
 
     @property
     def head_dim(self) -> int:
@@ -112,16 +129,17 @@ class _Attention(nnx.Module):
 
     def __call__(self, x: jax.Array, rope: tuple[jax.Array, jax.Array] | None) -> jax.Array:  # (B, T, D)
         b, t, _ = x.shape
-        q = self.q(x).reshape(b, t, self.n_heads, -1)  # (B, T, H, Dh)
-        kv = self.kv(x).reshape(b, t, 2, self.n_kv_heads, q.shape[-1])  # (B, T, 2, K, Dh)
+        q = checkpoint_name(self.q(x), "query_proj").reshape(b, t, self.n_heads, -1)  # (B, T, H, Dh)
+        kv = checkpoint_name(self.kv(x), "kv_proj").reshape(b, t, 2, self.n_kv_heads, q.shape[-1])  # (B, T, 2, K, Dh)
         k, v = kv[:, :, 0], kv[:, :, 1]
         if rope is not None:
             q, k = _rotate(q, *rope), _rotate(k, *rope)
-        if self.implementation == "cudnn":  # fused kernel, NVIDIA GPUs only; takes K < H heads as is
-            y = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn")
-        else:
-            y = _causal_attention(q, k, v)
-        return self.out(y.reshape(b, t, -1))
+        if self.implementation == "xla" and q.dtype == jnp.float16:
+            y = _causal_attention(q, k, v)  # the CPU backend rejects jax.nn's fp16 version (float32 accumulation)
+        else:  # K < H heads are taken as they are (grouped-query attention)
+            y = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=self.implementation)
+        y = checkpoint_name(y.reshape(b, t, -1), "attention_out")
+        return checkpoint_name(self.out(y), "attention_proj")
 
 
 def _rope_tables(seq_len: int, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
@@ -139,9 +157,9 @@ def _rotate(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
 
 
 def _causal_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
-    """Plain XLA attention with grouped heads: scores in the compute dtype, softmax in float32. Runs
-    on every backend (the CPU backend rejects fp16 matmuls with float32 accumulation, which jax.nn's
-    version asks for)."""
+    """Causal attention with grouped heads written out as einsums: scores in the compute dtype, softmax
+    in float32. The fp16 path (jax.nn's XLA version asks for float32 accumulation of fp16 products,
+    which the CPU backend rejects) and the reference the jax.nn paths are tested against."""
     b, t, h, dh = q.shape
     kv_heads = k.shape[2]
     q = q.reshape(b, t, kv_heads, h // kv_heads, dh)  # (B, T, K, G, Dh)
@@ -160,11 +178,11 @@ class _Mlp(nnx.Module):
         self.down = _linear(cfg, cfg.d_ff, cfg.d_model, dtype=dtype, rngs=rngs, init=out_init)
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        h = self.up(x)
+        h = checkpoint_name(self.up(x), "mlp_hidden")
         if self.swiglu:
             gate, up = jnp.split(h, 2, axis=-1)
-            return self.down(jax.nn.silu(gate) * up)
-        return self.down(jax.nn.gelu(h))
+            return checkpoint_name(self.down(jax.nn.silu(gate) * up), "mlp_out")
+        return checkpoint_name(self.down(jax.nn.gelu(h)), "mlp_out")
 
 
 class _Block(nnx.Module):
@@ -201,6 +219,12 @@ class Decoder(nnx.Module):
         self.block_call = block_wrap(_Block.__call__)
 
     def __call__(self, tokens: jax.Array) -> jax.Array:  # (B, T) int32 -> (B, T, V) logits
+        return self.project(self.hidden(tokens))
+
+    def project(self, x: jax.Array) -> jax.Array:  # (B, T, D) -> (B, T, V) logits
+        return self.embed.attend(x) if self.cfg.tied_embeddings else self.head(x)
+
+    def hidden(self, tokens: jax.Array) -> jax.Array:  # (B, T) int32 -> (B, T, D), after the final norm
         cfg = self.cfg
         t = tokens.shape[1]
         x = self.embed(tokens)
@@ -215,8 +239,7 @@ class Decoder(nnx.Module):
             return self.block_call(nnx.merge(graphdef, params), x, rope), None
 
         x, _ = jax.lax.scan(layer, x, layers)
-        x = self.norm_f(x)
-        return self.embed.attend(x) if cfg.tied_embeddings else self.head(x)
+        return self.norm_f(x)
 
 
 def _gpt2(vocab: int, seq: int, d: int, layers: int, heads: int) -> TransformerConfig:
@@ -235,6 +258,7 @@ class _DecoderWorkload(Workload):
     """What both decoder families share: the task, the loss, the analytic cost."""
 
     free_dimensions = tuple(f.name for f in dataclasses.fields(TransformerConfig))
+    checkpoint_names = CHECKPOINT_NAMES
 
     def build(self, cfg: TransformerConfig, *, dtype, block_wrap: BlockWrap, rngs: nnx.Rngs) -> Decoder:
         return Decoder(cfg, dtype=dtype, block_wrap=block_wrap, rngs=rngs)
@@ -272,7 +296,7 @@ class _DecoderWorkload(Workload):
 
     def loss(self, model: Decoder, batch: Batch) -> jax.Array:
         tokens = batch["tokens"]
-        return cross_entropy(model(tokens[:, :-1]), tokens[:, 1:])
+        return chunked_cross_entropy(model.hidden(tokens[:, :-1]), model.project, tokens[:, 1:])
 
     def param_count(self, cfg: TransformerConfig) -> int:
         d, f, kv = cfg.d_model, cfg.d_ff, cfg.n_kv_heads * cfg.head_dim
@@ -288,12 +312,25 @@ class _DecoderWorkload(Workload):
         # Per layer, after Korthikanti et al. 2022 ("Reducing activation recomputation"), without
         # dropout masks: about 10 x T x D elements around attention and the norms, the MLP's hidden
         # activations (two, three with a gate), and with plain XLA attention the T x T scores and
-        # probabilities per head (the fused kernel keeps none).
+        # probabilities per head (the fused kernel keeps none). The loss's float32 logits are live
+        # one chunk at a time when it is chunked (workloads.base.chunked_cross_entropy).
         t, d = cfg.seq_len, cfg.d_model
         mlp = (3 if cfg.mlp == "swiglu" else 2) * cfg.d_ff
         scores = 2 * cfg.n_heads * t * t if cfg.attention == "xla" else 0
+        chunked = t > LOSS_CHUNK and t * cfg.vocab_size >= LOSS_CHUNK_MIN_LOGITS
+        kv, up = cfg.n_kv_heads * cfg.head_dim, (2 if cfg.mlp == "swiglu" else 1) * cfg.d_ff
+        named = {"query_proj": t * d, "kv_proj": 2 * t * kv, "attention_out": t * d, "attention_proj": t * d,
+                 "mlp_hidden": t * up, "mlp_out": t * d}
         return ActivationProfile(per_block=t * (10 * d + mlp) + scores, block_input=t * d,
-                                 n_blocks=cfg.n_layers, head_fp32=1.5 * t * cfg.vocab_size)
+                                 n_blocks=cfg.n_layers,
+                                 head_fp32=(3 * LOSS_CHUNK * cfg.vocab_size if chunked else 1.5 * t * cfg.vocab_size),
+                                 named=named)
+
+    def forward_flops_by_part(self, cfg: TransformerConfig) -> dict[str, float]:
+        t, d, kv, n = cfg.seq_len, cfg.d_model, cfg.n_kv_heads * cfg.head_dim, cfg.n_layers
+        up = (2 if cfg.mlp == "swiglu" else 1) * cfg.d_ff
+        return {"qkv": n * 2 * t * d * (d + 2 * kv), "attention": n * 4 * t * t * d,
+                "attention_proj": n * 2 * t * d * d, "mlp": n * 2 * t * (d * up + cfg.d_ff * d)}
 
     def flops_per_example(self, cfg: TransformerConfig) -> float:
         # Per token: 6 x matmul parameters (blocks and the output projection), plus attention scores
