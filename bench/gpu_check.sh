@@ -16,4 +16,7 @@ python3 bench/planner_gpu_check.py || status=1
 echo
 echo "== llama 1b planned for the local GPU, replicated vs FSDP over one device"
 python3 bench/gpu_check_fsdp.py || status=1
+echo
+echo "== speed: gpt2-small and gpt2-medium, attention and remat variants, autotune"
+python3 bench/gpu_check_mfu.py || status=1
 exit ${status:-0}

@@ -509,13 +509,21 @@ def _tpu_setup_on_target(req: PlanRequest, predictor: MemoryPredictor, budget: i
     """How the unchanged TPU-style setup (per-core batch, source precision, no remat) fares on the
     target, with the plan's way of holding the state."""
     b = req.source_per_core_batch
-    peak = predictor.predict(req.source_precision, "none", b, record=False, sharding=sharding)
+    try:
+        peak = predictor.predict(req.source_precision, "none", b, record=False, sharding=sharding)
+    except CompileFailed as exc:  # e.g. bf16 matrix products on a GPU without them (before Ampere)
+        return {"per_device_batch": b, "precision": req.source_precision, "remat": "none",
+                "predicted_peak_bytes": None, "budget_bytes": budget, "fits": False,
+                "summary": (f"the TPU-style setup ({b} per device, {req.source_precision}, no remat) does not compile "
+                            f"for the target: {exc}")}
     fits = peak is not None and peak <= budget
+    at_least = (sharding, "none", b, 1, req.source_precision) in predictor.bounded
     return {"per_device_batch": b, "precision": req.source_precision, "remat": "none",
             "predicted_peak_bytes": peak, "budget_bytes": budget, "fits": fits,
             "summary": (f"the TPU-style setup ({b} per device, {req.source_precision}, no remat) "
                         + (f"fits: {fmt_gib(peak)} of {fmt_gib(budget)}" if fits else
-                           f"does not fit: {fmt_gib(peak)} needed, {fmt_gib(budget)} available"
+                           f"does not fit: {'at least ' if at_least else ''}{fmt_gib(peak)} needed, "
+                           f"{fmt_gib(budget)} available"
                            + (f" ({peak / budget:.1f}x)" if peak else "")))}
 
 
