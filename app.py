@@ -27,7 +27,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from migration.common import GiB, cache_dir, first_line, fmt_gib, fmt_model, private_dir, remove_older_than
+from migration.common import GiB, cache_dir, first_line, fmt_gib, fmt_model, private_dir, remove_older_than, write_csv
 
 # Gradio keeps uploaded and served files in its temp folder: make it private to the service user
 # before gradio is imported (it reads the variable then).
@@ -42,6 +42,7 @@ from migration.codecheck import CodeCheck, CodeCheckError, Finding, check_source
 from migration.config import LIMITS, PRECISIONS, REMAT_NAMES, SHARDINGS, ConfigError, PlanRequest, RunConfig  # noqa: E402
 from migration.hardware import GPU_SPECS, TPU_SPECS  # noqa: E402
 from migration.history import History, HistoryError  # noqa: E402
+from migration.autotune import AutotuneResult, AutotuneSettings  # noqa: E402
 from migration.jobs import Job, JobService, Limits, LimitError, NotYourJob  # noqa: E402
 from migration.orchestrate import MigrationResult, RunOptions, candidate_text  # noqa: E402
 from migration.report import Plan, RunReport  # noqa: E402
@@ -189,6 +190,19 @@ def before_after_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     return pd.DataFrame(shown, columns=["run", "step", "devices", "global batch", "samples/s", "tokens/s",
                                         "step ms (median)", "scaling efficiency", "jit / pmap", "same loss",
                                         "measured on"])
+
+
+def autotune_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    """Autotune rows: predicted rank and step against the measured median, status, the pick."""
+    def ms(x):
+        return "" if x is None else f"{x:.1f}"
+    out = [{"predicted #": r["predicted_rank"], "state": r["sharding"], "remat": r["remat"],
+            "batch": r["per_device_batch"], "accum": r["accumulation_steps"],
+            "predicted ms": ms(None if r["predicted_step_s"] is None else 1e3 * r["predicted_step_s"]),
+            "measured ms": ms(r["measured_step_ms"]), "measured #": r.get("measured_rank") or "",
+            "peak GiB": _gib(r["peak_memory_bytes"]), "status": r["status"] if r["status"] == "ok"
+            else f"{r['status']} ({r['failure_kind']})", "pick": "✓" if r.get("picked") else ""} for r in rows]
+    return pd.DataFrame(out)
 
 
 def scaling_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
@@ -462,6 +476,52 @@ def build_demo(settings: Settings | None = None) -> gr.Blocks:
                gr.update(value=scaling_frame(result.scaling), visible=len({r["devices"] for r in result.scaling}) > 1),
                gr.update(value=files.get("scaling_csv"), visible=bool(files.get("scaling_csv"))), None)
 
+    async def do_autotune(plan_dict, plan_file, top, timed_steps, label, request: gr.Request):
+        """Measure the plan's top ranked choices on this machine (the plan made in this tab, or a saved one)."""
+        user = user_of(request)
+        try:
+            if plan_file:
+                p = read_plan_file(plan_file)
+            elif plan_dict:
+                p = Plan.from_dict(plan_dict)
+            else:
+                raise ConfigError("plan", "autotune measures a plan's ranked choices: press Plan first, or give a "
+                                          "saved plan file (Advanced)")
+            top_n = forms.whole(top, "autotune_top", 1, 10)
+            timed = forms.whole(timed_steps, "autotune_steps", 1, max(1, settings.limits.max_steps - 2))
+            label = forms.label_text(label)
+            base = RunConfig(memory_fraction=p.memory_fraction, timeout_s=settings.limits.max_run_s)
+            job = service.submit_autotune(user, p, AutotuneSettings(top=top_n, timed_steps=timed), base, label=label)
+        except (ConfigError, PlanError, LimitError, HistoryError, ValueError) as exc:
+            raise refuse(exc)
+        yield f"Autotune job #{job.id} submitted…", gr.skip(), gr.skip(), job.id
+        rows: list[dict[str, Any]] = []
+        async with contextlib.aclosing(follow(job)) as events:
+            async for ev in events:
+                kind = ev["event"]
+                if kind == "waiting":
+                    yield waiting_line(ev, "Your autotune"), gr.skip(), gr.skip(), gr.skip()
+                elif kind == "status":
+                    yield ev["message"], gr.skip(), gr.skip(), gr.skip()
+                elif kind == "progress":
+                    yield ev["status"], gr.skip(), gr.skip(), gr.skip()
+                elif kind == "measured":
+                    rows.append(dataclasses.asdict(ev["row"]))
+                    yield (f"Measured {len(rows)} candidate(s)…", gr.update(value=autotune_frame(rows), visible=True),
+                           gr.skip(), gr.skip())
+        if job.state == "cancelled":
+            yield "Autotune stopped; the candidates measured so far are in the history.", gr.skip(), gr.skip(), None
+            return
+        result: AutotuneResult | None = job.result
+        if result is None or job.error:
+            raise gr.Error(f"Autotune did not finish: {job.error or 'unknown reason'}", print_exception=False)
+        path = export_path("autotune")
+        write_csv(result.table_rows(), path=path)
+        warnings = "".join(f"\n\n⚠️ {w}" for w in job.warnings)
+        yield (f"**{result.measured_on}**\n\n{result.verdict}{warnings}",
+               gr.update(value=autotune_frame(result.table_rows()), visible=True),
+               gr.update(value=str(path), visible=True), None)
+
     def do_stop(job_id, request: gr.Request):
         if job_id is None:
             return "Nothing of yours is running in this tab."
@@ -629,10 +689,14 @@ def build_demo(settings: Settings | None = None) -> gr.Blocks:
                     scaling = gr.Checkbox(False, label="Also measure scaling: both steps at 1, 2, 4, 8 devices")
                     plan_file = gr.File(label="…or run a saved plan (JSON from `python -m migration plan --json`)",
                                         file_types=[".json"], type="filepath")
+                with gr.Row():
+                    autotune_top = gr.Number(3, label="Autotune: ranked choices to measure (1 to 10)")
+                    autotune_steps = gr.Number(5, label="Autotune: timed steps each (after 2 warm-up steps)")
             with gr.Row():
                 label = gr.Textbox(label="Label (shown in the History)", max_lines=1, scale=2)
                 plan_btn = gr.Button("Plan", variant="primary")
                 run_btn = gr.Button("Run on this machine", variant="secondary")
+                autotune_btn = gr.Button("Autotune on this machine", variant="secondary")
                 stop_btn = gr.Button("Stop", variant="stop")
             progress_md = gr.Markdown()
             plan_md = gr.Markdown(visible=False)
@@ -641,6 +705,9 @@ def build_demo(settings: Settings | None = None) -> gr.Blocks:
                                          height=300)
             ranked_table = gr.Dataframe(label="Choices that fit, fastest predicted step first", wrap=True,
                                         visible=False)
+            autotune_table = gr.Dataframe(label="Autotune: the top choices measured here", wrap=True, visible=False,
+                                          elem_id="autotune-table")
+            autotune_file = gr.File(label="Autotune CSV", visible=False)
             decisions = gr.Dataframe(label="Decisions with their reasons", wrap=True, visible=False)
             results = gr.Dataframe(label="Results", wrap=True, visible=False)
             loss_plot = gr.LinePlot(x="step", y="loss", color="run", title="Loss", height=300, visible=False)
@@ -712,7 +779,10 @@ def build_demo(settings: Settings | None = None) -> gr.Blocks:
                                   [progress_md, results, loss_plot, report_file, checklist_view, checklist_file,
                                    deploy_file, trace_file, before_after, scaling_plot, scaling_file, job_state],
                                   api_name="run", concurrency_limit=None)
-        stop_btn.click(do_stop, job_state, progress_md, cancels=[run_event, plan_event], api_name="stop")
+        autotune_event = autotune_btn.click(do_autotune, [plan_state, plan_file, autotune_top, autotune_steps, label],
+                                            [progress_md, autotune_table, autotune_file, job_state],
+                                            api_name="autotune", concurrency_limit=None)
+        stop_btn.click(do_stop, job_state, progress_md, cancels=[run_event, plan_event, autotune_event], api_name="stop")
         gr.api(do_cancel_job, api_name="cancel_job")
         code_btn.click(do_code_check, [code_text, code_files], [code_summary, code_table, code_state],
                        api_name="code_check")

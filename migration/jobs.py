@@ -23,6 +23,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable
 
+from migration.autotune import AutotuneSettings, autotuned_plan, check_target_here, start_autotune
 from migration.codecheck import CodeCheck
 from migration.common import first_line, fmt_model
 from migration.config import ConfigError, PlanRequest, RunConfig, check_model, validate, validate_plan_request
@@ -154,6 +155,26 @@ class JobService:
         return self._submit("run", user, label, "gpu", summary, workload, preset, payload,
                             lambda job: self._run_job(job, source, base, options, code))
 
+    def submit_autotune(self, user: str, plan: Plan, settings: AutotuneSettings, base: RunConfig,
+                        label: str = "") -> Job:
+        """Queue an autotune of `plan` on the GPU lane: its top ranked choices run one after the other,
+        each recorded as a run; the job's entry ends as the plan with the measured pick. Refused at
+        once (AutotuneRefused, ConfigError) when this machine is not the plan's target."""
+        if not plan.ok:
+            raise PlanError("invalid", f"the plan is {plan.status}: {plan.message}")
+        check_model(plan)
+        settings = dataclasses.replace(settings.validated(), timeout_s=min(settings.timeout_s, self.limits.max_run_s))
+        if settings.warmup_steps + settings.timed_steps > self.limits.max_steps:
+            raise ConfigError("timed_steps", f"warm-up plus timed steps must be at most {self.limits.max_steps} (this "
+                                             f"server's per-user limit); got {settings.warmup_steps + settings.timed_steps}")
+        check_target_here(plan)
+        base = validate(dataclasses.replace(base, silence_timeout_s=self.limits.silence_s))
+        payload = {"config": {"global_batch": plan.global_batch, "devices": plan.gpus, "top": settings.top},
+                   "message": "queued", "target": plan.target_name}
+        summary = f"autotune {plan.workload}/{plan.preset} ({plan.target_name}), top {settings.top}"
+        return self._submit("plan", user, label, "gpu", summary, plan.workload, plan.preset, payload,
+                            lambda job: self._autotune_job(job, plan, settings, base))
+
     def _submit(self, kind: str, user: str, label: str, lane: str, summary: str, workload: str, preset: str,
                 payload: dict[str, Any], work: Callable[[Job], None]) -> Job:
         with self._lock:
@@ -282,6 +303,26 @@ class JobService:
                 events.close()  # a stopped job: kills its worker, records the run as cancelled
         finally:
             job.warnings.extend(recorder.errors)
+
+    def _autotune_job(self, job: Job, plan: Plan, settings: AutotuneSettings, base: RunConfig) -> None:
+        recorder = Recorder(self.history, user=job.user, label=job.label)
+        events = start_autotune(plan, settings, base, history=recorder)
+        try:
+            for ev in events:
+                if ev["event"] == "result":
+                    job.result = ev["result"]
+                job.push(ev)
+                if job.cancel_requested.is_set():
+                    break
+        finally:
+            events.close()  # a stopped job: kills the candidate's worker
+            job.warnings.extend(recorder.errors)
+        if job.result is None or job.cancel_requested.is_set():
+            return
+        if job.result.pick is None:
+            raise PlanError("failed", "autotune: no candidate ran to the end, so there is no measured pick "
+                                      "(each candidate's run is in the history with its failure)")
+        self.history.complete(job.id, autotuned_plan(plan, job.result))
 
     # -- controlling ---------------------------------------------------------------------------
 
