@@ -1,18 +1,21 @@
-"""Planner cost, like for like: the planner's search against a linear scan of the same candidates.
+"""Planner cost, like for like: the planner's search against a linear scan of the same candidates,
+and the planner with its compile workers against the planner without them.
 
-Both sides run in this one process with the planner worker's environment (deviceless compiles
-for the target, XLA's own rematerialisation off), each with its own cold compile cache:
+Everything runs in this one process with the planner worker's environment (deviceless compiles
+for the target, XLA's own rematerialisation off), each side with its own cold compile cache:
 
 - planner: `plan_migration` as `python -m migration plan` runs it (bracketed search per policy,
-  policies it can rule out by predicted step time skipped, the chosen choice compiled with its
-  accumulation);
+  policies it can rule out by predicted step time skipped, candidates whose analytic lower bound
+  exceeds the budget not compiled, independent probes compiled meanwhile in compile workers when
+  the cores allow, the chosen choice compiled with its accumulation);
+- planner, one process: the same with no compile worker (MIGRATION_COMPILE_WORKERS=0);
 - linear scan: for the same remat policies the planner searched and the same candidate batches,
   compile every candidate from the smallest up (above the batch the previous policy reached, as
-  the planner does) until one does not fit, then compile the same
-  chosen choice with its accumulation (a plan is not accepted unverified on either side).
+  the planner does) until one does not fit, then compile the same chosen choice with its
+  accumulation (a plan is not accepted unverified on either side).
 
-It prints compiles and seconds of each, their ratio, and checks that both found the same largest
-batch for every policy.
+It prints compiles and seconds of each, their ratios, a warm re-plan (the planner's cache of
+figures), and checks that every side found the same largest batch for every policy.
 
     python bench/planner_cost.py [--preset gpt2-small] [--target h100-sxm] [--global-batch 256]
 """
@@ -44,7 +47,7 @@ def main() -> int:
     os.environ.update(planner_environment(req))  # before JAX is first imported, as in a planner worker
     validate_plan_request(req)  # imports the workloads, and with them JAX
 
-    from migration.memory import CompileCache, MemoryPredictor
+    from migration.memory import CompileCache, MemoryPredictor, compile_workers
     from migration.planner import plan_migration
 
     quiet = lambda *a, **k: None  # noqa: E731
@@ -53,6 +56,16 @@ def main() -> int:
         t0 = time.perf_counter()
         p = plan_migration(req, quiet)
         planner_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        warm = plan_migration(req, quiet)
+        warm_s = time.perf_counter() - t0
+
+        os.environ["MIGRATION_CACHE_DIR"] = str(Path(tmp) / "serial")
+        os.environ["MIGRATION_COMPILE_WORKERS"] = "0"
+        t0 = time.perf_counter()
+        serial = plan_migration(req, quiet)
+        serial_s = time.perf_counter() - t0
+        del os.environ["MIGRATION_COMPILE_WORKERS"]
 
         scan = MemoryPredictor(req, quiet, cache=CompileCache(Path(tmp) / "linear" / "cache.json"))
         t0 = time.perf_counter()
@@ -75,10 +88,14 @@ def main() -> int:
     print(f"plan: {p.per_device_batch} per GPU x {p.accumulation_steps} accumulation, {p.precision}, remat {p.remat}; "
           f"predicted {p.predicted_peak_bytes / 2**30:.2f} of {p.budget_bytes / 2**30:.2f} GiB")
     print(f"{'':<40} {'compiles':>9} {'seconds':>9}")
-    print(f"{'planner search (cold cache)':<40} {p.compiles:>9} {planner_s:>9.1f}")
-    print(f"{'linear scan, same policies (cold cache)':<40} {scan.compiles:>9} {linear_s:>9.1f}")
-    print(f"ratio planner / linear scan: compiles {p.compiles / scan.compiles:.3f}, seconds {planner_s / linear_s:.3f}")
-    same = linear_max == p.max_batch_by_remat
+    print(f"{'planner (cold cache)':<44} {p.compiles:>9} {planner_s:>9.1f}   "
+          f"({p.parallel_compiles} in {compile_workers()} compile worker(s), {p.ruled_out_by_bound} ruled out by the bound)")
+    print(f"{'planner, no compile worker (cold cache)':<44} {serial.compiles:>9} {serial_s:>9.1f}")
+    print(f"{'planner again (warm cache)':<44} {warm.compiles:>9} {warm_s:>9.1f}")
+    print(f"{'linear scan, same policies (cold cache)':<44} {scan.compiles:>9} {linear_s:>9.1f}")
+    print(f"ratio planner / linear scan: compiles {p.compiles / scan.compiles:.3f}, seconds {planner_s / linear_s:.3f}; "
+          f"planner with / without compile workers: seconds {planner_s / serial_s:.3f}")
+    same = linear_max == p.max_batch_by_remat == serial.max_batch_by_remat == warm.max_batch_by_remat
     print("largest batch per policy, planner: " + ", ".join(f"{k} {v}" for k, v in p.max_batch_by_remat.items())
           + "; linear scan: " + ", ".join(f"{k} {v}" for k, v in linear_max.items())
           + ("  (same)" if same else "  (DIFFERENT)"))

@@ -458,7 +458,8 @@ def print_plan(plan: Any) -> None:
     print("environment for the target:")
     for name, item in plan.environment.items():
         print(f"  {name}={item['value']}    # {item['why']}")
-    print(f"search: {plan.compiles} compile(s), {plan.cache_hits} cache hit(s), {plan.ruled_out_by_bound} ruled out "
+    print(f"search: {plan.compiles} compile(s) ({plan.parallel_compiles} in a compile worker beside the search), "
+          f"{plan.cache_hits} cache hit(s), {plan.ruled_out_by_bound} ruled out "
           f"uncompiled by the lower bound, {plan.search_seconds:.1f} s")
 
 

@@ -15,8 +15,11 @@ import dataclasses
 import functools
 import hashlib
 import json
+import multiprocessing
 import os
 import time
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -105,6 +108,31 @@ class CompileFailed(RuntimeError):
     """Compiling for the target failed for a reason other than memory."""
 
 
+COMPILE_WORKERS_MAX = 3
+
+
+def compile_workers() -> int:
+    """Processes the planner may compile candidates in beside its own: one fewer than the CPU cores
+    this process may use, at most COMPILE_WORKERS_MAX ($MIGRATION_COMPILE_WORKERS overrides; 0: none)."""
+    given = os.environ.get("MIGRATION_COMPILE_WORKERS", "").strip()
+    if given.isdigit():
+        return min(int(given), 8)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(0, min(COMPILE_WORKERS_MAX, cores - 1))
+
+
+_ELSEWHERE: dict[str, "MemoryPredictor"] = {}
+
+
+def _compile_elsewhere(req: PlanRequest, model: dict[str, Any], args: tuple[Any, ...]) -> dict[str, int | None]:
+    """In a compile worker (a spawned process with the planner's environment): one candidate's
+    compile, with a predictor per request kept for the worker's life."""
+    key = json.dumps([req.to_dict(), model], sort_keys=True, default=str)
+    if key not in _ELSEWHERE:
+        _ELSEWHERE[key] = MemoryPredictor(req, lambda *a, **k: None, model=model, workers=0)
+    return _ELSEWHERE[key]._compile(*args)
+
+
 @dataclasses.dataclass(frozen=True)
 class Target:
     """The device a plan is for: its memory, what it computes natively, its peak."""
@@ -186,7 +214,7 @@ class MemoryPredictor:
     """Per-device peak bytes of the train step for (precision, remat, batch, accumulation)."""
 
     def __init__(self, req: PlanRequest, emit: Emit, cache: CompileCache | None = None,
-                 estimate_because: str | None = None, model: dict[str, Any] | None = None):
+                 estimate_because: str | None = None, model: dict[str, Any] | None = None, workers: int | None = None):
         self.req = req
         self.model = dict(req.model if model is None else model)  # the dimension overrides compiled
         self.emit = emit
@@ -199,6 +227,12 @@ class MemoryPredictor:
         self.budget: int | None = None
         self.ruled_out = 0
         self.bounded: set[tuple[str, str, int, int, str]] = set()
+        # Compile workers: candidates the search is likely to ask for next compile there meanwhile
+        # (`prefetch`); `predict` collects them. None: as many as the cores allow.
+        self.workers = compile_workers() if workers is None else workers
+        self.parallel = 0  # compiles that ran in a compile worker
+        self._pool: ProcessPoolExecutor | None = None
+        self._inflight: dict[str, Future] = {}
         self.table: list[dict[str, Any]] = []
         if estimate_because:
             self.method, self.note, self.mesh, self.target_id = (
@@ -265,7 +299,9 @@ class MemoryPredictor:
                 found = {"peak_bytes": bound, "state_bytes": None}
             else:
                 bound = None
-                found = self._compile(precision, remat, batch, accum, sharding)
+                found = self._collect(key)
+                if found is None:
+                    found = self._compile(precision, remat, batch, accum, sharding)
                 self.cache.put(key, found)
         peak = found["peak_bytes"]
         self.state_bytes[(sharding, remat, batch, accum, precision)] = found.get("state_bytes")
@@ -277,6 +313,51 @@ class MemoryPredictor:
             self.table.append(row)
             self.emit("candidate", **row)
         return peak
+
+    def prefetch(self, precision: str, remat: str, batch: int, accum: int = 1, sharding: str = "replicated") -> bool:
+        """Start compiling a candidate in a compile worker, unless there is none, it is cached, already on
+        its way, or ruled out by the lower bound; `predict` collects the result. True when started."""
+        if self.method == "estimate" or not self.workers:
+            return False
+        key = self._key(precision, remat, batch, accum, sharding)
+        if key in self._inflight or self.cache.get(key) is not None:
+            return False
+        if self.budget is not None and self.lower_bound(precision, remat, batch, sharding) > self.budget:
+            return False
+        try:
+            if self._pool is None:
+                self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"))
+            self._inflight[key] = self._pool.submit(_compile_elsewhere, self.req, self.model,
+                                                    (precision, remat, batch, accum, sharding))
+        except (OSError, RuntimeError, BrokenProcessPool):
+            self.workers = 0  # no worker could start: compile here from now on
+            return False
+        return True
+
+    def _collect(self, key: str) -> dict[str, int | None] | None:
+        """A prefetched candidate's result (waiting for it), or None when it was not prefetched or its
+        worker died (then it is compiled here). A compile that failed for the target raises here."""
+        future = self._inflight.pop(key, None)
+        if future is None:
+            return None
+        try:
+            found = future.result()
+        except BrokenProcessPool:
+            self.workers = 0
+            return None
+        self.compiles += 1
+        self.parallel += 1
+        return found
+
+    def close(self) -> None:
+        """Stop the compile workers (candidates still compiling there are abandoned)."""
+        if self._pool is not None:
+            running = list((getattr(self._pool, "_processes", None) or {}).values())
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            for process in running:  # a compile nobody will collect: stop it rather than wait for it
+                process.terminate()
+            self._pool = None
+        self._inflight.clear()
 
     def _compile(self, precision: str, remat: str, batch: int, accum: int, sharding: str) -> dict[str, int | None]:
         cfg = RunConfig(workload=self.req.workload, preset=self.req.preset, model=self.model, per_device_batch=batch,

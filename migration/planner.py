@@ -53,12 +53,16 @@ def plan_migration(req: PlanRequest, emit: Emit) -> Plan:
     target = resolve_target(req)
     precision = req.precision or ("bf16" if target.bf16_native else "fp16")
     model, attention = planned_model(req, target, precision)
+    predictor = MemoryPredictor(req, emit, model=model)
     try:
-        return _Planner(req, emit, target, MemoryPredictor(req, emit, model=model), t0, precision, attention).plan()
+        return _Planner(req, emit, target, predictor, t0, precision, attention).plan()
     except CompileFailed as exc:
         emit("fallback", message=str(exc))
+        predictor.close()
         predictor = MemoryPredictor(req, emit, estimate_because=str(exc), model=model)
         return _Planner(req, emit, target, predictor, t0, precision, attention).plan()
+    finally:
+        predictor.close()
 
 
 def planned_model(req: PlanRequest, target: Target, precision: str) -> tuple[dict[str, Any], Decision | None]:
@@ -126,6 +130,8 @@ class _Planner:
         budget = self.target.budget_bytes
         self.emit("plan_started", method=self.predictor.method, note=self.predictor.note, budget_bytes=budget)
         self.skipped: dict[Key, float] = {}
+        if len(self.modes) == 1:  # the unchanged TPU-style setup is compiled at the end: start it now, elsewhere
+            self.predictor.prefetch(self.req.source_precision, "none", self.req.source_per_core_batch, 1, self.modes[0])
         max_batch = self.search_policies(self.keys())
         ranked = self.rank(max_batch)
         chosen, peak, rejected = self.verify(ranked)
@@ -186,6 +192,7 @@ class _Planner:
             # After a policy that fits nothing, the smallest batch is the likeliest boundary: probe it first.
             tried = any(k[0] == mode for k in found)
             guess = self.candidates[0] if tried and not kept else self._guess(mode, remat)
+            self._prefetch_second_probe(mode, remat, kept, guess)
             found[(mode, remat)] = largest_fitting(self.candidates, measure, self.target.budget_bytes,
                                                    known_fit=kept, first_guess=guess)
             known[mode] = max(kept, found[(mode, remat)])
@@ -213,6 +220,19 @@ class _Planner:
         return None, None, rejected
 
     # -- helpers -----------------------------------------------------------------------------
+    def _prefetch_second_probe(self, mode: str, remat: str, kept: int, guess: int | None) -> None:
+        """The bracketed search's second probe does not depend on its first when nothing fits yet:
+        the bottom candidate after the top, or the candidate after a guess. Compile it meanwhile."""
+        above = [c for c in self.candidates if c > kept]
+        if len(above) < 2:
+            return
+        if guess is None:
+            second = above[0] if not kept else None
+        else:
+            second = next((c for c in above if c > guess), None)
+        if second is not None:
+            self.predictor.prefetch(self.precision, remat, second, 1, mode)
+
     def _block_param_count(self) -> int:
         """Parameters per block (a layer of the scan; the model's parameters over its blocks, so an
         upper figure), for the collectives' combine thresholds."""
@@ -329,7 +349,7 @@ class _Planner:
             requested_global_batch=req.global_batch, precision=self.precision,
             prediction_method=self.predictor.method, prediction_note=self.predictor.note, param_count=self.params,
             compiles=self.predictor.compiles, cache_hits=self.predictor.cache_hits,
-            ruled_out_by_bound=self.predictor.ruled_out,
+            ruled_out_by_bound=self.predictor.ruled_out, parallel_compiles=self.predictor.parallel,
             search_seconds=round(time.perf_counter() - self.t0, 2), max_batch_by_remat=by_sharding.get(sharding, {}),
             max_batch_by_sharding=by_sharding, model=self.predictor.model, sharding=sharding, nodes=req.nodes,
             gpus_per_node=min(req.gpus, req.gpus_per_node), source_job=self._source_job(),

@@ -237,6 +237,7 @@ class Plan(JsonExport):
     interconnect: str = ""  # the link the step-time model assumed between GPUs
     state: dict[str, Any] = dataclasses.field(default_factory=dict)  # state bytes per GPU: compiled vs arithmetic
     ruled_out_by_bound: int = 0  # candidates not compiled: their analytic lower bound exceeded the budget
+    parallel_compiles: int = 0  # of `compiles`, those that ran in a compile worker beside the search
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Plan":

@@ -113,6 +113,21 @@ def test_the_lower_bound_rules_out_what_is_far_over_the_budget(tmp_path):
     assert p.compiles == 0 and p.ruled_out == 1 and p.table[-1]["lower_bound"]
 
 
+def test_a_candidate_compiled_in_a_compile_worker_gives_the_figures_of_one_compiled_here(cache_root, tmp_path):
+    """The planner compiles its independent probes in spawned compile workers: the figures collected
+    from one equal this process's own compile of the same candidate (to 1 KiB: XLA's buffer
+    assignment may differ by a few hundred bytes between processes)."""
+    here = predictor("transformer", "tiny", cache_root).predict("bf16", "none", 8, 2)
+    req = PlanRequest(workload="transformer", preset="tiny", target="a100-80gb", compile_for_tpu=False)
+    p = MemoryPredictor(req, lambda *a, **k: None, cache=CompileCache(tmp_path / "c.json"), workers=1)
+    try:
+        assert p.prefetch("bf16", "none", 8, 2) and not p.prefetch("bf16", "none", 8, 2)  # once per candidate
+        assert abs(p.predict("bf16", "none", 8, 2) - here) <= 1024
+        assert (p.compiles, p.parallel) == (1, 1)
+    finally:
+        p.close()
+
+
 def test_accumulation_never_lowers_the_peak(cache_root):
     """The accumulator and the stacked micro-batches cost memory (XLA may fuse each micro-batch's
     gradient into the accumulator, so the cost is less than a full gradient copy)."""
