@@ -21,7 +21,7 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from migration.autotune import AutotuneSettings, autotuned_plan, check_target_here, start_autotune
 from migration.codecheck import CodeCheck
@@ -96,6 +96,20 @@ class Job:
         with self._cond:
             self.state = state
             self._cond.notify_all()
+
+
+def _pump(job: Job, events: Iterator[dict[str, Any]]) -> None:
+    """A job's work events into the job (the "result" event's result kept), until they end or the job
+    is stopped; closing the events stops the work (kills its worker; a run is recorded as cancelled)."""
+    try:
+        for ev in events:
+            if ev["event"] == "result":
+                job.result = ev["result"]
+            job.push(ev)
+            if job.cancel_requested.is_set():
+                break
+    finally:
+        events.close()
 
 
 class JobService:
@@ -291,31 +305,15 @@ class JobService:
                     raise PlanError("invalid", f"the plan is {plan.status}: {plan.message}")
             else:
                 plan = source
-            events = run_plan(plan, base, options, self.export_dir, code=code, history=recorder)
-            try:
-                for ev in events:
-                    if ev["event"] == "result":
-                        job.result = ev["result"]
-                    job.push(ev)
-                    if job.cancel_requested.is_set():
-                        break
-            finally:
-                events.close()  # a stopped job: kills its worker, records the run as cancelled
+            _pump(job, run_plan(plan, base, options, self.export_dir, code=code, history=recorder))
         finally:
             job.warnings.extend(recorder.errors)
 
     def _autotune_job(self, job: Job, plan: Plan, settings: AutotuneSettings, base: RunConfig) -> None:
         recorder = Recorder(self.history, user=job.user, label=job.label)
-        events = start_autotune(plan, settings, base, history=recorder)
         try:
-            for ev in events:
-                if ev["event"] == "result":
-                    job.result = ev["result"]
-                job.push(ev)
-                if job.cancel_requested.is_set():
-                    break
+            _pump(job, start_autotune(plan, settings, base, history=recorder))
         finally:
-            events.close()  # a stopped job: kills the candidate's worker
             job.warnings.extend(recorder.errors)
         if job.result is None or job.cancel_requested.is_set():
             return
