@@ -41,6 +41,8 @@ def main() -> int:
     parser.add_argument("--preset", default="gpt2-small")
     parser.add_argument("--target", default="h100-sxm")
     parser.add_argument("--global-batch", type=int, default=256)
+    parser.add_argument("--workers", type=int, default=None,
+                        help="compile workers for the first planner run (default: as the cores allow, at least 1)")
     args = parser.parse_args()
     req = PlanRequest(workload=args.workload, preset=args.preset, target=args.target, global_batch=args.global_batch,
                       compile_for_tpu=False)
@@ -51,8 +53,11 @@ def main() -> int:
     from migration.planner import plan_migration
 
     quiet = lambda *a, **k: None  # noqa: E731
+    auto = compile_workers()
+    workers = args.workers if args.workers is not None else max(1, auto)
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["MIGRATION_CACHE_DIR"] = str(Path(tmp) / "planner")
+        os.environ["MIGRATION_COMPILE_WORKERS"] = str(workers)
         t0 = time.perf_counter()
         p = plan_migration(req, quiet)
         planner_s = time.perf_counter() - t0
@@ -67,7 +72,7 @@ def main() -> int:
         serial_s = time.perf_counter() - t0
         del os.environ["MIGRATION_COMPILE_WORKERS"]
 
-        scan = MemoryPredictor(req, quiet, cache=CompileCache(Path(tmp) / "linear" / "cache.json"))
+        scan = MemoryPredictor(req, quiet, cache=CompileCache(Path(tmp) / "linear" / "cache.json"), model=p.model)
         t0 = time.perf_counter()
         linear_max: dict[str, int] = {}
         known = 0  # like the planner, a policy that keeps less starts above the previous policy's fit
@@ -89,7 +94,8 @@ def main() -> int:
           f"predicted {p.predicted_peak_bytes / 2**30:.2f} of {p.budget_bytes / 2**30:.2f} GiB")
     print(f"{'':<40} {'compiles':>9} {'seconds':>9}")
     print(f"{'planner (cold cache)':<44} {p.compiles:>9} {planner_s:>9.1f}   "
-          f"({p.parallel_compiles} in {compile_workers()} compile worker(s), {p.ruled_out_by_bound} ruled out by the bound)")
+          f"({p.parallel_compiles} in {workers} compile worker(s), {p.ruled_out_by_bound} ruled out by the bound; "
+          f"this machine's default: {auto})")
     print(f"{'planner, no compile worker (cold cache)':<44} {serial.compiles:>9} {serial_s:>9.1f}")
     print(f"{'planner again (warm cache)':<44} {warm.compiles:>9} {warm_s:>9.1f}")
     print(f"{'linear scan, same policies (cold cache)':<44} {scan.compiles:>9} {linear_s:>9.1f}")

@@ -112,13 +112,15 @@ COMPILE_WORKERS_MAX = 3
 
 
 def compile_workers() -> int:
-    """Processes the planner may compile candidates in beside its own: one fewer than the CPU cores
-    this process may use, at most COMPILE_WORKERS_MAX ($MIGRATION_COMPILE_WORKERS overrides; 0: none)."""
+    """Processes the planner may compile candidates in beside its own. An XLA GPU compile keeps about
+    two cores busy (on a 2-core machine one extra worker took 0.96x and 1.09x the serial time in two
+    runs of bench/planner_cost.py), so one worker per two cores beyond the first two, at most
+    COMPILE_WORKERS_MAX ($MIGRATION_COMPILE_WORKERS overrides; 0: none)."""
     given = os.environ.get("MIGRATION_COMPILE_WORKERS", "").strip()
     if given.isdigit():
         return min(int(given), 8)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(0, min(COMPILE_WORKERS_MAX, cores - 1))
+    return max(0, min(COMPILE_WORKERS_MAX, cores // 2 - 1))
 
 
 _ELSEWHERE: dict[str, "MemoryPredictor"] = {}
