@@ -72,25 +72,11 @@ def value_of(output: Any) -> Any:
 # -- the servers ---------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def launched(tmp_path_factory):
-    """The module's two long-lived servers, started together (a start is mostly imports that keep one
-    core busy; the CI machine has two): the main one and the one with auth."""
-    main = Server(tmp_path_factory.mktemp("main"), "--max-steps", str(MAX_STEPS), pre_create_cache=True, wait=False)
-    tmp = tmp_path_factory.mktemp("auth")
-    users = tmp / "users.txt"
-    users.write_text("alice:pw1\nbob:pw2\n")
-    auth = Server(tmp, "--auth-file", str(users), wait=False)
-    yield main, auth
-    main.close()
-    auth.close()
-
-
-@pytest.fixture(scope="module")
-def server(launched):
+def server(tmp_path_factory):
     """No auth, default host, --max-steps 500; cache folders pre-created world-readable."""
-    s = launched[0]
-    s.wait_ready()
-    return s
+    s = Server(tmp_path_factory.mktemp("main"), "--max-steps", str(MAX_STEPS), pre_create_cache=True)
+    yield s
+    s.close()
 
 
 @pytest.fixture(scope="module")
@@ -99,11 +85,13 @@ def client(server):
 
 
 @pytest.fixture(scope="module")
-def auth_server(launched):
-    """--auth-file with the users alice and bob."""
-    s = launched[1]
-    s.wait_ready()
-    return s
+def auth_server(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("auth")
+    users = tmp / "users.txt"
+    users.write_text("alice:pw1\nbob:pw2\n")
+    s = Server(tmp, "--auth-file", str(users), client=False)
+    yield s
+    s.close()
 
 
 @pytest.fixture(scope="module")
@@ -533,29 +521,8 @@ def test_startup_says_loopback_only_by_default(server):
     assert "no auth: single-user mode" in line
 
 
-@pytest.fixture(scope="module")
-def short_lived(tmp_path_factory):
-    """The two servers each test below starts, stops and reads alone, started together: one on
-    0.0.0.0 without auth, one with an export folder that already holds old exports (an hour old,
-    readable by everyone) and a limit of about 1 s."""
-    exports = tmp_path_factory.mktemp("old-exports") / "exports"
-    (exports / "trace-old").mkdir(parents=True)
-    os.chmod(exports, 0o755)
-    old = [exports / "history-20200101-000000-1.csv", exports / "trace-old" / "trace.json.gz"]
-    hour_ago = time.time() - 3600
-    for path in old:
-        path.write_text("old")
-        os.utime(path, (hour_ago, hour_ago))
-    servers = {"all interfaces": Server(tmp_path_factory.mktemp("all-interfaces"), "--host", "0.0.0.0", wait=False),
-               "old exports": Server(exports.parent, "--export-dir", str(exports), "--export-max-age-hours", "0.0003",
-                                     wait=False)}
-    yield {**servers, "old files": old}
-    for s in servers.values():
-        s.close()
-
-
-def test_startup_says_all_interfaces_for_0_0_0_0(short_lived):
-    s = short_lived["all interfaces"]
+def test_startup_says_all_interfaces_for_0_0_0_0(tmp_path):
+    s = Server(tmp_path, "--host", "0.0.0.0", wait=False)
     try:
         line = s.first_line()
         assert "serving on ALL interfaces" in line and "0.0.0.0" in line, line
@@ -574,14 +541,20 @@ def test_caches_and_exports_are_private(server, formula_run):
 
 # -- G. old exports are removed ------------------------------------------------------------------
 
-def test_old_exports_are_removed_at_start_up_and_on_export(short_lived):
-    s = short_lived["old exports"]
-    exports, old = s.tmp / "exports", short_lived["old files"]
+def test_old_exports_are_removed_at_start_up_and_on_export(tmp_path):
+    exports = tmp_path / "exports"
+    (exports / "trace-old").mkdir(parents=True)
+    os.chmod(exports, 0o755)
+    old = [exports / "history-20200101-000000-1.csv", exports / "trace-old" / "trace.json.gz"]
+    hour_ago = time.time() - 3600
+    for path in old:
+        path.write_text("old")
+        os.utime(path, (hour_ago, hour_ago))
+    s = Server(tmp_path, "--export-dir", str(exports), "--export-max-age-hours", "0.0003")  # about 1 s
     try:
-        s.wait_ready()
         assert [p for p in old if p.exists()] == [], "old exports survived start-up"
         assert stat.S_IMODE(exports.stat().st_mode) == 0o700
-        client = s.connect()
+        client = s.client
         client.predict("mine", api_name="/export_history_csv")
         first = sorted(exports.glob("history-*.csv"))
         assert len(first) == 1, first
@@ -593,30 +566,14 @@ def test_old_exports_are_removed_at_start_up_and_on_export(short_lived):
         s.close()
 
 
-BAD_SETTINGS = [
+@pytest.mark.parametrize("argv, env, flag", [
     (["--max-steps", "0"], {}, "--max-steps"),
     (["--jobs-per-user", "abc"], {}, "--jobs-per-user"),
     (["--silence-seconds", "nan"], {}, "--silence-seconds"),
     ([], {"MIGRATION_QUEUE_SIZE": "-3"}, "--queue-size"),
-]
-
-
-@pytest.fixture(scope="module")
-def bad_settings_runs():
-    """`python app.py` with each bad setting, all started at once (each imports Gradio and JAX before
-    it reads its flags): {flag: process}."""
-    procs = {flag: subprocess.Popen([sys.executable, "app.py", *argv], cwd=ROOT, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, text=True, env={**os.environ, **env})
-             for argv, env, flag in BAD_SETTINGS}
-    yield procs
-    for proc in procs.values():
-        if proc.poll() is None:
-            proc.kill()
-        proc.communicate()
-
-
-@pytest.mark.parametrize("flag", [flag for _, _, flag in BAD_SETTINGS])
-def test_bad_server_settings_are_refused_in_one_line(bad_settings_runs, flag):
-    _, stderr = bad_settings_runs[flag].communicate(timeout=120)
-    assert bad_settings_runs[flag].returncode == 2 and f"argument {flag}: must be" in stderr
-    assert "Traceback" not in stderr
+])
+def test_bad_server_settings_are_refused_in_one_line(argv, env, flag):
+    out = subprocess.run([sys.executable, "app.py", *argv], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, **env})
+    assert out.returncode == 2 and f"argument {flag}: must be" in out.stderr
+    assert "Traceback" not in out.stderr
