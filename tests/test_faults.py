@@ -16,7 +16,7 @@ import pytest
 from migration.config import RunConfig
 from migration.history import History, HistoryError
 from migration.report import RunReport
-from tests.server import ROOT, Server, value
+from tests.test_app import ROOT, App, Client, value
 
 pytestmark = pytest.mark.slow
 
@@ -53,7 +53,7 @@ def wait_for_steps(job, within_s=180):
 
 @pytest.fixture(scope="module")
 def app(tmp_path_factory):
-    a = Server(tmp_path_factory.mktemp("faults"), "--silence-seconds", "3")
+    a = App(tmp_path_factory.mktemp("faults"), "--silence-seconds", "3")
     yield a
     a.close()
 
@@ -79,7 +79,7 @@ def test_out_of_memory_says_does_not_fit_and_the_next_job_runs(app, tmp_path):
 
 
 def test_a_worker_killed_from_outside_is_crashed_with_its_partial_curve_and_the_queue_moves_on(app):
-    other = app.connect()
+    other = Client(app.url, verbose=False)
     victim = app.client.submit(*run_args(100_000, label="victim"), api_name="/run")
     wait_for_steps(victim)
     queued = other.submit(*run_args(3, label="next in line"), api_name="/run")
@@ -131,14 +131,14 @@ def test_a_dropped_connection_stops_the_worker_within_2_seconds_and_the_next_job
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
 def test_a_stopped_server_leaves_no_worker_and_the_restart_keeps_every_record(tmp_path, sig):
-    app = Server(tmp_path)
+    app = App(tmp_path)
     try:
         assert "Run finished" in value(app.client.submit(*run_args(3, label="finished"), api_name="/run")
                                        .result(timeout=300)[0])
         # No plan in this session: the run plans first, in its job; then a second run waits behind it.
         running = app.client.submit(*run_args(100_000, label="running"), api_name="/run")
         wait_for_steps(running)
-        queued = app.connect().submit(*run_args(3, label="queued"), api_name="/run")
+        queued = Client(app.url, verbose=False).submit(*run_args(3, label="queued"), api_name="/run")
         assert wait_until(lambda: any("queued" in str(value(o[0])) for o in queued.outputs()), 30, 0.2)
         worker = app.wait_for_worker()
         t0 = time.monotonic()
@@ -181,7 +181,7 @@ def test_a_full_history_is_a_clear_error_and_nothing_stored_is_damaged(tmp_path)
             stored += 1
             history.set_status(entry, "failed", "x")  # same size as "queued": never the write that fails
     assert stored >= 3
-    app = Server(tmp_path, "--history-max-mb", str(cap_mb), db=db)
+    app = App(tmp_path, "--history-max-mb", str(cap_mb), db=db)
     try:
         with pytest.raises(Exception) as err:
             app.client.predict(*run_args(3), api_name="/run")

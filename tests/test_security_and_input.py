@@ -16,6 +16,8 @@ import csv
 import json
 import math
 import os
+import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -34,12 +36,105 @@ from gradio_client import Client, handle_file
 from gradio_client.exceptions import AppError, AuthenticationError
 
 from migration.codecheck import MAX_SOURCE_BYTES
-from tests.server import ROOT, Server
 
+ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
 
 MAX_STEPS = 500  # the --max-steps of the main server
 FORMULA_LABEL = '=HYPERLINK("http://evil.example","x")'
+START_TIMEOUT_S = 180  # a loaded 2-core box takes a while to import gradio and JAX
+
+
+# -- a launched server ---------------------------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """`python app.py` on a free port with its own history, cache and logs under `tmp`; extra CLI
+    arguments and environment as given. MIGRATION_* and GRADIO_TEMP_DIR of the caller are not passed on."""
+
+    def __init__(self, tmp: Path, *args: str, env: dict[str, str] | None = None, wait: bool = True,
+                 pre_create_cache: bool = False):
+        tmp.mkdir(parents=True, exist_ok=True)
+        self.tmp = tmp
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}/"
+        self.db = tmp / "history.sqlite"
+        self.cache = tmp / "cache"
+        if pre_create_cache:  # readable by everyone: the app must tighten them
+            for folder in (self.cache, self.cache / "gradio", self.cache / "exports"):
+                folder.mkdir(parents=True, exist_ok=True)
+                os.chmod(folder, 0o755)
+        self.stdout_path = tmp / "stdout.log"
+        self.stderr_path = tmp / "stderr.log"
+        full_env = {k: v for k, v in os.environ.items() if not k.startswith("MIGRATION_") and k != "GRADIO_TEMP_DIR"}
+        full_env.update({"MIGRATION_CACHE_DIR": str(self.cache), "GRADIO_ANALYTICS_ENABLED": "False"})
+        full_env.update(env or {})
+        self._out = open(self.stdout_path, "w")  # noqa: SIM115  (closed in close())
+        self._err = open(self.stderr_path, "w")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [sys.executable, "app.py", "--port", str(self.port), "--history-db", str(self.db), *args],
+            cwd=ROOT, stdout=self._out, stderr=self._err, env=full_env, start_new_session=True)
+        if wait:
+            self.wait_ready()
+
+    def logs(self) -> str:
+        return self.stdout_path.read_text() + self.stderr_path.read_text()
+
+    def wait_ready(self) -> None:
+        deadline = time.time() + START_TIMEOUT_S
+        while time.time() < deadline:
+            assert self.proc.poll() is None, f"the server exited:\n{self.logs()}"
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                return
+            except OSError:
+                time.sleep(0.3)
+        raise AssertionError(f"the server did not listen within {START_TIMEOUT_S} s:\n{self.logs()}")
+
+    def first_line(self, timeout_s: float = START_TIMEOUT_S) -> str:
+        deadline = time.time() + timeout_s
+        while time.time() < deadline:
+            text = self.stdout_path.read_text()
+            if "\n" in text:
+                return text.splitlines()[0]
+            assert self.proc.poll() is None, f"the server exited:\n{self.logs()}"
+            time.sleep(0.2)
+        raise AssertionError(f"no line on stdout within {timeout_s} s:\n{self.logs()}")
+
+    def client(self, auth: tuple[str, str] | None = None) -> Client:
+        return Client(self.url, auth=auth, verbose=False)
+
+    def workers(self) -> list[int]:
+        """This server's worker processes (its children), not anyone else's."""
+        out = subprocess.run(["pgrep", "-P", str(self.proc.pid), "-f", "migration.worker"],
+                             check=False, capture_output=True, text=True).stdout
+        return [int(p) for p in out.split()]
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            with _suppress_lookup():
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                with _suppress_lookup():
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+        self._out.close()
+        self._err.close()
+
+
+class _suppress_lookup:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, exc, tb):
+        return kind is ProcessLookupError
 
 
 def call_http(base_url: str, api: str, data: list[Any], cookies: Any = None) -> tuple[str, Any]:
@@ -81,7 +176,7 @@ def server(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def client(server):
-    return server.connect()
+    return server.client()
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +184,7 @@ def auth_server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("auth")
     users = tmp / "users.txt"
     users.write_text("alice:pw1\nbob:pw2\n")
-    s = Server(tmp, "--auth-file", str(users), client=False)
+    s = Server(tmp, "--auth-file", str(users))
     yield s
     s.close()
 
@@ -446,11 +541,11 @@ def test_login_page_does_not_describe_the_api(auth_server):
 
 def test_auth_client_needs_right_credentials(auth_server):
     with pytest.raises(AuthenticationError, match="credentials"):
-        auth_server.connect()
+        auth_server.client()
     for auth in (("alice", "wrong"), ("alice", "pw2"), ("carol", "pw1"), ("alice", "")):
         with pytest.raises(ValueError, match="Could not login"):
-            auth_server.connect(auth)
-    history = auth_server.connect(("alice", "pw1")).predict("mine", "all", "all", "all", api_name="/history")
+            auth_server.client(auth)
+    history = auth_server.client(("alice", "pw1")).predict("mine", "all", "all", "all", api_name="/history")
     assert history["headers"][:3] == ["id", "created_at", "user"]
 
 
@@ -472,8 +567,8 @@ def _wait_for(predicate, timeout_s: float, what: str, interval: float = 0.25):
 
 
 def test_users_stop_only_their_own_jobs_and_see_their_own_history(auth_server):
-    alice = auth_server.connect(("alice", "pw1"))
-    bob = auth_server.connect(("bob", "pw2"))
+    alice = auth_server.client(("alice", "pw1"))
+    bob = auth_server.client(("bob", "pw2"))
     form = [*FORM.values()]
     long_run = alice.submit(None, 400, 0.003, False, False, False, False, False, *form, "alice-long", api_name="/run")
     entry = _wait_for(lambda: _entry(alice, "mine", "alice-long"), 20, "alice's run in her history")
@@ -554,7 +649,7 @@ def test_old_exports_are_removed_at_start_up_and_on_export(tmp_path):
     try:
         assert [p for p in old if p.exists()] == [], "old exports survived start-up"
         assert stat.S_IMODE(exports.stat().st_mode) == 0o700
-        client = s.client
+        client = s.client()
         client.predict("mine", api_name="/export_history_csv")
         first = sorted(exports.glob("history-*.csv"))
         assert len(first) == 1, first
