@@ -36,10 +36,7 @@ import math
 import os
 import secrets
 import shutil
-import signal
-import socket
 import sqlite3
-import subprocess
 import sys
 import tempfile
 import threading
@@ -48,6 +45,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from tests.server import Server  # noqa: E402  (the launcher the app's tests use)
 
 # The tiny preset, target "local": the plan is a local CPU compile inside the job (no deviceless GPU
 # compile). Order of the app's form inputs.
@@ -73,12 +72,6 @@ class Deadline:
 
     def passed(self) -> bool:
         return self.left() <= 0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -150,48 +143,18 @@ class Meter:
 
 # -- the server ---------------------------------------------------------------------------------
 
-class Server:
-    def __init__(self, tmp: Path, port: int, users: list[tuple[str, str]]):
-        self.port = port or free_port()
-        self.url = f"http://127.0.0.1:{self.port}/"
-        self.db = tmp / "history.sqlite"
-        self.log_path = tmp / "server.log"
-        auth = tmp / "users.txt"
-        auth.write_text("".join(f"{u}:{p}\n" for u, p in users))
-        os.chmod(auth, 0o600)
-        env = {**os.environ, "MIGRATION_CACHE_DIR": str(tmp / "cache"), "MIGRATION_EXPORT_DIR": str(tmp / "exports"),
-               "GRADIO_ANALYTICS_ENABLED": "False", "HF_HUB_OFFLINE": "1"}
-        self.log = open(self.log_path, "w")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(
-            [sys.executable, "app.py", "--host", "127.0.0.1", "--port", str(self.port), "--history-db", str(self.db),
-             "--auth-file", str(auth), "--jobs-per-user", "4", "--queue-size", "64"],
-            cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+def start_server(tmp: Path, port: int, users: list[tuple[str, str]]) -> Server:
+    """The app with an auth file (one line per user), a fresh history and room for every client's
+    jobs; not waited for (the caller waits within its deadline)."""
+    auth = tmp / "users.txt"
+    auth.write_text("".join(f"{u}:{p}\n" for u, p in users))
+    os.chmod(auth, 0o600)
+    return Server(tmp, "--host", "127.0.0.1", "--auth-file", str(auth), "--jobs-per-user", "4", "--queue-size", "64",
+                  port=port, wait=False, client=False)
 
-    def wait_ready(self, deadline: Deadline, limit_s: float = 180.0) -> None:
-        end = time.monotonic() + min(limit_s, deadline.left())
-        while time.monotonic() < end:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the server exited with status {self.proc.returncode} before listening")
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
-                return
-            except OSError:
-                time.sleep(0.5)
-        raise TimeoutError(f"the server did not listen on port {self.port} in time")
 
-    def stop(self) -> None:
-        """SIGTERM to the server's process group (it marks unfinished jobs interrupted), then
-        SIGKILL to whatever of the group is left (workers included)."""
-        for sig, wait_s in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
-            try:
-                os.killpg(self.proc.pid, sig)
-            except ProcessLookupError:
-                pass
-            try:
-                self.proc.wait(timeout=wait_s)
-            except subprocess.TimeoutExpired:
-                pass
-        self.log.close()
+def server_log_tail(server: Server) -> str:
+    return f"stdout:\n{tail(server.stdout_path)}\nstderr:\n{tail(server.stderr_path)}"
 
 
 # -- clients ------------------------------------------------------------------------------------
@@ -512,14 +475,14 @@ def main() -> int:
                               "timeout_s": args.timeout_s, "tmp_dir": str(tmp), "timed_out": False, "pending": [],
                               "verification": None, "client_errors": [], "load_wall_s": 0.0, "cpu": {},
                               "http_timeout": HTTP_TIMEOUT}
-    server = Server(tmp, args.port, [*users, baseline_user])
+    server = start_server(tmp, args.port, [*users, baseline_user])
     report["url"] = server.url
-    print(f"server log: {server.log_path}", flush=True)
+    print(f"server logs: {server.stdout_path}, {server.stderr_path}", flush=True)
     setup_error = None
     history_view: dict[str, Any] | None = None
     try:
         try:
-            server.wait_ready(deadline)
+            server.wait_ready(min(180.0, deadline.left()))
             # 1. idle baseline
             base = make_client(server.url, *baseline_user, downloads)
             meter = Meter(server.proc.pid)
@@ -570,7 +533,7 @@ def main() -> int:
                 report["pending"] = [line for c in clients for line in c.describe_pending()]
     finally:
         stop.set()
-        server.stop()
+        server.close()
     # 3b. verification from the database, once the server is down (unfinished jobs: interrupted)
     if clients and server.db.exists():
         try:
@@ -622,13 +585,13 @@ def main() -> int:
         reasons.append(f"{len(report['client_errors'])} client error(s)")
     report["passed"] = not reasons
     report["fail_reasons"] = reasons
-    report["server_log_tail"] = tail(server.log_path) if not report["passed"] else ""
+    report["server_log_tail"] = server_log_tail(server) if not report["passed"] else ""
     report["latency_samples"] = [{"endpoint": e, "phase": p, "seconds": s, "error": err, "at_s": at}
                                  for e, p, s, err, at in rec.samples]
 
     print_report(report)
     if not report["passed"]:
-        print(f"\nserver log tail ({server.log_path}):\n{report['server_log_tail']}")
+        print(f"\nserver log tails ({server.tmp}):\n{report['server_log_tail']}")
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1, default=str))
         print(f"figures written to {args.json}")

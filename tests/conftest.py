@@ -54,3 +54,16 @@ class Trainer:
 @pytest.fixture
 def trainer():
     return Trainer
+
+
+@pytest.fixture(scope="session")
+def app_server(tmp_path_factory):
+    """The launched app with no extra flags, started once for every test that needs no other flags
+    (tests/test_app.py, tests/test_browser.py): each start imports JAX and Gradio, many seconds on
+    2 cores. The tests that share it read their own client sessions and jobs, and of the history
+    only what they add (counts before and after, their newest rows)."""
+    from tests.server import Server
+
+    s = Server(tmp_path_factory.mktemp("app"))
+    yield s
+    s.close()

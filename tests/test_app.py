@@ -1,10 +1,5 @@
 """End to end through the launched app, by api_name, with gradio_client (a real server, real workers)."""
 
-import os
-import signal
-import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -14,82 +9,18 @@ import pytest
 gradio_client = pytest.importorskip("gradio_client")
 from gradio_client import Client  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.server import ROOT, value  # noqa: E402
+
 pytestmark = pytest.mark.slow
 
 # Form values in the order of the app's inputs (after steps, learning rate, TPU comparison for /run).
 FORM = ["transformer", "tiny", "tpu-v5e-8", 32, 0, "bf16", "h100-sxm", 1, 0.8, "multiple8", "auto", "auto", 0, 0, 0, 0, 0, 0, 0, 0, "preset", "auto", 8]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def value(output):
-    """An output's value whether the app sent it plain or as an update (visibility changes)."""
-    return output.get("value") if isinstance(output, dict) and "__type__" in output else output
-
-
-class App:
-    """The app as a server process on a free port, with its own history, caches and exports."""
-
-    def __init__(self, tmp: Path, *args: str, db: Path | None = None, client: bool = True):
-        self.tmp = tmp
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}/"
-        self.db = db or tmp / "history.sqlite"
-        self.args = args
-        self.log_path = tmp / f"app-{self.port}.log"
-        self.start(client=client)
-
-    def start(self, client: bool = True):
-        self.log = open(self.log_path, "a")
-        env = {**os.environ, "MIGRATION_CACHE_DIR": str(self.tmp / "cache"),
-               "MIGRATION_EXPORT_DIR": str(self.tmp / "exports")}
-        self.proc = subprocess.Popen([sys.executable, "app.py", "--port", str(self.port), "--history-db", str(self.db),
-                                      *self.args], cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT, env=env,
-                                     start_new_session=True)
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
-                break
-            except OSError:
-                assert self.proc.poll() is None, self.log_path.read_text()
-                time.sleep(0.5)
-        self.client = Client(self.url, verbose=False) if client else None
-
-    def workers(self) -> list[int]:
-        # only this app's workers (its children), not those of anything else on the machine
-        out = subprocess.run(["pgrep", "-P", str(self.proc.pid), "-f", "migration.worker"],
-                             capture_output=True, text=True).stdout
-        return [int(p) for p in out.split()]
-
-    def wait_for_worker(self, within_s: float = 120) -> int:
-        deadline = time.time() + within_s
-        while time.time() < deadline:
-            found = self.workers()
-            if found:
-                return found[0]
-            time.sleep(0.2)
-        raise AssertionError("no worker started")
-
-    def close(self, sig=signal.SIGTERM):
-        try:
-            os.killpg(self.proc.pid, sig)
-        except ProcessLookupError:
-            pass
-        self.proc.wait(timeout=30)
-        self.log.close()
-
-
 @pytest.fixture(scope="module")
-def app(tmp_path_factory):
-    a = App(tmp_path_factory.mktemp("app"))
-    yield a
-    a.close()
+def app(app_server):
+    """The app with no extra flags (shared with the browser test: see conftest)."""
+    return app_server
 
 
 def run_args(steps, *, compare=False, profile=False, fp32=False, pmap=False, scaling=False, label="",

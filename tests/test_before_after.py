@@ -17,7 +17,6 @@ import pytest
 
 from migration.config import ConfigError, RunConfig, validate
 from migration.report import RunReport
-from migration.runner import run
 from migration.scaling import scaling_rows, scaling_table
 from migration.train import (
     TrainProgram,
@@ -140,30 +139,38 @@ def test_scaling_rows_efficiency_ratio_and_loss_match():
     assert math.isinf(different_length[0]["max_loss_rel_diff"]) and different_length[0]["losses_match"] is False
 
 
+@pytest.fixture(scope="module")
+def worker_runs():
+    """Both step styles at 1 and 4 devices, each run in its own worker process (`scaling_table`):
+    (rows, progress events, {(devices, style): report}). The two tests below read the same four runs."""
+    seen = []
+    rows = scaling_table("transformer", "tiny", devices=(1, 4), per_device_batch=4, steps=6, warmup_steps=2,
+                         timeout_s=300, on_progress=seen.append)
+    reports = {(ev["devices"], ev["style"]): ev["report"] for ev in seen if ev["event"] == "report"}
+    return rows, seen, reports
+
+
 @pytest.mark.slow
-def test_both_styles_in_worker_processes_give_ok_reports_with_equal_losses():
-    base = RunConfig(workload="transformer", preset="tiny", per_device_batch=4, devices=4, steps=6, warmup_steps=2,
-                     platform="cpu", timeout_s=300)
-    reports = {style: run(dataclasses.replace(base, step_style=style)) for style in ("pmap", "jit")}
-    for style, report in reports.items():
+def test_both_styles_in_worker_processes_give_ok_reports_with_equal_losses(worker_runs):
+    _, _, reports = worker_runs
+    for style in ("pmap", "jit"):
+        report = reports[4, style]
         assert report.ok, f"{style}: {report.message}\n{report.stderr_tail}"
         assert report.step_style == style and report.config["step_style"] == style
         assert report.device_count == 4 and report.global_batch == 16 and report.backend == "cpu"
         assert report.recompilations == 0 and report.timed_steps == 4 and report.samples_per_s > 0
         assert report.compile_s > 0 and report.peak_memory_bytes > 0
-    pmap, jit = reports["pmap"], reports["jit"]
+    pmap, jit = reports[4, "pmap"], reports[4, "jit"]
     assert len(pmap.losses) == len(jit.losses) == 6 and jit.losses[-1] < jit.losses[0]
     np.testing.assert_allclose(pmap.losses, jit.losses, rtol=RTOL)
 
 
 @pytest.mark.slow
-def test_scaling_table_measures_both_styles_at_each_device_count():
-    seen = []
-    rows = scaling_table("transformer", "tiny", devices=(1, 2), per_device_batch=4, steps=4, warmup_steps=1,
-                         on_progress=seen.append)
-    assert [(r["devices"], r["style"]) for r in rows] == [(1, "pmap"), (1, "jit"), (2, "pmap"), (2, "jit")]
+def test_scaling_table_measures_both_styles_at_each_device_count(worker_runs):
+    rows, seen, _ = worker_runs
+    assert [(r["devices"], r["style"]) for r in rows] == [(1, "pmap"), (1, "jit"), (4, "pmap"), (4, "jit")]
     assert all(r["status"] == "ok" and r["backend"] == "cpu" for r in rows), [r["message"] for r in rows]
-    assert [r["global_batch"] for r in rows] == [4, 4, 8, 8]
+    assert [r["global_batch"] for r in rows] == [4, 4, 16, 16]
     assert rows[0]["scaling_efficiency"] == rows[1]["scaling_efficiency"] == 1.0
     assert all(r["losses_match"] is True and r["samples_per_s"] > 0 and r["jit_over_pmap"] > 0 for r in rows)
     assert sum(ev["event"] == "report" for ev in seen) == 4

@@ -9,8 +9,6 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from tests.test_app import App
-
 playwright = pytest.importorskip("playwright.sync_api")
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 pytestmark = pytest.mark.slow
@@ -20,10 +18,10 @@ FLAGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-quic", "--no-
 
 
 @pytest.fixture
-def app(tmp_path):
-    a = App(tmp_path)
-    yield a
-    a.close()
+def app(app_server):
+    """The app with no extra flags, shared with tests/test_app.py (see conftest): this test reads only
+    its own page's session and the two runs it makes, the newest in the history."""
+    return app_server
 
 
 def test_plan_run_checklist_compare_and_export_in_chromium(app, tmp_path):

@@ -16,7 +16,7 @@ import pytest
 from migration.config import RunConfig
 from migration.history import History, HistoryError
 from migration.report import RunReport
-from tests.test_app import ROOT, App, Client, value
+from tests.server import ROOT, Server, value
 
 pytestmark = pytest.mark.slow
 
@@ -52,17 +52,26 @@ def wait_for_steps(job, within_s=180):
 
 
 @pytest.fixture(scope="module")
-def app(tmp_path_factory):
-    a = App(tmp_path_factory.mktemp("faults"), "--silence-seconds", "3")
+def cache(tmp_path_factory):
+    """The cache folder of this module's servers that run jobs: a run with no plan plans first, and
+    the compiles of that plan are made once for the module."""
+    return tmp_path_factory.mktemp("faults-cache")
+
+
+@pytest.fixture(scope="module")
+def app(tmp_path_factory, cache):
+    a = Server(tmp_path_factory.mktemp("faults"), "--silence-seconds", "3", cache=cache)
     yield a
     a.close()
 
 
 def test_out_of_memory_says_does_not_fit_and_the_next_job_runs(app, tmp_path):
     # A plan saved for this machine, edited to a per-device batch no host can hold (~34 TB of logits).
+    # Its global batch is replaced below: planned at 8, one compile finds it (at 32, the search on this
+    # host takes five).
     plan_path = tmp_path / "plan.json"
     subprocess.run([sys.executable, "-m", "migration", "plan", "--workload", "transformer", "--preset", "small",
-                    "--global-batch", "32", "--target", "local", "--json", str(plan_path)], cwd=ROOT, check=True,
+                    "--global-batch", "8", "--target", "local", "--json", str(plan_path)], cwd=ROOT, check=True,
                    capture_output=True, env={**os.environ, "MIGRATION_CACHE_DIR": str(tmp_path / "cache")})
     plan = json.loads(plan_path.read_text())
     plan.update(per_device_batch=65536, global_batch=65536, accumulation_steps=1)
@@ -79,7 +88,7 @@ def test_out_of_memory_says_does_not_fit_and_the_next_job_runs(app, tmp_path):
 
 
 def test_a_worker_killed_from_outside_is_crashed_with_its_partial_curve_and_the_queue_moves_on(app):
-    other = Client(app.url, verbose=False)
+    other = app.connect()
     victim = app.client.submit(*run_args(100_000, label="victim"), api_name="/run")
     wait_for_steps(victim)
     queued = other.submit(*run_args(3, label="next in line"), api_name="/run")
@@ -129,16 +138,32 @@ def test_a_dropped_connection_stops_the_worker_within_2_seconds_and_the_next_job
     assert "Run finished" in value(app.client.submit(*run_args(3), api_name="/run").result(timeout=300)[0])
 
 
+@pytest.fixture(scope="module")
+def restarted(tmp_path_factory, cache):
+    """The app of the stopped-server cases, started by the first case. Each case stops it its own way
+    and starts it again on the same history; the next case goes on from that restart (a start fewer
+    per case). The labels say which case a record belongs to."""
+    holder = {"tmp": tmp_path_factory.mktemp("restarted"), "cache": cache, "app": None}
+    yield holder
+    if holder["app"] is not None:
+        holder["app"].close()
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
-def test_a_stopped_server_leaves_no_worker_and_the_restart_keeps_every_record(tmp_path, sig):
-    app = App(tmp_path)
+def test_a_stopped_server_leaves_no_worker_and_the_restart_keeps_every_record(restarted, sig):
+    if restarted["app"] is None:
+        restarted["app"] = Server(restarted["tmp"], cache=restarted["cache"])
+    app = restarted["app"]
+    if app.proc.poll() is not None:  # an earlier case failed before its restart
+        app.start()
+    label = {what: f"{what} ({sig.name})" for what in ("finished", "running", "queued")}
     try:
-        assert "Run finished" in value(app.client.submit(*run_args(3, label="finished"), api_name="/run")
+        assert "Run finished" in value(app.client.submit(*run_args(3, label=label["finished"]), api_name="/run")
                                        .result(timeout=300)[0])
         # No plan in this session: the run plans first, in its job; then a second run waits behind it.
-        running = app.client.submit(*run_args(100_000, label="running"), api_name="/run")
+        running = app.client.submit(*run_args(100_000, label=label["running"]), api_name="/run")
         wait_for_steps(running)
-        queued = Client(app.url, verbose=False).submit(*run_args(3, label="queued"), api_name="/run")
+        queued = app.connect().submit(*run_args(3, label=label["queued"]), api_name="/run")
         assert wait_until(lambda: any("queued" in str(value(o[0])) for o in queued.outputs()), 30, 0.2)
         worker = app.wait_for_worker()
         t0 = time.monotonic()
@@ -148,20 +173,17 @@ def test_a_stopped_server_leaves_no_worker_and_the_restart_keeps_every_record(tm
         assert time.monotonic() - t0 < 15
     finally:
         app.close()
-    app.start()  # same history
-    try:
-        history = app.client.predict("mine", "all", "all", "all", api_name="/history")
-        cols = history["headers"]
-        rows = [dict(zip(cols, row)) for row in history["data"]]
-        status = {(r["kind"], r["label"]): r["status"] for r in rows}
-        assert status[("run", "finished")] == "ok"
-        assert status[("run", "running")] == "interrupted" and status[("run", "queued")] == "interrupted"
-        assert status[("plan", "running · planned for this run")] == "ok"  # the plan made on the way
-        csv = pd.read_csv(value(app.client.predict("mine", api_name="/export_history_csv")))
-        message = csv.loc[csv["label"] == "running", "message"].iloc[0]
-        assert "interrupted" in message and "server stopped" in message
-    finally:
-        app.close()
+    app.start()  # same history; left running for the next case (the fixture stops the last one)
+    history = app.client.predict("mine", "all", "all", "all", api_name="/history")
+    cols = history["headers"]
+    rows = [dict(zip(cols, row)) for row in history["data"]]
+    status = {(r["kind"], r["label"]): r["status"] for r in rows}
+    assert status[("run", label["finished"])] == "ok"
+    assert status[("run", label["running"])] == "interrupted" and status[("run", label["queued"])] == "interrupted"
+    assert status[("plan", f"{label['running']} · planned for this run")] == "ok"  # the plan made on the way
+    csv = pd.read_csv(value(app.client.predict("mine", api_name="/export_history_csv")))
+    message = csv.loc[csv["label"] == label["running"], "message"].iloc[0]
+    assert "interrupted" in message and "server stopped" in message
 
 
 def test_a_full_history_is_a_clear_error_and_nothing_stored_is_damaged(tmp_path):
@@ -181,7 +203,7 @@ def test_a_full_history_is_a_clear_error_and_nothing_stored_is_damaged(tmp_path)
             stored += 1
             history.set_status(entry, "failed", "x")  # same size as "queued": never the write that fails
     assert stored >= 3
-    app = App(tmp_path, "--history-max-mb", str(cap_mb), db=db)
+    app = Server(tmp_path, "--history-max-mb", str(cap_mb), db=db)
     try:
         with pytest.raises(Exception) as err:
             app.client.predict(*run_args(3), api_name="/run")

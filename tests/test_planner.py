@@ -12,6 +12,7 @@ from migration.memory import MemoryPredictor
 from migration.planner import plan_migration
 from migration.runner import plan
 from migration.search import batch_candidates
+from tests.concurrent_plans import cli_plan, start_cli_plans, start_plans, stop_cli_plans
 
 ROOT = Path(__file__).resolve().parent.parent
 NO_CUDA_PLUGIN = ROOT / "tests" / "fixtures" / "no_cuda_plugin"
@@ -28,12 +29,20 @@ def tiny(**change) -> PlanRequest:
     return PlanRequest(**{**base, **change})
 
 
-@pytest.mark.parametrize("granularity", ["multiple8", "pow2"])
-def test_bisection_finds_the_boundary_with_real_compiles(granularity):
+GRANULARITIES = ["multiple8", "pow2"]
+
+
+@pytest.fixture(scope="module")
+def bisection_plans(tmp_path_factory):
     # A T4 with a 5% share and a 50% margin leaves ~0.37 GB: the tiny model's boundary falls mid-range.
-    req = tiny(target="t4", memory_fraction=0.05, safety_margin=0.5, global_batch=4000, max_per_device_batch=4000,
-               remat="none", granularity=granularity)
-    p = plan(req)
+    return start_plans({g: tiny(target="t4", memory_fraction=0.05, safety_margin=0.5, global_batch=4000,
+                                max_per_device_batch=4000, remat="none", granularity=g) for g in GRANULARITIES},
+                       tmp_path_factory.mktemp("bisection"))
+
+
+@pytest.mark.parametrize("granularity", GRANULARITIES)
+def test_bisection_finds_the_boundary_with_real_compiles(bisection_plans, granularity):
+    p = bisection_plans[granularity].result()
     assert p.status == "ok" and p.prediction_method == "compiled-for-target"
     assert 8 < p.max_batch_by_remat["none"] < 4000
     probed = {row["per_device_batch"]: row["predicted_bytes"] for row in p.table
@@ -56,24 +65,45 @@ def test_the_cache_avoids_repeated_compiles():
            (first.per_device_batch, first.remat, first.predicted_peak_bytes)
 
 
-@pytest.mark.parametrize("target,precision", [("v100-32gb", "fp16"), ("t4", "fp16"), ("a100-40gb", "bf16"),
-                                              ("h100-sxm", "bf16"), ("h200", "bf16")])
-def test_fp16_with_loss_scaling_where_bf16_is_missing(target, precision):
-    p = plan(tiny(target=target, global_batch=32))
+PRECISION_BY_TARGET = [("v100-32gb", "fp16"), ("t4", "fp16"), ("a100-40gb", "bf16"), ("h100-sxm", "bf16"),
+                       ("h200", "bf16")]
+
+
+@pytest.fixture(scope="module")
+def precision_plans(tmp_path_factory):
+    return start_plans({target: tiny(target=target, global_batch=32) for target, _ in PRECISION_BY_TARGET},
+                       tmp_path_factory.mktemp("precision"))
+
+
+@pytest.mark.parametrize("target,precision", PRECISION_BY_TARGET)
+def test_fp16_with_loss_scaling_where_bf16_is_missing(precision_plans, target, precision):
+    p = precision_plans[target].result()
     assert p.precision == precision
     reason = p.reasons["precision"]
     assert ("loss scaling" in reason and "no native bf16" in reason) if precision == "fp16" else "natively" in reason
 
 
-def test_accumulation_keeps_the_global_batch_on_several_gpus():
-    p = plan(tiny(target="l4", gpus=2, global_batch=96, max_per_device_batch=16))
+@pytest.fixture(scope="module")
+def independent_plans(tmp_path_factory):
+    """Plans of the tests below that need nothing but their own plan, started together: tiny on two
+    L4s; the small preset on 5% of a T4 with a 50% margin, the planner's choice and remat none
+    forced; tiny for an H100 from a v5e-8 (the TPU setup and the rule of thumb)."""
+    small_on_a_t4 = dict(workload="transformer", preset="small", target="t4", memory_fraction=0.05, safety_margin=0.5,
+                         global_batch=64, compile_for_tpu=False)
+    return start_plans({"two L4s": tiny(target="l4", gpus=2, global_batch=96, max_per_device_batch=16),
+                        "small, chosen": PlanRequest(**small_on_a_t4),
+                        "small, remat none": PlanRequest(**small_on_a_t4, remat="none"),
+                        "tpu setup": tiny(target="h100-sxm", global_batch=256)},
+                       tmp_path_factory.mktemp("independent"))
+
+
+def test_accumulation_keeps_the_global_batch_on_several_gpus(independent_plans):
+    p = independent_plans["two L4s"].result()
     assert p.per_device_batch * p.gpus * p.accumulation_steps == 96 == p.global_batch and p.global_batch_exact
 
 
-def test_a_model_larger_than_the_budget_is_infeasible_with_what_would_help():
-    req = PlanRequest(workload="transformer", preset="small", target="t4", memory_fraction=0.05, safety_margin=0.5,
-                      global_batch=64, compile_for_tpu=False)
-    p = plan(req)
+def test_a_model_larger_than_the_budget_is_infeasible_with_what_would_help(independent_plans):
+    p = independent_plans["small, chosen"].result()
     assert p.status == "infeasible"
     assert "does not fit even at batch 1 with remat full" in p.message
     assert "parameters, gradients and AdamW state alone" in p.message
@@ -81,9 +111,8 @@ def test_a_model_larger_than_the_budget_is_infeasible_with_what_would_help():
     assert p.predicted_peak_bytes > p.budget_bytes
 
 
-def test_an_infeasible_forced_policy_is_named_and_full_remat_suggested():
-    p = plan(PlanRequest(workload="transformer", preset="small", target="t4", memory_fraction=0.05, safety_margin=0.5,
-                         global_batch=64, remat="none", compile_for_tpu=False))
+def test_an_infeasible_forced_policy_is_named_and_full_remat_suggested(independent_plans):
+    p = independent_plans["small, remat none"].result()
     assert p.status == "infeasible" and "remat none" in p.message and p.remat == "none"
     assert "remat full (or let the planner choose the policy)" in p.message
 
@@ -135,8 +164,8 @@ def test_without_the_cuda_plugin_the_plan_is_an_estimate_and_says_so(monkeypatch
     assert p.predicted_peak_bytes <= p.budget_bytes
 
 
-def test_the_plan_compares_the_tpu_setup_and_the_rule_of_thumb():
-    p = plan(tiny(target="h100-sxm", global_batch=256))
+def test_the_plan_compares_the_tpu_setup_and_the_rule_of_thumb(independent_plans):
+    p = independent_plans["tpu setup"].result()
     assert p.tpu_setup_on_target["per_device_batch"] == 32  # 256 over a v5e-8's 8 chips
     assert p.tpu_setup_on_target["fits"] is True
     assert p.rule_of_thumb_batch == 64 and "capped to 1..64" in p.rule_of_thumb_note  # a tiny model hits the cap
@@ -151,15 +180,26 @@ def test_invalid_plan_requests_name_the_field():
         plan(PlanRequest(global_batch=0))
 
 
-def test_cli_plans_gpt2_small_for_an_h100_by_compiling_for_it(tmp_path):
+CLI_PLANS = {
+    # The issue's command.
+    "gpt2-small": ["--workload", "transformer", "--preset", "gpt2-small", "--source", "tpu-v5e-8", "--global-batch",
+                   "256", "--target", "h100-sxm", "--gpus", "1"],
+    # A plan to run here.
+    "tiny-a10": ["--preset", "tiny", "--target", "a10", "--global-batch", "32", "--no-tpu-compile", "--quiet"],
+}
+
+
+@pytest.fixture(scope="module")
+def cli_plans(tmp_path_factory):
+    """The command lines of CLI_PLANS, started together."""
+    started = start_cli_plans(CLI_PLANS, tmp_path_factory.mktemp("cli"))
+    yield started
+    stop_cli_plans(started)
+
+
+def test_cli_plans_gpt2_small_for_an_h100_by_compiling_for_it(cli_plans):
     """The issue's command: a compiled-for-target plan that fits, under 3 minutes on 2 cores."""
-    out = tmp_path / "plan.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "migration", "plan", "--workload", "transformer", "--preset", "gpt2-small",
-         "--source", "tpu-v5e-8", "--global-batch", "256", "--target", "h100-sxm", "--gpus", "1", "--json", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr + proc.stdout
-    p = json.loads(out.read_text())
+    p, _, _ = cli_plan(cli_plans["gpt2-small"])
     for key in ("per_device_batch", "accumulation_steps", "global_batch", "precision", "remat",
                 "predicted_peak_bytes", "budget_bytes", "prediction_method", "compiles", "search_seconds", "decisions"):
         assert key in p
@@ -170,12 +210,8 @@ def test_cli_plans_gpt2_small_for_an_h100_by_compiling_for_it(tmp_path):
     assert all(d["reason"] for d in p["decisions"])
 
 
-def test_cli_runs_a_saved_plan_on_the_local_devices(tmp_path):
-    out = tmp_path / "plan.json"
-    proc = subprocess.run([sys.executable, "-m", "migration", "plan", "--preset", "tiny", "--target", "a10",
-                           "--global-batch", "32", "--no-tpu-compile", "--quiet", "--json", str(out)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr
+def test_cli_runs_a_saved_plan_on_the_local_devices(cli_plans, tmp_path):
+    saved, _, out = cli_plan(cli_plans["tiny-a10"])
     report = tmp_path / "run.json"
     proc = subprocess.run([sys.executable, "-m", "migration", "run", "--plan", str(out), "--steps", "4",
                            "--warmup", "1", "--quiet", "--json", str(report)],
@@ -183,5 +219,4 @@ def test_cli_runs_a_saved_plan_on_the_local_devices(tmp_path):
     assert proc.returncode == 0, proc.stderr + proc.stdout
     assert "note: the plan was made for A10" in proc.stdout
     r = json.loads(report.read_text())
-    saved = json.loads(out.read_text())
     assert r["status"] == "ok" and r["precision"] == saved["precision"] and r["global_batch"] == 32

@@ -16,8 +16,6 @@ import csv
 import json
 import math
 import os
-import signal
-import socket
 import stat
 import subprocess
 import sys
@@ -36,105 +34,12 @@ from gradio_client import Client, handle_file
 from gradio_client.exceptions import AppError, AuthenticationError
 
 from migration.codecheck import MAX_SOURCE_BYTES
+from tests.server import ROOT, Server
 
-ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
 
 MAX_STEPS = 500  # the --max-steps of the main server
 FORMULA_LABEL = '=HYPERLINK("http://evil.example","x")'
-START_TIMEOUT_S = 180  # a loaded 2-core box takes a while to import gradio and JAX
-
-
-# -- a launched server ---------------------------------------------------------------------------
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    """`python app.py` on a free port with its own history, cache and logs under `tmp`; extra CLI
-    arguments and environment as given. MIGRATION_* and GRADIO_TEMP_DIR of the caller are not passed on."""
-
-    def __init__(self, tmp: Path, *args: str, env: dict[str, str] | None = None, wait: bool = True,
-                 pre_create_cache: bool = False):
-        tmp.mkdir(parents=True, exist_ok=True)
-        self.tmp = tmp
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}/"
-        self.db = tmp / "history.sqlite"
-        self.cache = tmp / "cache"
-        if pre_create_cache:  # readable by everyone: the app must tighten them
-            for folder in (self.cache, self.cache / "gradio", self.cache / "exports"):
-                folder.mkdir(parents=True, exist_ok=True)
-                os.chmod(folder, 0o755)
-        self.stdout_path = tmp / "stdout.log"
-        self.stderr_path = tmp / "stderr.log"
-        full_env = {k: v for k, v in os.environ.items() if not k.startswith("MIGRATION_") and k != "GRADIO_TEMP_DIR"}
-        full_env.update({"MIGRATION_CACHE_DIR": str(self.cache), "GRADIO_ANALYTICS_ENABLED": "False"})
-        full_env.update(env or {})
-        self._out = open(self.stdout_path, "w")  # noqa: SIM115  (closed in close())
-        self._err = open(self.stderr_path, "w")  # noqa: SIM115
-        self.proc = subprocess.Popen(
-            [sys.executable, "app.py", "--port", str(self.port), "--history-db", str(self.db), *args],
-            cwd=ROOT, stdout=self._out, stderr=self._err, env=full_env, start_new_session=True)
-        if wait:
-            self.wait_ready()
-
-    def logs(self) -> str:
-        return self.stdout_path.read_text() + self.stderr_path.read_text()
-
-    def wait_ready(self) -> None:
-        deadline = time.time() + START_TIMEOUT_S
-        while time.time() < deadline:
-            assert self.proc.poll() is None, f"the server exited:\n{self.logs()}"
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
-                return
-            except OSError:
-                time.sleep(0.3)
-        raise AssertionError(f"the server did not listen within {START_TIMEOUT_S} s:\n{self.logs()}")
-
-    def first_line(self, timeout_s: float = START_TIMEOUT_S) -> str:
-        deadline = time.time() + timeout_s
-        while time.time() < deadline:
-            text = self.stdout_path.read_text()
-            if "\n" in text:
-                return text.splitlines()[0]
-            assert self.proc.poll() is None, f"the server exited:\n{self.logs()}"
-            time.sleep(0.2)
-        raise AssertionError(f"no line on stdout within {timeout_s} s:\n{self.logs()}")
-
-    def client(self, auth: tuple[str, str] | None = None) -> Client:
-        return Client(self.url, auth=auth, verbose=False)
-
-    def workers(self) -> list[int]:
-        """This server's worker processes (its children), not anyone else's."""
-        out = subprocess.run(["pgrep", "-P", str(self.proc.pid), "-f", "migration.worker"],
-                             check=False, capture_output=True, text=True).stdout
-        return [int(p) for p in out.split()]
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            with _suppress_lookup():
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                with _suppress_lookup():
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=10)
-        self._out.close()
-        self._err.close()
-
-
-class _suppress_lookup:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, kind, exc, tb):
-        return kind is ProcessLookupError
 
 
 def call_http(base_url: str, api: str, data: list[Any], cookies: Any = None) -> tuple[str, Any]:
@@ -167,26 +72,38 @@ def value_of(output: Any) -> Any:
 # -- the servers ---------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def launched(tmp_path_factory):
+    """The module's two long-lived servers, started together (a start is mostly imports that keep one
+    core busy; the CI machine has two): the main one and the one with auth."""
+    main = Server(tmp_path_factory.mktemp("main"), "--max-steps", str(MAX_STEPS), pre_create_cache=True, wait=False)
+    tmp = tmp_path_factory.mktemp("auth")
+    users = tmp / "users.txt"
+    users.write_text("alice:pw1\nbob:pw2\n")
+    auth = Server(tmp, "--auth-file", str(users), wait=False)
+    yield main, auth
+    main.close()
+    auth.close()
+
+
+@pytest.fixture(scope="module")
+def server(launched):
     """No auth, default host, --max-steps 500; cache folders pre-created world-readable."""
-    s = Server(tmp_path_factory.mktemp("main"), "--max-steps", str(MAX_STEPS), pre_create_cache=True)
-    yield s
-    s.close()
+    s = launched[0]
+    s.wait_ready()
+    return s
 
 
 @pytest.fixture(scope="module")
 def client(server):
-    return server.client()
+    return server.connect()
 
 
 @pytest.fixture(scope="module")
-def auth_server(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("auth")
-    users = tmp / "users.txt"
-    users.write_text("alice:pw1\nbob:pw2\n")
-    s = Server(tmp, "--auth-file", str(users))
-    yield s
-    s.close()
+def auth_server(launched):
+    """--auth-file with the users alice and bob."""
+    s = launched[1]
+    s.wait_ready()
+    return s
 
 
 @pytest.fixture(scope="module")
@@ -541,11 +458,11 @@ def test_login_page_does_not_describe_the_api(auth_server):
 
 def test_auth_client_needs_right_credentials(auth_server):
     with pytest.raises(AuthenticationError, match="credentials"):
-        auth_server.client()
+        auth_server.connect()
     for auth in (("alice", "wrong"), ("alice", "pw2"), ("carol", "pw1"), ("alice", "")):
         with pytest.raises(ValueError, match="Could not login"):
-            auth_server.client(auth)
-    history = auth_server.client(("alice", "pw1")).predict("mine", "all", "all", "all", api_name="/history")
+            auth_server.connect(auth)
+    history = auth_server.connect(("alice", "pw1")).predict("mine", "all", "all", "all", api_name="/history")
     assert history["headers"][:3] == ["id", "created_at", "user"]
 
 
@@ -567,8 +484,8 @@ def _wait_for(predicate, timeout_s: float, what: str, interval: float = 0.25):
 
 
 def test_users_stop_only_their_own_jobs_and_see_their_own_history(auth_server):
-    alice = auth_server.client(("alice", "pw1"))
-    bob = auth_server.client(("bob", "pw2"))
+    alice = auth_server.connect(("alice", "pw1"))
+    bob = auth_server.connect(("bob", "pw2"))
     form = [*FORM.values()]
     long_run = alice.submit(None, 400, 0.003, False, False, False, False, False, *form, "alice-long", api_name="/run")
     entry = _wait_for(lambda: _entry(alice, "mine", "alice-long"), 20, "alice's run in her history")
@@ -616,8 +533,29 @@ def test_startup_says_loopback_only_by_default(server):
     assert "no auth: single-user mode" in line
 
 
-def test_startup_says_all_interfaces_for_0_0_0_0(tmp_path):
-    s = Server(tmp_path, "--host", "0.0.0.0", wait=False)
+@pytest.fixture(scope="module")
+def short_lived(tmp_path_factory):
+    """The two servers each test below starts, stops and reads alone, started together: one on
+    0.0.0.0 without auth, one with an export folder that already holds old exports (an hour old,
+    readable by everyone) and a limit of about 1 s."""
+    exports = tmp_path_factory.mktemp("old-exports") / "exports"
+    (exports / "trace-old").mkdir(parents=True)
+    os.chmod(exports, 0o755)
+    old = [exports / "history-20200101-000000-1.csv", exports / "trace-old" / "trace.json.gz"]
+    hour_ago = time.time() - 3600
+    for path in old:
+        path.write_text("old")
+        os.utime(path, (hour_ago, hour_ago))
+    servers = {"all interfaces": Server(tmp_path_factory.mktemp("all-interfaces"), "--host", "0.0.0.0", wait=False),
+               "old exports": Server(exports.parent, "--export-dir", str(exports), "--export-max-age-hours", "0.0003",
+                                     wait=False)}
+    yield {**servers, "old files": old}
+    for s in servers.values():
+        s.close()
+
+
+def test_startup_says_all_interfaces_for_0_0_0_0(short_lived):
+    s = short_lived["all interfaces"]
     try:
         line = s.first_line()
         assert "serving on ALL interfaces" in line and "0.0.0.0" in line, line
@@ -636,20 +574,14 @@ def test_caches_and_exports_are_private(server, formula_run):
 
 # -- G. old exports are removed ------------------------------------------------------------------
 
-def test_old_exports_are_removed_at_start_up_and_on_export(tmp_path):
-    exports = tmp_path / "exports"
-    (exports / "trace-old").mkdir(parents=True)
-    os.chmod(exports, 0o755)
-    old = [exports / "history-20200101-000000-1.csv", exports / "trace-old" / "trace.json.gz"]
-    hour_ago = time.time() - 3600
-    for path in old:
-        path.write_text("old")
-        os.utime(path, (hour_ago, hour_ago))
-    s = Server(tmp_path, "--export-dir", str(exports), "--export-max-age-hours", "0.0003")  # about 1 s
+def test_old_exports_are_removed_at_start_up_and_on_export(short_lived):
+    s = short_lived["old exports"]
+    exports, old = s.tmp / "exports", short_lived["old files"]
     try:
+        s.wait_ready()
         assert [p for p in old if p.exists()] == [], "old exports survived start-up"
         assert stat.S_IMODE(exports.stat().st_mode) == 0o700
-        client = s.client()
+        client = s.connect()
         client.predict("mine", api_name="/export_history_csv")
         first = sorted(exports.glob("history-*.csv"))
         assert len(first) == 1, first
@@ -661,14 +593,30 @@ def test_old_exports_are_removed_at_start_up_and_on_export(tmp_path):
         s.close()
 
 
-@pytest.mark.parametrize("argv, env, flag", [
+BAD_SETTINGS = [
     (["--max-steps", "0"], {}, "--max-steps"),
     (["--jobs-per-user", "abc"], {}, "--jobs-per-user"),
     (["--silence-seconds", "nan"], {}, "--silence-seconds"),
     ([], {"MIGRATION_QUEUE_SIZE": "-3"}, "--queue-size"),
-])
-def test_bad_server_settings_are_refused_in_one_line(argv, env, flag):
-    out = subprocess.run([sys.executable, "app.py", *argv], cwd=ROOT, capture_output=True, text=True, timeout=120,
-                         env={**os.environ, **env})
-    assert out.returncode == 2 and f"argument {flag}: must be" in out.stderr
-    assert "Traceback" not in out.stderr
+]
+
+
+@pytest.fixture(scope="module")
+def bad_settings_runs():
+    """`python app.py` with each bad setting, all started at once (each imports Gradio and JAX before
+    it reads its flags): {flag: process}."""
+    procs = {flag: subprocess.Popen([sys.executable, "app.py", *argv], cwd=ROOT, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True, env={**os.environ, **env})
+             for argv, env, flag in BAD_SETTINGS}
+    yield procs
+    for proc in procs.values():
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+
+
+@pytest.mark.parametrize("flag", [flag for _, _, flag in BAD_SETTINGS])
+def test_bad_server_settings_are_refused_in_one_line(bad_settings_runs, flag):
+    _, stderr = bad_settings_runs[flag].communicate(timeout=120)
+    assert bad_settings_runs[flag].returncode == 2 and f"argument {flag}: must be" in stderr
+    assert "Traceback" not in stderr

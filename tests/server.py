@@ -1,0 +1,143 @@
+"""The app as a server process (`python app.py`) on a free port, for the tests and the load benchmark.
+
+One launcher for every caller: its own history, cache (and so private exports folder) and logs under
+a temporary folder; extra CLI flags and environment as given. The caller's MIGRATION_* variables and
+GRADIO_TEMP_DIR are not passed on, so the server runs on its flags alone. Imports nothing from the
+app (and gradio_client only when a client is asked for): `bench/load.py` uses it too.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+START_TIMEOUT_S = 180.0  # a loaded 2-core box takes a while to import gradio and JAX
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def value(output: Any) -> Any:
+    """A component's value whether the app sent it plain or as an update (visibility changes)."""
+    return output.get("value") if isinstance(output, dict) and "__type__" in output else output
+
+
+class Server:
+    """`python app.py --port P --history-db DB *args` with MIGRATION_CACHE_DIR under `tmp`.
+
+    wait: return once the port listens (else call `wait_ready`); client: then also connect a
+    gradio_client as `self.client` (a server with auth needs `connect(auth)` instead);
+    pre_create_cache: make the cache folders first, readable by everyone (the app must tighten them);
+    db: the history database (default `tmp/history.sqlite`); cache: MIGRATION_CACHE_DIR (default
+    `tmp/cache`: compile figures, Gradio's files, exports); port: 0 for a free one.
+    `close()` then `start()` restarts it on the same port with the same history.
+    """
+
+    def __init__(self, tmp: Path, *args: str, env: dict[str, str] | None = None, db: Path | None = None,
+                 cache: Path | None = None, port: int = 0, wait: bool = True, client: bool = True,
+                 pre_create_cache: bool = False):
+        tmp.mkdir(parents=True, exist_ok=True)
+        self.tmp = tmp
+        self.args = args
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}/"
+        self.db = db or tmp / "history.sqlite"
+        self.cache = cache or tmp / "cache"
+        if pre_create_cache:
+            for folder in (self.cache, self.cache / "gradio", self.cache / "exports"):
+                folder.mkdir(parents=True, exist_ok=True)
+                os.chmod(folder, 0o755)
+        self.stdout_path = tmp / f"app-{self.port}.out.log"
+        self.stderr_path = tmp / f"app-{self.port}.err.log"
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("MIGRATION_") and k != "GRADIO_TEMP_DIR"}
+        self.env.update({"MIGRATION_CACHE_DIR": str(self.cache), "GRADIO_ANALYTICS_ENABLED": "False",
+                         "HF_HUB_OFFLINE": "1"})
+        self.env.update(env or {})
+        self.client: Any = None
+        self.start(wait=wait, client=client)
+
+    def start(self, wait: bool = True, client: bool = True) -> None:
+        self._out = open(self.stdout_path, "a")  # noqa: SIM115  (closed in close())
+        self._err = open(self.stderr_path, "a")  # noqa: SIM115
+        self._first_line_at = self.stdout_path.stat().st_size  # a restart's first line comes after the last run's
+        self.proc = subprocess.Popen(
+            [sys.executable, "app.py", "--port", str(self.port), "--history-db", str(self.db), *self.args],
+            cwd=ROOT, stdout=self._out, stderr=self._err, env=self.env, start_new_session=True)
+        if wait:
+            self.wait_ready()
+            self.client = self.connect() if client else None
+
+    def logs(self) -> str:
+        return self.stdout_path.read_text(errors="replace") + self.stderr_path.read_text(errors="replace")
+
+    def wait_ready(self, limit_s: float = START_TIMEOUT_S) -> None:
+        """Until the port listens; RuntimeError with the logs if the server exits first, TimeoutError
+        if it does not listen within `limit_s`."""
+        deadline = time.monotonic() + limit_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the server exited with status {self.proc.returncode}:\n{self.logs()}")
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                return
+            except OSError:
+                time.sleep(0.3)
+        raise TimeoutError(f"the server did not listen on port {self.port} within {limit_s:.0f} s:\n{self.logs()}")
+
+    def first_line(self, timeout_s: float = START_TIMEOUT_S) -> str:
+        """The first line the server (this start of it) wrote to stdout."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with open(self.stdout_path, errors="replace") as f:
+                f.seek(self._first_line_at)
+                text = f.read()
+            if "\n" in text:
+                return text.splitlines()[0]
+            assert self.proc.poll() is None, f"the server exited:\n{self.logs()}"
+            time.sleep(0.2)
+        raise AssertionError(f"no line on stdout within {timeout_s} s:\n{self.logs()}")
+
+    def connect(self, auth: tuple[str, str] | None = None, **kwargs: Any) -> Any:
+        """A new gradio_client session (its own session state: plan, code check, jobs)."""
+        from gradio_client import Client
+        return Client(self.url, auth=auth, verbose=False, **kwargs)
+
+    def workers(self) -> list[int]:
+        """This server's worker processes (its children), not anyone else's."""
+        out = subprocess.run(["pgrep", "-P", str(self.proc.pid), "-f", "migration.worker"],
+                             check=False, capture_output=True, text=True).stdout
+        return [int(p) for p in out.split()]
+
+    def wait_for_worker(self, within_s: float = 120) -> int:
+        deadline = time.monotonic() + within_s
+        while time.monotonic() < deadline:
+            found = self.workers()
+            if found:
+                return found[0]
+            time.sleep(0.2)
+        raise AssertionError("no worker started")
+
+    def close(self, sig: int = signal.SIGTERM) -> None:
+        """`sig` to the server's process group (SIGTERM: it marks unfinished jobs interrupted and
+        stops its workers), then SIGKILL to whatever of the group is left."""
+        for s, wait_s in ((sig, 30), (signal.SIGKILL, 10)):
+            try:
+                os.killpg(self.proc.pid, s)
+            except ProcessLookupError:
+                pass
+            try:
+                self.proc.wait(timeout=wait_s)
+            except subprocess.TimeoutExpired:
+                pass
+        self._out.close()
+        self._err.close()
