@@ -182,6 +182,40 @@ def test_bad_input_gets_a_clear_message(app):
     assert "not valid Python" in str(err.value)
 
 
+def test_autotune_measures_the_plans_top_choices_on_this_machine(app):
+    """The Autotune button: refused with the reason without a plan and for a plan whose target this
+    machine lacks; for a `local` plan made here, its top choices run in real workers, the table shows
+    predicted against measured, one pick, a CSV, and each candidate is a labelled run in the history."""
+    client = app.connect()  # its own session, so its own plan state
+    with pytest.raises(Exception) as err:
+        client.predict(None, 2, 2, "", api_name="/autotune")
+    assert "press Plan first" in str(err.value) and "Traceback" not in str(err.value)
+
+    client.submit(*FORM, "", api_name="/plan").result(timeout=300)  # an H100 plan, made without the GPU
+    with pytest.raises(Exception) as err:
+        client.predict(None, 2, 2, "", api_name="/autotune")
+    assert "does not have it" in str(err.value) and "H100" in str(err.value)
+
+    local = list(FORM)
+    local[0:8] = ["mlp", "tiny", "tpu-v5e-8", 64, 0, "fp32", "local", 1]
+    client.submit(*local, "", api_name="/plan").result(timeout=300)
+    before = len(app.client.predict("mine", "run", "mlp", "all", api_name="/history")["data"])
+    job = client.submit(None, 2, 2, "tuned", api_name="/autotune")
+    verdict, table, csv_file = [value(o) for o in job.result(timeout=600)]
+    assert "CPU timings" in verdict and "pick #" in verdict and "the ranking" in verdict, verdict
+    rows = table["data"]
+    headers = table["headers"]
+    assert len(rows) == 2 and [r[headers.index("predicted #")] for r in rows] == [1, 2]
+    assert all(r[headers.index("status")] == "ok" and float(r[headers.index("measured ms")]) > 0 for r in rows)
+    assert [r[headers.index("pick")] for r in rows].count("✓") == 1
+    frame = pd.read_csv(csv_file)
+    assert len(frame) == 2 and frame["measured_step_ms"].notna().all() and frame["picked"].sum() == 1
+    history = app.client.predict("mine", "run", "mlp", "all", api_name="/history")
+    assert len(history["data"]) == before + 2
+    labels = [str(cell) for row in history["data"] for cell in row]
+    assert sum("tuned" in c and "autotune #" in c for c in labels) == 2
+
+
 def test_environment_tab_probes_in_a_worker(app):
     markdown, info = app.client.predict(api_name="/environment")
     assert info["backend"] == "cpu" and "never initialises" in markdown
