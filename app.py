@@ -46,7 +46,7 @@ from migration.autotune import AutotuneResult, AutotuneSettings  # noqa: E402
 from migration.jobs import Job, JobService, Limits, LimitError, NotYourJob  # noqa: E402
 from migration.orchestrate import MigrationResult, RunOptions, candidate_text  # noqa: E402
 from migration.report import Plan, RunReport  # noqa: E402
-from migration.runner import PlanError, probe_environment  # noqa: E402
+from migration.runner import ExecutorError, PlanError, make_executor, probe_environment  # noqa: E402
 from migration.worker_env import nvidia_gpus  # noqa: E402
 from workloads import WORKLOADS  # noqa: E402
 
@@ -62,6 +62,7 @@ class Settings:
     multi_user: bool = False  # auth configured: every job has an owner
     export_max_age_s: float = 7 * 24 * 3600
     history_max_mb: float | None = None
+    ray_address: str = ""  # a Ray cluster that runs the runs (MIGRATION_RAY_ADDRESS); empty: this machine
 
 
 def _gib(n: Any) -> str:
@@ -163,6 +164,10 @@ def results_frame(r: RunReport, budget: int | None) -> pd.DataFrame:
                    f"{r.precision}, remat {r.remat}, {r.sharding} state, {r.step_style} step"
                    + (f"; model {r.model}" if r.model else "")),
     ]
+    if r.checkpoint_restored:
+        rows.append(("started from checkpoint", r.checkpoint_restored))
+    if r.checkpoint_saved:
+        rows.append(("checkpoint saved", f"{r.checkpoint_saved}, {r.checkpoint_saved_bytes:,} bytes"))
     return pd.DataFrame(rows, columns=["metric", "value"])
 
 
@@ -322,9 +327,10 @@ def build_demo(settings: Settings | None = None) -> gr.Blocks:
     private_dir(os.environ["GRADIO_TEMP_DIR"])
     export_dir = private_dir(settings.export_dir or cache_dir() / "exports")
     remove_older_than(export_dir, settings.export_max_age_s)
+    checkpoint_root = private_dir(cache_dir() / "checkpoints")  # one folder per user; never cleaned up by age
     history = History(settings.history_db,
                       max_bytes=int(settings.history_max_mb * 2**20) if settings.history_max_mb else None)
-    service = JobService(history, export_dir, settings.limits)
+    service = JobService(history, export_dir, settings.limits, executor=make_executor(settings.ray_address))
     default_target = "local" if nvidia_gpus() else "h100-sxm"
 
     last_cleanup = [time.monotonic()]
@@ -411,7 +417,7 @@ def build_demo(settings: Settings | None = None) -> gr.Blocks:
                      pmap_before, scaling, workload, preset, source, global_batch, per_core_batch, source_precision, target, gpus,
                      memory_fraction, granularity, remat, precision, accumulation, n_layers, d_model, n_heads,
                      n_kv_heads, d_ff, vocab_size, seq_len, embeddings, sharding, gpus_per_node, label,
-                     request: gr.Request):
+                     save_checkpoint, restore_checkpoint, request: gr.Request):
         form = (workload, preset, source, global_batch, per_core_batch, source_precision, target, gpus,
                 memory_fraction, granularity, remat, precision, accumulation, n_layers, d_model, n_heads, n_kv_heads,
                 d_ff, vocab_size, seq_len, embeddings, sharding, gpus_per_node)
@@ -426,8 +432,11 @@ def build_demo(settings: Settings | None = None) -> gr.Blocks:
                 source = Plan.from_dict(plan_dict)
             else:
                 source = req  # planned first, in the job, and recorded
+            save_to, restore_from = forms.checkpoint_folders(
+                save_checkpoint, restore_checkpoint, private_dir(checkpoint_root / forms.user_folder(user)))
             base = RunConfig(memory_fraction=source.memory_fraction, steps=steps, learning_rate=learning_rate,
-                             warmup_steps=min(2, steps - 1), timeout_s=settings.limits.max_run_s)
+                             warmup_steps=min(2, steps - 1), timeout_s=settings.limits.max_run_s,
+                             save_checkpoint=save_to, restore_checkpoint=restore_from)
             options = RunOptions(fp32_reference=bool(fp32_reference), tpu_style=bool(compare_tpu), profile=bool(profile),
                                  pmap_before=bool(pmap_before), scaling=bool(scaling))
             code = CodeCheck.from_dict(code_state) if code_state else None
@@ -635,7 +644,9 @@ def build_demo(settings: Settings | None = None) -> gr.Blocks:
 
     with gr.Blocks(title="TPU → GPU migration explorer", delete_cache=(3600, int(settings.export_max_age_s))) as demo:
         gr.Markdown("# TPU → GPU migration explorer")
-        gr.Markdown(host_banner(settings) + (f"\n\n{len(service.recovered)} job(s) that a previous server left "
+        gr.Markdown(host_banner(settings) + (f"\n\n**Ray cluster:** {service.executor.describe()}; the others wait in the "
+                                             "queue and see their position." if service.executor.remote else "")
+                    + (f"\n\n{len(service.recovered)} job(s) that a previous server left "
                                              "unfinished are marked interrupted in the History."
                                              if service.recovered else ""))
         with gr.Tab("Migrate"):
@@ -689,6 +700,11 @@ def build_demo(settings: Settings | None = None) -> gr.Blocks:
                     scaling = gr.Checkbox(False, label="Also measure scaling: both steps at 1, 2, 4, 8 devices")
                     plan_file = gr.File(label="…or run a saved plan (JSON from `python -m migration plan --json`)",
                                         file_types=[".json"], type="filepath")
+                with gr.Row():
+                    save_checkpoint = gr.Textbox("", label="Save a checkpoint after the run (folder)", max_lines=1,
+                                                 placeholder="a name, like run-1")
+                    restore_checkpoint = gr.Textbox("", label="Start from a checkpoint (folder)", max_lines=1,
+                                                    placeholder="the name it was saved under")
                 with gr.Row():
                     autotune_top = gr.Number(3, label="Autotune: ranked choices to measure (1 to 10)")
                     autotune_steps = gr.Number(5, label="Autotune: timed steps each (after 2 warm-up steps)")
@@ -775,7 +791,8 @@ def build_demo(settings: Settings | None = None) -> gr.Blocks:
                                     [progress_md, plan_md, memory_plot, ranked_table, decisions, plan_state, job_state],
                                     api_name="plan", concurrency_limit=None)
         run_event = run_btn.click(do_run, [plan_state, code_state, plan_file, steps, learning_rate, compare_tpu,
-                                           profile, fp32_reference, pmap_before, scaling, *form, label],
+                                           profile, fp32_reference, pmap_before, scaling, *form, label,
+                                           save_checkpoint, restore_checkpoint],
                                   [progress_md, results, loss_plot, report_file, checklist_view, checklist_file,
                                    deploy_file, trace_file, before_after, scaling_plot, scaling_file, job_state],
                                   api_name="run", concurrency_limit=None)
@@ -925,14 +942,19 @@ def main() -> None:
                         help="a worker silent this long (no heartbeat) is killed and reported as timeout")
     parser.add_argument("--queue-size", type=bounded(int, 1, 100_000), default=env("MIGRATION_QUEUE_SIZE", str(d.queue_size)),
                         help="jobs waiting or running, all users together")
+    parser.add_argument("--ray-address", default=env("MIGRATION_RAY_ADDRESS", ""),
+                        help="run the runs on this Ray cluster (host:port, ray://host:port or auto); default: here")
     args = parser.parse_args()
     users = read_auth(args.auth_file, env("MIGRATION_AUTH"))
     limits = Limits(jobs_per_user=args.jobs_per_user, max_steps=args.max_steps, max_run_s=args.max_run_seconds,
                     silence_s=args.silence_seconds, queue_size=args.queue_size)
     settings = Settings(history_db=args.history_db, export_dir=args.export_dir, limits=limits,
                         multi_user=users is not None, export_max_age_s=args.export_max_age_hours * 3600,
-                        history_max_mb=args.history_max_mb or None)
-    demo = build_demo(settings)
+                        history_max_mb=args.history_max_mb or None, ray_address=args.ray_address)
+    try:
+        demo = build_demo(settings)
+    except ExecutorError as exc:
+        raise SystemExit(f"error: {exc}")
     service: JobService = demo.service  # type: ignore[attr-defined]
 
     def stop(signum: int, _frame: Any) -> None:
@@ -946,7 +968,8 @@ def main() -> None:
              "ALL interfaces" if args.host in ("0.0.0.0", "::") else f"interface {args.host}")
     print(f"serving on {where}: http://{args.host}:{args.port}{args.root_path or '/'} — "
           + (f"auth on ({len(users)} user(s))" if users else "no auth: single-user mode")
-          + f"; history {args.history_db}; exports {settings.export_dir or cache_dir() / 'exports'}", flush=True)
+          + f"; history {args.history_db}; exports {settings.export_dir or cache_dir() / 'exports'}"
+          + (f"; {service.executor.describe()}" if service.executor.remote else ""), flush=True)
     if users is None and where != "loopback only":
         print("warning: serving beyond loopback without auth: anyone who can reach this port can run jobs",
               file=sys.stderr, flush=True)

@@ -32,7 +32,9 @@ class _Parser(argparse.ArgumentParser):
 
 _FLAGS = {"per_device_batch": "--batch", "accumulation_steps": "--accum", "warmup_steps": "--warmup",
           "learning_rate": "--lr", "timeout_s": "--timeout", "memory_fraction": "--mem-fraction",
-          "visible_devices": "--visible-devices", "xla_flags": "--xla-flags"}
+          "visible_devices": "--visible-devices", "xla_flags": "--xla-flags",
+          "save_checkpoint": "--save-checkpoint", "restore_checkpoint": "--restore-checkpoint",
+          "coordinator": "--coordinator", "num_processes": "--num-processes", "process_id": "--process-id"}
 
 
 # Model dimension flags -> the workload config's fields (transformer families).
@@ -53,6 +55,21 @@ def _add_model_flags(parser: argparse.ArgumentParser) -> None:
                       help="output projection shares the input embedding")
     tied.add_argument("--untied", dest="dim_tied", action="store_const", const=False,
                       help="a separate output projection")
+
+
+def _add_distributed_flags(parser: argparse.ArgumentParser, d: RunConfig) -> None:
+    group = parser.add_argument_group("one job across several processes, one per host or per GPU (jax.distributed; "
+                                      "--devices is then the job's global device count)")
+    where = group.add_mutually_exclusive_group()
+    where.add_argument("--coordinator", default=d.coordinator, metavar="HOST:PORT",
+                       help="process 0's host and a free port there, the same for every process of the job")
+    where.add_argument("--distributed", dest="coordinator", choices=["auto"],
+                       help="auto: JAX detects the cluster (under srun, SLURM; under mpirun, Open MPI) and gives this "
+                            "process its id, the process count and the coordinator (same as --coordinator auto)")
+    group.add_argument("--num-processes", dest="num_processes", type=int, default=d.num_processes, metavar="N",
+                       help=f"processes in the job ({_range('num_processes')}; with --coordinator HOST:PORT)")
+    group.add_argument("--process-id", dest="process_id", type=int, default=d.process_id, metavar="I",
+                       help="this process's id, 0 to N-1; process 0 runs at HOST and writes the reports")
 
 
 PRESET_HELP = ("size preset of the workload (default tiny; with dimension flags, the family's full-size layout they "
@@ -80,6 +97,13 @@ def _model_overrides(args: argparse.Namespace) -> dict[str, Any]:
     if base is None or args.workload not in WORKLOADS:
         return out
     return {k: v for k, v in out.items() if getattr(base, k, object()) != v}
+
+
+def _folder(text: str) -> str:
+    """A folder flag as an absolute path (the worker starts in another directory); empty stays empty."""
+    import os
+
+    return os.path.abspath(text) if text else ""
 
 
 def _range(field: str) -> str:
@@ -124,6 +148,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--xla-flags", default=d.xla_flags, help="extra XLA_FLAGS for the worker")
     run.add_argument("--visible-devices", dest="visible_devices", default=d.visible_devices,
                      help="CUDA_VISIBLE_DEVICES for the worker, e.g. 0,1 (the device count is --devices)")
+    run.add_argument("--save-checkpoint", dest="save_checkpoint", type=_folder, default=None, metavar="DIR",
+                     help="write the train state (parameters, optimizer state, step) to this folder after the last "
+                          "step, with Orbax")
+    run.add_argument("--restore-checkpoint", dest="restore_checkpoint", type=_folder, default=None, metavar="DIR",
+                     help="start from the train state in this folder (saved on any device count or sharding; it "
+                          "must be the same model)")
+    _add_distributed_flags(run, d)
     _add_model_flags(run)
     run.add_argument("--json", metavar="PATH", help="write the report as JSON")
     run.add_argument("--csv", metavar="PATH", help="write the report as a one-row CSV")
@@ -220,7 +251,8 @@ def print_summary(r: Any) -> None:
           f"batch {r.per_device_batch} x {r.devices} device(s) x {r.accumulation_steps} accum = global "
           f"{r.global_batch}  {r.sharding} state, {r.step_style} step")
     if r.backend:
-        print(f"measured on: {r.device_kind} x{r.device_count} ({r.backend} backend), JAX {r.jax_version}, host {r.host}")
+        print(f"measured on: {r.device_kind} x{r.device_count} ({r.backend} backend), JAX {r.jax_version}, host {r.host}"
+              + (f", process {r.process_index} of {r.process_count}" if (r.process_count or 1) > 1 else ""))
     if r.backend == "cpu":
         print("note: CPU backend. These are CPU figures; no GPU was measured.")
     rows = [
@@ -240,6 +272,10 @@ def print_summary(r: Any) -> None:
     ]
     if r.precision == "fp16":
         rows.append(("skipped steps / loss scale", f"{r.skipped_steps} / {_fmt(r.final_loss_scale, 'g')}"))
+    if r.checkpoint_restored:
+        rows.append(("restored", r.checkpoint_restored))
+    if r.checkpoint_saved:
+        rows.append(("saved", f"{r.checkpoint_saved}, {r.checkpoint_saved_bytes:,} bytes"))
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
         print(f"  {key:<{width}}  {value}")
@@ -257,6 +293,9 @@ def _progress_printer(quiet: bool, steps: int):
 def _write_report(args: argparse.Namespace, report: Any) -> None:
     from migration.report import write_csv as write_report_csv
 
+    if report.process_index:  # another process of a multi-process job: the job's files are process 0's
+        print(f"process {report.process_index} of {report.process_count}: process 0 writes the report files")
+        return
     if args.json:
         report.to_json(args.json)
         print(f"wrote {args.json}")
@@ -366,12 +405,13 @@ def cmd_run_plan(args: argparse.Namespace, given: dict[str, Any]) -> int:
         print_summary(report)
     _write_report(args, result.main)
     print_checklist(result.checklist)
-    if args.checklist:
+    if args.checklist and not result.main.process_index:
         from migration.checklist import to_csv
 
         to_csv(result.checklist, args.checklist)
         print(f"wrote {args.checklist}")
-    print("exports: " + ", ".join(f"{k} {v}" for k, v in result.files.items()))
+    if result.files:
+        print("exports: " + ", ".join(f"{k} {v}" for k, v in result.files.items()))
     return _report_failure(result.main)
 
 

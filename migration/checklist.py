@@ -424,6 +424,10 @@ def deployment_snippet(plan: Plan, command: str = "python -m migration run --pla
     for name, item in plan.environment.items():
         lines.append(f"# {item['why']}")
         lines.append(f"export {name}={_shell_quote(item['value'])}")
+    if plan.nodes > 1:  # one job of several processes: the sbatch, Kubernetes and by-hand launches
+        from migration.distributed import multi_node_launch
+
+        return "\n".join(lines) + "\n" + multi_node_launch(plan, command)
     lines.append(command)
     return "\n".join(lines) + "\n"
 

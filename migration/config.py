@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
+from pathlib import Path
 from typing import Any, Literal, get_args
 
 Precision = Literal["fp32", "bf16", "fp16"]
@@ -37,7 +39,7 @@ PLATFORMS: tuple[str, ...] = get_args(Platform)
 # Allowed ranges, in one place: validation and the CLI's help both read them.
 LIMITS: dict[str, tuple[float, float]] = {
     "per_device_batch": (1, 65536),
-    "devices": (1, 64),
+    "devices": (1, 256),  # the job's global count: several hosts of a multi-process job together
     "accumulation_steps": (1, 1024),
     "steps": (1, 100_000),
     "warmup_steps": (0, 99_999),
@@ -47,6 +49,8 @@ LIMITS: dict[str, tuple[float, float]] = {
     "silence_timeout_s": (2, 3600),
     "memory_fraction": (0.05, 1.0),
     "profile_steps": (0, 20),
+    "num_processes": (1, 1024),
+    "process_id": (0, 1023),
 }
 
 
@@ -92,6 +96,16 @@ class RunConfig:
     # Profile capture: this many extra steps after the timed ones, under jax.profiler.trace.
     profile_steps: int = 0
     profile_dir: str = ""
+    # One job across several processes (migration/distributed.py): "" runs one process; "auto" lets
+    # JAX detect the cluster (SLURM, Open MPI, ...); "host:port" is process 0's host and a free port
+    # there, with this process's `process_id` of `num_processes`. `devices` is then the job's global count.
+    coordinator: str = ""
+    num_processes: int = 1
+    process_id: int = 0
+    # Checkpoints (migration/checkpoint.py): absolute folder paths; empty: none. The run starts from
+    # the state in `restore_checkpoint` and writes its state after its last step to `save_checkpoint`.
+    save_checkpoint: str = ""
+    restore_checkpoint: str = ""
 
     @property
     def global_batch(self) -> int:
@@ -201,6 +215,9 @@ def validate(cfg: RunConfig) -> RunConfig:
     if cfg.step_style == "pmap" and cfg.sharding != "replicated":
         raise ConfigError("step_style", "pmap replicates the state on every device; use sharding replicated with it")
     _check_choice(cfg, "platform", PLATFORMS)
+    from migration.distributed import check_distributed
+
+    check_distributed(cfg)
     if cfg.warmup_steps >= cfg.steps:
         raise ConfigError(
             "warmup_steps",
@@ -218,7 +235,43 @@ def validate(cfg: RunConfig) -> RunConfig:
     ids = cfg.visible_devices.split(",") if isinstance(cfg.visible_devices, str) and cfg.visible_devices else []
     if not isinstance(cfg.visible_devices, str) or not all(i.strip().isascii() and i.strip().isdigit() for i in ids):
         raise ConfigError("visible_devices", f"must be empty or comma-separated GPU indices like 0,1; got {cfg.visible_devices!r}")
+    check_checkpoint_folders(cfg)
     return cfg
+
+
+CHECKPOINT_META_FILE = "checkpoint.json"  # what marks a folder as a checkpoint (migration/checkpoint.py)
+
+
+def check_checkpoint_folders(cfg: RunConfig) -> None:
+    """`save_checkpoint` and `restore_checkpoint`: empty, or absolute folder paths (the worker runs in
+    another directory); a restore folder must hold a checkpoint, and a save folder must be new, empty
+    or a checkpoint (which is replaced). Whether a checkpoint fits the run's model is checked when it
+    is read (migration/checkpoint.py)."""
+    for field in ("save_checkpoint", "restore_checkpoint"):
+        value = getattr(cfg, field)
+        if not isinstance(value, str) or "\n" in value or "\0" in value:
+            raise ConfigError(field, f"must be one line naming a folder, or empty for none; got {_shown(value)}")
+        if value and not os.path.isabs(value):
+            raise ConfigError(field, f"must be an absolute folder path (the run's worker starts in another "
+                                     f"directory), or empty for none; got {_shown(value)}")
+    if cfg.save_checkpoint and cfg.step_style == "pmap":
+        raise ConfigError("step_style", "checkpoints hold the jit step's state; the pmap step (the measured "
+                                        "\"before\") may start from one but does not save one: use step_style jit")
+    restore = Path(cfg.restore_checkpoint)
+    if cfg.restore_checkpoint and not restore.is_dir():
+        raise ConfigError("restore_checkpoint", f"no such folder: {cfg.restore_checkpoint}; allowed: a folder "
+                                                "written by save_checkpoint")
+    if cfg.restore_checkpoint and not (restore / CHECKPOINT_META_FILE).is_file():
+        raise ConfigError("restore_checkpoint", f"{cfg.restore_checkpoint} is not a checkpoint (no "
+                                                f"{CHECKPOINT_META_FILE} in it); allowed: a folder written by "
+                                                "save_checkpoint")
+    save = Path(cfg.save_checkpoint)
+    if cfg.save_checkpoint and save.exists() and not save.is_dir():
+        raise ConfigError("save_checkpoint", f"{cfg.save_checkpoint} is a file; allowed: a new or empty folder, "
+                                             "or a checkpoint folder (replaced)")
+    if cfg.save_checkpoint and save.is_dir() and any(save.iterdir()) and not (save / CHECKPOINT_META_FILE).is_file():
+        raise ConfigError("save_checkpoint", f"{cfg.save_checkpoint} holds other files; allowed: a new or empty "
+                                             "folder, or a checkpoint folder (replaced)")
 
 
 # -- planning ------------------------------------------------------------------------------------

@@ -10,13 +10,16 @@ called) and no UI toolkit at all, so the app, the API and the CLI share it.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import numbers
 import re
 import unicodedata
+from pathlib import Path
 from typing import Any
 
 from migration.config import (
+    CHECKPOINT_META_FILE,
     GRANULARITIES,
     LIMITS,
     PLAN_LIMITS,
@@ -188,6 +191,46 @@ def plan_request(workload: Any, preset: Any, source: Any, global_batch: Any, per
 
 def _auto(value: str) -> str | None:
     return None if value == "auto" else value
+
+
+CHECKPOINT_NAME_MAX = 64
+_CHECKPOINT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*", re.ASCII)
+
+
+def checkpoint_name(value: Any, field: str) -> str:
+    """A checkpoint folder's name as a form gives it ("" for none): letters, digits, '.', '_' and
+    '-', not starting with '.'. The server keeps checkpoints in its own private folder, so a path
+    (absolute, with a separator, or with '..') is refused, saying so."""
+    text = label_text(value, field, CHECKPOINT_NAME_MAX)
+    rule = (f"a folder name of letters, digits, '.', '_' and '-' (at most {CHECKPOINT_NAME_MAX} characters, not "
+            "starting with '.'), like run-1, kept in this server's private checkpoint folder")
+    if not text:
+        return ""
+    if text.startswith(("/", "\\", "~")) or re.match(r"[A-Za-z]:", text):
+        raise ConfigError(field, f"absolute paths are not allowed; give {rule}; got {_shown(value)}")
+    if ".." in re.split(r"[/\\]", text):
+        raise ConfigError(field, f"'..' is not allowed; give {rule}; got {_shown(value)}")
+    if not _CHECKPOINT_NAME.fullmatch(text):
+        raise ConfigError(field, f"must be {rule}; got {_shown(value)}")
+    return text
+
+
+def user_folder(user: str) -> str:
+    """A folder name for one user's private files: readable, and distinct for distinct user names."""
+    readable = re.sub(r"[^A-Za-z0-9_-]", "_", user)[:32] or "local"
+    return f"{readable}-{hashlib.sha256(user.encode()).hexdigest()[:8]}"
+
+
+def checkpoint_folders(save: Any, restore: Any, root: Path) -> tuple[str, str]:
+    """(save_checkpoint, restore_checkpoint) for a RunConfig from the form's two names, resolved
+    under `root` (the user's private checkpoint folder); a restore name must name a checkpoint there."""
+    save_name, restore_name = checkpoint_name(save, "save_checkpoint"), checkpoint_name(restore, "restore_checkpoint")
+    if restore_name and not (root / restore_name / CHECKPOINT_META_FILE).is_file():
+        have = sorted(p.parent.name for p in root.glob(f"*/{CHECKPOINT_META_FILE}"))
+        raise ConfigError("restore_checkpoint", f"no checkpoint named {restore_name!r}; yours: "
+                                                f"{', '.join(have) if have else 'none yet'} (save one with 'Save a "
+                                                "checkpoint after the run')")
+    return (str(root / save_name) if save_name else "", str(root / restore_name) if restore_name else "")
 
 
 def run_settings(steps: Any, learning_rate: Any, label: Any,

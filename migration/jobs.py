@@ -3,7 +3,10 @@ job that survives a stopped server.
 
 Two lanes: `gpu` (runs, and plans for this machine's GPU, which compile on it) runs one job at a
 time; `cpu` (plans compiled for a catalog GPU without the device) runs `plan_slots` at a time.
-Each lane is first come, first served. Every job is recorded in the history when it is submitted
+Each lane is first come, first served. With a Ray cluster as the executor (`runner.make_executor`),
+the `gpu` lane holds as many GPUs as the cluster has and a run job takes as many as its plan's
+devices; what needs this machine's own GPU (plans for "local" on a GPU host, autotune) then has a
+lane of its own, `host-gpu`, one job at a time. Every job is recorded in the history when it is submitted
 (`queued`), marked `running`, and completed in place; a server that stops (`shutdown`) marks what
 it interrupts, and a server that was killed has its leftovers marked by the next one (History
 `interrupt_unfinished`). Jobs belong to the user who submitted them: only they can stop them, and
@@ -30,7 +33,7 @@ from migration.config import ConfigError, PlanRequest, RunConfig, check_model, v
 from migration.history import History, HistoryError
 from migration.orchestrate import MigrationResult, Recorder, RunOptions, run_plan
 from migration.report import Plan
-from migration.runner import PlanError, start_plan
+from migration.runner import LocalExecutor, PlanError, start_plan
 from migration.worker_env import resolve_platform
 
 INTERRUPTED = "interrupted: the server stopped before this job finished"
@@ -71,6 +74,7 @@ class Job:
         self.error: str | None = None  # one line when it could not run
         self.warnings: list[str] = []  # e.g. a history that could not be written
         self.submitted_at = time.monotonic()
+        self.slots = 1  # of its lane's slots (a run on a Ray cluster: its GPUs)
         self.cancel_requested = threading.Event()
         self._stop_state = "cancelled"
         self._events: list[dict[str, Any]] = []
@@ -114,15 +118,17 @@ def _pump(job: Job, events: Iterator[dict[str, Any]]) -> None:
 
 class JobService:
     def __init__(self, history: History, export_dir: str | Path, limits: Limits = Limits(), plan_slots: int = 2,
-                 gpu_host: bool | None = None):
+                 gpu_host: bool | None = None, executor: Any = None):
         self.history = history
+        self.executor = executor or LocalExecutor()  # where runs execute (owned by the caller)
         self.export_dir = Path(export_dir)
         self.limits = limits
         self.gpu_host = resolve_platform("auto") == "gpu" if gpu_host is None else gpu_host
         self.recovered = history.interrupt_unfinished(INTERRUPTED)  # a killed server's leftovers
-        self._slots = {"gpu": 1, "cpu": plan_slots}
-        self._pending: dict[str, list[Job]] = {"gpu": [], "cpu": []}
-        self._running: dict[str, list[Job]] = {"gpu": [], "cpu": []}
+        self._slots = {"gpu": self.executor.gpu_slots, "cpu": plan_slots, "host-gpu": 1}
+        self._host_gpu_lane = "host-gpu" if self.executor.remote else "gpu"  # this machine's own GPU
+        self._pending: dict[str, list[Job]] = {lane: [] for lane in self._slots}
+        self._running: dict[str, list[Job]] = {lane: [] for lane in self._slots}
         self._jobs: dict[int, Job] = {}
         self._threads: dict[int, threading.Thread] = {}
         self._lock = threading.Condition()
@@ -133,7 +139,7 @@ class JobService:
     def submit_plan(self, user: str, req: PlanRequest, label: str = "") -> Job:
         req = validate_plan_request(dataclasses.replace(
             req, timeout_s=min(req.timeout_s, self.limits.max_run_s), silence_timeout_s=self.limits.silence_s))
-        lane = "gpu" if req.target == "local" and self.gpu_host else "cpu"
+        lane = self._host_gpu_lane if req.target == "local" and self.gpu_host else "cpu"
         dims = f" ({fmt_model(req.model)})" if req.model else ""
         summary = f"plan {req.workload}/{req.preset}{dims} {req.source} → {req.gpus} × {req.target}"
         payload = {"config": {"global_batch": req.global_batch, "devices": req.gpus, "target": req.target},
@@ -164,10 +170,24 @@ class JobService:
                 silence_timeout_s=self.limits.silence_s))
             workload, preset, target = source.workload, source.preset, source.target
             config = {"global_batch": source.global_batch, "devices": source.gpus}
+        slots = self._run_slots(source.gpus)
+        if self.executor.remote and options.scaling:
+            raise LimitError("the scaling runs measure this machine's device counts; on the Ray cluster, run them "
+                             "without the scaling option (the pmap before/after comparison works)")
         payload = {"config": {**config, "steps": base.steps}, "message": "queued", "target": target}
         summary = f"run {workload}/{preset} ({target}), {base.steps} steps"
         return self._submit("run", user, label, "gpu", summary, workload, preset, payload,
-                            lambda job: self._run_job(job, source, base, options, code))
+                            lambda job: self._run_job(job, source, base, options, code), slots=slots)
+
+    def _run_slots(self, devices: int) -> int:
+        """The gpu lane's slots a run of `devices` devices takes: one on this machine (its lane runs one
+        job at a time), its GPUs on a cluster; refused when the cluster has fewer GPUs in all."""
+        if not self.executor.remote:
+            return 1
+        if devices > self.executor.gpu_slots:
+            raise LimitError(f"the run needs {devices} GPUs and the Ray cluster has {self.executor.gpu_slots} in all; "
+                             f"plan for at most {self.executor.gpu_slots} GPUs")
+        return devices
 
     def submit_autotune(self, user: str, plan: Plan, settings: AutotuneSettings, base: RunConfig,
                         label: str = "") -> Job:
@@ -186,11 +206,11 @@ class JobService:
         payload = {"config": {"global_batch": plan.global_batch, "devices": plan.gpus, "top": settings.top},
                    "message": "queued", "target": plan.target_name}
         summary = f"autotune {plan.workload}/{plan.preset} ({plan.target_name}), top {settings.top}"
-        return self._submit("plan", user, label, "gpu", summary, plan.workload, plan.preset, payload,
+        return self._submit("plan", user, label, self._host_gpu_lane, summary, plan.workload, plan.preset, payload,
                             lambda job: self._autotune_job(job, plan, settings, base))
 
     def _submit(self, kind: str, user: str, label: str, lane: str, summary: str, workload: str, preset: str,
-                payload: dict[str, Any], work: Callable[[Job], None]) -> Job:
+                payload: dict[str, Any], work: Callable[[Job], None], slots: int = 1) -> Job:
         with self._lock:
             if self._closed:
                 raise LimitError("the server is stopping; submit again once it is back")
@@ -206,6 +226,7 @@ class JobService:
             # Recorded before it is queued: a job the history cannot hold is refused, never run unrecorded.
             entry_id = self.history.open_entry(kind, workload, preset, payload, label=label, user=user)
             job = Job(entry_id, kind, user, label, lane, summary)
+            job.slots = slots
             self._jobs[entry_id] = job
             self._pending[lane].append(job)
             thread = threading.Thread(target=self._execute, args=(job, work), name=f"job-{entry_id}", daemon=True)
@@ -220,7 +241,8 @@ class JobService:
         lane = job.lane
         with self._lock:
             while not job.cancel_requested.is_set() and not (
-                    self._pending[lane][0] is job and len(self._running[lane]) < self._slots[lane]):
+                    self._pending[lane][0] is job
+                    and sum(j.slots for j in self._running[lane]) + job.slots <= self._slots[lane]):
                 self._lock.wait(0.5)
             self._pending[lane].remove(job)
             self._lock.notify_all()
@@ -305,7 +327,8 @@ class JobService:
                     raise PlanError("invalid", f"the plan is {plan.status}: {plan.message}")
             else:
                 plan = source
-            _pump(job, run_plan(plan, base, options, self.export_dir, code=code, history=recorder))
+            _pump(job, run_plan(plan, base, options, self.export_dir, code=code, history=recorder,
+                                start_run=self.executor.start_run))
         finally:
             job.warnings.extend(recorder.errors)
 

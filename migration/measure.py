@@ -34,6 +34,7 @@ import jax
 import numpy as np
 import optax
 
+from migration import checkpoint
 from migration.common import compiled_peak_bytes, fmt_gib
 from migration.config import ConfigError, RunConfig
 from migration.hardware import (
@@ -45,7 +46,7 @@ from migration.hardware import (
     matmul_unit,
 )
 from migration.profiling import summarise_trace
-from migration.train import StepParts, TrainProgram, step_parts
+from migration.train import StepParts, TrainProgram, replicate_per_device, step_parts
 from migration.worker_env import jax_env_in_effect
 
 Emit = Callable[..., None]
@@ -112,9 +113,8 @@ def measured_run(cfg: RunConfig, emit: Emit) -> None:
     fp32_matmul = _announce(cfg, emit, platform, devices, program)
     compiles = _count_compiles()
     parts = step_parts(program, devices, cfg.step_style)
-    with stage("initialising parameters"):
-        state = parts.init_state()
-    pool = _data_pool(cfg, parts)
+    state, restored = _initial_state(cfg, emit, program, parts, platform)
+    pool = _data_pool(cfg, parts, first=restored.get("restored_step", 0))
     step = parts.step
     with stage("compiling the train step"):
         t0 = time.perf_counter()
@@ -124,8 +124,9 @@ def measured_run(cfg: RunConfig, emit: Emit) -> None:
     emit("compiled", compile_s=compile_s, predicted_peak_bytes=predicted, data_pool_batches=len(pool),
          data_pool_bytes=sum(x.nbytes for x in jax.tree.leaves(pool)))
     state, timed = _timed_loop(cfg, emit, parts, state, pool, predicted, compiles)
+    saved = _save_checkpoint(cfg, emit, program, state, platform, devices)
     profile = _profile(cfg, emit, step, state, pool)
-    emit("finished", compile_s=compile_s, predicted_peak_bytes=predicted, profile=profile,
+    emit("finished", compile_s=compile_s, predicted_peak_bytes=predicted, profile=profile, **restored, **saved,
          **_figures(cfg, program, platform, devices, fp32_matmul, timed, predicted))
 
 
@@ -133,6 +134,14 @@ def _devices(cfg: RunConfig) -> tuple[str, list[Any]]:
     platform = jax.default_backend()
     platform = "gpu" if platform in ("gpu", "cuda", "rocm") else platform
     available = jax.devices()
+    if jax.process_count() > 1 and len(available) != cfg.devices:
+        # Every process of the job must hold devices of the mesh: it spans all of them.
+        raise ConfigError(
+            "devices",
+            f"is the job's global device count: {cfg.devices} requested, but its {jax.process_count()} processes "
+            f"have {len(available)} {platform} devices in all ({jax.local_device_count()} here); set devices to "
+            f"{len(available)}, or make each process see {cfg.devices // jax.process_count()} (CUDA_VISIBLE_DEVICES)",
+        )
     if len(available) < cfg.devices:
         raise ConfigError(
             "devices",
@@ -149,6 +158,8 @@ def _announce(cfg: RunConfig, emit: Emit, platform: str, devices: list[Any], pro
         backend=platform,
         device_kind=devices[0].device_kind,
         device_count=len(devices),
+        process_index=jax.process_index(),  # of a multi-process job (migration/distributed.py); 0 of 1 otherwise
+        process_count=jax.process_count(),
         jax_version=jax.__version__,
         jaxlib_version=getattr(jax.lib, "__version__", None) or _jaxlib_version(),
         flax_version=flax.__version__,
@@ -170,14 +181,47 @@ def _count_compiles() -> list[float]:
     return compiles
 
 
-def _data_pool(cfg: RunConfig, parts: StepParts) -> list[Any]:
-    """Distinct batches kept on the device (at most DATA_POOL_BYTES), cycled through by the loop."""
+def _initial_state(cfg: RunConfig, emit: Emit, program: TrainProgram, parts: StepParts,
+                   platform: str) -> tuple[Any, dict[str, Any]]:
+    """Fresh parameters, or the state in `cfg.restore_checkpoint` placed as this run holds it; with
+    the report's fields saying what was restored (empty when nothing was)."""
+    if not cfg.restore_checkpoint:
+        with stage("initialising parameters"):
+            return parts.init_state(), {}
+    with stage(f"restoring the checkpoint {cfg.restore_checkpoint}"):
+        state, meta = checkpoint.restore(cfg.restore_checkpoint, cfg, program, parts.mesh)
+        if cfg.step_style == "pmap":  # the TPU-era "before" step takes a copy per device
+            state = replicate_per_device(state, parts.mesh)
+    onto = checkpoint.layout_text(cfg.devices, platform, cfg.sharding)
+    emit("restored", path=cfg.restore_checkpoint, step=meta.step, from_layout=meta.layout, onto_layout=onto,
+         from_precision=meta.precision, from_device_kind=meta.device_kind)
+    return state, {"restored_step": meta.step,
+                   "checkpoint_restored": (f"step {meta.step} from {cfg.restore_checkpoint} (saved on {meta.layout}, "
+                                           f"{meta.precision}) onto {onto}")}
+
+
+def _save_checkpoint(cfg: RunConfig, emit: Emit, program: TrainProgram, state: Any, platform: str,
+                     devices: list[Any]) -> dict[str, Any]:
+    """The state after the run's last step written to `cfg.save_checkpoint` (before any profiled
+    steps); the report's fields saying what was saved (empty when nothing was)."""
+    if not cfg.save_checkpoint:
+        return {}
+    with stage(f"saving the checkpoint {cfg.save_checkpoint}"):
+        saved = checkpoint.save(cfg.save_checkpoint, state, cfg, program, platform, devices[0].device_kind)
+    emit("saved", **saved)
+    return {"checkpoint_saved": f"step {saved['step']} to {saved['path']} ({saved['layout']})",
+            "checkpoint_saved_bytes": saved["bytes"]}
+
+
+def _data_pool(cfg: RunConfig, parts: StepParts, first: int = 0) -> list[Any]:
+    """Distinct batches kept on the device (at most DATA_POOL_BYTES), cycled through by the loop;
+    global batch numbers from `first` (a restored run continues with the batches that follow)."""
     with stage("generating the synthetic data"):
         make = parts.make_batch
-        first = make(0)
-        batch_bytes = sum(x.nbytes for x in jax.tree.leaves(first))
+        head = make(first)
+        batch_bytes = sum(x.nbytes for x in jax.tree.leaves(head))
         pool_size = max(1, min(cfg.steps, DATA_POOL_BYTES // max(batch_bytes, 1)))
-        pool = [first] + [make(i) for i in range(1, pool_size)]
+        pool = [head] + [make(first + i) for i in range(1, pool_size)]
         jax.block_until_ready(pool)
     return pool
 
@@ -242,7 +286,7 @@ def _figures(cfg: RunConfig, program: TrainProgram, platform: str, devices: list
     flops_per_step = workload.flops_per_example(mcfg) * program.global_batch
     achieved = flops_per_step * len(window) / total
     peak, peak_source = peak_flops_for(platform, devices[0], cfg.precision, fp32_matmul, len(devices))
-    measured_peak, bytes_limit = device_memory_stats(devices)
+    measured_peak, bytes_limit = device_memory_stats([d for d in devices if d.process_index == jax.process_index()])
     if measured_peak is not None:
         peak_bytes, source = measured_peak, "measured: memory_stats() peak_bytes_in_use (max over devices)"
     else:

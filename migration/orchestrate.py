@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from migration import checklist
+from migration import checklist, distributed
 from migration.codecheck import CodeCheck
 from migration.common import first_line, fmt_gib, fmt_loss, write_csv as write_csv_rows
-from migration.config import PlanRequest, RunConfig, validate
+from migration.config import ConfigError, PlanRequest, RunConfig, validate
 from migration.hardware import TPU_SPECS
 from migration.history import History, HistoryError
 from migration.report import Plan, RunReport
@@ -85,6 +85,8 @@ class Recorder:
     errors: list[str] = dataclasses.field(default_factory=list)
 
     def run(self, name: str, report: RunReport) -> None:
+        if report.process_index:  # another process of a multi-process job: process 0 records the job
+            return
         if name == "migrated" and self.entry_id is not None:
             self._safely(self.history.complete, self.entry_id, report)
         else:
@@ -137,17 +139,23 @@ def plan_runs(p: Plan, cfg: RunConfig, options: RunOptions, trace_dir: Path) -> 
         runs.append(("TPU-style", dataclasses.replace(
             cfg, per_device_batch=p.source_per_core_batch, accumulation_steps=1, precision=p.source_precision,
             remat="none")))
-    return runs
+    # Only the migrated run writes the checkpoint; the comparison runs start where it starts.
+    return runs[:1] + [(name, dataclasses.replace(extra, save_checkpoint="")) for name, extra in runs[1:]]
 
 
 def run_plan(p: Plan, base: RunConfig, options: RunOptions, export_dir: Path, *, code: CodeCheck | None = None,
-             history: History | Recorder | None = None) -> Iterator[dict[str, Any]]:
+             history: History | Recorder | None = None,
+             start_run: Callable[[RunConfig], RunHandle] = RunHandle) -> Iterator[dict[str, Any]]:
     """Events while the plan is fitted to this machine and its runs go ("status", "note",
-    "progress"), then {"event": "result", "result": MigrationResult}.
+    "progress"), then {"event": "result", "result": MigrationResult}. `start_run` starts each run
+    (an executor's: a worker here by default, or on a Ray cluster).
 
     Raises ConfigError or PlanError (before any run starts) when the settings or the plan are bad
     or the plan cannot fit this machine."""
     recorder = Recorder(history) if isinstance(history, History) else history
+    if distributed.is_multiprocess(base) and (options.pmap_before or options.scaling):
+        raise ConfigError("coordinator", "a multi-process job runs the plan's jit step only: the pmap step and the "
+                                         "scaling runs measure one host; run them without --coordinator")
     here = yield from on_this_machine(p, base)
     if here.local_plan is not None and recorder is not None:
         recorder.plan(here.local_plan, "re-fit to this machine")
@@ -156,7 +164,7 @@ def run_plan(p: Plan, base: RunConfig, options: RunOptions, export_dir: Path, *,
     export_dir.mkdir(parents=True, exist_ok=True)
     done: list[tuple[str, RunReport]] = []
     for name, cfg in plan_runs(p, here.config, options, export_dir / f"trace-{stamp}"):
-        report = yield from measure_run(name, cfg, done, recorder)
+        report = yield from measure_run(name, cfg, done, recorder, start_run)
         done.append((name, report))
     evidence = checklist.Evidence(
         plan=p, run=done[0][1], ran_plan=here.local_plan, code=code,
@@ -165,7 +173,8 @@ def run_plan(p: Plan, base: RunConfig, options: RunOptions, export_dir: Path, *,
         scaling_runs=tuple(_recorded_scaling_runs(recorder, done[0][1])))
     items = checklist.evaluate(evidence)
     scaling = scaling_view(done)
-    files = _write_exports(p, done, items, export_dir, stamp, scaling)
+    # Of a multi-process job, process 0 writes the exports (every process measured the same job).
+    files = {} if done[0][1].process_index else _write_exports(p, done, items, export_dir, stamp, scaling)
     yield {"event": "result", "result": MigrationResult(p, here.note, here.local_plan, done, items, files, scaling)}
 
 
@@ -175,11 +184,17 @@ def on_this_machine(saved: Plan, base: RunConfig) -> Iterator[dict[str, Any]]:
     worker that closing this generator stops; raises PlanError when it cannot fit."""
     if not saved.ok:
         raise PlanError("invalid", f"the plan is {saved.status}: {saved.message}")
+    if distributed.is_multiprocess(base):
+        # Each process sees only its own devices, so no local plan can re-fit the job: it runs as made
+        # (validated with the plan's global device count).
+        return PlanOnThisMachine(config_as_planned(saved, base), f"runs the plan as made ({saved.target_name}) as "
+                                 f"one job of several processes (coordinator {base.coordinator})", None, False)
     validate(base)
     if saved.nodes > 1:
-        raise PlanError("invalid", f"the plan spans {saved.nodes} nodes of {saved.gpus_per_node} GPUs and this machine "
-                                   f"is one: plan for at most {saved.gpus_per_node} GPUs to run it here (a multi-node "
-                                   "job runs one process per node, joined by jax.distributed)")
+        raise PlanError("invalid", f"the plan spans {saved.nodes} nodes of {saved.gpus_per_node} GPUs and this process "
+                                   f"is one: {distributed.LAUNCH_HINT}, e.g. --num-processes {saved.nodes} with one "
+                                   "process per node (the plan's deployment script has the sbatch and Kubernetes forms)"
+                                   f"; or plan for at most {saved.gpus_per_node} GPUs to run it here")
     batch, accum = saved.per_device_batch, saved.accumulation_steps
     note, local, refitted = f"runs the plan as made ({saved.target_name})", None, False
     if saved.target != "local":
@@ -252,12 +267,12 @@ def _plan_progress(ev: dict[str, Any]) -> str:
     return f"{ev['elapsed_s']:.0f} s"
 
 
-def measure_run(name: str, cfg: RunConfig, done: list[tuple[str, RunReport]],
-                recorder: Recorder | None) -> Iterator[dict[str, Any]]:
+def measure_run(name: str, cfg: RunConfig, done: list[tuple[str, RunReport]], recorder: Recorder | None,
+                start_run: Callable[[RunConfig], RunHandle] = RunHandle) -> Iterator[dict[str, Any]]:
     """One run in a fresh worker: "progress" events (with the partial report and the runs `done`
     before it), then its RunReport (returned), recorded when there is a recorder. Closing the
     generator early kills the worker and records the run as cancelled."""
-    handle = RunHandle(cfg)
+    handle = start_run(cfg)
     try:
         last = 0.0
         for ev in handle.events(heartbeat_s=0.5):

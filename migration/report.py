@@ -53,6 +53,8 @@ class RunReport(JsonExport):
     backend: str | None = None  # the JAX backend the run used: cpu or gpu
     device_kind: str | None = None
     device_count: int | None = None
+    process_index: int | None = None  # this process of a multi-process job (0 writes the job's exports)
+    process_count: int | None = None
     jax_version: str | None = None
     jaxlib_version: str | None = None
     flax_version: str | None = None
@@ -96,6 +98,11 @@ class RunReport(JsonExport):
     step_ms: list[float] = dataclasses.field(default_factory=list)
     env: dict[str, str] = dataclasses.field(default_factory=dict)
     profile: dict[str, Any] | None = None  # summary of the profiled steps, when captured
+    # checkpoints (migration/checkpoint.py): the step the run started from and where from; what it wrote
+    restored_step: int | None = None
+    checkpoint_restored: str | None = None
+    checkpoint_saved: str | None = None
+    checkpoint_saved_bytes: int | None = None
     config: dict[str, Any] = dataclasses.field(default_factory=dict)
     stderr_tail: str = ""
 

@@ -35,7 +35,48 @@ from migration.report import RunReport
 
 STDERR_TAIL_CHARS = 4000
 TERMINAL_EVENTS = ("finished", "failed", "plan", "environment")
+Outcome = tuple[str, str | None, str]  # (status, failure kind, message) of a finished worker
+CANCELLED: Outcome = ("cancelled", "cancelled", "cancelled: stopped on request")
 _LIVE_WORKERS: weakref.WeakSet[WorkerProcess] = weakref.WeakSet()  # started, not reaped yet
+
+
+def timeout_outcome(timeout_s: float) -> Outcome:
+    return ("failed", "timeout", f"timeout: the job took longer than timeout_s={timeout_s:g} s and was stopped")
+
+
+def silence_outcome(limit_s: float) -> Outcome:
+    return ("failed", "timeout", (f"timeout: the worker sent nothing for {limit_s:g} s (silence limit "
+                                  f"silence_timeout_s={limit_s:g}); it was stopped as hung"))
+
+
+def crashed_outcome(why: str) -> Outcome:
+    return ("failed", "crashed", f"crashed: {why}; the events received so far are kept. See the stderr tail for details.")
+
+
+def terminal_outcome(event: dict[str, Any]) -> Outcome | None:
+    """The outcome a worker's event settles (a terminal event), else None."""
+    if event["event"] not in TERMINAL_EVENTS:
+        return None
+    return ("failed", event.get("kind", "crashed"), event.get("message", "")) if event["event"] == "failed" \
+        else ("ok", None, "")
+
+
+def final_outcome(outcome: Outcome | None, cancelled: bool, crash_why: Callable[[], str]) -> Outcome:
+    """A stopped worker's outcome: cancelled when stopped on request before its result; crashed
+    (`crash_why()` says how) when it ended without a terminal event."""
+    if cancelled and (outcome is None or outcome[0] != "ok"):
+        return CANCELLED
+    return outcome if outcome is not None else crashed_outcome(crash_why())
+
+
+def run_report(cfg: RunConfig, events: list[dict[str, Any]], outcome: Outcome, stderr_tail: str, started_at: str,
+               wall_s: float | None) -> RunReport:
+    """A run's report from its worker's events and outcome (whichever executor ran it)."""
+    status, kind, message = outcome
+    if kind == "cancelled":
+        message = "cancelled: the run was stopped on request"
+    return RunReport.from_events(cfg, events, status=status, failure_kind=kind, message=message,
+                                 stderr_tail=stderr_tail, started_at=started_at, wall_s=wall_s)
 
 
 @atexit.register
@@ -48,7 +89,27 @@ def _stop_workers_at_exit() -> None:
         worker._close_lifeline()
 
 
-class WorkerProcess:
+class EventSource:
+    """What a run's handle shares, wherever its worker runs (here, or on a Ray node): the events
+    received so far, and a cancel that any thread may call (its `_kill` stops the worker)."""
+
+    _events: list[dict[str, Any]]
+    _cancelled: threading.Event
+
+    @property
+    def events_so_far(self) -> list[dict[str, Any]]:
+        return list(self._events)
+
+    def cancel(self) -> None:
+        """Stop the worker now (safe from another thread). The events iterator then ends."""
+        self._cancelled.set()
+        self._kill()
+
+    def _kill(self) -> None:
+        raise NotImplementedError
+
+
+class WorkerProcess(EventSource):
     """A started worker. Iterate `events()` to completion; then `outcome` holds
     (status, failure kind, message) and `stderr_tail` the end of its output."""
 
@@ -63,7 +124,7 @@ class WorkerProcess:
         self._events: list[dict[str, Any]] = []
         self._cancelled = threading.Event()
         self._stderr = tempfile.TemporaryFile()
-        self.outcome: tuple[str, str | None, str] | None = None
+        self.outcome: Outcome | None = None
         self.stderr_tail = ""
         self.wall_s: float | None = None
         read_fd, write_fd = os.pipe()
@@ -102,15 +163,6 @@ class WorkerProcess:
     def pid(self) -> int:
         return self._proc.pid
 
-    @property
-    def events_so_far(self) -> list[dict[str, Any]]:
-        return list(self._events)
-
-    def cancel(self) -> None:
-        """Stop the worker now (safe from another thread). The events iterator then ends."""
-        self._cancelled.set()
-        self._kill()
-
     def _kill(self) -> None:
         try:
             os.killpg(self._proc.pid, signal.SIGKILL)
@@ -125,7 +177,7 @@ class WorkerProcess:
 
         Closing this iterator before the worker's last event (the caller stopped reading) kills it."""
         buf = b""
-        outcome: tuple[str, str | None, str] | None = None
+        outcome: Outcome | None = None
         last_bytes = last_yield = time.monotonic()
         try:
             while outcome is None:
@@ -133,8 +185,7 @@ class WorkerProcess:
                 remaining = self._deadline - now
                 if remaining <= 0:
                     self._kill()
-                    outcome = ("failed", "timeout",
-                               f"timeout: the job took longer than timeout_s={self.timeout_s:g} s and was stopped")
+                    outcome = timeout_outcome(self.timeout_s)
                     break
                 if heartbeat_s and now - last_yield >= heartbeat_s:
                     last_yield = now
@@ -148,10 +199,7 @@ class WorkerProcess:
                     # was slow to ask for the next event never makes a busy worker look silent.
                     if time.monotonic() - last_bytes >= self.silence_timeout_s:
                         self._kill()
-                        limit = self.silence_timeout_s
-                        outcome = ("failed", "timeout",
-                                   (f"timeout: the worker sent nothing for {limit:g} s (silence limit "
-                                    f"silence_timeout_s={limit:g}); it was stopped as hung"))
+                        outcome = silence_outcome(self.silence_timeout_s)
                         break
                     continue
                 chunk = os.read(self._fd, 65536)
@@ -169,9 +217,7 @@ class WorkerProcess:
                     self._events.append(event)
                     yield event
                     last_yield = time.monotonic()
-                    if event["event"] in TERMINAL_EVENTS:
-                        outcome = ("failed", event.get("kind", "crashed"), event.get("message", "")) \
-                            if event["event"] == "failed" else ("ok", None, "")
+                    outcome = terminal_outcome(event) or outcome
         except BaseException:  # closed early (GeneratorExit) or failed: nobody reads its events any more
             if outcome is None:
                 self._kill()
@@ -179,11 +225,7 @@ class WorkerProcess:
         finally:
             os.close(self._fd)
             self._reap()
-        if self._cancelled.is_set() and (outcome is None or outcome[0] != "ok"):
-            outcome = ("cancelled", "cancelled", "cancelled: stopped on request")
-        if outcome is None:
-            outcome = ("failed", "crashed", self._crash_message())
-        self.outcome = outcome
+        self.outcome = final_outcome(outcome, self._cancelled.is_set(), self._crash_reason)
         self.stderr_tail = self._read_stderr_tail()
         self.wall_s = time.monotonic() - self._t0
 
@@ -203,16 +245,15 @@ class WorkerProcess:
         if fd >= 0:
             os.close(fd)
 
-    def _crash_message(self) -> str:
+    def _crash_reason(self) -> str:
         code = self._proc.returncode
         if code is not None and code < 0:
             name = signal.Signals(-code).name
             why = f"the worker was killed by {name}"
             if name == "SIGKILL":
                 why += " (by a user, or by the system when the host ran out of memory)"
-        else:
-            why = f"the worker exited with code {code} before reporting a result"
-        return f"crashed: {why}; the events received so far are kept. See the stderr tail for details."
+            return why
+        return f"the worker exited with code {code} before reporting a result"
 
     def _read_stderr_tail(self) -> str:
         self._stderr.seek(0, os.SEEK_END)
@@ -233,13 +274,8 @@ class RunHandle(WorkerProcess):
 
     def events(self, heartbeat_s: float | None = None) -> Iterator[dict[str, Any]]:
         yield from super().events(heartbeat_s)
-        status, kind, message = self.outcome
-        if kind == "cancelled":
-            message = "cancelled: the run was stopped on request"
-        self.report = RunReport.from_events(
-            self.config, self._events, status=status, failure_kind=kind, message=message,
-            stderr_tail=self.stderr_tail, started_at=self.started_at, wall_s=self.wall_s,
-        )
+        self.report = run_report(self.config, self._events, self.outcome, self.stderr_tail, self.started_at,
+                                 self.wall_s)
 
     def wait(self, on_event: Callable[[dict[str, Any]], None] | None = None) -> RunReport:
         for event in self.events():
@@ -310,3 +346,36 @@ def start_plan(req: PlanRequest) -> PlanHandle:
 
 def plan(req: PlanRequest, on_event: Callable[[dict[str, Any]], None] | None = None) -> Plan:
     return start_plan(req).wait(on_event)
+
+
+# -- executors: where a run's worker process runs ------------------------------------------------
+
+
+class ExecutorError(RuntimeError):
+    """An executor that cannot be used as configured (unreachable, no GPUs); `str()` says what to fix."""
+
+
+class LocalExecutor:
+    """Runs each worker as a child process of this one (the default: nothing to install or start)."""
+
+    remote = False
+    gpu_slots = 1  # runs at once: this machine's GPU lane runs one job at a time
+
+    def start_run(self, cfg: RunConfig) -> RunHandle:
+        return RunHandle(cfg)
+
+    def describe(self) -> str:
+        return "runs execute on this machine, one at a time"
+
+    def close(self) -> None:
+        pass
+
+
+def make_executor(ray_address: str = "") -> Any:
+    """The one place that chooses where runs execute: this machine, or (given an address, from
+    MIGRATION_RAY_ADDRESS) a Ray cluster. Raises ExecutorError when the cluster cannot be used."""
+    if not ray_address:
+        return LocalExecutor()
+    from migration.ray_executor import RayExecutor  # imports ray: only when a cluster is configured
+
+    return RayExecutor.connect(ray_address)

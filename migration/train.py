@@ -290,7 +290,9 @@ def init_state_on(program: TrainProgram, mesh: Mesh) -> TrainState:
 
 
 def batch_maker(program: TrainProgram, mesh: Mesh):
-    """A jitted `index -> batch` placed with the step's batch sharding (compiled once)."""
+    """A jitted `index -> batch` placed with the step's batch sharding (compiled once). On a mesh
+    that spans several processes (migration/distributed.py) each process computes only its own
+    shards of the same global batch: no per-process input pipeline, and the losses of a one-process run."""
     sharding = {k: batch_sharding(mesh) for k in program.batch_shapes()}
     make = jax.jit(program.make_batch, out_shardings=sharding)
     return lambda index: make(jnp.asarray(index, jnp.int32))
@@ -335,9 +337,18 @@ def init_state_replicated(program: TrainProgram, mesh: Mesh) -> TrainState:
     n = mesh.devices.size
 
     def init() -> TrainState:
-        return jax.tree.map(lambda x: jnp.broadcast_to(x, (n, *x.shape)), program.init_state())
+        return _device_copies(program.init_state(), n)
 
     return jax.jit(init, out_shardings=per_device(mesh))()
+
+
+def replicate_per_device(state: TrainState, mesh: Mesh) -> TrainState:
+    """A jit step's replicated state (e.g. a restored checkpoint) as pmap takes it: one copy per device."""
+    return jax.jit(lambda s: _device_copies(s, mesh.devices.size), out_shardings=per_device(mesh))(state)
+
+
+def _device_copies(tree: Any, n: int) -> Any:
+    return jax.tree.map(lambda x: jnp.broadcast_to(x, (n, *x.shape)), tree)
 
 
 def per_device_layout(program: TrainProgram, batch: Batch) -> Batch:

@@ -233,9 +233,13 @@ def main(argv: list[str] | None = None) -> int:
 
             emit("plan", plan=plan_migration(cfg, emit).to_dict())
         else:
-            from migration.measure import measured_run
+            from migration import distributed
+            from migration.measure import measured_run, stage
 
+            with stage(f"joining the multi-process job (coordinator {cfg.coordinator})"):
+                distributed.join(cfg)  # before anything starts JAX's backend; nothing for a one-process run
             measured_run(cfg, with_cache_hits(emit, hits))
+            distributed.leave(cfg)
     except Exception as exc:  # the worker's one boundary: every failure becomes an event
         kind, message = classify_exception(exc)
         emit("failed", kind=kind, message=message, traceback=traceback.format_exc(limit=8)[-4000:])

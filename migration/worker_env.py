@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from migration.config import PlanRequest, RunConfig
+from migration.distributed import devices_per_process
 
 # Variables that change what JAX/XLA do; reported by `env` and recorded with every run.
 JAX_ENV_VARS = (
@@ -93,7 +94,7 @@ def worker_environment(cfg: RunConfig, base: Mapping[str, str] | None = None) ->
         env["XLA_FLAGS"] = flags
     if platform == "cpu":
         env["JAX_PLATFORMS"] = "cpu"
-        env["JAX_NUM_CPU_DEVICES"] = str(cfg.devices)
+        env["JAX_NUM_CPU_DEVICES"] = str(devices_per_process(cfg))
     else:
         env["JAX_PLATFORMS"] = "cuda"
         if cfg.visible_devices:

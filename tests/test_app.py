@@ -24,8 +24,9 @@ def app(app_server):
 
 
 def run_args(steps, *, compare=False, profile=False, fp32=False, pmap=False, scaling=False, label="",
-             plan_file=None, form=FORM):
-    return (plan_file, steps, 0.003, compare, profile, fp32, pmap, scaling, *form, label)
+             plan_file=None, form=FORM, save_checkpoint="", restore_checkpoint=""):
+    return (plan_file, steps, 0.003, compare, profile, fp32, pmap, scaling, *form, label, save_checkpoint,
+            restore_checkpoint)
 
 
 def test_plan_streams_each_compile_then_the_plan(app):
@@ -214,6 +215,33 @@ def test_autotune_measures_the_plans_top_choices_on_this_machine(app):
     assert len(history["data"]) == before + 2
     labels = [str(cell) for row in history["data"] for cell in row]
     assert sum("tuned" in c and "autotune #" in c for c in labels) == 2
+
+
+def test_a_run_saves_a_checkpoint_by_name_and_a_later_run_starts_from_it(app):
+    """Folder names, kept in the server's private checkpoint folder: one run saves, the next (in
+    another session of the same user) continues from its step; paths and unknown names are refused."""
+    local = list(FORM)
+    local[0:8] = ["mlp", "tiny", "tpu-v5e-8", 64, 0, "fp32", "local", 1]
+    name = f"ck-{time.monotonic_ns()}"
+    saved = [value(o) for o in app.client.submit(*run_args(3, form=local, save_checkpoint=name), api_name="/run")
+             .result(timeout=600)]
+    assert "Run finished" in saved[0], saved[0]
+    rows = {row[0]: row[1] for row in saved[1]["data"]}
+    assert rows["checkpoint saved"].startswith("step 3 to ") and "/checkpoints/local-" in rows["checkpoint saved"]
+    assert rows["checkpoint saved"].split(" (")[0].endswith(f"/{name}") and "started from checkpoint" not in rows
+    other = app.connect()
+    again = [value(o) for o in other.submit(*run_args(2, form=local, restore_checkpoint=name), api_name="/run")
+             .result(timeout=600)]
+    assert "Run finished" in again[0], again[0]
+    rows = {row[0]: row[1] for row in again[1]["data"]}
+    assert rows["started from checkpoint"].startswith("step 3 from ") and "onto 1 cpu device" in rows[
+        "started from checkpoint"]
+    for bad, says in (("/etc", "absolute paths are not allowed"), ("../up", "'..' is not allowed"),
+                      ("nope", "no checkpoint named 'nope'; yours: ")):
+        with pytest.raises(Exception) as err:
+            other.predict(*run_args(2, form=local, restore_checkpoint=bad), api_name="/run")
+        assert "restore_checkpoint" in str(err.value) and says in str(err.value) and "Traceback" not in str(err.value)
+    assert name in str(err.value)  # the list of this user's checkpoints
 
 
 def test_environment_tab_probes_in_a_worker(app):

@@ -128,14 +128,14 @@ RUN_OPTIONS = {"plan_file": None, "steps": 3, "learning_rate": 0.003, "compare_t
                "fp32_reference": False, "pmap_before": False, "scaling": False}
 INPUTS = {
     "/plan": [*FORM, "label"],
-    "/run": [*RUN_OPTIONS, *FORM, "label"],
+    "/run": [*RUN_OPTIONS, *FORM, "label", "save_checkpoint", "restore_checkpoint"],
     "/history": ["scope", "kind", "workload", "status"],  # workload: "transformer" is a valid filter too
     "/compare": ["ids", "scope"],
     "/export_csv": ["ids", "scope"],
     "/export_history_csv": ["scope"],
     "/cancel_job": ["job_id"],
 }
-DEFAULTS = {**FORM, **RUN_OPTIONS, "label": "", "scope": "mine", "kind": "all", "status": "all", "ids": "1,2",
+DEFAULTS = {**FORM, **RUN_OPTIONS, "label": "", "save_checkpoint": "", "restore_checkpoint": "", "scope": "mine", "kind": "all", "status": "all", "ids": "1,2",
             "job_id": "1"}
 NOT_A_PLAN = object()  # replaced by an uploaded JSON file that is not a plan
 WHOLE = "must be a whole number from 1 to"
@@ -227,6 +227,10 @@ BAD = [
     Bad("run-label-200-chars", "/run", {"label": "y" * 200}, "label", "at most 80 characters"),
     Bad("run-plan-file-not-a-plan", "/run", {"plan_file": NOT_A_PLAN}, "plan_file",
         "python -m migration plan --json"),
+    Bad("run-save-checkpoint-absolute", "/run", {"save_checkpoint": "/etc/cron.d"}, "save_checkpoint",
+        "absolute paths are not allowed"),
+    Bad("run-restore-checkpoint-dotdot", "/run", {"restore_checkpoint": "../../home"}, "restore_checkpoint",
+        "'..' is not allowed"),
     # history filters, selections, job ids
     Bad("history-unknown-kind", "/history", {"kind": "runs"}, "kind", "one of all, run, plan"),
     Bad("history-none-kind", "/history", {"kind": None}, "kind", "one of all, run, plan"),

@@ -1,0 +1,260 @@
+"""One job across several processes (several hosts, or one process per GPU), through JAX's own
+multi-process runtime (`jax.distributed`), never a launcher of our own.
+
+JAX's multi-controller model: every process runs the same program and calls
+`jax.distributed.initialize` before anything touches a device; `jax.devices()` is then every
+process's devices (`jax.local_devices()` its own). The run's mesh spans them all, and each process
+computes only its addressable shards of every array. So a run needs no data loader per process:
+migration/train.py's batch generator is a jit whose `out_shardings` is the step's batch sharding,
+and each process makes exactly its shards of the same global batch a one-process run makes (same
+seed, same losses). The step's metrics leave the step fully replicated, so each process reads them
+from its own devices.
+
+Where a process learns its place in the job (RunConfig's `coordinator`, `num_processes`,
+`process_id`; `devices` is the GLOBAL device count):
+- explicit: `coordinator` "host:port" (the host of process 0 and a free port there, reachable from
+  every process), `num_processes`, `process_id` in [0, num_processes);
+- `coordinator` "auto": JAX's cluster detection (`jax.distributed.initialize()` without arguments).
+  JAX 0.10.2 detects, in this order (jax._src.clusters): Open MPI (`mpirun`), SLURM (`srun`, from
+  SLURM_JOB_ID, SLURM_STEP_NODELIST, SLURM_NTASKS, SLURM_PROCID, SLURM_LOCALID), TPU VMs on GKE and
+  GCE, and Kubernetes (with the `kubernetes` package and API access to the pod's Job). Under SLURM
+  and Open MPI each process then uses the one GPU of its local rank. JAX_COORDINATOR_PORT overrides
+  the port it derives.
+
+On the CPU backend (tests, a laptop) cross-process collectives need JAX's CPU collectives
+implementation ("gloo"; "mpi" needs an MPI library), and each process its share of the devices
+(`jax_num_cpu_devices`); both are set here, before the backend starts.
+
+Also here: the launch scripts for a multi-node plan (`sbatch_script`: srun, one process per GPU;
+`kubernetes_job`: an indexed Job, one pod per node), which migration/checklist.py's
+`deployment_snippet` puts in a plan's deployment script.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import time
+from typing import Any, NamedTuple
+
+from migration.config import ConfigError, _check_int, _shown
+
+AUTO = "auto"  # `coordinator`: let JAX detect the cluster
+CPU_COLLECTIVES = "gloo"  # accepted by jaxlib 0.10.2's jax_cpu_collectives_implementation: gloo, mpi, megascale
+MAX_JOIN_TIMEOUT_S = 300  # JAX's own default for jax.distributed.initialize
+DEFAULT_PORT = 1234  # in the launch scripts: any port free on the coordinator's host
+_HOST = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?)$")
+LAUNCH_HINT = ("start one process per host (or per GPU) with --coordinator HOST:PORT --num-processes N --process-id I "
+               "(HOST:PORT: process 0's host and a free port there), or under srun / mpirun with --coordinator auto")
+
+
+class ProcessPlace(NamedTuple):
+    """This process's place in its job."""
+
+    index: int
+    count: int
+
+
+def is_multiprocess(cfg: Any) -> bool:
+    """Whether `cfg` runs as one of several processes (explicit or detected)."""
+    return cfg.coordinator != ""
+
+
+def devices_per_process(cfg: Any) -> Any:
+    """This process's share of the job's devices where the process count is known (an explicit
+    coordinator); the whole count otherwise (one process; "auto" until it joins, when `join` sets
+    it). Takes an unvalidated config (the worker sets its environment first)."""
+    n = cfg.num_processes
+    if cfg.coordinator in ("", AUTO) or not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        return cfg.devices
+    return cfg.devices // n
+
+
+def parse_coordinator(text: str) -> tuple[str, int]:
+    """'host:port' (host a name, an IPv4 address or a [bracketed] IPv6 address) -> (host, port);
+    ValueError saying what is wrong."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port:
+        raise ValueError(f"must be HOST:PORT, e.g. 10.0.0.1:1234 or node0:1234; got {_shown(text)}")
+    if not _HOST.match(host):
+        raise ValueError(f"{host!r} is not a host name or address (IPv6 goes in brackets: [fd00::1]:1234)")
+    if not (port.isascii() and port.isdigit() and 1 <= int(port) <= 65535):
+        raise ValueError(f"port must be a number from 1 to 65535; got {_shown(port)}")
+    return host, int(port)
+
+
+def check_distributed(cfg: Any) -> None:
+    """The multi-process fields of a RunConfig (called by config.validate); ConfigError naming the
+    field, what it got and what is allowed."""
+    if not isinstance(cfg.coordinator, str):
+        raise ConfigError("coordinator", f"must be empty (one process), 'auto' or HOST:PORT; got {_shown(cfg.coordinator)}")
+    for field in ("num_processes", "process_id"):
+        _check_int(cfg, field)
+    if cfg.coordinator == "":
+        if cfg.num_processes != 1 or cfg.process_id != 0:
+            raise ConfigError("coordinator", f"num_processes {cfg.num_processes} / process_id {cfg.process_id} "
+                                             f"need a coordinator: {LAUNCH_HINT}")
+        return
+    if cfg.coordinator == AUTO:
+        if cfg.num_processes != 1 or cfg.process_id != 0:
+            raise ConfigError("num_processes", "with coordinator auto the cluster (SLURM, Open MPI, ...) gives the "
+                                               "process count and id; leave num_processes and process_id unset")
+    else:
+        try:
+            parse_coordinator(cfg.coordinator)
+        except ValueError as exc:
+            raise ConfigError("coordinator", str(exc)) from None
+        if not cfg.process_id < cfg.num_processes:
+            raise ConfigError("process_id", f"must be from 0 to {cfg.num_processes - 1} (num_processes is "
+                                            f"{cfg.num_processes}); got {cfg.process_id}")
+        if cfg.devices % cfg.num_processes:
+            raise ConfigError("devices", f"is the job's global device count and every process holds the same "
+                                         f"number: {cfg.devices} devices do not divide over {cfg.num_processes} "
+                                         f"processes; use a multiple of {cfg.num_processes}")
+    if cfg.step_style != "jit":
+        raise ConfigError("step_style", "a multi-process job runs the migrated jit step only (pmap is the "
+                                        "one-host 'before'); use step_style jit")
+
+
+def join_timeout_s(cfg: Any) -> int:
+    """How long a process waits for the others to join: half the run's limit (so a peer that never
+    comes is reported as such, before the run's own timeout stops the worker), at most JAX's default."""
+    return max(1, int(min(cfg.timeout_s / 2, MAX_JOIN_TIMEOUT_S)))
+
+
+def join(cfg: Any) -> ProcessPlace:
+    """Join `cfg`'s job: JAX's CPU collectives and this process's share of the CPU devices, then
+    `jax.distributed.initialize`. Call before anything that starts JAX's backend. A one-process
+    run joins nothing: (0, 1)."""
+    if not is_multiprocess(cfg):
+        return ProcessPlace(0, 1)
+    import jax
+
+    deadline = time.monotonic() + join_timeout_s(cfg)
+    if cfg.coordinator != AUTO and cfg.process_id != 0:
+        wait_for_coordinator(cfg.coordinator, join_timeout_s(cfg))
+    jax.config.update("jax_cpu_collectives_implementation", CPU_COLLECTIVES)
+    where = {} if cfg.coordinator == AUTO else dict(coordinator_address=cfg.coordinator,
+                                                    num_processes=cfg.num_processes, process_id=cfg.process_id)
+    try:
+        jax.distributed.initialize(**where, initialization_timeout=max(1, int(deadline - time.monotonic())))
+    except ValueError as exc:  # auto without a cluster JAX knows: it names the argument it lacks
+        raise ConfigError("coordinator", f"JAX found no cluster to join ({exc}); {LAUNCH_HINT}") from None
+    if cfg.coordinator == AUTO:
+        # What the cluster said, before the backend starts (jax.process_count() would start it).
+        from jax._src.distributed import global_state
+
+        place = ProcessPlace(global_state.process_id, global_state.num_processes)
+    else:
+        place = ProcessPlace(cfg.process_id, cfg.num_processes)
+    if cfg.devices % place.count:
+        raise ConfigError("devices", f"is the job's global device count: {cfg.devices} devices do not divide over "
+                                     f"the {place.count} processes the cluster started; use a multiple of {place.count}")
+    # CPU backend only (a GPU process sees its GPUs): this process's share of the job's devices.
+    jax.config.update("jax_num_cpu_devices", cfg.devices // place.count)
+    return place
+
+
+def wait_for_coordinator(address: str, timeout_s: float) -> None:
+    """Wait until something listens at `address` (process 0's coordinator service); ConnectionError
+    saying so after `timeout_s`. JAX itself, failing to reach it, aborts the process with a bare
+    DEADLINE_EXCEEDED."""
+    host, port = parse_coordinator(address)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with socket.create_connection((host.strip("[]"), port), timeout=2):
+                return
+        except OSError as exc:
+            if time.monotonic() >= deadline:
+                raise ConnectionError(
+                    f"nothing answered at {address} within {timeout_s:g} s ({exc.strerror or exc}): start process 0 "
+                    "of the job there (its --coordinator names its own host and a free port), or check the address "
+                    "and that the port is open between the hosts") from None
+        time.sleep(0.5)
+
+
+def leave(cfg: Any) -> None:
+    """Leave the job once this process's work is done: waits (JAX's shutdown barrier) until every
+    process got there, so process 0, which hosts the coordinator, never ends before the others."""
+    if is_multiprocess(cfg):
+        import jax
+
+        jax.distributed.shutdown()
+
+
+# -- launch scripts for a multi-node plan ---------------------------------------------------------
+
+def job_name(plan: Any) -> str:
+    """A Kubernetes / SLURM job name for the plan (lowercase letters, digits and '-')."""
+    name = re.sub(r"[^a-z0-9-]+", "-", f"migration-{plan.workload}-{plan.preset}".lower()).strip("-")
+    return name[:40].rstrip("-")
+
+
+def _exports(plan: Any) -> list[str]:
+    """The plan's environment as `export` lines, but CUDA_VISIBLE_DEVICES: srun and the Kubernetes
+    device plugin give each process its GPUs."""
+    from migration.checklist import _shell_quote
+
+    return [f"export {name}={_shell_quote(item['value'])}" for name, item in plan.environment.items()
+            if name != "CUDA_VISIBLE_DEVICES"]
+
+
+def sbatch_script(plan: Any, run: str = "python -m migration run --plan plan.json") -> str:
+    """An sbatch script: `nodes` nodes, one task per GPU, started by srun; JAX reads its place from
+    SLURM (coordinator: the first node) and gives each task the GPU of its local rank."""
+    gpn = plan.gpus_per_node
+    lines = ["#!/usr/bin/env bash", f"#SBATCH --job-name={job_name(plan)}", f"#SBATCH --nodes={plan.nodes}",
+             f"#SBATCH --ntasks-per-node={gpn}", f"#SBATCH --gpus-per-node={gpn}", "#SBATCH --exclusive",
+             "set -euo pipefail", *_exports(plan),
+             f"# {plan.gpus} processes, one per GPU: JAX detects SLURM (--coordinator auto)",
+             f"srun --nodes={plan.nodes} --ntasks={plan.gpus} --ntasks-per-node={gpn} {run} --coordinator auto"]
+    return "\n".join(lines) + "\n"
+
+
+def kubernetes_job(plan: Any, run: str = "python -m migration run --plan plan.json",
+                   image: str = "YOUR_TRAINING_IMAGE", port: int = DEFAULT_PORT) -> str:
+    """A headless Service and an indexed Job: one pod per node with all its GPUs, the pod's
+    JOB_COMPLETION_INDEX as its process id, pod 0 (reached through the Service) the coordinator."""
+    name, n = job_name(plan), plan.nodes
+    command = f'{run} --coordinator {name}-0.{name}:{port} --num-processes {n} --process-id "$JOB_COMPLETION_INDEX"'
+    env = "".join(f"        - name: {k}\n          value: {json.dumps(item['value'])}\n"
+                  for k, item in plan.environment.items() if k != "CUDA_VISIBLE_DEVICES")
+    return (f"apiVersion: v1\nkind: Service\nmetadata:\n  name: {name}\nspec:\n  clusterIP: None\n"
+            f"  selector:\n    job-name: {name}\n---\n"
+            f"apiVersion: batch/v1\nkind: Job\nmetadata:\n  name: {name}\nspec:\n  completionMode: Indexed\n"
+            f"  completions: {n}\n  parallelism: {n}\n  backoffLimit: 0\n  template:\n    spec:\n"
+            f"      subdomain: {name}\n      restartPolicy: Never\n      containers:\n      - name: train\n"
+            f"        image: {image}\n        command: [\"bash\", \"-c\"]\n        args:\n"
+            f"        - {json.dumps(command)}\n"
+            f"        ports:\n        - containerPort: {port}\n"
+            f"        env:\n{env}"
+            f"        resources:\n          limits:\n            nvidia.com/gpu: {plan.gpus_per_node}\n")
+
+
+def per_node_command(plan: Any, run: str = "python -m migration run --plan plan.json") -> str:
+    """The command each node runs by hand: one process per node, COORDINATOR and NODE_RANK from the caller."""
+    return (f'{run} --coordinator "${{COORDINATOR:?set COORDINATOR=host-of-node-0:{DEFAULT_PORT}}}" '
+            f'--num-processes {plan.nodes} --process-id "${{NODE_RANK:?set NODE_RANK to 0..{plan.nodes - 1}}}"')
+
+
+def multi_node_launch(plan: Any, run: str = "python -m migration run --plan plan.json") -> str:
+    """The launch part of a multi-node plan's deployment script: `bash deploy.sh sbatch` prints the
+    sbatch script, `bash deploy.sh kubernetes` the Service and indexed Job, and with COORDINATOR and
+    NODE_RANK set, `bash deploy.sh` runs this node's process."""
+    n = plan.nodes
+    return "\n".join([
+        (f"# {plan.gpus} GPUs on {n} nodes of {plan.gpus_per_node}: one job of several processes joined by "
+         "jax.distributed. With this file as deploy.sh:"),
+        "#   bash deploy.sh sbatch > job.sbatch && sbatch job.sbatch   # SLURM: srun, one process per GPU",
+        "#   bash deploy.sh kubernetes | kubectl apply -f -          # Kubernetes: an indexed Job, one pod per node",
+        (f"#   COORDINATOR=node0:{DEFAULT_PORT} NODE_RANK=0 bash deploy.sh  # by hand, on each node: NODE_RANK 0 "
+         f"(on the coordinator's host) to {n - 1}"),
+        "# Every process needs plan.json where the command runs (the image, or a shared folder).",
+        'case "${1:-}" in',
+        "sbatch)", "cat <<'SBATCH'", sbatch_script(plan, run).rstrip("\n"), "SBATCH", ";;",
+        "kubernetes)", "cat <<'KUBERNETES'", kubernetes_job(plan, run).rstrip("\n"), "KUBERNETES", ";;",
+        "*)", per_node_command(plan, run), ";;",
+        "esac",
+    ]) + "\n"

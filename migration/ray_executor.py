@@ -1,0 +1,255 @@
+"""Runs on a Ray cluster: the executor a team uses when one box is not enough (MIGRATION_RAY_ADDRESS).
+
+Each run becomes a Ray actor that asks for as many GPUs as the run has devices. The actor starts
+the same worker process a local run uses (`runner.WorkerProcess`: `python -m migration.worker`, the
+same payload, lifeline, timeouts and kill) on its node, and keeps the events it sends; the driver
+(the app, or the CLI) polls them. So the events, the failure kinds and the reports are the local
+executor's, and only the transport differs.
+
+- Where: the project travels to the cluster as the Ray job's `working_dir` (without .gitignore'd
+  files such as the virtual environment); each node needs the project's requirements installed in
+  the Python it runs Ray with.
+- Devices: Ray sets CUDA_VISIBLE_DEVICES to the GPUs it gave the actor, and the worker keeps it
+  (the run's own `visible_devices` is dropped). A node without NVIDIA GPUs (a test cluster that
+  declares GPUs with `ray start --num-gpus`) runs the worker on JAX's CPU platform, as a local run
+  on a CPU-only machine does.
+- Stopping: cancel stops the worker's process group on its node, then kills the actor, which
+  frees its GPUs. An actor that dies (killed, or its node lost) makes the run `crashed`; its worker
+  dies with it (its lifeline was the actor). A run that is not scheduled, or whose actor stops
+  answering, is stopped at its `timeout_s` or silence limit like a local one.
+
+`ray` is imported only here, and this module only when a Ray address is configured.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import ray
+from ray.exceptions import GetTimeoutError, RayError
+
+from migration.common import PROJECT_ROOT, first_line
+from migration.config import RunConfig
+from migration.report import RunReport
+from migration.runner import (EventSource, ExecutorError, Outcome, WorkerProcess, crashed_outcome, final_outcome, run_report,
+                              silence_outcome, terminal_outcome, timeout_outcome)
+from migration.worker_env import resolve_platform
+
+CONNECT_TIMEOUT_S = 5.0  # to reach the cluster's address before Ray itself tries (it retries for minutes)
+POLL_WAIT_S = 0.5  # the node holds a poll this long for new events
+REPLY_GRACE_S = 5.0  # beyond the silence limit, for a poll reply to cross the network
+KILL_WAIT_S = 5.0  # for the node to stop the worker before its actor is killed
+# Not shipped to the cluster, besides what Ray leaves out itself (.git, .venv, what .gitignore names).
+WORKING_DIR_EXCLUDES = ["runs", "bench", "tests/fixtures"]
+
+
+@ray.remote(max_restarts=0, max_task_retries=0, max_concurrency=4)
+class RunOnNode:
+    """On a Ray node: one run's worker process and the events it has sent so far."""
+
+    def __init__(self, payload: dict[str, Any], timeout_s: float, silence_timeout_s: float):
+        if resolve_platform(payload.get("platform", "auto")) == "cpu":
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)  # Ray's GPU ids mean nothing on the CPU platform
+        self._worker = WorkerProcess("run", payload, timeout_s, silence_timeout_s)
+        self._events: list[dict[str, Any]] = []
+        self._ended: dict[str, Any] | None = None
+        self._cond = threading.Condition()
+        threading.Thread(target=self._read, name="run-events", daemon=True).start()
+
+    def _read(self) -> None:
+        worker = self._worker
+        try:
+            for event in worker.events():
+                with self._cond:
+                    self._events.append(event)
+                    self._cond.notify_all()
+        finally:
+            outcome = worker.outcome or crashed_outcome("the worker's events could not be read on its node")
+            with self._cond:
+                self._ended = {"outcome": outcome, "stderr_tail": worker.stderr_tail, "wall_s": worker.wall_s}
+                self._cond.notify_all()
+
+    def where(self) -> dict[str, Any]:
+        return {"node": ray.util.get_node_ip_address(), "pid": os.getpid(), "worker_pid": self._worker.pid}
+
+    def poll(self, cursor: int, wait_s: float) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+        """The events after the first `cursor` (waiting up to `wait_s` for one), and the worker's end
+        (outcome, stderr tail, wall time) once it has ended and every event was sent."""
+        with self._cond:
+            if len(self._events) <= cursor and self._ended is None:
+                self._cond.wait(wait_s)
+            events = self._events[cursor:]
+            return events, self._ended
+
+    def cancel(self) -> None:
+        self._worker.cancel()
+
+
+class RayRunHandle(EventSource):
+    """A run on the cluster, used as a `runner.RunHandle` is: iterate `events()` to completion (or
+    `wait()`); then `outcome`, `stderr_tail` and `report` are set. `cancel()` is safe from any thread."""
+
+    def __init__(self, cfg: RunConfig):
+        self.config = dataclasses.replace(cfg, visible_devices="")  # the GPUs are Ray's choice
+        self.timeout_s = cfg.timeout_s
+        self.silence_timeout_s = float(cfg.silence_timeout_s)
+        self.started_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        self._t0 = time.monotonic()
+        self._deadline = self._t0 + cfg.timeout_s
+        self._events: list[dict[str, Any]] = []
+        self._cancelled = threading.Event()
+        self._placed = threading.Event()  # the actor exists and its worker started
+        self.where: dict[str, Any] | None = None  # node, actor pid, worker pid (once placed)
+        self.outcome: Outcome | None = None
+        self.stderr_tail = ""
+        self.wall_s: float | None = None
+        self.report: RunReport | None = None
+        # No CPU reserved: the worker's host work is light, and a run waits for GPUs only.
+        self._actor = RunOnNode.options(num_gpus=cfg.devices, num_cpus=0).remote(
+            self.config.to_dict(), cfg.timeout_s, self.silence_timeout_s)
+
+    def _kill(self) -> None:
+        if self._placed.is_set():  # stop the worker's process group first, then its actor
+            try:
+                ray.get(self._actor.cancel.remote(), timeout=KILL_WAIT_S)
+            except RayError:
+                pass
+        ray.kill(self._actor, no_restart=True)
+
+    def events(self, heartbeat_s: float | None = None) -> Iterator[dict[str, Any]]:
+        """As `runner.WorkerProcess.events`: the worker's events as they arrive, with `heartbeat`
+        events when none came for `heartbeat_s`; closing it early kills the run."""
+        outcome: Outcome | None = None
+        ended: dict[str, Any] | None = None
+        crash_why = "the Ray actor running it ended without a result"
+        placing = self._actor.where.remote()
+        pending = None  # the poll in flight
+        last_reply = last_yield = time.monotonic()
+        try:
+            while ended is None and not self._cancelled.is_set():
+                now = time.monotonic()
+                if now >= self._deadline:
+                    self._kill()
+                    outcome = timeout_outcome(self.timeout_s)
+                    break
+                if heartbeat_s and now - last_yield >= heartbeat_s and outcome is None:
+                    last_yield = now
+                    yield {"event": "heartbeat", "elapsed_s": now - self._t0}
+                    continue
+                if not self._placed.is_set():
+                    pending = placing  # waiting for the cluster to place the actor: only the deadline applies
+                elif pending is None:
+                    pending = self._actor.poll.remote(len(self._events), POLL_WAIT_S)
+                wait = min(self._deadline - now, last_yield + heartbeat_s - now if heartbeat_s else POLL_WAIT_S)
+                ready, _ = ray.wait([pending], timeout=max(0.0, wait) + (POLL_WAIT_S if self._placed.is_set() else 0))
+                if not ready:
+                    silent_s = time.monotonic() - last_reply
+                    if self._placed.is_set() and silent_s >= self.silence_timeout_s + REPLY_GRACE_S:
+                        self._kill()
+                        outcome = silence_outcome(self.silence_timeout_s)
+                        break
+                    continue
+                reply, pending = pending, None
+                try:
+                    answer = ray.get(reply, timeout=REPLY_GRACE_S)
+                except GetTimeoutError:
+                    continue
+                except RayError as exc:
+                    where = f" on node {self.where['node']}" if self.where else ""
+                    crash_why = f"the Ray worker process running it{where} died ({first_line(exc, 200)})"
+                    break
+                last_reply = time.monotonic()
+                if reply is placing:
+                    self.where = answer
+                    self._placed.set()
+                    continue
+                new_events, ended = answer
+                for event in new_events:
+                    self._events.append(event)
+                    yield event
+                    last_yield = time.monotonic()
+                    outcome = terminal_outcome(event) or outcome  # no heartbeats after it; the node's end follows
+        except BaseException:  # closed early (GeneratorExit) or failed: nobody reads its events any more
+            if ended is None:
+                self._kill()
+            raise
+        finally:
+            ray.kill(self._actor, no_restart=True)  # its work is over: give its GPUs back
+        if ended is not None:
+            outcome, self.stderr_tail = ended["outcome"], ended["stderr_tail"]
+            outcome = tuple(outcome)
+        self.outcome = final_outcome(outcome, self._cancelled.is_set(), lambda: crash_why)
+        self.wall_s = time.monotonic() - self._t0
+        self.report = run_report(self.config, self._events, self.outcome, self.stderr_tail, self.started_at,
+                                 self.wall_s)
+
+    def wait(self, on_event: Callable[[dict[str, Any]], None] | None = None) -> RunReport:
+        for event in self.events():
+            if on_event is not None:
+                on_event(event)
+        assert self.report is not None
+        return self.report
+
+
+def _check_reachable(address: str) -> None:
+    """A host:port address (plain or ray://) must accept a connection within CONNECT_TIMEOUT_S;
+    Ray itself would retry for minutes before it gives up."""
+    if address == "auto":
+        return
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ExecutorError(f"MIGRATION_RAY_ADDRESS={address!r} is not an address: expected host:port (the head's "
+                            "GCS, e.g. 10.0.0.5:6379), ray://host:port (Ray Client, e.g. ray://10.0.0.5:10001) or auto")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as exc:
+        raise ExecutorError(f"the Ray cluster at {address} cannot be reached ({exc.strerror or first_line(exc)}): "
+                            "check the address and that the head node runs (ray status on the head)") from None
+
+
+class RayExecutor:
+    """Runs each worker on the Ray cluster; `gpu_slots` is the cluster's GPU count, so as many runs
+    of one device go at once as it has GPUs."""
+
+    remote = True
+
+    def __init__(self, address: str, gpu_slots: int):
+        self.address = address
+        self.gpu_slots = gpu_slots
+
+    @classmethod
+    def connect(cls, address: str) -> RayExecutor:
+        """Join the cluster (or reuse this process's connection to it). Raises ExecutorError, saying
+        what to fix, when it cannot be reached or has no GPUs."""
+        address = address.strip()
+        _check_reachable(address)
+        if not ray.is_initialized():
+            try:
+                ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING,
+                         runtime_env={"working_dir": str(PROJECT_ROOT), "excludes": WORKING_DIR_EXCLUDES})
+            except (ConnectionError, RuntimeError, ValueError) as exc:
+                raise ExecutorError(f"cannot join the Ray cluster at {address}: {first_line(exc)}") from None
+        gpus = int(ray.cluster_resources().get("GPU", 0))
+        if gpus < 1:
+            ray.shutdown()
+            raise ExecutorError(f"the Ray cluster at {address} has no GPUs: runs ask for GPUs, so none would ever "
+                                "start. Add GPU nodes (or, on a CPU-only test cluster, start the head with "
+                                "--num-gpus=N), or unset MIGRATION_RAY_ADDRESS to run on this machine")
+        return cls(address, gpus)
+
+    def start_run(self, cfg: RunConfig) -> RayRunHandle:
+        return RayRunHandle(cfg)
+
+    def describe(self) -> str:
+        n = self.gpu_slots
+        return f"runs execute on the Ray cluster at {self.address} ({n} GPUs: {n} one-device runs at once)"
+
+    def close(self) -> None:
+        ray.shutdown()
