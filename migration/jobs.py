@@ -174,6 +174,10 @@ class JobService:
         if self.executor.remote and options.scaling:
             raise LimitError("the scaling runs measure this machine's device counts; on the Ray cluster, run them "
                              "without the scaling option (the pmap before/after comparison works)")
+        if self.executor.remote and (base.save_checkpoint or base.restore_checkpoint):
+            raise LimitError("checkpoint folders are on this server's disk and a run on the Ray cluster runs on one of "
+                             "its nodes: run without saving or restoring a checkpoint there (the CLI on a filesystem "
+                             "every node shares can do both)")
         payload = {"config": {**config, "steps": base.steps}, "message": "queued", "target": target}
         summary = f"run {workload}/{preset} ({target}), {base.steps} steps"
         return self._submit("run", user, label, "gpu", summary, workload, preset, payload,

@@ -115,6 +115,29 @@ def test_two_processes_train_exactly_like_one_process_on_four_devices(trainer, t
 
 
 @pytest.mark.slow
+def test_a_two_process_job_saves_a_checkpoint_that_one_process_continues(trainer, tmp_path):
+    """Weights carried from a 2-host FSDP job to one host: both processes write their shards of one
+    Orbax checkpoint; one process on 4 devices, replicated, restores it and trains on with the
+    losses of 6 uninterrupted steps."""
+    cfg = RunConfig(**TINY, sharding="fsdp")
+    ckpt = tmp_path / "ckpt"
+    port = free_port()
+    results = launch([run_flags(cfg) + ["--coordinator", f"127.0.0.1:{port}", "--num-processes", "2", "--process-id",
+                                        str(i), "--save-checkpoint", str(ckpt)] for i in range(2)], tmp_path)
+    for code, out in results:
+        assert code == 0, out
+    meta = json.loads((ckpt / "checkpoint.json").read_text())
+    assert (meta["step"], meta["devices"], meta["sharding"]) == (cfg.steps, 4, "fsdp")
+    more = RunConfig(**{**TINY, "steps": 2})
+    [(code, out)] = launch([run_flags(more) + ["--restore-checkpoint", str(ckpt), "--json",
+                                               str(tmp_path / "continued.json")]], tmp_path)
+    assert code == 0, out
+    continued = json.loads((tmp_path / "continued.json").read_text())
+    straight = one_process_losses(trainer, RunConfig(**{**TINY, "steps": cfg.steps + 2}))
+    np.testing.assert_allclose(continued["losses"], straight[cfg.steps:], rtol=1e-5)
+
+
+@pytest.mark.slow
 def test_a_process_whose_coordinator_never_starts_fails_within_its_timeout_saying_so(tmp_path):
     """Process 1 waits for process 0 half the run's --timeout (7 s of 15), then fails with the reason."""
     cfg = RunConfig(**TINY)

@@ -170,12 +170,14 @@ def test_a_killed_ray_worker_makes_the_run_crashed_and_the_next_one_runs(service
     assert after.state == "done" and after.result.main.status == "ok"
 
 
-def test_runs_the_cluster_cannot_hold_are_refused_before_anything_is_queued(service, local_plan):
+def test_runs_the_cluster_cannot_hold_are_refused_before_anything_is_queued(service, local_plan, tmp_path):
     req = PlanRequest(workload="mlp", preset="tiny", global_batch=32, target="h100-sxm", gpus=4)
     with pytest.raises(LimitError, match="needs 4 GPUs and the Ray cluster has 2"):
         service.submit_run("alice", req, RunConfig(steps=3))
     with pytest.raises(LimitError, match="scaling runs"):  # they would ask for up to 8 GPUs
         service.submit_run("alice", local_plan, RunConfig(steps=3), RunOptions(scaling=True))
+    with pytest.raises(LimitError, match="checkpoint folders are on this server's disk"):
+        service.submit_run("alice", local_plan, RunConfig(steps=3, save_checkpoint=str(tmp_path / "ckpt")))
     assert service.history.entries() == []
 
 
