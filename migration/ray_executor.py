@@ -38,7 +38,7 @@ from ray.exceptions import GetTimeoutError, RayError
 from migration.common import PROJECT_ROOT, first_line
 from migration.config import RunConfig
 from migration.report import RunReport
-from migration.runner import (EventSource, ExecutorError, Outcome, WorkerProcess, crashed_outcome, final_outcome, run_report,
+from migration.runner import (EventSource, ExecutorError, RunWaiter, Outcome, WorkerProcess, crashed_outcome, final_outcome, run_report,
                               silence_outcome, terminal_outcome, timeout_outcome)
 from migration.worker_env import resolve_platform
 
@@ -92,7 +92,7 @@ class RunOnNode:
         self._worker.cancel()
 
 
-class RayRunHandle(EventSource):
+class RayRunHandle(RunWaiter, EventSource):
     """A run on the cluster, used as a `runner.RunHandle` is: iterate `events()` to completion (or
     `wait()`); then `outcome`, `stderr_tail` and `report` are set. `cancel()` is safe from any thread."""
 
@@ -189,13 +189,6 @@ class RayRunHandle(EventSource):
         self.wall_s = time.monotonic() - self._t0
         self.report = run_report(self.config, self._events, self.outcome, self.stderr_tail, self.started_at,
                                  self.wall_s)
-
-    def wait(self, on_event: Callable[[dict[str, Any]], None] | None = None) -> RunReport:
-        for event in self.events():
-            if on_event is not None:
-                on_event(event)
-        assert self.report is not None
-        return self.report
 
 
 def _check_reachable(address: str) -> None:

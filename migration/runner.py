@@ -109,6 +109,20 @@ class EventSource:
         raise NotImplementedError
 
 
+class RunWaiter:
+    """`wait()` for a run's handle, local or on a cluster: its events to the end, then its report."""
+
+    report: RunReport | None
+    events: Callable[..., Iterator[dict[str, Any]]]
+
+    def wait(self, on_event: Callable[[dict[str, Any]], None] | None = None) -> RunReport:
+        for event in self.events():
+            if on_event is not None:
+                on_event(event)
+        assert self.report is not None
+        return self.report
+
+
 class WorkerProcess(EventSource):
     """A started worker. Iterate `events()` to completion; then `outcome` holds
     (status, failure kind, message) and `stderr_tail` the end of its output."""
@@ -264,7 +278,7 @@ class WorkerProcess(EventSource):
         return text[-STDERR_TAIL_CHARS:]
 
 
-class RunHandle(WorkerProcess):
+class RunHandle(RunWaiter, WorkerProcess):
     """A measured run in its worker; after `events()` (or `wait()`), `report` is set."""
 
     def __init__(self, cfg: RunConfig):
@@ -276,13 +290,6 @@ class RunHandle(WorkerProcess):
         yield from super().events(heartbeat_s)
         self.report = run_report(self.config, self._events, self.outcome, self.stderr_tail, self.started_at,
                                  self.wall_s)
-
-    def wait(self, on_event: Callable[[dict[str, Any]], None] | None = None) -> RunReport:
-        for event in self.events():
-            if on_event is not None:
-                on_event(event)
-        assert self.report is not None
-        return self.report
 
 
 class PlanError(RuntimeError):
