@@ -27,6 +27,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_until(predicate: Any, within_s: float, poll_s: float = 0.05) -> None:
+    """Poll `predicate` until it holds; fail the test after `within_s` seconds."""
+    deadline = time.monotonic() + within_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out after {within_s:g} s"
+        time.sleep(poll_s)
+
+
+def job_is_stepping(job: Any) -> bool:
+    """Whether a job-service job's worker has reported a training step."""
+    return any(e.get("event") == "progress" and e["worker_event"]["event"] == "step" for e in job.events_since(0))
+
+
 def value(output: Any) -> Any:
     """A component's value whether the app sent it plain or as an update (visibility changes)."""
     return output.get("value") if isinstance(output, dict) and "__type__" in output else output

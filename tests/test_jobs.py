@@ -1,7 +1,6 @@
 """The job service without the app: owners, per-user limits, first come first served, cancelling
 queued and running jobs, and a shutdown that leaves no worker and marks what it stopped."""
 
-import time
 
 import pytest
 
@@ -9,6 +8,7 @@ from migration.config import ConfigError, PlanRequest, RunConfig
 from migration.history import History
 from migration.jobs import JobService, Limits, LimitError, NotYourJob
 from migration.runner import plan as make_plan
+from tests.server import job_is_stepping, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -20,14 +20,10 @@ def local_plan():
 
 
 def wait(predicate, within_s=120):
-    deadline = time.monotonic() + within_s
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
+    wait_until(predicate, within_s)
 
 
-def started_steps(job):
-    return any(e.get("event") == "progress" and e["worker_event"]["event"] == "step" for e in job.events_since(0))
+started_steps = job_is_stepping
 
 
 def test_owners_limits_queue_order_cancel_and_shutdown(tmp_path, local_plan):

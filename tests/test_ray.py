@@ -22,7 +22,7 @@ from migration.history import History  # noqa: E402
 from migration.jobs import JobService, Limits, LimitError  # noqa: E402
 from migration.orchestrate import RunOptions  # noqa: E402
 from migration.runner import ExecutorError, make_executor, plan as make_plan  # noqa: E402
-from tests.server import ROOT, Server, free_port, value  # noqa: E402
+from tests.server import ROOT, Server, free_port, job_is_stepping, value, wait_until  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -79,14 +79,10 @@ def service(tmp_path, executor):
 
 
 def wait(predicate, within_s=180):
-    deadline = time.monotonic() + within_s
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.1)
+    wait_until(predicate, within_s, poll_s=0.1)
 
 
-def stepping(job):
-    return any(e.get("event") == "progress" and e["worker_event"]["event"] == "step" for e in job.events_since(0))
+stepping = job_is_stepping
 
 
 def ray_run_workers():
