@@ -34,6 +34,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=40)
     args = parser.parse_args()
+    if args.steps < 1:
+        parser.error(f"--steps must be a whole number of at least 1; got {args.steps}")
     temp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
     work = Path(tempfile.mkdtemp(prefix="ray-queue-"))
     env = {**os.environ, **NO_AUTH, "MIGRATION_CACHE_DIR": str(work / "node-cache")}
