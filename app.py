@@ -62,7 +62,7 @@ class Settings:
     multi_user: bool = False  # auth configured: every job has an owner
     export_max_age_s: float = 7 * 24 * 3600
     history_max_mb: float | None = None
-    ray_address: str = ""  # a Ray cluster that runs the runs (MIGRATION_RAY_ADDRESS); empty: this machine
+    ray_address: str = ""  # a Ray cluster for the runs and catalog plans (MIGRATION_RAY_ADDRESS); empty: this machine
 
 
 def _gib(n: Any) -> str:
@@ -943,7 +943,8 @@ def main() -> None:
     parser.add_argument("--queue-size", type=bounded(int, 1, 100_000), default=env("MIGRATION_QUEUE_SIZE", str(d.queue_size)),
                         help="jobs waiting or running, all users together")
     parser.add_argument("--ray-address", default=env("MIGRATION_RAY_ADDRESS", ""),
-                        help="run the runs on this Ray cluster (host:port, ray://host:port or auto); default: here")
+                        help="run the runs, and plans for catalog GPUs, on this Ray cluster (host:port, "
+                             "ray://host:port or auto); default: here")
     args = parser.parse_args()
     users = read_auth(args.auth_file, env("MIGRATION_AUTH"))
     limits = Limits(jobs_per_user=args.jobs_per_user, max_steps=args.max_steps, max_run_s=args.max_run_seconds,

@@ -5,8 +5,9 @@ Two lanes: `gpu` (runs, and plans for this machine's GPU, which compile on it) r
 time; `cpu` (plans compiled for a catalog GPU without the device) runs `plan_slots` at a time.
 Each lane is first come, first served. With a Ray cluster as the executor (`runner.make_executor`),
 the `gpu` lane holds as many GPUs as the cluster has and a run job takes as many as its plan's
-devices; what needs this machine's own GPU (plans for "local" on a GPU host, autotune) then has a
-lane of its own, `host-gpu`, one job at a time. Every job is recorded in the history when it is submitted
+devices, and the `cpu` lane's plans compile on the cluster's CPUs, as many at once as it has; what
+needs this machine then has lanes of its own: `host-gpu` (plans for "local" on a GPU host,
+autotune), one job at a time, and `host-cpu` (plans for "local" on a CPU host), `plan_slots`. Every job is recorded in the history when it is submitted
 (`queued`), marked `running`, and completed in place; a server that stops (`shutdown`) marks what
 it interrupts, and a server that was killed has its leftovers marked by the next one (History
 `interrupt_unfinished`). Jobs belong to the user who submitted them: only they can stop them, and
@@ -125,8 +126,11 @@ class JobService:
         self.limits = limits
         self.gpu_host = resolve_platform("auto") == "gpu" if gpu_host is None else gpu_host
         self.recovered = history.interrupt_unfinished(INTERRUPTED)  # a killed server's leftovers
-        self._slots = {"gpu": self.executor.gpu_slots, "cpu": plan_slots, "host-gpu": 1}
-        self._host_gpu_lane = "host-gpu" if self.executor.remote else "gpu"  # this machine's own GPU
+        remote = self.executor.remote
+        self._slots = {"gpu": self.executor.gpu_slots, "cpu": self.executor.plan_slots if remote else plan_slots,
+                       "host-gpu": 1, "host-cpu": plan_slots}
+        self._host_gpu_lane = "host-gpu" if remote else "gpu"  # this machine's own GPU
+        self._host_cpu_lane = "host-cpu" if remote else "cpu"  # this machine's CPUs
         self._pending: dict[str, list[Job]] = {lane: [] for lane in self._slots}
         self._running: dict[str, list[Job]] = {lane: [] for lane in self._slots}
         self._jobs: dict[int, Job] = {}
@@ -139,7 +143,10 @@ class JobService:
     def submit_plan(self, user: str, req: PlanRequest, label: str = "") -> Job:
         req = validate_plan_request(dataclasses.replace(
             req, timeout_s=min(req.timeout_s, self.limits.max_run_s), silence_timeout_s=self.limits.silence_s))
-        lane = self._host_gpu_lane if req.target == "local" and self.gpu_host else "cpu"
+        if req.target != "local":
+            lane = "cpu"  # compiles deviceless: here, or on a Ray cluster's CPUs
+        else:
+            lane = self._host_gpu_lane if self.gpu_host else self._host_cpu_lane
         dims = f" ({fmt_model(req.model)})" if req.model else ""
         summary = f"plan {req.workload}/{req.preset}{dims} {req.source} → {req.gpus} × {req.target}"
         payload = {"config": {"global_batch": req.global_batch, "devices": req.gpus, "target": req.target},
@@ -301,8 +308,10 @@ class JobService:
             job.result = plan
 
     def _plan(self, job: Job, req: PlanRequest) -> Plan | None:
-        """Plan in a planner worker, streaming its events into the job; None when cancelled."""
-        handle = start_plan(req)
+        """Plan in a planner worker, streaming its events into the job; None when cancelled. A plan
+        for a catalog GPU goes where the executor plans (a Ray cluster's CPUs); one for "local"
+        describes this machine and is planned here."""
+        handle = start_plan(req) if req.target == "local" else self.executor.start_plan(req)
         try:
             for ev in handle.events(heartbeat_s=0.5):
                 job.push({"event": "planning", "worker_event": ev})

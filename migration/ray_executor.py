@@ -1,10 +1,12 @@
 """Runs on a Ray cluster: the executor a team uses when one box is not enough (MIGRATION_RAY_ADDRESS).
 
-Each run becomes a Ray actor that asks for as many GPUs as the run has devices. The actor starts
-the same worker process a local run uses (`runner.WorkerProcess`: `python -m migration.worker`, the
-same payload, lifeline, timeouts and kill) on its node, and keeps the events it sends; the driver
-(the app, or the CLI) polls them. So the events, the failure kinds and the reports are the local
-executor's, and only the transport differs.
+Each run becomes a Ray actor that asks for as many GPUs as the run has devices; each plan for a
+catalog GPU (which compiles deviceless, on the CPU backend) becomes an actor that asks for one CPU
+and no GPU, so plans go to the cluster's CPUs and never hold a GPU. The actor starts the same worker
+process a local run or plan uses (`runner.WorkerProcess`: `python -m migration.worker`, the same
+payload, lifeline, timeouts and kill) on its node, and keeps the events it sends; the driver (the
+app, or the CLI) polls them. So the events, the failure kinds, the reports and the plans are the
+local executor's, and only the transport differs.
 
 - Where: the project travels to the cluster as the Ray job's `working_dir` (without .gitignore'd
   files such as the virtual environment); each node needs the project's requirements installed in
@@ -36,28 +38,30 @@ import ray
 from ray.exceptions import GetTimeoutError, RayError
 
 from migration.common import PROJECT_ROOT, first_line
-from migration.config import RunConfig
-from migration.report import RunReport
-from migration.runner import (EventSource, ExecutorError, RunWaiter, Outcome, WorkerProcess, crashed_outcome, final_outcome, run_report,
-                              silence_outcome, terminal_outcome, timeout_outcome)
+from migration.config import PlanRequest, RunConfig, validate_plan_request
+from migration.report import Plan, RunReport
+from migration.runner import (EventSource, ExecutorError, Outcome, PlanError, PlanWaiter, RunWaiter, WorkerProcess,
+                              crashed_outcome, final_outcome, run_report, silence_outcome, terminal_outcome,
+                              timeout_outcome)
 from migration.worker_env import resolve_platform
 
 CONNECT_TIMEOUT_S = 5.0  # to reach the cluster's address before Ray itself tries (it retries for minutes)
 POLL_WAIT_S = 0.5  # the node holds a poll this long for new events
 REPLY_GRACE_S = 5.0  # beyond the silence limit, for a poll reply to cross the network
 KILL_WAIT_S = 5.0  # for the node to stop the worker before its actor is killed
+PLAN_CPUS = 1  # a plan's actor: one of the cluster's CPUs (compiles are mostly one thread), no GPU
 # Not shipped to the cluster, besides what Ray leaves out itself (.git, .venv, what .gitignore names).
 WORKING_DIR_EXCLUDES = ["runs", "bench", "tests/fixtures"]
 
 
 @ray.remote(max_restarts=0, max_task_retries=0, max_concurrency=4)
-class RunOnNode:
-    """On a Ray node: one run's worker process and the events it has sent so far."""
+class WorkerOnNode:
+    """On a Ray node: one run's (or plan's) worker process and the events it has sent so far."""
 
-    def __init__(self, payload: dict[str, Any], timeout_s: float, silence_timeout_s: float):
-        if resolve_platform(payload.get("platform", "auto")) == "cpu":
+    def __init__(self, mode: str, payload: dict[str, Any], timeout_s: float, silence_timeout_s: float):
+        if mode == "plan" or resolve_platform(payload.get("platform", "auto")) == "cpu":
             os.environ.pop("CUDA_VISIBLE_DEVICES", None)  # Ray's GPU ids mean nothing on the CPU platform
-        self._worker = WorkerProcess("run", payload, timeout_s, silence_timeout_s)
+        self._worker = WorkerProcess(mode, payload, timeout_s, silence_timeout_s)
         self._events: list[dict[str, Any]] = []
         self._ended: dict[str, Any] | None = None
         self._cond = threading.Condition()
@@ -92,17 +96,17 @@ class RunOnNode:
         self._worker.cancel()
 
 
-class RayRunHandle(RunWaiter, EventSource):
-    """A run on the cluster, used as a `runner.RunHandle` is: iterate `events()` to completion (or
-    `wait()`); then `outcome`, `stderr_tail` and `report` are set. `cancel()` is safe from any thread."""
+class RayWorkerHandle(EventSource):
+    """A worker on the cluster, used as a local `runner.WorkerProcess` is: iterate `events()` to
+    completion; then `outcome` and `stderr_tail` are set. `cancel()` is safe from any thread."""
 
-    def __init__(self, cfg: RunConfig):
-        self.config = dataclasses.replace(cfg, visible_devices="")  # the GPUs are Ray's choice
-        self.timeout_s = cfg.timeout_s
-        self.silence_timeout_s = float(cfg.silence_timeout_s)
+    def __init__(self, mode: str, payload: dict[str, Any], timeout_s: float, silence_timeout_s: float,
+                 num_gpus: int, num_cpus: int):
+        self.timeout_s = timeout_s
+        self.silence_timeout_s = float(silence_timeout_s)
         self.started_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         self._t0 = time.monotonic()
-        self._deadline = self._t0 + cfg.timeout_s
+        self._deadline = self._t0 + timeout_s
         self._events: list[dict[str, Any]] = []
         self._cancelled = threading.Event()
         self._placed = threading.Event()  # the actor exists and its worker started
@@ -110,10 +114,8 @@ class RayRunHandle(RunWaiter, EventSource):
         self.outcome: Outcome | None = None
         self.stderr_tail = ""
         self.wall_s: float | None = None
-        self.report: RunReport | None = None
-        # No CPU reserved: the worker's host work is light, and a run waits for GPUs only.
-        self._actor = RunOnNode.options(num_gpus=cfg.devices, num_cpus=0).remote(
-            self.config.to_dict(), cfg.timeout_s, self.silence_timeout_s)
+        self._actor = WorkerOnNode.options(num_gpus=num_gpus, num_cpus=num_cpus).remote(
+            mode, payload, timeout_s, self.silence_timeout_s)
 
     def _kill(self) -> None:
         if self._placed.is_set():  # stop the worker's process group first, then its actor
@@ -187,8 +189,38 @@ class RayRunHandle(RunWaiter, EventSource):
             outcome = tuple(outcome)
         self.outcome = final_outcome(outcome, self._cancelled.is_set(), lambda: crash_why)
         self.wall_s = time.monotonic() - self._t0
+
+
+class RayRunHandle(RunWaiter, RayWorkerHandle):
+    """A run on the cluster, used as a `runner.RunHandle` is: after `events()` (or `wait()`),
+    `report` is set."""
+
+    def __init__(self, cfg: RunConfig):
+        self.config = dataclasses.replace(cfg, visible_devices="")  # the GPUs are Ray's choice
+        self.report: RunReport | None = None
+        # No CPU reserved: the worker's host work is light, and a run waits for GPUs only.
+        super().__init__("run", self.config.to_dict(), cfg.timeout_s, cfg.silence_timeout_s,
+                         num_gpus=cfg.devices, num_cpus=0)
+
+    def events(self, heartbeat_s: float | None = None) -> Iterator[dict[str, Any]]:
+        yield from super().events(heartbeat_s)
         self.report = run_report(self.config, self._events, self.outcome, self.stderr_tail, self.started_at,
                                  self.wall_s)
+
+
+class RayPlanHandle(PlanWaiter, RayWorkerHandle):
+    """A plan for a catalog GPU compiled on one of the cluster's CPUs, used as a `runner.PlanHandle`
+    is: after `events()` (or `wait()`), `plan` is set, or `error`."""
+
+    def __init__(self, req: PlanRequest):
+        self.request = req
+        self.plan: Plan | None = None
+        self.error: PlanError | None = None
+        super().__init__("plan", req.to_dict(), req.timeout_s, req.silence_timeout_s, num_gpus=0, num_cpus=PLAN_CPUS)
+
+    def events(self, heartbeat_s: float | None = None) -> Iterator[dict[str, Any]]:
+        yield from super().events(heartbeat_s)
+        self._take_plan()
 
 
 def _check_reachable(address: str) -> None:
@@ -209,13 +241,15 @@ def _check_reachable(address: str) -> None:
 
 class RayExecutor:
     """Runs each worker on the Ray cluster; `gpu_slots` is the cluster's GPU count, so as many runs
-    of one device go at once as it has GPUs."""
+    of one device go at once as it has GPUs, and `plan_slots` its CPUs over PLAN_CPUS, the plans for
+    catalog GPUs at once."""
 
     remote = True
 
-    def __init__(self, address: str, gpu_slots: int):
+    def __init__(self, address: str, gpu_slots: int, plan_slots: int):
         self.address = address
         self.gpu_slots = gpu_slots
+        self.plan_slots = plan_slots
 
     @classmethod
     def connect(cls, address: str) -> RayExecutor:
@@ -229,20 +263,35 @@ class RayExecutor:
                          runtime_env={"working_dir": str(PROJECT_ROOT), "excludes": WORKING_DIR_EXCLUDES})
             except (ConnectionError, RuntimeError, ValueError) as exc:
                 raise ExecutorError(f"cannot join the Ray cluster at {address}: {first_line(exc)}") from None
-        gpus = int(ray.cluster_resources().get("GPU", 0))
+        resources = ray.cluster_resources()
+        gpus, cpus = int(resources.get("GPU", 0)), int(resources.get("CPU", 0))
         if gpus < 1:
             ray.shutdown()
             raise ExecutorError(f"the Ray cluster at {address} has no GPUs: runs ask for GPUs, so none would ever "
                                 "start. Add GPU nodes (or, on a CPU-only test cluster, start the head with "
                                 "--num-gpus=N), or unset MIGRATION_RAY_ADDRESS to run on this machine")
-        return cls(address, gpus)
+        if cpus < PLAN_CPUS:
+            ray.shutdown()
+            raise ExecutorError(f"the Ray cluster at {address} declares no CPUs: plans for catalog GPUs ask for "
+                                f"{PLAN_CPUS} CPU each, so none would ever start. Start its nodes without "
+                                "--num-cpus=0, or unset MIGRATION_RAY_ADDRESS to run on this machine")
+        return cls(address, gpus, cpus // PLAN_CPUS)
 
     def start_run(self, cfg: RunConfig) -> RayRunHandle:
         return RayRunHandle(cfg)
 
+    def start_plan(self, req: PlanRequest) -> RayPlanHandle:
+        """A plan for a catalog GPU on the cluster's CPUs (a plan for "this machine" stays here:
+        `runner.start_plan`). Validates first, as the local one does."""
+        req = validate_plan_request(req)
+        if req.target == "local":
+            raise ValueError('a plan for "local" describes this machine: plan it here (runner.start_plan)')
+        return RayPlanHandle(req)
+
     def describe(self) -> str:
         n = self.gpu_slots
-        return f"runs execute on the Ray cluster at {self.address} ({n} GPUs: {n} one-device runs at once)"
+        return (f"runs execute on the Ray cluster at {self.address} ({n} GPUs: {n} one-device runs at once); "
+                f"plans for catalog GPUs compile on its CPUs ({self.plan_slots} at once)")
 
     def close(self) -> None:
         ray.shutdown()

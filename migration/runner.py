@@ -299,17 +299,19 @@ class PlanError(RuntimeError):
         super().__init__(message)
 
 
-class PlanHandle(WorkerProcess):
-    """A planner worker; after `events()` (or `wait()`), `plan` is set, or `error` on failure."""
+class PlanWaiter:
+    """What a planner's handle shares, wherever its worker runs (here, or on a Ray node): once its
+    events have ended, `plan` is set, or `error` on failure; `wait()` returns the plan or raises."""
 
-    def __init__(self, req: PlanRequest):
-        self.request = req
-        self.plan: Plan | None = None
-        self.error: PlanError | None = None
-        super().__init__("plan", req.to_dict(), req.timeout_s, req.silence_timeout_s)
+    plan: Plan | None
+    error: PlanError | None
+    outcome: Outcome | None
+    stderr_tail: str
+    _events: list[dict[str, Any]]
+    events: Callable[..., Iterator[dict[str, Any]]]
 
-    def events(self, heartbeat_s: float | None = None) -> Iterator[dict[str, Any]]:
-        yield from super().events(heartbeat_s)
+    def _take_plan(self) -> None:
+        """Called when the worker's events have ended."""
         status, kind, message = self.outcome
         for event in self._events:
             if event["event"] == "plan":
@@ -324,6 +326,20 @@ class PlanHandle(WorkerProcess):
         if self.plan is None:
             raise self.error
         return self.plan
+
+
+class PlanHandle(PlanWaiter, WorkerProcess):
+    """A planner worker on this machine; after `events()` (or `wait()`), `plan` is set, or `error`."""
+
+    def __init__(self, req: PlanRequest):
+        self.request = req
+        self.plan: Plan | None = None
+        self.error: PlanError | None = None
+        super().__init__("plan", req.to_dict(), req.timeout_s, req.silence_timeout_s)
+
+    def events(self, heartbeat_s: float | None = None) -> Iterator[dict[str, Any]]:
+        yield from super().events(heartbeat_s)
+        self._take_plan()
 
 
 def start_run(cfg: RunConfig) -> RunHandle:
@@ -370,6 +386,9 @@ class LocalExecutor:
 
     def start_run(self, cfg: RunConfig) -> RunHandle:
         return RunHandle(cfg)
+
+    def start_plan(self, req: PlanRequest) -> PlanHandle:
+        return start_plan(req)
 
     def describe(self) -> str:
         return "runs execute on this machine, one at a time"

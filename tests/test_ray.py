@@ -2,8 +2,10 @@
 declares two GPUs (the node has none, so the workers run on JAX's CPU platform): runs land and
 report, two go at once and a third waits with its queue position, a killed Ray worker is `crashed`,
 Stop cancels, the history keeps every run, and the launched app streams a run's events from it.
-Bad configuration is refused at start-up with a message, never a hang."""
+Plans for catalog GPUs compile on the cluster's two CPUs, holding no GPU. Bad configuration is
+refused at start-up with a message, never a hang."""
 
+import dataclasses
 import os
 import shutil
 import signal
@@ -85,9 +87,9 @@ def wait(predicate, within_s=180):
 stepping = job_is_stepping
 
 
-def ray_run_workers():
-    """(worker pid, its parent's pid) of the run workers whose parent is a Ray actor process."""
-    out = subprocess.run(["pgrep", "-f", "-x", r".*-m migration\.worker .*--mode run.*"], check=False,
+def ray_run_workers(mode="run"):
+    """(worker pid, its parent's pid) of the run (or plan) workers whose parent is a Ray actor process."""
+    out = subprocess.run(["pgrep", "-f", "-x", rf".*-m migration\.worker .*--mode {mode}.*"], check=False,
                          capture_output=True, text=True).stdout
     found = []
     for pid in map(int, out.split()):
@@ -175,6 +177,41 @@ def test_a_run_past_its_timeout_on_the_cluster_is_stopped_as_timeout(executor):
     assert report.status == "failed" and report.failure_kind == "timeout" and "timeout_s=20" in report.message
     assert time.monotonic() - t0 < 60
     wait(lambda: ray_run_workers() == [], 30)
+
+
+def test_plans_for_catalog_gpus_compile_on_the_clusters_cpus_holding_no_gpu(service, executor):
+    """The cpu lane spans the cluster's CPUs (2): two plans compile at once, each in a worker under a
+    Ray actor that holds one CPU and no GPU, and a third waits its turn; Stop kills a compiling plan's
+    worker and actor; a plan made on the cluster is the plan made here; a plan for "local" (this
+    machine) stays on this machine's own lane."""
+    import ray
+
+    assert executor.plan_slots == 2 and "plans for catalog GPUs compile on its CPUs (2 at once)" in executor.describe()
+    quick = PlanRequest(workload="mlp", preset="tiny", global_batch=32, target="a100-40gb", compile_for_tpu=False)
+    first = service.submit_plan("alice", PlanRequest(workload="transformer", preset="small", global_batch=64,
+                                                     target="h100-sxm"), label="long")
+    second = service.submit_plan("bob", quick, label="quick")
+    third = service.submit_plan("carol", dataclasses.replace(quick, target="l4"), label="waits")
+    here = service.submit_plan("dave", dataclasses.replace(quick, target="local"), label="here")
+    assert (first.lane, third.lane, here.lane) == ("cpu", "cpu", "host-cpu")
+    wait(lambda: len(ray_run_workers("plan")) == 2, 120)
+    assert service.position(third) == 1 and {j.id for j in service.running("cpu")} == {first.id, second.id}
+    free = ray.available_resources()
+    assert free.get("GPU") == 2 and free.get("CPU", 0) == 0, free  # the plans hold the CPUs, no GPU
+    service.cancel(first.id, "alice")  # Stop while it compiles: its worker and actor are killed
+    wait(lambda: first.finished, 20)
+    assert first.state == "cancelled"
+    wait(lambda: second.finished and third.finished and here.finished, 300)
+    wait(lambda: ray_run_workers("plan") == [], 30)
+    for job in (second, third, here):
+        assert job.state == "done" and job.result.status == "ok", (job.label, job.error)
+    assert third.result.target == "l4" and here.result.target == "local"
+    made_here = make_plan(quick)
+    for field in ("per_device_batch", "accumulation_steps", "precision", "remat", "predicted_peak_bytes",
+                  "max_batch_by_remat"):
+        assert getattr(second.result, field) == getattr(made_here, field), field
+    rows = {e["label"]: e["status"] for e in service.history.entries()}
+    assert rows == {"long": "cancelled", "quick": "ok", "waits": "ok", "here": "ok"}, rows
 
 
 def test_runs_the_cluster_cannot_hold_are_refused_before_anything_is_queued(service, local_plan, tmp_path):
