@@ -154,15 +154,20 @@ def test_the_planner_worker_disables_xla_rematerialisation(tmp_path, monkeypatch
     compile with XLA's pass left on is squeezed by recomputation nobody chose."""
     assert DISABLE_XLA_REMAT in planner_environment(PlanRequest(target="t4"))["XLA_FLAGS"]
     monkeypatch.setenv("MIGRATION_CACHE_DIR", str(tmp_path / "cache"))
-    p = plan(PlanRequest(workload="transformer", preset="tiny", target="t4", global_batch=32768,
-                         max_per_device_batch=32768, remat="none", precision="fp16", memory_fraction=1.0,
-                         safety_margin=0.0, compile_for_tpu=False))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    # The same compile with the pass on, in a process of its own, alongside the planner worker's.
+    probe = subprocess.Popen([sys.executable, "-c", REMAT_ON_PROBE, str(tmp_path / "on.json")], cwd=ROOT, env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        p = plan(PlanRequest(workload="transformer", preset="tiny", target="t4", global_batch=32768,
+                             max_per_device_batch=32768, remat="none", precision="fp16", memory_fraction=1.0,
+                             safety_margin=0.0, compile_for_tpu=False))
+        out, err = probe.communicate(timeout=300)
+    finally:
+        probe.kill()
     row = next(r for r in p.table if r["per_device_batch"] == 32768 and r["accumulation_steps"] == 1)
     assert row["predicted_bytes"] > p.device_memory_bytes  # more than the card: nothing was recomputed
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    squeezed = subprocess.run([sys.executable, "-c", REMAT_ON_PROBE, str(tmp_path / "on.json")], cwd=ROOT, env=env,
-                              capture_output=True, text=True, timeout=300)
-    assert squeezed.returncode == 0, squeezed.stderr[-2000:]
+    assert probe.returncode == 0, err[-2000:]
     # The layers run in one lax.scan, whose body XLA's pass leaves alone: it squeezes only what lies
     # outside the loop (about 3% here; over 10% for the same model unrolled, when layers were a Python loop).
-    assert int(squeezed.stdout.split()[-1]) < row["predicted_bytes"]
+    assert int(out.split()[-1]) < row["predicted_bytes"]
