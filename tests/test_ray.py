@@ -234,15 +234,19 @@ def test_an_unreachable_cluster_is_a_clear_error_at_once():
     assert time.monotonic() - t0 < 15
 
 
-def test_a_cluster_without_gpus_is_refused_saying_so():
-    # A real one-node cluster with no GPU resource, started by a separate driver (this process keeps its own).
+@pytest.mark.parametrize("cpus, gpus, refusal", [(1, 0, "has no GPUs: runs ask for GPUs"),
+                                                  (0, 1, "declares no CPUs: plans for catalog GPUs ask for 1 CPU")],
+                         ids=["no GPUs", "no CPUs"])
+def test_a_cluster_without_gpus_or_cpus_is_refused_saying_so(cpus, gpus, refusal):
+    # A real one-node cluster without that resource, started by a separate driver (this process keeps its own).
     script = ("import ray\n"
-              "ray.init(address='local', num_cpus=1, num_gpus=0, include_dashboard=False, log_to_driver=False)\n"
+              f"ray.init(address='local', num_cpus={cpus}, num_gpus={gpus}, include_dashboard=False, "
+              "log_to_driver=False)\n"
               "from migration.runner import ExecutorError, make_executor\n"
               "try:\n    make_executor('auto')\nexcept ExecutorError as exc:\n    print('refused:', exc)\n")
     done = subprocess.run([sys.executable, "-c", script], check=False, cwd=ROOT, capture_output=True, text=True,
                           timeout=180, env={**os.environ, **NO_AUTH})
-    assert "refused: the Ray cluster at auto has no GPUs" in done.stdout, done.stdout + done.stderr
+    assert f"refused: the Ray cluster at auto {refusal}" in done.stdout, done.stdout + done.stderr
 
 
 def test_the_app_refuses_an_unreachable_cluster_at_start_up(tmp_path):
