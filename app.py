@@ -38,15 +38,16 @@ from starlette.middleware import Middleware  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from migration import checklist, forms  # noqa: E402
-from migration.codecheck import CodeCheck, CodeCheckError, Finding, check_sources, read_upload  # noqa: E402
+from migration.codecheck import MAX_FILES, CodeCheck, CodeCheckError, Finding, check_pasted, read_upload  # noqa: E402
 from migration.config import LIMITS, PRECISIONS, REMAT_NAMES, SHARDINGS, ConfigError, PlanRequest, RunConfig  # noqa: E402
 from migration.hardware import GPU_SPECS, TPU_SPECS  # noqa: E402
 from migration.history import History, HistoryError  # noqa: E402
 from migration.autotune import AutotuneResult, AutotuneSettings  # noqa: E402
 from migration.jobs import Job, JobService, Limits, LimitError, NotYourJob  # noqa: E402
 from migration.orchestrate import MigrationResult, RunOptions, candidate_text  # noqa: E402
+from migration.planfile import MAX_PLAN_BYTES, checked_plan, read_plan  # noqa: E402
 from migration.report import Plan, RunReport  # noqa: E402
-from migration.runner import ExecutorError, PlanError, make_executor, probe_environment  # noqa: E402
+from migration.runner import ExecutorError, PlanError, make_executor  # noqa: E402
 from migration.worker_env import nvidia_gpus  # noqa: E402
 from workloads import WORKLOADS  # noqa: E402
 
@@ -429,7 +430,7 @@ def build_demo(settings: Settings | None = None) -> gr.Blocks:
             if plan_file:
                 source: Plan | PlanRequest = read_plan_file(plan_file)
             elif plan_dict and same_job(plan_dict, req):
-                source = Plan.from_dict(plan_dict)
+                source = checked_plan(plan_dict)
             else:
                 source = req  # planned first, in the job, and recorded
             save_to, restore_from = forms.checkpoint_folders(
@@ -492,7 +493,7 @@ def build_demo(settings: Settings | None = None) -> gr.Blocks:
             if plan_file:
                 p = read_plan_file(plan_file)
             elif plan_dict:
-                p = Plan.from_dict(plan_dict)
+                p = checked_plan(plan_dict)
             else:
                 raise ConfigError("plan", "autotune measures a plan's ranked choices: press Plan first, or give a "
                                           "saved plan file (Advanced)")
@@ -549,18 +550,25 @@ def build_demo(settings: Settings | None = None) -> gr.Blocks:
             raise refuse(exc)
         return f"Stopping job #{job.id} ({job.summary})."
 
-    def do_code_check(text, files):
+    async def finished(job: Job) -> Job:
+        """`job` once it has ended; a client that goes away (Stop, a closed tab) stops it."""
         try:
-            sources: list[tuple[str, str]] = []
-            if text and text.strip():
-                sources.append(("<pasted>", text))
-            for f in files or []:
-                sources.append(read_upload(f if isinstance(f, str) else f.name))
-            if not sources:
-                raise CodeCheckError("Paste Python source or upload .py files to check")
-            result = check_sources(sources)
-        except CodeCheckError as exc:
+            while not job.finished:
+                await asyncio.sleep(POLL_S / 2)
+        finally:
+            if not job.finished:
+                service.cancel(job.id, job.user)
+        return job
+
+    async def do_code_check(text, files, request: gr.Request):
+        try:
+            sources = code_sources(text, files)
+            job = await finished(service.submit_code_check(user_of(request), sources))
+        except (CodeCheckError, LimitError) as exc:
             raise gr.Error(str(exc), print_exception=False)
+        if job.result is None:
+            raise gr.Error(job.error or "the code check stopped without a result", print_exception=False)
+        result: CodeCheck = job.result
         findings = list(result.findings)
         errors = sum(f.severity == "error" for f in findings)
         summary = (f"{len(findings)} finding(s), {errors} error(s) in {len(result.files)} file(s). "
@@ -624,11 +632,15 @@ def build_demo(settings: Settings | None = None) -> gr.Blocks:
     def do_export_all(scope, request: gr.Request):
         return do_export("", scope, request)
 
-    def do_environment():
+    async def do_environment(request: gr.Request):
         try:
-            info = probe_environment(RunConfig(timeout_s=120))
-        except RuntimeError as exc:
-            raise gr.Error(f"The environment probe failed: {first_line(exc, 300)}", print_exception=False)
+            job = await finished(service.submit_probe(user_of(request)))
+        except LimitError as exc:
+            raise refuse(exc)
+        if job.result is None:
+            raise gr.Error(f"The environment probe failed: {first_line(job.error or 'no result', 300)}",
+                           print_exception=False)
+        info = job.result
         warnings = list(info["warnings"]) + [
             "The server process never initialises JAX's GPU backend: JAX would preallocate 75% of each GPU "
             "for it. Plans and runs happen in worker processes with XLA_PYTHON_CLIENT_PREALLOCATE=false."]
@@ -802,7 +814,7 @@ def build_demo(settings: Settings | None = None) -> gr.Blocks:
         stop_btn.click(do_stop, job_state, progress_md, cancels=[run_event, plan_event, autotune_event], api_name="stop")
         gr.api(do_cancel_job, api_name="cancel_job")
         code_btn.click(do_code_check, [code_text, code_files], [code_summary, code_table, code_state],
-                       api_name="code_check")
+                       api_name="code_check", concurrency_limit=None)
         filters = [scope, f_kind, f_workload, f_status]
         refresh_btn.click(do_history, filters, history_table, api_name="history", queue=False)
         history_table.select(do_select, ids, ids, api_visibility="private")
@@ -810,10 +822,32 @@ def build_demo(settings: Settings | None = None) -> gr.Blocks:
                           api_name="compare", queue=False)
         export_sel_btn.click(do_export, [ids, scope], export_file, api_name="export_csv", queue=False)
         export_all_btn.click(do_export_all, scope, export_file, api_name="export_history_csv", queue=False)
-        env_btn.click(do_environment, None, [env_md, env_json], api_name="environment")
+        env_btn.click(do_environment, None, [env_md, env_json], api_name="environment", concurrency_limit=None)
         demo.load(do_history, filters, history_table, api_visibility="private")
     demo.service = service  # type: ignore[attr-defined]  # for start-up and shutdown
     return demo
+
+
+def code_sources(text: Any, files: Any) -> list[tuple[str, str]]:
+    """(name, text) of the pasted source and the uploaded files, each within the per-file limit and
+    at most `MAX_FILES` of them; CodeCheckError otherwise (reading a file costs I/O, never a parse)."""
+    sources: list[tuple[str, str]] = []
+    if isinstance(text, str) and text.strip():
+        sources.append(("<pasted>", check_pasted(text)))
+    elif text is not None and not isinstance(text, str):
+        raise CodeCheckError(f"the pasted code must be text; got {type(text).__name__}")
+    files = files or []
+    if not isinstance(files, list) or len(files) > MAX_FILES:
+        raise CodeCheckError(f"upload at most {MAX_FILES} .py files at once; got "
+                             f"{len(files) if isinstance(files, list) else type(files).__name__}")
+    for f in files:
+        path = f if isinstance(f, str) else getattr(f, "name", None)
+        if not isinstance(path, str):
+            raise CodeCheckError("each upload must be a .py file")
+        sources.append(read_upload(path))
+    if not sources:
+        raise CodeCheckError("Paste Python source or upload .py files to check")
+    return sources
 
 
 def same_job(plan_dict: dict[str, Any], req: PlanRequest) -> bool:
@@ -825,13 +859,16 @@ def same_job(plan_dict: dict[str, Any], req: PlanRequest) -> bool:
             and planned_model == req.model and req.sharding in (None, plan_dict.get("sharding")))
 
 
-def read_plan_file(path: str) -> Plan:
+def read_plan_file(path: Any) -> Plan:
+    """An uploaded plan, checked field by field with its environment rebuilt (`migration.planfile`)."""
+    if not isinstance(path, str):
+        raise ConfigError("plan_file", "must be a plan file (JSON from `python -m migration plan --json`)")
     try:
-        text = Path(path).read_text(encoding="utf-8")
-        return Plan.from_dict(json.loads(text))
-    except (OSError, UnicodeDecodeError, ValueError, TypeError, KeyError) as exc:
-        raise ConfigError("plan_file", f"not a plan written by `python -m migration plan --json` "
-                                       f"({first_line(exc, 200)})")
+        with open(path, "rb") as f:
+            data = f.read(MAX_PLAN_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError("plan_file", f"could not be read ({exc.strerror or type(exc).__name__}); upload it again")
+    return read_plan(data)
 
 
 class LoginPageWithoutApi:

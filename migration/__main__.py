@@ -356,12 +356,12 @@ def cmd_run_plan(args: argparse.Namespace, given: dict[str, Any]) -> int:
     from migration.codecheck import CodeCheckError, check_paths
     from migration.history import History
     from migration.orchestrate import RunOptions, base_config, run_plan
-    from migration.report import Plan
+    from migration.planfile import read_plan
     from migration.runner import PlanError
 
     try:
-        saved = Plan.from_json(args.plan)
-    except (OSError, ValueError, TypeError, KeyError) as exc:
+        saved = read_plan(Path(args.plan).read_bytes(), where="--plan")
+    except (OSError, ValueError) as exc:
         print(f"error: --plan {args.plan}: not a readable plan ({exc})", file=sys.stderr)
         return 2
     try:
@@ -587,12 +587,14 @@ _AUTOTUNE_FLAGS = {"top": "--top", "timed_steps": "--steps", "warmup_steps": "--
 
 def cmd_autotune(args: argparse.Namespace) -> int:
     from migration.autotune import AutotuneRefused, AutotuneSettings, start_autotune
+    from pathlib import Path
+
     from migration.history import History
-    from migration.report import Plan
+    from migration.planfile import read_plan
 
     try:
-        saved = Plan.from_json(args.plan)
-    except (OSError, ValueError, TypeError, KeyError) as exc:
+        saved = read_plan(Path(args.plan).read_bytes(), where="--plan")
+    except (OSError, ValueError) as exc:
         print(f"error: --plan {args.plan}: not a readable plan ({exc})", file=sys.stderr)
         return 2
     settings = AutotuneSettings(top=args.top, warmup_steps=args.warmup_steps, timed_steps=args.timed_steps,

@@ -414,23 +414,3 @@ def evaluate(ev: Evidence) -> list[ChecklistItem]:
 def to_csv(items: list[ChecklistItem], path: str | Path | None = None) -> str:
     """One row per item: id, item, status, evidence, action."""
     return write_csv([dataclasses.asdict(i) for i in items], ["id", "item", "status", "evidence", "action"], path)
-
-
-def deployment_snippet(plan: Plan, command: str = "python -m migration run --plan plan.json") -> str:
-    """A shell snippet that sets the target's environment and starts the job."""
-    lines = ["#!/usr/bin/env bash", f"# Environment for {plan.workload}/{plan.preset} on {plan.gpus} x {plan.target_name}:",
-             f"# {plan.per_device_batch} per GPU x {plan.accumulation_steps} accumulation = global batch "
-             f"{plan.global_batch}, {plan.precision}, remat {plan.remat}.", "set -euo pipefail"]
-    for name, item in plan.environment.items():
-        lines.append(f"# {item['why']}")
-        lines.append(f"export {name}={_shell_quote(item['value'])}")
-    if plan.nodes > 1:  # one job of several processes: the sbatch, Kubernetes and by-hand launches
-        from migration.distributed import multi_node_launch
-
-        return "\n".join(lines) + "\n" + multi_node_launch(plan, command)
-    lines.append(command)
-    return "\n".join(lines) + "\n"
-
-
-def _shell_quote(value: str) -> str:
-    return "'" + value.replace("'", "'\"'\"'") + "'"

@@ -26,6 +26,7 @@ from pathlib import Path
 
 MAX_BYTES = 1_000_000
 MAX_SOURCE_BYTES = MAX_BYTES  # per file, pasted or uploaded: every entry point refuses more
+MAX_FILES = 20  # files in one check from the app (a paste and uploads)
 SEVERITIES = ("error", "warning", "info")
 MIN_REASON_WORDS = 3
 
@@ -214,7 +215,11 @@ REMOVED = {
     "jax.experimental.gda_serialization": "orbax.checkpoint", "jax.experimental.enable_x64":
         "jax.config.update('jax_enable_x64', True)",
 }
-IGNORE_COMMENT = re.compile(r"#\s*migration:\s*ignore\[([^\]]*)\]([^#]*)")
+# Every quantifier is bounded, so a search costs at most a few hundred steps per character of a
+# comment, whatever is pasted (an unbounded `[^\]]*` made a long line of repeated openings quadratic).
+IGNORE_COMMENT = re.compile(r"#[ \t]{0,16}migration:[ \t]{0,16}ignore\[([^\]\n]{0,256})\]([^#\n]{0,512})")
+MAX_FOLDED_BITS = 4096  # integer constants folded beyond this are treated as unknown (`2**64**64**64` is)
+NAME_TOKENS_MAX_CHARS = 128  # only this much of an identifier is split into words
 
 
 # -- small AST helpers ----------------------------------------------------------------------
@@ -250,16 +255,23 @@ def _const_int(node: ast.AST | None) -> int | None:
     a, b = _const_int(node.left), _const_int(node.right)
     if a is None or b is None:
         return None
-    if isinstance(node.op, (ast.Pow, ast.LShift)):
-        return (a ** b if isinstance(node.op, ast.Pow) else a << b) if 0 <= b <= 64 else None
+    # Each result is bounded before it is computed: pasted arithmetic must never hold the CPU.
+    if isinstance(node.op, ast.Pow):
+        fits = 0 <= b <= 64 and max(a.bit_length(), 1) * b <= MAX_FOLDED_BITS
+        return a ** b if fits else None
+    if isinstance(node.op, ast.LShift):
+        return a << b if 0 <= b <= 64 and a.bit_length() + b <= MAX_FOLDED_BITS else None
+    if isinstance(node.op, ast.Mult):
+        return a * b if a.bit_length() + b.bit_length() <= MAX_FOLDED_BITS else None
     if isinstance(node.op, ast.FloorDiv):
         return a // b if b else None
-    return {ast.Add: a + b, ast.Sub: a - b, ast.Mult: a * b}.get(type(node.op))
+    return {ast.Add: a + b, ast.Sub: a - b}.get(type(node.op))
 
 
 def _tokens(name: str) -> list[str]:
     """Lower-case words of an identifier: 'p_trainStep' -> ['p', 'train', 'step']."""
-    return [t.lower() for t in re.findall(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+", name)]
+    # A run of capitals backtracks once per character at each start: cut the name first.
+    return [t.lower() for t in re.findall(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+", name[:NAME_TOKENS_MAX_CHARS])]
 
 
 def _target_names(target: ast.AST) -> list[str]:

@@ -25,14 +25,12 @@ On the CPU backend (tests, a laptop) cross-process collectives need JAX's CPU co
 implementation ("gloo"; "mpi" needs an MPI library), and each process its share of the devices
 (`jax_num_cpu_devices`); both are set here, before the backend starts.
 
-Also here: the launch scripts for a multi-node plan (`sbatch_script`: srun, one process per GPU;
-`kubernetes_job`: an indexed Job, one pod per node), which migration/checklist.py's
-`deployment_snippet` puts in a plan's deployment script.
+The launch scripts for a multi-node plan (srun, a Kubernetes indexed Job, by hand) are written by
+migration/deployment.py.
 """
 
 from __future__ import annotations
 
-import json
 import re
 import socket
 import time
@@ -43,7 +41,6 @@ from migration.config import ConfigError, _check_int, _shown
 AUTO = "auto"  # `coordinator`: let JAX detect the cluster
 CPU_COLLECTIVES = "gloo"  # accepted by jaxlib 0.10.2's jax_cpu_collectives_implementation: gloo, mpi, megascale
 MAX_JOIN_TIMEOUT_S = 300  # JAX's own default for jax.distributed.initialize
-DEFAULT_PORT = 1234  # in the launch scripts: any port free on the coordinator's host
 _HOST = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?)$")
 LAUNCH_HINT = ("start one process per host (or per GPU) with --coordinator HOST:PORT --num-processes N --process-id I "
                "(HOST:PORT: process 0's host and a free port there), or under srun / mpirun with --coordinator auto")
@@ -182,79 +179,3 @@ def leave(cfg: Any) -> None:
         import jax
 
         jax.distributed.shutdown()
-
-
-# -- launch scripts for a multi-node plan ---------------------------------------------------------
-
-def job_name(plan: Any) -> str:
-    """A Kubernetes / SLURM job name for the plan (lowercase letters, digits and '-')."""
-    name = re.sub(r"[^a-z0-9-]+", "-", f"migration-{plan.workload}-{plan.preset}".lower()).strip("-")
-    return name[:40].rstrip("-")
-
-
-def _exports(plan: Any) -> list[str]:
-    """The plan's environment as `export` lines, but CUDA_VISIBLE_DEVICES: srun and the Kubernetes
-    device plugin give each process its GPUs."""
-    from migration.checklist import _shell_quote
-
-    return [f"export {name}={_shell_quote(item['value'])}" for name, item in plan.environment.items()
-            if name != "CUDA_VISIBLE_DEVICES"]
-
-
-def sbatch_script(plan: Any, run: str = "python -m migration run --plan plan.json") -> str:
-    """An sbatch script: `nodes` nodes, one task per GPU, started by srun; JAX reads its place from
-    SLURM (coordinator: the first node) and gives each task the GPU of its local rank."""
-    gpn = plan.gpus_per_node
-    lines = ["#!/usr/bin/env bash", f"#SBATCH --job-name={job_name(plan)}", f"#SBATCH --nodes={plan.nodes}",
-             f"#SBATCH --ntasks-per-node={gpn}", f"#SBATCH --gpus-per-node={gpn}", "#SBATCH --exclusive",
-             "set -euo pipefail", *_exports(plan),
-             f"# {plan.gpus} processes, one per GPU: JAX detects SLURM (--coordinator auto)",
-             f"srun --nodes={plan.nodes} --ntasks={plan.gpus} --ntasks-per-node={gpn} {run} --coordinator auto"]
-    return "\n".join(lines) + "\n"
-
-
-def kubernetes_job(plan: Any, run: str = "python -m migration run --plan plan.json",
-                   image: str = "YOUR_TRAINING_IMAGE", port: int = DEFAULT_PORT) -> str:
-    """A headless Service and an indexed Job: one pod per node with all its GPUs, the pod's
-    JOB_COMPLETION_INDEX as its process id, pod 0 (reached through the Service) the coordinator."""
-    name, n = job_name(plan), plan.nodes
-    command = f'{run} --coordinator {name}-0.{name}:{port} --num-processes {n} --process-id "$JOB_COMPLETION_INDEX"'
-    env = "".join(f"        - name: {k}\n          value: {json.dumps(item['value'])}\n"
-                  for k, item in plan.environment.items() if k != "CUDA_VISIBLE_DEVICES")
-    return (f"apiVersion: v1\nkind: Service\nmetadata:\n  name: {name}\nspec:\n  clusterIP: None\n"
-            f"  selector:\n    job-name: {name}\n---\n"
-            f"apiVersion: batch/v1\nkind: Job\nmetadata:\n  name: {name}\nspec:\n  completionMode: Indexed\n"
-            f"  completions: {n}\n  parallelism: {n}\n  backoffLimit: 0\n  template:\n    spec:\n"
-            f"      subdomain: {name}\n      restartPolicy: Never\n      containers:\n      - name: train\n"
-            f"        image: {image}\n        command: [\"bash\", \"-c\"]\n        args:\n"
-            f"        - {json.dumps(command)}\n"
-            f"        ports:\n        - containerPort: {port}\n"
-            f"        env:\n{env}"
-            f"        resources:\n          limits:\n            nvidia.com/gpu: {plan.gpus_per_node}\n")
-
-
-def per_node_command(plan: Any, run: str = "python -m migration run --plan plan.json") -> str:
-    """The command each node runs by hand: one process per node, COORDINATOR and NODE_RANK from the caller."""
-    return (f'{run} --coordinator "${{COORDINATOR:?set COORDINATOR=host-of-node-0:{DEFAULT_PORT}}}" '
-            f'--num-processes {plan.nodes} --process-id "${{NODE_RANK:?set NODE_RANK to 0..{plan.nodes - 1}}}"')
-
-
-def multi_node_launch(plan: Any, run: str = "python -m migration run --plan plan.json") -> str:
-    """The launch part of a multi-node plan's deployment script: `bash deploy.sh sbatch` prints the
-    sbatch script, `bash deploy.sh kubernetes` the Service and indexed Job, and with COORDINATOR and
-    NODE_RANK set, `bash deploy.sh` runs this node's process."""
-    n = plan.nodes
-    return "\n".join([
-        (f"# {plan.gpus} GPUs on {n} nodes of {plan.gpus_per_node}: one job of several processes joined by "
-         "jax.distributed. With this file as deploy.sh:"),
-        "#   bash deploy.sh sbatch > job.sbatch && sbatch job.sbatch   # SLURM: srun, one process per GPU",
-        "#   bash deploy.sh kubernetes | kubectl apply -f -          # Kubernetes: an indexed Job, one pod per node",
-        (f"#   COORDINATOR=node0:{DEFAULT_PORT} NODE_RANK=0 bash deploy.sh  # by hand, on each node: NODE_RANK 0 "
-         f"(on the coordinator's host) to {n - 1}"),
-        "# Every process needs plan.json where the command runs (the image, or a shared folder).",
-        'case "${1:-}" in',
-        "sbatch)", "cat <<'SBATCH'", sbatch_script(plan, run).rstrip("\n"), "SBATCH", ";;",
-        "kubernetes)", "cat <<'KUBERNETES'", kubernetes_job(plan, run).rstrip("\n"), "KUBERNETES", ";;",
-        "*)", per_node_command(plan, run), ";;",
-        "esac",
-    ]) + "\n"

@@ -20,6 +20,7 @@ No gradio here: the app is one client of this service, the load benchmark and th
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import sys
 import threading
 import time
@@ -28,13 +29,13 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from migration.autotune import AutotuneSettings, autotuned_plan, check_target_here, start_autotune
-from migration.codecheck import CodeCheck
+from migration.codecheck import CodeCheck, CodeCheckError
 from migration.common import first_line, fmt_model
 from migration.config import ConfigError, PlanRequest, RunConfig, check_model, validate, validate_plan_request
 from migration.history import History, HistoryError
 from migration.orchestrate import MigrationResult, Recorder, RunOptions, run_plan
 from migration.report import Plan
-from migration.runner import LocalExecutor, PlanError, start_plan
+from migration.runner import LocalExecutor, PlanError, WorkerProcess, start_code_check, start_plan
 from migration.worker_env import resolve_platform
 
 INTERRUPTED = "interrupted: the server stopped before this job finished"
@@ -50,6 +51,8 @@ class Limits:
     max_run_s: float = 3600.0  # wall-clock limit of each worker of a job
     silence_s: float = 120.0  # a worker silent this long is hung: killed, reported as timeout
     queue_size: int = 64  # jobs waiting or running, all users together
+    tasks_per_user: int = 2  # code checks and environment probes one user may have waiting or running
+    task_queue: int = 16  # code checks and probes waiting or running, all users together
 
 
 class LimitError(ValueError):
@@ -76,6 +79,7 @@ class Job:
         self.warnings: list[str] = []  # e.g. a history that could not be written
         self.submitted_at = time.monotonic()
         self.slots = 1  # of its lane's slots (a run on a Ray cluster: its GPUs)
+        self.recorded = True  # a history entry (plans, runs, autotunes); tasks (code checks, probes) have none
         self.cancel_requested = threading.Event()
         self._stop_state = "cancelled"
         self._events: list[dict[str, Any]] = []
@@ -103,6 +107,14 @@ class Job:
             self._cond.notify_all()
 
 
+def _until_cancelled(job: Job, worker: WorkerProcess, events: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    """A task worker's events until they end; a cancelled job kills the worker (its events then end)."""
+    for ev in events:
+        if job.cancel_requested.is_set():
+            worker.cancel()
+        yield ev
+
+
 def _pump(job: Job, events: Iterator[dict[str, Any]]) -> None:
     """A job's work events into the job (the "result" event's result kept), until they end or the job
     is stopped; closing the events stops the work (kills its worker; a run is recorded as cancelled)."""
@@ -119,7 +131,7 @@ def _pump(job: Job, events: Iterator[dict[str, Any]]) -> None:
 
 class JobService:
     def __init__(self, history: History, export_dir: str | Path, limits: Limits = Limits(), plan_slots: int = 2,
-                 gpu_host: bool | None = None, executor: Any = None):
+                 gpu_host: bool | None = None, executor: Any = None, task_slots: int = 2):
         self.history = history
         self.executor = executor or LocalExecutor()  # where runs execute (owned by the caller)
         self.export_dir = Path(export_dir)
@@ -128,7 +140,7 @@ class JobService:
         self.recovered = history.interrupt_unfinished(INTERRUPTED)  # a killed server's leftovers
         remote = self.executor.remote
         self._slots = {"gpu": self.executor.gpu_slots, "cpu": self.executor.plan_slots if remote else plan_slots,
-                       "host-gpu": 1, "host-cpu": plan_slots}
+                       "host-gpu": 1, "host-cpu": plan_slots, "task": task_slots}
         self._host_gpu_lane = "host-gpu" if remote else "gpu"  # this machine's own GPU
         self._host_cpu_lane = "host-cpu" if remote else "cpu"  # this machine's CPUs
         self._pending: dict[str, list[Job]] = {lane: [] for lane in self._slots}
@@ -137,6 +149,9 @@ class JobService:
         self._threads: dict[int, threading.Thread] = {}
         self._lock = threading.Condition()
         self._closed = False
+        self._task_ids = 0  # tasks have no history entry: their ids count down from -1
+        self._turns = itertools.count()
+        self._served_at: dict[tuple[str, str], int] = {}  # (lane, user) -> when the user's last job started
 
     # -- submitting ----------------------------------------------------------------------------
 
@@ -220,6 +235,54 @@ class JobService:
         return self._submit("plan", user, label, self._host_gpu_lane, summary, plan.workload, plan.preset, payload,
                             lambda job: self._autotune_job(job, plan, settings, base))
 
+    def submit_code_check(self, user: str, sources: list[tuple[str, str]]) -> Job:
+        """Queue the code check of untrusted source: a worker with memory and time limits (never this
+        process); the job's result is the CodeCheck. A task: bounded per user, never recorded."""
+        names = ", ".join(name for name, _ in sources[:3]) + (" …" if len(sources) > 3 else "")
+        return self._submit_task("check", user, f"code check of {names}", lambda job: self._check_job(job, sources))
+
+    def submit_probe(self, user: str) -> Job:
+        """Queue an environment probe (a worker that starts JAX and reports what it sees)."""
+        return self._submit_task("probe", user, "environment probe", self._probe_job)
+
+    def _submit_task(self, kind: str, user: str, summary: str, work: Callable[[Job], None]) -> Job:
+        with self._lock:
+            if self._closed:
+                raise LimitError("the server is stopping; try again once it is back")
+            active = [j for j in self._jobs.values() if not j.finished and not j.recorded]
+            mine = sum(j.user == user for j in active)
+            if mine >= self.limits.tasks_per_user:
+                raise LimitError(f"{user or 'you'} already ha{'s' if user else 've'} {mine} code check(s) or probe(s) "
+                                 f"waiting or running (limit {self.limits.tasks_per_user} per user); wait for one to "
+                                 "finish")
+            if len(active) >= self.limits.task_queue:
+                raise LimitError(f"{len(active)} code checks and probes are waiting or running (limit "
+                                 f"{self.limits.task_queue}); try again in a moment")
+            self._task_ids -= 1
+            job = Job(self._task_ids, kind, user, "", "task", summary)
+            job.recorded = False
+            return self._enqueue(job, work)
+
+    def _check_job(self, job: Job, sources: list[tuple[str, str]]) -> None:
+        worker = start_code_check(sources)
+        for ev in _until_cancelled(job, worker, worker.events(heartbeat_s=0.5)):
+            if ev["event"] == "checked":
+                job.result = CodeCheck.from_dict(ev["result"])
+        if job.result is None and not job.cancel_requested.is_set():
+            _status, kind, message = worker.outcome or ("failed", "crashed", "")
+            raise CodeCheckError(message if kind == "invalid" else
+                                 f"the code check stopped ({kind}): {message or 'no result'}")
+
+    def _probe_job(self, job: Job) -> None:
+        cfg = RunConfig(timeout_s=min(120.0, self.limits.max_run_s), silence_timeout_s=self.limits.silence_s)
+        worker = WorkerProcess("probe-env", validate(cfg).to_dict(), cfg.timeout_s, cfg.silence_timeout_s)
+        for ev in _until_cancelled(job, worker, worker.events(heartbeat_s=0.5)):
+            if ev["event"] == "environment":
+                job.result = {k: v for k, v in ev.items() if k not in ("event", "t")}
+        if job.result is None and not job.cancel_requested.is_set():
+            _status, kind, message = worker.outcome or ("failed", "crashed", "")
+            raise PlanError(kind or "crashed", f"the environment probe failed: {message}")
+
     def _submit(self, kind: str, user: str, label: str, lane: str, summary: str, workload: str, preset: str,
                 payload: dict[str, Any], work: Callable[[Job], None], slots: int = 1) -> Job:
         with self._lock:
@@ -238,11 +301,15 @@ class JobService:
             entry_id = self.history.open_entry(kind, workload, preset, payload, label=label, user=user)
             job = Job(entry_id, kind, user, label, lane, summary)
             job.slots = slots
-            self._jobs[entry_id] = job
-            self._pending[lane].append(job)
-            thread = threading.Thread(target=self._execute, args=(job, work), name=f"job-{entry_id}", daemon=True)
-            self._threads[entry_id] = thread
-            self._forget_old()
+            return self._enqueue(job, work)
+
+    def _enqueue(self, job: Job, work: Callable[[Job], None]) -> Job:
+        """Queue `job` in its lane and start its thread (which waits for its turn); under the lock."""
+        self._jobs[job.id] = job
+        self._pending[job.lane].append(job)
+        thread = threading.Thread(target=self._execute, args=(job, work), name=f"job-{job.id}", daemon=True)
+        self._threads[job.id] = thread
+        self._forget_old()
         thread.start()
         return job
 
@@ -252,7 +319,7 @@ class JobService:
         lane = job.lane
         with self._lock:
             while not job.cancel_requested.is_set() and not (
-                    self._pending[lane][0] is job
+                    self._queue_order(lane)[0] is job
                     and sum(j.slots for j in self._running[lane]) + job.slots <= self._slots[lane]):
                 self._lock.wait(0.5)
             self._pending[lane].remove(job)
@@ -261,12 +328,14 @@ class JobService:
                 self._finish_unstarted(job)
                 return
             self._running[lane].append(job)
+            self._served_at[(lane, job.user)] = next(self._turns)
         job._end("running")
         job.push({"event": "started"})
         try:
-            self.history.set_status(job.id, "running")
+            if job.recorded:
+                self.history.set_status(job.id, "running")
             work(job)
-        except (ConfigError, PlanError, LimitError) as exc:
+        except (ConfigError, PlanError, LimitError, CodeCheckError) as exc:
             job.error = str(exc)
         except HistoryError as exc:
             job.error = str(exc)
@@ -288,10 +357,27 @@ class JobService:
         self._record_end(job, state)
         job._end(state)
 
+    def _queue_order(self, lane: str) -> list[Job]:
+        """The lane's waiting jobs in the order they start: round-robin between users (the user served
+        longest ago first, a user never served before them all), each user's own jobs in the order
+        submitted. One user's ten runs therefore never hold another user's one behind all of them."""
+        pending = self._pending[lane]
+        first_of_user: dict[str, int] = {}
+        for i, job in enumerate(pending):
+            first_of_user.setdefault(job.user, i)
+        rank = {user: (self._served_at.get((lane, user), -1), i) for user, i in first_of_user.items()}
+        per_user: dict[str, list[Job]] = {}
+        for job in pending:
+            per_user.setdefault(job.user, []).append(job)
+        order, users = [], sorted(per_user, key=rank.__getitem__)
+        for depth in range(max((len(v) for v in per_user.values()), default=0)):
+            order += [per_user[u][depth] for u in users if depth < len(per_user[u])]
+        return order
+
     def _record_end(self, job: Job, state: str) -> None:
         """The entry's final status when the job ended without completing it (or was interrupted)."""
         status = {"cancelled": "cancelled", "interrupted": "interrupted", "failed": "failed"}.get(state)
-        if status is None:
+        if status is None or not job.recorded:
             return
         message = {"cancelled": "cancelled: stopped on request", "interrupted": INTERRUPTED}.get(state, job.error)
         try:
@@ -379,8 +465,8 @@ class JobService:
     def position(self, job: Job) -> int | None:
         """1 for the next job to start in its lane; None once it runs."""
         with self._lock:
-            pending = self._pending[job.lane]
-            return pending.index(job) + 1 if job in pending else None
+            order = self._queue_order(job.lane)
+            return order.index(job) + 1 if job in order else None
 
     def running(self, lane: str = "gpu") -> list[Job]:
         with self._lock:

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from migration import checklist, distributed
+from migration import checklist, deployment, distributed
 from migration.codecheck import CodeCheck
 from migration.common import first_line, fmt_gib, fmt_loss, write_csv as write_csv_rows
 from migration.config import ConfigError, PlanRequest, RunConfig, validate
@@ -226,7 +226,7 @@ def config_as_planned(p: Plan, base: RunConfig) -> RunConfig:
     """The run config of a plan exactly as made (its model, per-device batch, accumulation, precision,
     remat, GPUs, sharding and XLA flags) with `base`'s run settings (steps, platform, memory share,
     flags of its own, ...); raises ConfigError."""
-    planned_flags = p.environment.get("XLA_FLAGS", {}).get("value", "")
+    planned_flags = deployment.environment_of(p).get("XLA_FLAGS", {}).get("value", "")  # rebuilt, never read
     return validate(dataclasses.replace(
         base, workload=p.workload, preset=p.preset, model=dict(p.model), per_device_batch=p.per_device_batch,
         accumulation_steps=p.accumulation_steps, precision=p.precision, remat=p.remat, devices=p.gpus,
@@ -373,7 +373,7 @@ def _write_exports(p: Plan, done: list[tuple[str, RunReport]], items: list[check
         files["scaling_csv"] = export_dir / f"scaling-{stem}.csv"
         write_csv_rows(scaling, path=files["scaling_csv"])
     checklist.to_csv(items, files["checklist_csv"])
-    files["deployment"].write_text(checklist.deployment_snippet(p))
+    files["deployment"].write_text(deployment.deployment_snippet(p))
     out = {k: str(v) for k, v in files.items()}
     if main.profile and main.profile.get("top_ops"):
         out["trace"] = main.profile["path"]

@@ -20,6 +20,7 @@ import jax
 
 from migration.common import first_line, fmt_gib, is_oom
 from migration.config import LIMITS, REMAT_NAMED, PlanRequest, RunConfig, remat_applies
+from migration.deployment import block_params, plan_environment
 from migration.hardware import MATMUL_UNITS, TPU_SPECS, fp32_matmul_precision, host_link_bandwidth
 from migration.memory import STATE_BYTES_PER_PARAM, CompileFailed, MemoryPredictor, Target, compile_peak, resolve_target
 from migration.report import Decision, Plan
@@ -237,7 +238,7 @@ class _Planner:
         """Parameters per block (a layer of the scan; the model's parameters over its blocks, so an
         upper figure), for the collectives' combine thresholds."""
         w = get_workload(self.req.workload)
-        return int(self.params / max(1, w.activation_profile(w.config(self.req.preset, self.predictor.model)).n_blocks))
+        return block_params(w, w.config(self.req.preset, self.predictor.model))
 
     def _guess(self, mode: str, remat: str) -> int | None:
         """The boundary under `remat` from an affine model of memory in the batch: the
@@ -357,7 +358,11 @@ class _Planner:
             table=self.predictor.table, candidates=self.candidates,
             ranked=[c.to_dict(self.cost) for c in ranked[:RANKED_SHOWN]],
             rule_of_thumb_batch=rot, rule_of_thumb_note=rot_note, matmul_precision=_matmul_precision_notes(t, self.precision),
-            environment=_environment(req, sharding, t, self.precision, self._block_param_count()), jax_version=jax.__version__,
+            environment=plan_environment(memory_fraction=req.memory_fraction, gpus=req.gpus, nodes=req.nodes,
+                                         gpus_per_node=req.gpus_per_node, sharding=sharding, precision=self.precision,
+                                         compute_capability=t.compute_capability,
+                                         block_params=self._block_param_count()),
+            jax_version=jax.__version__,
             planned_on=jax.default_backend(),
             planned_device_kind=t.device_kind,
         )
@@ -458,71 +463,6 @@ def _matmul_precision_notes(target: Target, precision: str) -> dict[str, str]:
     if precision == "fp32" and fp32 == "tf32":
         gpu += "; set jax_default_matmul_precision='highest' for true fp32"
     return {"tpu": "bf16 passes on the MXU (TPUs run fp32 matrix products in bf16 by default)", "gpu": gpu}
-
-
-def _combine_threshold(nbytes: float) -> int:
-    """`nbytes` rounded up to a whole MiB: a combine threshold that takes one block's collective whole."""
-    return int(math.ceil(max(nbytes, 1) / 2**20) * 2**20)
-
-
-def _environment(req: PlanRequest, sharding: str, target: Target, precision: str,
-                 block_params: int) -> dict[str, dict[str, str]]:
-    """Environment variables for the target, each with its reason. XLA flags follow NVIDIA's guidance
-    for JAX on GPUs (JAX-Toolbox's GPU performance notes, the JAX GPU performance tips): they matter
-    where collectives run, so a one-GPU plan sets none; every flag named here is accepted by the
-    installed XLA (tests/test_planner.py checks it in a fresh process)."""
-    env = {
-        "XLA_PYTHON_CLIENT_PREALLOCATE": {
-            "value": "false",
-            "why": "allocate on demand: on a shared GPU a job should not take 75% of the card at start-up",
-        },
-        "XLA_PYTHON_CLIENT_MEM_FRACTION": {
-            "value": f"{req.memory_fraction:.2f}",
-            "why": f"cap this job at {req.memory_fraction:.0%} of each GPU; the plan's budget is computed from it",
-        },
-        "CUDA_VISIBLE_DEVICES": {
-            "value": ",".join(str(i) for i in range(req.gpus)),
-            "why": "pin the job to its GPUs (set before JAX is imported)",
-        },
-    }
-    if req.gpus > 1:
-        flags = xla_flags_for(sharding, precision, block_params)
-        env["XLA_FLAGS"] = {"value": " ".join(f for f, _ in flags), "why": "; ".join(f"{f}: {why}" for f, why in flags)}
-        if (target.compute_capability or (0, 0))[0] == 9:
-            env["CUDA_DEVICE_MAX_CONNECTIONS"] = {
-                "value": "1",
-                "why": ("Hopper: one hardware work queue per device keeps kernels in the order XLA's latency-hiding "
-                        "scheduler chose, so collectives overlap compute as scheduled (NVIDIA's guidance for "
-                        "multi-GPU JAX on Hopper; not for Blackwell)"),
-            }
-    if req.nodes > 1:
-        env["CUDA_VISIBLE_DEVICES"]["value"] = ",".join(str(i) for i in range(min(req.gpus, req.gpus_per_node)))
-        env["CUDA_VISIBLE_DEVICES"]["why"] = "on every node, that node's GPUs (set before JAX is imported)"
-    return env
-
-
-def xla_flags_for(sharding: str, precision: str, block_params: int) -> list[tuple[str, str]]:
-    """XLA flags for a multi-GPU step, each with its reason. Combine thresholds are one block's
-    collective, so each layer's communication is one collective that overlaps the next layer's compute."""
-    compute = 4 if precision == "fp32" else 2  # FSDP gathers parameters in the compute dtype
-    flags = [("--xla_gpu_enable_latency_hiding_scheduler=true",
-              "schedule collectives early and overlap them with compute")]
-    if sharding == "fsdp":
-        gather = _combine_threshold(block_params * compute)
-        flags += [
-            (f"--xla_gpu_all_gather_combine_threshold_bytes={gather}",
-             f"one all-gather per block (about {block_params:,} parameters per block, in the compute dtype)"),
-            (f"--xla_gpu_reduce_scatter_combine_threshold_bytes={gather}",
-             "one reduce-scatter of each block's gradients"),
-            ("--xla_gpu_enable_pipelined_all_gather=true",
-             "gather the next layer's parameters while this layer computes (the scanned layer loop)"),
-            ("--xla_gpu_enable_pipelined_reduce_scatter=true",
-             "reduce-scatter a layer's gradients while the previous layer's backward pass runs"),
-        ]
-    else:
-        flags.append((f"--xla_gpu_all_reduce_combine_threshold_bytes={_combine_threshold(block_params * 4)}",
-                      f"one all-reduce per block's float32 gradients (about {block_params:,} parameters per block)"))
-    return flags
 
 
 def _tpu_setup_on_target(req: PlanRequest, predictor: MemoryPredictor, budget: int, sharding: str) -> dict[str, Any]:

@@ -263,10 +263,6 @@ class Plan(JsonExport):
         known = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
 
-    @classmethod
-    def from_json(cls, path: str | Path) -> "Plan":
-        return cls.from_dict(json.loads(Path(path).read_text()))
-
     @property
     def ok(self) -> bool:
         return self.status == "ok"

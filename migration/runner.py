@@ -32,9 +32,10 @@ from migration.common import PROJECT_ROOT
 from migration.config import PlanRequest, RunConfig, validate, validate_plan_request
 from migration.report import Plan
 from migration.report import RunReport
+from migration.worker import TERMINAL_EVENTS
+from migration.worker_env import without_secrets
 
 STDERR_TAIL_CHARS = 4000
-TERMINAL_EVENTS = ("finished", "failed", "plan", "environment")
 Outcome = tuple[str, str | None, str]  # (status, failure kind, message) of a finished worker
 CANCELLED: Outcome = ("cancelled", "cancelled", "cancelled: stopped on request")
 _LIVE_WORKERS: weakref.WeakSet[WorkerProcess] = weakref.WeakSet()  # started, not reaped yet
@@ -128,7 +129,7 @@ class WorkerProcess(EventSource):
     (status, failure kind, message) and `stderr_tail` the end of its output."""
 
     def __init__(self, mode: str, payload: dict[str, Any], timeout_s: float,
-                 silence_timeout_s: float | None = None):
+                 silence_timeout_s: float | None = None, memory_bytes: int | None = None):
         self.timeout_s = timeout_s
         self.silence_timeout_s = float(silence_timeout_s if silence_timeout_s is not None
                                        else payload.get("silence_timeout_s", 120.0))
@@ -146,10 +147,12 @@ class WorkerProcess(EventSource):
         # stays in this process alone, so it closes exactly when this process ends (or _reap closes it).
         lifeline_read, self._lifeline = os.pipe()
         self._lifeline_lock = threading.Lock()  # closed from _reap or at exit, never twice
-        env = dict(os.environ)
+        env = without_secrets(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH", ""), str(PROJECT_ROOT)) if p)
         args = [sys.executable, "-m", "migration.worker", "--events-fd", str(write_fd), "--mode", mode,
                 "--lifeline-fd", str(lifeline_read), "--silence-timeout-s", repr(self.silence_timeout_s)]
+        if memory_bytes:  # untrusted input: the kernel bounds its memory and CPU time
+            args += ["--memory-bytes", str(memory_bytes), "--cpu-seconds", str(max(1, int(timeout_s)))]
         try:
             self._proc = subprocess.Popen(
                 args,
@@ -360,6 +363,18 @@ def probe_environment(cfg: RunConfig | None = None) -> dict[str, Any]:
         return {k: v for k, v in found[0].items() if k not in ("event", "t")}
     status, kind, message = worker.outcome
     raise RuntimeError(f"environment probe failed ({kind}): {message}\n{worker.stderr_tail}")
+
+
+CHECK_MEMORY_BYTES = 1 << 30  # the code check's address space: a 1 MB file's syntax tree takes about 0.1 GiB
+CHECK_TIMEOUT_S = 60.0
+
+
+def start_code_check(sources: list[tuple[str, str]], timeout_s: float = CHECK_TIMEOUT_S,
+                     memory_bytes: int = CHECK_MEMORY_BYTES) -> WorkerProcess:
+    """The code check of untrusted source in a worker under memory and time limits; its events end
+    with `checked` ({"result": CodeCheck as a dict}) or `failed`."""
+    return WorkerProcess("check", {"sources": [list(s) for s in sources]}, timeout_s,
+                         silence_timeout_s=timeout_s, memory_bytes=memory_bytes)
 
 
 def start_plan(req: PlanRequest) -> PlanHandle:

@@ -1,9 +1,13 @@
-"""Worker process entry point: `python -m migration.worker --events-fd N [--mode run|probe-env|plan]
-[--lifeline-fd N] [--silence-timeout-s S]` (config JSON on stdin).
+"""Worker process entry point: `python -m migration.worker --events-fd N [--mode run|probe-env|plan|check]
+[--lifeline-fd N] [--silence-timeout-s S] [--memory-bytes N]` (config JSON on stdin).
 
 Sets JAX's environment from the config *before* JAX is first imported, runs one measured run (or,
 with --probe-env, reports the environment), writes JSON-lines events to the given file descriptor
 and exits. Exit code 0 on success, 1 on a failed run, 2 on an invalid config.
+
+`--mode check` runs the code check on untrusted source ({"sources": [[name, text], ...]} on stdin)
+without importing JAX, under an address-space limit (`--memory-bytes`, RLIMIT_AS) and a CPU-time
+limit, so that no paste can hold the server's CPU or memory: its result is one `checked` event.
 
 It runs at the lowest CPU priority (nice 19), below the process that started it, sends {"event": "alive"}
 every min(2 s, silence_timeout_s / 4) so that its parent can tell a long compile from a hang, and,
@@ -34,7 +38,7 @@ from migration.config import ConfigError, PlanRequest, RunConfig, validate, vali
 from migration.worker_env import planner_environment, worker_environment
 
 # After one of these the parent reads no further events (the runner's TERMINAL_EVENTS).
-TERMINAL_EVENTS = ("finished", "failed", "plan", "environment")
+TERMINAL_EVENTS = ("finished", "failed", "plan", "environment", "checked")
 WORKER_NICE = 19  # the lowest: the server that started it must stay responsive; a GPU job barely needs the CPU
 # Recorded by jax._src.compiler once for every executable loaded from the persistent compilation cache.
 CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
@@ -187,19 +191,53 @@ def with_cache_hits(emit: Callable[..., None], hits: CompileCacheHits | None) ->
     return emit_with_hits
 
 
+def limit_resources(memory_bytes: int | None, cpu_seconds: int | None) -> None:
+    """Hard limits for a worker that reads untrusted input: past them an allocation fails
+    (MemoryError) or the kernel ends the process (SIGXCPU, then SIGKILL)."""
+    import resource
+
+    if memory_bytes:
+        resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
+    if cpu_seconds:
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu_seconds, cpu_seconds + 1))
+
+
+def check_code(payload: Any, emit: EventWriter) -> int:
+    """The code check of {"sources": [[name, text], ...]}: one `checked` event, or `failed` (invalid:
+    what is wrong with the source; oom: over the memory limit)."""
+    from migration.codecheck import CodeCheckError, check_sources
+
+    try:
+        sources = payload["sources"]
+        if not (isinstance(sources, list) and all(isinstance(s, list) and len(s) == 2 for s in sources)):
+            raise TypeError("sources must be a list of [name, text] pairs")
+        emit("checked", result=check_sources([(str(name), text) for name, text in sources]).to_dict())
+    except (CodeCheckError, TypeError, KeyError) as exc:
+        emit("failed", kind="invalid", message=first_line(exc, 400))
+        return 2
+    except MemoryError:
+        emit("failed", kind="oom", message="the code check ran out of its memory limit; check fewer or smaller files")
+        return 1
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m migration.worker")
     parser.add_argument("--events-fd", type=int, required=True)
-    parser.add_argument("--mode", choices=["run", "probe-env", "plan"], default="run")
+    parser.add_argument("--mode", choices=["run", "probe-env", "plan", "check"], default="run")
     parser.add_argument("--lifeline-fd", type=int, default=None,
                         help="read end of a pipe held open by the parent; end-of-file kills the worker")
     parser.add_argument("--silence-timeout-s", type=float, default=None,
                         help="the parent's silence limit (default: the config's silence_timeout_s)")
+    parser.add_argument("--memory-bytes", type=int, default=None,
+                        help="address-space limit of this process (RLIMIT_AS), for untrusted input")
+    parser.add_argument("--cpu-seconds", type=int, default=None, help="CPU-time limit of this process (RLIMIT_CPU)")
     args = parser.parse_args(argv)
     try:
         os.nice(WORKER_NICE)  # before any thread starts: threads inherit it (Linux nice is per thread)
     except OSError:
         pass
+    limit_resources(args.memory_bytes, args.cpu_seconds)
     if args.lifeline_fd is not None:
         start_lifeline(args.lifeline_fd)
     emit = EventWriter(args.events_fd)
@@ -207,6 +245,8 @@ def main(argv: list[str] | None = None) -> int:
     silence = args.silence_timeout_s if args.silence_timeout_s is not None else \
         (payload.get("silence_timeout_s", 120.0) if isinstance(payload, dict) else 120.0)
     start_heartbeat(emit, heartbeat_interval(silence))
+    if args.mode == "check":
+        return check_code(payload, emit)
     try:
         cfg = PlanRequest(**payload) if args.mode == "plan" else RunConfig(**payload)
         # Set JAX's environment before the first `import jax` (validation below imports it).

@@ -34,6 +34,18 @@ JAX_ENV_VARS = (
 )
 
 
+# The server's secrets: the users file and passwords, Ray's token. No worker needs them, and a
+# worker runs user-chosen work, so none is passed on (`without_secrets`).
+SECRET_VARIABLES = ("MIGRATION_AUTH", "MIGRATION_AUTH_FILE", "RAY_AUTH_TOKEN", "GRADIO_AUTH")
+SECRET_MARKERS = ("PASSWORD", "SECRET", "TOKEN", "CREDENTIAL", "PRIVATE_KEY")
+
+
+def without_secrets(env: Mapping[str, str]) -> dict[str, str]:
+    """`env` less the server's secrets and anything whose name says it is one."""
+    return {k: v for k, v in env.items()
+            if k not in SECRET_VARIABLES and not any(m in k.upper() for m in SECRET_MARKERS)}
+
+
 def nvidia_gpus() -> list[dict[str, Any]]:
     """NVIDIA GPUs seen by NVML, with memory in use by other processes. Empty without a driver."""
     try:
@@ -85,7 +97,7 @@ def resolve_platform(platform: str) -> str:
 
 def worker_environment(cfg: RunConfig, base: Mapping[str, str] | None = None) -> dict[str, str]:
     """The full environment for a worker running `cfg` (base: the caller's environment)."""
-    env = dict(os.environ if base is None else base)
+    env = without_secrets(os.environ if base is None else base)
     platform = resolve_platform(cfg.platform)
     env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "true" if cfg.preallocate else "false"
     env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{cfg.memory_fraction:.3g}"
@@ -114,7 +126,7 @@ def planner_environment(req: PlanRequest, base: Mapping[str, str] | None = None)
     A catalog target compiles deviceless on the CPU backend (the CUDA plugin still compiles for
     the described GPU). "local" compiles for this machine's devices without preallocating, with
     the request's memory share, so that the limit the device reports is the job's budget."""
-    env = dict(os.environ if base is None else base)
+    env = without_secrets(os.environ if base is None else base)
     flags = [f for f in (env.get("XLA_FLAGS", ""),) if f] + [DISABLE_XLA_REMAT]
     env["XLA_FLAGS"] = " ".join(flags)
     env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"

@@ -10,7 +10,7 @@ import math
 
 import pytest
 
-from migration import checklist
+from migration import checklist, deployment
 from migration.checklist import FAIL, ITEMS, NA, NOT_CHECKED, PASS, WARN, Evidence
 from migration.codecheck import check_sources
 from migration.config import PlanRequest, RunConfig
@@ -222,8 +222,8 @@ def test_csv_has_one_row_per_item_and_the_snippet_sets_the_environment(world, tm
     checklist.to_csv(items, tmp_path / "c.csv")
     frame = pd.read_csv(tmp_path / "c.csv")
     assert list(frame.columns) == ["id", "item", "status", "evidence", "action"] and len(frame) == len(ITEMS)
-    snippet = checklist.deployment_snippet(world["plan"])
-    assert "export XLA_PYTHON_CLIENT_PREALLOCATE='false'" in snippet and snippet.startswith("#!/usr/bin/env bash")
+    snippet = deployment.deployment_snippet(world["plan"])
+    assert "export XLA_PYTHON_CLIENT_PREALLOCATE=false" in snippet and snippet.startswith("#!/usr/bin/env bash")
 
 
 def test_a_plan_from_an_older_version_is_refused_with_a_clear_message(world):

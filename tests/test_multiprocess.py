@@ -26,7 +26,7 @@ import pytest
 import yaml
 
 from migration.__main__ import main as cli
-from migration.checklist import deployment_snippet
+from migration.deployment import deployment_snippet
 from migration.config import ConfigError, PlanRequest, RunConfig, validate
 from migration.distributed import parse_coordinator
 from migration.report import Plan
@@ -196,15 +196,13 @@ def test_a_multi_node_plan_runs_as_one_job_under_slurm_and_is_refused_as_one_pro
 
 
 def stub_plan(**fields) -> Plan:
-    """A plan with the fields the deployment script reads (no planning needed for its text)."""
+    """A plan with the decisions the deployment script is built from (no planning needed for its text;
+    the script rebuilds the environment from them)."""
     required = {f.name: None for f in dataclasses.fields(Plan)
                 if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
-    env = {"XLA_PYTHON_CLIENT_MEM_FRACTION": {"value": "0.80", "why": "cap"},
-           "CUDA_VISIBLE_DEVICES": {"value": "0,1,2,3,4,5,6,7", "why": "pin"},
-           "XLA_FLAGS": {"value": "--xla_gpu_enable_latency_hiding_scheduler=true", "why": "overlap"}}
     base = dict(status="ok", workload="transformer", preset="tiny", gpus=24, gpus_per_node=8, nodes=3,
-                target_name="NVIDIA H100 SXM", per_device_batch=8, accumulation_steps=1, global_batch=192,
-                precision="bf16", remat="none", environment=env)
+                target="h100-sxm", target_name="NVIDIA H100 SXM", per_device_batch=8, accumulation_steps=1,
+                global_batch=192, precision="bf16", remat="none", memory_fraction=0.8, environment={})
     return Plan(**{**required, **base, **fields})
 
 
@@ -234,7 +232,8 @@ def test_the_deployment_script_of_a_multi_node_plan_launches_it_with_srun_a_kube
     assert container["resources"]["limits"]["nvidia.com/gpu"] == 8
     assert container["args"][0].endswith(f'--coordinator {name}-0.{name}:1234 --num-processes 3 '
                                          f'--process-id "$JOB_COMPLETION_INDEX"')
-    assert {"name": "XLA_FLAGS", "value": "--xla_gpu_enable_latency_hiding_scheduler=true"} in container["env"]
+    flags = [e["value"] for e in container["env"] if e["name"] == "XLA_FLAGS"]
+    assert len(flags) == 1 and "--xla_gpu_enable_latency_hiding_scheduler=true" in flags[0].split()
     by_hand = run_script(script, COORDINATOR="node0:1234", NODE_RANK="2")
     assert by_hand.returncode == 0 and by_hand.stdout.strip().endswith(
         "--coordinator node0:1234 --num-processes 3 --process-id 2"), by_hand.stdout + by_hand.stderr

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from migration.planner import xla_flags_for
+from migration.deployment import xla_flags_for
 from migration.worker_env import DISABLE_XLA_REMAT
 
 START_JAX = "import jax, jax.numpy as jnp; print(float(jnp.ones(3).sum()))"
