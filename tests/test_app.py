@@ -71,7 +71,7 @@ def test_run_streams_progress_then_results_and_exports_csv(app):
     for _, row in items.iterrows():
         assert f'data-id="{row["id"]}" data-status="{row["status"]}"' in report_html
     assert "Evidence:" in report_html and "Action:" in report_html
-    assert "export XLA_PYTHON_CLIENT_PREALLOCATE='false'" in Path(deploy).read_text()
+    assert "export XLA_PYTHON_CLIENT_PREALLOCATE=false" in Path(deploy).read_text()
     assert trace is None and scaling_csv is None  # no pmap or scaling runs asked for
 
 
