@@ -17,12 +17,18 @@ import asyncio
 import contextlib
 import dataclasses
 import html
+import http.cookies
 import json
+import math
 import os
 import re
+import secrets
 import signal
+import socket
 import sys
+import threading
 import time
+import urllib.parse
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -38,20 +44,26 @@ from starlette.middleware import Middleware  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from migration import checklist, forms  # noqa: E402
+from migration.accounts import USER_NAME, AccountsError, Authenticator, hash_password, read_users  # noqa: E402
 from migration.codecheck import MAX_FILES, CodeCheck, CodeCheckError, Finding, check_pasted, read_upload  # noqa: E402
 from migration.config import LIMITS, PRECISIONS, REMAT_NAMES, SHARDINGS, ConfigError, PlanRequest, RunConfig  # noqa: E402
 from migration.hardware import GPU_SPECS, TPU_SPECS  # noqa: E402
-from migration.history import History, HistoryError  # noqa: E402
+from migration.history import EXPORT_MAX_ROWS, History, HistoryError  # noqa: E402
 from migration.autotune import AutotuneResult, AutotuneSettings  # noqa: E402
-from migration.jobs import Job, JobService, Limits, LimitError, NotYourJob  # noqa: E402
+from migration.jobs import Job, JobService, Limits, LimitError, NotYourJob, RateLimiter, user_exports  # noqa: E402
 from migration.orchestrate import MigrationResult, RunOptions, candidate_text  # noqa: E402
 from migration.planfile import MAX_PLAN_BYTES, checked_plan, read_plan  # noqa: E402
 from migration.report import Plan, RunReport  # noqa: E402
 from migration.runner import ExecutorError, PlanError, make_executor  # noqa: E402
+from migration.worker import WORKER_CPUS_VARIABLE  # noqa: E402
 from migration.worker_env import nvidia_gpus  # noqa: E402
 from workloads import WORKLOADS  # noqa: E402
 
 POLL_S = 0.25  # how often a watcher looks for a job's new events
+COMPARE_MAX = 16  # runs side by side in one comparison
+PLOT_MAX_POINTS = 500  # points per run drawn in a loss plot
+PLOT_EVERY_S = 1.0  # a running loss plot is redrawn at most this often
+EXPORTS_MARKER = ".tpu-gpu-migration-exports"  # marks a folder as this app's exports (old files get deleted)
 HISTORY_STATUSES = ("ok", "failed", "cancelled", "infeasible", "interrupted", "queued", "running")
 
 
@@ -64,6 +76,8 @@ class Settings:
     export_max_age_s: float = 7 * 24 * 3600
     history_max_mb: float | None = None
     ray_address: str = ""  # a Ray cluster for the runs and catalog plans (MIGRATION_RAY_ADDRESS); empty: this machine
+    admins: tuple[str, ...] = ()  # users who may see, compare and export everyone's history
+    team_history: bool = False  # the operator declared the history visible to every signed-in user
 
 
 def _gib(n: Any) -> str:
@@ -72,7 +86,7 @@ def _gib(n: Any) -> str:
 
 def host_banner(settings: Settings) -> str:
     gpus = nvidia_gpus()
-    users = ("Signed-in users each see and stop their own jobs; History shows yours unless you ask for everyone's."
+    users = ((f"Signed-in users each see and stop their own jobs. History: {history_visibility(settings)}.")
              if settings.multi_user else
              "**Single-user mode** (no auth configured): everyone who can reach this page shares one identity, "
              "one history and one Stop.")
@@ -81,6 +95,17 @@ def host_banner(settings: Settings) -> str:
                 "figures; GPU targets are planned by compiling for them without the device. " + users)
     names = ", ".join(f"{g['name']} ({g['total_bytes'] / GiB:.0f} GiB)" for g in gpus)
     return f"GPU host: {names}. One GPU job runs at a time; others wait in the queue and see their position. {users}"
+
+
+def history_visibility(settings: Settings) -> str:
+    """Who sees whose history on this server, in one line (the banner and the start-up line say it)."""
+    if not settings.multi_user:
+        return "one shared history (single user)"
+    if settings.team_history:
+        return "team-visible: every signed-in user may list everyone's runs (declared with --team-history)"
+    if settings.admins:
+        return f"each user sees their own; admins ({', '.join(settings.admins)}) may see everyone's"
+    return "each user sees only their own"
 
 
 # -- formatting ---------------------------------------------------------------------------------
@@ -173,8 +198,19 @@ def results_frame(r: RunReport, budget: int | None) -> pd.DataFrame:
 
 
 def loss_frame(reports: list[tuple[str, RunReport]]) -> pd.DataFrame:
-    rows = [{"step": i + 1, "loss": loss, "run": name} for name, r in reports for i, loss in enumerate(r.losses)
-            if isinstance(loss, (int, float))]
+    return curve_frame({name: r.losses for name, r in reports})
+
+
+def curve_frame(curves: dict[str, list[Any]], max_points: int = PLOT_MAX_POINTS) -> pd.DataFrame:
+    """Loss per step for each run, at most `max_points` per run (every k-th step and the last), so
+    the plot's data stays small however long the run."""
+    rows = []
+    for name, losses in curves.items():
+        stride = max(1, -(-len(losses) // max_points))
+        picked = range(0, len(losses), stride)
+        for i in [*picked, *([len(losses) - 1] if losses and (len(losses) - 1) % stride else [])]:
+            if isinstance(losses[i], (int, float)) and math.isfinite(losses[i]):
+                rows.append({"step": i + 1, "loss": losses[i], "run": name})
     # Typed even when empty: a plot fixes its axis types from the first frame it is sent.
     return pd.DataFrame(rows, columns=["step", "loss", "run"]).astype({"step": "int64", "loss": "float64", "run": "str"})
 
@@ -278,9 +314,7 @@ def compare_frames(entries: list[dict[str, Any]]) -> tuple[pd.DataFrame, pd.Data
          for n, e in zip(names, entries) for what, key in (("predicted", "predicted_peak_bytes"),
                                                           ("measured", "peak_memory_bytes"))],
         columns=["bar", "GiB", "series"])
-    losses = pd.DataFrame([{"step": i + 1, "loss": float(v), "run": n} for n, e in zip(names, entries)
-                           for i, v in enumerate(e["payload"].get("losses") or []) if isinstance(v, (int, float))],
-                          columns=["step", "loss", "run"]).astype({"step": "int64", "loss": "float64", "run": "str"})
+    losses = curve_frame({n: e["payload"].get("losses") or [] for n, e in zip(names, entries)})
     return table, throughput, memory, losses
 
 
@@ -327,21 +361,25 @@ def build_demo(settings: Settings | None = None) -> gr.Blocks:
     settings = settings or Settings()
     private_dir(os.environ["GRADIO_TEMP_DIR"])
     export_dir = private_dir(settings.export_dir or cache_dir() / "exports")
-    remove_older_than(export_dir, settings.export_max_age_s)
+    remove_older_than(export_dir, settings.export_max_age_s, keep=(EXPORTS_MARKER,))
     checkpoint_root = private_dir(cache_dir() / "checkpoints")  # one folder per user; never cleaned up by age
     history = History(settings.history_db,
                       max_bytes=int(settings.history_max_mb * 2**20) if settings.history_max_mb else None)
     service = JobService(history, export_dir, settings.limits, executor=make_executor(settings.ray_address))
     default_target = "local" if nvidia_gpus() else "h100-sxm"
+    rate = RateLimiter()  # per user and light endpoint: one user's flood is refused, never queued
 
-    last_cleanup = [time.monotonic()]
+    def remove_old_exports() -> None:
+        """Every tenth of the age limit (a minute at most), whether or not anyone exports."""
+        while True:
+            time.sleep(min(60.0, settings.export_max_age_s / 10))
+            remove_older_than(export_dir, settings.export_max_age_s, keep=(EXPORTS_MARKER,))
 
-    def export_path(name: str) -> Path:
-        # A scan at most every tenth of the age limit (a minute at most), however busy the box.
-        if time.monotonic() - last_cleanup[0] > min(60.0, settings.export_max_age_s / 10):
-            last_cleanup[0] = time.monotonic()
-            remove_older_than(export_dir, settings.export_max_age_s)
-        return export_dir / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{time.monotonic_ns() % 10**9}.csv"
+    threading.Thread(target=remove_old_exports, name="remove-old-exports", daemon=True).start()
+
+    def export_path(name: str, user: str) -> Path:
+        """A new export file in `user`'s own folder, named unguessably (`secrets`)."""
+        return user_exports(export_dir, user) / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_urlsafe(12)}.csv"
 
     async def follow(job: Job) -> AsyncIterator[dict[str, Any]]:
         """A job's events as they come, with `waiting` events (queue position) while it is queued.
@@ -350,7 +388,8 @@ def build_demo(settings: Settings | None = None) -> gr.Blocks:
         try:
             while True:
                 events = job.events_since(cursor)
-                cursor += len(events)
+                if events:
+                    cursor = events[-1]["seq"] + 1
                 for ev in events:
                     yield ev
                 if job.finished and not job.events_since(cursor):
@@ -445,7 +484,9 @@ def build_demo(settings: Settings | None = None) -> gr.Blocks:
         except (ConfigError, PlanError, LimitError, HistoryError, ValueError) as exc:
             raise refuse(exc)
         skip10 = [gr.skip()] * 10
-        note = ""
+        note = f"Run job #{job.id}: {service.budget_line(user)}.\n\n"
+        curves: dict[str, list[Any]] = {}  # run -> the losses this page has received
+        drawn_at = [0.0]
         yield (f"Run job #{job.id} submitted…", *skip10, job.id)
         async with contextlib.aclosing(follow(job)) as events:
             async for ev in events:
@@ -461,10 +502,15 @@ def build_demo(settings: Settings | None = None) -> gr.Blocks:
                 elif kind == "note":
                     note = ev["message"] + ".\n\n"
                 elif kind == "progress":
-                    losses = loss_frame(ev["done"] + [(ev["run"], ev["partial"])])
-                    # An empty frame would fix the plot's colour scale with no series: skip it.
-                    yield (note + ev["status"], gr.skip(), gr.update(value=losses, visible=True) if len(losses)
-                           else gr.skip(), *[gr.skip()] * 8, gr.skip())
+                    for run in list(job.curves):  # the loss values not drawn yet: increments, never the whole curve again
+                        curves.setdefault(run, []).extend(job.curve(run, len(curves.get(run, []))))
+                    plot = gr.skip()
+                    if time.monotonic() - drawn_at[0] >= PLOT_EVERY_S:
+                        drawn_at[0] = time.monotonic()
+                        losses = curve_frame(curves)
+                        # An empty frame would fix the plot's colour scale with no series: skip it.
+                        plot = gr.update(value=losses, visible=True) if len(losses) else gr.skip()
+                    yield (note + ev["status"], gr.skip(), plot, *[gr.skip()] * 8, gr.skip())
         if job.state == "cancelled":
             yield ("Run stopped; the partial run is in the history as cancelled.", *skip10, None)
             return
@@ -525,7 +571,7 @@ def build_demo(settings: Settings | None = None) -> gr.Blocks:
         result: AutotuneResult | None = job.result
         if result is None or job.error:
             raise gr.Error(f"Autotune did not finish: {job.error or 'unknown reason'}", print_exception=False)
-        path = export_path("autotune")
+        path = export_path("autotune", user)
         write_csv(result.table_rows(), path=path)
         warnings = "".join(f"\n\n⚠️ {w}" for w in job.warnings)
         yield (f"**{result.measured_on}**\n\n{result.verdict}{warnings}",
@@ -577,12 +623,22 @@ def build_demo(settings: Settings | None = None) -> gr.Blocks:
         return summary, gr.update(value=findings_frame(findings), visible=bool(findings)), result.to_dict()
 
     def scope_user(scope: str, request: gr.Request | None) -> str | None:
-        if scope not in ("mine", "everyone"):
-            raise ConfigError("scope", f"must be mine or everyone; got {scope!r}")
-        return user_of(request) if scope == "mine" and settings.multi_user else None
+        """Whose entries a request may read: its user's; everyone's (None) on a single-user box, for
+        an admin, or on a team-visible history; anyone else asking for everyone's is refused."""
+        forms.choice(scope, "scope", ("mine", "everyone"))
+        user = user_of(request)
+        if not settings.multi_user:
+            return None
+        if scope == "mine":
+            return user
+        if settings.team_history or user in settings.admins:
+            return None
+        raise ConfigError("scope", "everyone's history is open only to the admins this server names (--admins) or "
+                                   "on a team-visible history (--team-history); use mine")
 
     def do_history(scope, kind, workload, status, request: gr.Request):
         try:
+            rate.take(user_of(request), "history")
             user = scope_user(scope, request)
             for field, value, allowed in (("kind", kind, ("all", "run", "plan")),
                                           ("workload", workload, ("all", *WORKLOADS)),
@@ -591,7 +647,7 @@ def build_demo(settings: Settings | None = None) -> gr.Blocks:
             entries = history.entries(kind=None if kind == "all" else kind,
                                       workload=None if workload == "all" else workload,
                                       status=None if status == "all" else status, user=user, payload=False)
-        except (ConfigError, HistoryError) as exc:
+        except (ConfigError, HistoryError, LimitError) as exc:
             raise refuse(exc)
         return history_frame(entries)
 
@@ -610,9 +666,12 @@ def build_demo(settings: Settings | None = None) -> gr.Blocks:
 
     def do_compare(ids_text, scope, request: gr.Request):
         try:
+            rate.take(user_of(request), "compare")
             ids = parse_ids(ids_text)
+            if len(ids) > COMPARE_MAX:
+                raise ConfigError("ids", f"compare at most {COMPARE_MAX} runs at once; got {len(ids)}")
             entries = history.entries(kind="run", ids=ids, user=scope_user(scope, request)) if ids else []
-        except (ConfigError, HistoryError) as exc:
+        except (ConfigError, HistoryError, LimitError) as exc:
             raise refuse(exc)
         if len(entries) < 2:
             raise gr.Error(f"Select two or more runs to compare (click their rows in the table); "
@@ -622,10 +681,13 @@ def build_demo(settings: Settings | None = None) -> gr.Blocks:
 
     def do_export(ids_text, scope, request: gr.Request):
         try:
+            rate.take(user_of(request), "export")
             ids = parse_ids(ids_text) or None
-            path = export_path("history" if ids is None else "selection")
-            history.to_csv(ids=ids, path=path, user=scope_user(scope, request))
-        except (ConfigError, HistoryError, OSError) as exc:
+            if ids is not None and len(ids) > EXPORT_MAX_ROWS:
+                raise ConfigError("ids", f"export at most {EXPORT_MAX_ROWS} entries at once; got {len(ids)}")
+            path = export_path("history" if ids is None else "selection", user_of(request))
+            history.to_csv(ids=ids, path=path, user=scope_user(scope, request), viewer=user_of(request))
+        except (ConfigError, HistoryError, OSError, LimitError) as exc:
             raise refuse(exc)
         return gr.update(value=str(path), visible=True)
 
@@ -918,24 +980,216 @@ class LoginPageWithoutApi:
         return body
 
 
-def read_auth(path: str | None, env_value: str | None) -> list[tuple[str, str]] | None:
-    """Users as `user:password` lines in a file, or comma-separated in MIGRATION_AUTH."""
-    pairs = []
-    if path:
+TOKEN_COOKIE = "migration-token"
+TOKEN_HEADER = b"x-migration-token"
+TOKEN_FREE_PATHS = ("/gradio_api/startup-events",)  # Gradio calls it on itself while it launches
+GUARDED_WITHOUT_LOGIN = ("cancel", "heartbeat", "stream", "reset")  # Gradio routes that check no login
+
+
+@dataclasses.dataclass
+class WebPolicy:
+    """What the web layer lets in: the hosts this server answers as (a DNS-rebinding page names
+    another), the origins allowed to call it (same origin, or the public URL behind a proxy), the
+    access token of a server without auth, and where exports live (served to their owner only)."""
+
+    hosts: frozenset[str]
+    public_origins: frozenset[str] = frozenset()
+    token: str = ""  # without auth: the secret in the printed URL
+    export_dir: Path | None = None
+    auth: bool = False
+
+
+class WebGuard:
+    """ASGI middleware in front of Gradio: refuses requests for another Host (DNS rebinding) and
+    cross-origin requests (a page elsewhere calling the API with the user's cookies), makes the session
+    cookies SameSite=Lax, asks for the server's token when there is no auth, ties Gradio's cancel,
+    heartbeat and stream routes to the signed-in user who opened the session, and serves a file of the
+    exports folder only to the user whose folder holds it."""
+
+    def __init__(self, app: Any, policy: WebPolicy):
+        self.app = app
+        self.policy = policy
+        self.session_owner: dict[str, str] = {}  # Gradio session hash -> the user who joined with it
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        headers = {k.lower(): v for k, v in scope.get("headers", [])}
+        refusal = self._refusal(scope, headers)
+        if refusal is None and self.policy.token and not scope.get("path", "").endswith(TOKEN_FREE_PATHS):
+            refusal, send = self._token_check(scope, headers, send)
+        if refusal is None:
+            refusal, receive = await self._session_check(scope, headers, receive)
+        if refusal is not None:
+            if scope["type"] == "websocket":
+                await send({"type": "websocket.close", "code": 1008})
+                return
+            status, text = refusal
+            body = text.encode()
+            await send({"type": "http.response.start", "status": status,
+                        "headers": [(b"content-type", b"text/plain; charset=utf-8"),
+                                    (b"content-length", str(len(body)).encode())]})
+            await send({"type": "http.response.body", "body": body})
+            return
+        await self.app(scope, receive, self._lax_cookies(send))
+
+    def _refusal(self, scope: dict[str, Any], headers: dict[bytes, bytes]) -> tuple[int, str] | None:
+        host = headers.get(b"host", b"").decode("latin-1")
+        name = urllib.parse.urlsplit(f"//{host}").hostname or ""
+        if name.lower() not in self.policy.hosts:
+            return 403, (f"this server does not answer as {name or 'an empty host'!r}; open it by the address it "
+                         "printed (or add the name with --allowed-hosts)")
+        origin = headers.get(b"origin")
+        if origin is not None:
+            text = origin.decode("latin-1")
+            if urllib.parse.urlsplit(text).netloc.lower() != host.lower() and text not in self.policy.public_origins:
+                return 403, "cross-origin request refused: only this server's own pages (or --public-url) may call it"
+        return None
+
+    def _user(self, scope: dict[str, Any], headers: dict[bytes, bytes]) -> str | None:
+        """The signed-in user of a request (Gradio's session cookie); "" without auth; None: nobody."""
+        if not self.policy.auth:
+            return ""
+        app = scope.get("app")
+        cookies = http.cookies.SimpleCookie()
         try:
-            text = Path(path).read_text()
-        except OSError as exc:
-            raise SystemExit(f"auth: cannot read the users file {path!r} ({exc.strerror}); expected user:password lines")
-        pairs += [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")]
-    if env_value:
-        pairs += [p.strip() for p in env_value.split(",") if p.strip()]
-    users = []
-    for pair in pairs:
-        user, sep, password = pair.partition(":")
-        if not sep or not user or not password:
-            raise SystemExit(f"auth: expected user:password, got an entry for {user or '(empty user)'!r}")
-        users.append((user, password))
-    return users or None
+            cookies.load(headers.get(b"cookie", b"").decode("latin-1"))
+        except http.cookies.CookieError:
+            return None
+        tokens = getattr(app, "tokens", {})
+        for key in (f"access-token-{getattr(app, 'cookie_id', '')}", f"access-token-unsecure-{getattr(app, 'cookie_id', '')}"):
+            if key in cookies and cookies[key].value in tokens:
+                return tokens[cookies[key].value]
+        return None
+
+    def _token_check(self, scope: dict[str, Any], headers: dict[bytes, bytes], send: Any) -> tuple[Any, Any]:
+        """Without auth: the request must carry the server's token (in the URL once, then a cookie; or a
+        header for API clients). A URL with the right token sets the cookie."""
+        token = self.policy.token
+        cookies = http.cookies.SimpleCookie()
+        try:
+            cookies.load(headers.get(b"cookie", b"").decode("latin-1"))
+        except http.cookies.CookieError:
+            pass
+        given = [headers.get(TOKEN_HEADER, b"").decode("latin-1"),
+                 cookies[TOKEN_COOKIE].value if TOKEN_COOKIE in cookies else ""]
+        query = urllib.parse.parse_qs(scope.get("query_string", b"").decode("latin-1")).get("token", [])
+        if any(secrets.compare_digest(g, token) for g in given if g):
+            return None, send
+        if any(secrets.compare_digest(q, token) for q in query if q):
+            async def with_cookie(message: dict[str, Any]) -> None:
+                if message["type"] == "http.response.start":
+                    cookie = f"{TOKEN_COOKIE}={token}; Path=/; HttpOnly; SameSite=Strict".encode()
+                    message = {**message, "headers": [*message.get("headers", []), (b"set-cookie", cookie)]}
+                await send(message)
+            return None, with_cookie
+        return (401, "this server needs its access token: open the URL it printed at start-up "
+                     "(http://HOST:PORT/?token=...), or send the token in the X-Migration-Token header"), send
+
+    async def _session_check(self, scope: dict[str, Any], headers: dict[bytes, bytes],
+                             receive: Any) -> tuple[tuple[int, str] | None, Any]:
+        path = scope.get("path", "")
+        route = path.split("/gradio_api/", 1)[1] if "/gradio_api/" in path else ""
+        head = route.split("/", 1)[0]
+        if route.startswith("file=") and self.policy.export_dir is not None:
+            return self._file_check(scope, headers, urllib.parse.unquote(route[len("file="):])), receive
+        if head not in (*GUARDED_WITHOUT_LOGIN, "queue"):
+            return None, receive
+        user = self._user(scope, headers)
+        if user is None:
+            return (401, "sign in first"), receive
+        session = route.split("/")[1] if head == "heartbeat" and "/" in route else None
+        if route == "queue/data":
+            session = urllib.parse.parse_qs(scope.get("query_string", b"").decode("latin-1")).get("session_hash", [None])[0]
+        if route in ("queue/join", "cancel"):
+            body, receive = await _read_body(receive)
+            try:
+                session = json.loads(body or b"{}").get("session_hash")
+            except (ValueError, AttributeError):
+                session = None
+        if isinstance(session, str) and session:
+            owner = self.session_owner.setdefault(session, user)
+            if len(self.session_owner) > 100_000:  # bounded: the oldest sessions are forgotten first
+                for key in list(self.session_owner)[:50_000]:
+                    del self.session_owner[key]
+            if owner != user:
+                return (403, "that session belongs to another user"), receive
+        return None, receive
+
+    def _file_check(self, scope: dict[str, Any], headers: dict[bytes, bytes], wanted: str) -> tuple[int, str] | None:
+        try:
+            relative = Path(os.path.realpath(wanted)).relative_to(os.path.realpath(self.policy.export_dir))
+        except ValueError:
+            return None  # not an export (Gradio's own cache of served files checks itself)
+        user = self._user(scope, headers)
+        if user is None:
+            return 401, "sign in first"
+        if not relative.parts or relative.parts[0] != forms.user_folder(user):
+            return 404, "no such file of yours"
+        return None
+
+    @staticmethod
+    def _lax_cookies(send: Any) -> Any:
+        async def rewrite(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [
+                    (k, re.sub(rb"(?i)samesite=none", b"SameSite=Lax", v) if k.lower() == b"set-cookie" else v)
+                    for k, v in message.get("headers", [])]}
+            await send(message)
+        return rewrite
+
+
+async def _read_body(receive: Any) -> tuple[bytes, Any]:
+    """The whole request body, and a `receive` that replays it to the app."""
+    chunks, more = [], True
+    while more:
+        message = await receive()
+        if message["type"] != "http.request":
+            break
+        chunks.append(message.get("body", b""))
+        more = message.get("more_body", False)
+        if sum(map(len, chunks)) > 16 << 20:  # past any legitimate call: the app then refuses the body
+            break
+    body = b"".join(chunks)
+    sent = [False]
+
+    async def replay() -> dict[str, Any]:
+        if not sent[0]:
+            sent[0] = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+    return body, replay
+
+
+def read_auth(path: str | None, env_value: str | None) -> Authenticator | None:
+    """The users: a private file of hashed passwords (`python -m migration add-user FILE NAME`), and/or
+    `user:password` pairs in MIGRATION_AUTH (hashed here, in memory). None: no auth."""
+    users: dict[str, str] = {}
+    try:
+        if path:
+            users.update(read_users(path))
+        for pair in (p.strip() for p in (env_value or "").split(",") if p.strip()):
+            user, sep, password = pair.partition(":")
+            if not sep or not USER_NAME.fullmatch(user) or not password:
+                raise AccountsError(f"MIGRATION_AUTH: expected user:password pairs, got an entry for "
+                                    f"{user[:64] or '(empty user)'!r}")
+            users[user] = hash_password(password)
+    except AccountsError as exc:
+        raise SystemExit(f"auth: {exc}")
+    return Authenticator(users) if users else None
+
+
+def existing_export_dir(path: str) -> str:
+    """An --export-dir the app may own: new, empty, or already marked as this app's (the folder's old
+    files are deleted by age, so a folder of someone's own files is refused)."""
+    if not path:
+        return path
+    folder = Path(path)
+    if folder.is_dir() and any(folder.iterdir()) and not (folder / EXPORTS_MARKER).is_file():
+        raise SystemExit(f"error: --export-dir {path}: the folder holds files and is not this app's exports folder "
+                         f"(no {EXPORTS_MARKER}); its old files would be deleted, so name an empty or new folder")
+    return path
 
 
 def bounded(kind: type, lo: float, hi: float) -> Any:
@@ -979,16 +1233,56 @@ def main() -> None:
                         help="a worker silent this long (no heartbeat) is killed and reported as timeout")
     parser.add_argument("--queue-size", type=bounded(int, 1, 100_000), default=env("MIGRATION_QUEUE_SIZE", str(d.queue_size)),
                         help="jobs waiting or running, all users together")
+    parser.add_argument("--job-budget-seconds", type=bounded(float, 60, 7 * 24 * 3600),
+                        default=env("MIGRATION_JOB_BUDGET_SECONDS", str(d.job_budget_s)),
+                        help="wall-clock of one job's workers together (a run job may start several)")
+    parser.add_argument("--user-day-seconds", type=bounded(float, 60, 10**7),
+                        default=env("MIGRATION_USER_DAY_SECONDS", str(d.user_day_s)),
+                        help="worker time of one user's jobs in any 24 hours")
+    parser.add_argument("--history-rows-per-user", type=bounded(int, 10, 10**8),
+                        default=env("MIGRATION_HISTORY_ROWS_PER_USER", str(d.history_rows_per_user)))
+    parser.add_argument("--history-mb-per-user", type=bounded(float, 1, 10**7),
+                        default=env("MIGRATION_HISTORY_MB_PER_USER", str(d.history_mb_per_user)))
+    parser.add_argument("--worker-cpus", default=env(WORKER_CPUS_VARIABLE, ""),
+                        help="CPUs the workers run on (e.g. 2-15), keeping the others for the server; default: all")
+    parser.add_argument("--admins", default=env("MIGRATION_ADMINS", ""),
+                        help="comma-separated users who may see, compare and export everyone's history")
+    parser.add_argument("--team-history", action="store_true", default=env("MIGRATION_TEAM_HISTORY", "") == "1",
+                        help="declare the history visible to every signed-in user (default: each sees their own)")
+    parser.add_argument("--public-url", default=env("MIGRATION_PUBLIC_URL", ""),
+                        help="the URL users open behind a reverse proxy (https://host/path): its origin may call the "
+                             "API and its host is answered")
+    parser.add_argument("--allowed-hosts", default=env("MIGRATION_ALLOWED_HOSTS", ""),
+                        help="comma-separated extra host names this server answers as (default: the address it "
+                             "listens on, this machine's names, and --public-url's host)")
     parser.add_argument("--ray-address", default=env("MIGRATION_RAY_ADDRESS", ""),
                         help="run the runs, and plans for catalog GPUs, on this Ray cluster (host:port, "
                              "ray://host:port or auto); default: here")
     args = parser.parse_args()
+    os.umask(0o077)  # every file the server and its workers create (history, runs, exports, checkpoints) is private
     users = read_auth(args.auth_file, env("MIGRATION_AUTH"))
+    admins = tuple(sorted({a.strip() for a in args.admins.split(",") if a.strip()}))
+    if (admins or args.team_history) and users is None:
+        raise SystemExit("error: --admins and --team-history need users (--auth-file or MIGRATION_AUTH)")
+    unknown = [a for a in admins if users is not None and a not in users.users]
+    if unknown:
+        raise SystemExit(f"error: --admins names {', '.join(unknown)}, who are not users of this server")
+    public = urllib.parse.urlsplit(args.public_url) if args.public_url else None
+    if public is not None and (public.scheme not in ("http", "https") or not public.hostname):
+        raise SystemExit(f"error: --public-url must be http(s)://host[:port][/path]; got {args.public_url!r}")
+    existing_export_dir(args.export_dir)
     limits = Limits(jobs_per_user=args.jobs_per_user, max_steps=args.max_steps, max_run_s=args.max_run_seconds,
-                    silence_s=args.silence_seconds, queue_size=args.queue_size)
+                    silence_s=args.silence_seconds, queue_size=args.queue_size, job_budget_s=args.job_budget_seconds,
+                    user_day_s=args.user_day_seconds, history_rows_per_user=args.history_rows_per_user,
+                    history_mb_per_user=args.history_mb_per_user)
+    if args.worker_cpus:
+        if not re.fullmatch(r"[0-9]{1,4}(-[0-9]{1,4})?(,[0-9]{1,4}(-[0-9]{1,4})?){0,63}", args.worker_cpus):
+            raise SystemExit(f"error: --worker-cpus must be CPU numbers and ranges like 2-15 or 1,3; got {args.worker_cpus!r}")
+        os.environ[WORKER_CPUS_VARIABLE] = args.worker_cpus  # read by each worker at its start
     settings = Settings(history_db=args.history_db, export_dir=args.export_dir, limits=limits,
                         multi_user=users is not None, export_max_age_s=args.export_max_age_hours * 3600,
-                        history_max_mb=args.history_max_mb or None, ray_address=args.ray_address)
+                        history_max_mb=args.history_max_mb or None, ray_address=args.ray_address, admins=admins,
+                        team_history=bool(args.team_history))
     try:
         demo = build_demo(settings)
     except ExecutorError as exc:
@@ -1004,19 +1298,42 @@ def main() -> None:
     signal.signal(signal.SIGINT, stop)
     where = ("loopback only" if args.host in ("127.0.0.1", "localhost", "::1") else
              "ALL interfaces" if args.host in ("0.0.0.0", "::") else f"interface {args.host}")
-    print(f"serving on {where}: http://{args.host}:{args.port}{args.root_path or '/'} — "
-          + (f"auth on ({len(users)} user(s))" if users else "no auth: single-user mode")
-          + f"; history {args.history_db}; exports {settings.export_dir or cache_dir() / 'exports'}"
+    token = "" if users is not None else (env("MIGRATION_TOKEN") or secrets.token_urlsafe(24))
+    export_dir = private_dir(settings.export_dir or cache_dir() / "exports")
+    (export_dir / EXPORTS_MARKER).write_text("exports of the TPU -> GPU migration explorer; old files are deleted\n")
+    policy = WebPolicy(hosts=allowed_hosts(args.host, public, args.allowed_hosts),
+                       public_origins=frozenset({f"{public.scheme}://{public.netloc}"} if public else ()),
+                       token=token, export_dir=export_dir, auth=users is not None)
+    shown_host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
+    url = f"http://{shown_host}:{args.port}{args.root_path or '/'}" + (f"?token={token}" if token else "")
+    print(f"serving on {where}{f' ({args.host})' if shown_host != args.host else ''}: {url} — "
+          + (f"auth on ({len(users)} user(s)); history: {history_visibility(settings)}" if users else
+             "no auth: single-user mode, open the URL with its token")
+          + f"; history {args.history_db}; exports {export_dir}"
           + (f"; {service.executor.describe()}" if service.executor.remote else ""), flush=True)
     if users is None and where != "loopback only":
-        print("warning: serving beyond loopback without auth: anyone who can reach this port can run jobs",
+        print("warning: serving beyond loopback without auth: anyone with the URL's token can run jobs",
               file=sys.stderr, flush=True)
     demo.queue(max_size=max(64, 4 * limits.queue_size), default_concurrency_limit=4)
+    middleware = [Middleware(WebGuard, policy=policy)] + ([Middleware(LoginPageWithoutApi)] if users else [])
     demo.launch(server_name=args.host, server_port=args.port, root_path=args.root_path or None, auth=users,
                 enable_monitoring=False, ssr_mode=False, show_error=True, share=False, run_history=False,
-                max_threads=64, allowed_paths=[str(private_dir(settings.export_dir or cache_dir() / "exports"))],
-                max_file_size="5mb", quiet=True,
-                app_kwargs={"middleware": [Middleware(LoginPageWithoutApi)]} if users else None)
+                max_threads=64, allowed_paths=[str(export_dir)], max_file_size="5mb", quiet=True,
+                app_kwargs={"middleware": middleware})
+
+
+def allowed_hosts(host: str, public: urllib.parse.SplitResult | None, extra: str) -> frozenset[str]:
+    """The host names this server answers as: loopback names, the listening address, this machine's
+    names (when it listens beyond loopback), --public-url's host and --allowed-hosts."""
+    names = {"127.0.0.1", "localhost", "::1", "[::1]", host.lower()}
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        names |= {socket.gethostname().lower(), socket.getfqdn().lower()}
+        with contextlib.suppress(OSError):
+            names |= {a[4][0] for a in socket.getaddrinfo(socket.gethostname(), None)}
+    if public is not None and public.hostname:
+        names.add(public.hostname.lower())
+    names |= {h.strip().lower() for h in extra.split(",") if h.strip()}
+    return frozenset(names)
 
 
 if __name__ == "__main__":

@@ -235,6 +235,15 @@ def build_parser() -> argparse.ArgumentParser:
     at.add_argument("--json", metavar="PATH", help="write the result (rows, verdict, run reports) as JSON")
     at.add_argument("--csv", metavar="PATH", help="write the table as CSV, one row per choice")
     at.add_argument("--quiet", action="store_true", help="no per-step progress")
+    au = sub.add_parser("add-user", help="add a user of the app (or change their password) in a users file of "
+                                         "salted scrypt hashes, kept private (mode 0600)")
+    au.add_argument("users_file", help="the file the app's --auth-file names (created if missing)")
+    au.add_argument("user", help="1 to 64 letters, digits and . _ @ -")
+    pr = sub.add_parser("prune-history", help="delete finished history entries older than some days (the "
+                                              "operator's answer to a full per-user history quota)")
+    pr.add_argument("--history-db", required=True, metavar="PATH")
+    pr.add_argument("--older-than-days", type=float, required=True, metavar="DAYS")
+    pr.add_argument("--user", default=None, help="only this user's entries (default: everyone's)")
     return parser
 
 
@@ -685,7 +694,45 @@ def main(argv: list[str] | None = None) -> int:
 
         allow_references()  # `--workload package.module:NAME`: the command line may import a team's model
     return {"run": cmd_run, "env": cmd_env, "plan": cmd_plan, "check": cmd_check,
-            "autotune": cmd_autotune}[args.command](args)
+            "autotune": cmd_autotune, "add-user": cmd_add_user, "prune-history": cmd_prune_history}[args.command](args)
+
+
+def cmd_prune_history(args: argparse.Namespace) -> int:
+    from migration.history import History, HistoryError
+
+    if not args.older_than_days >= 0:
+        print("error: --older-than-days must be 0 or more", file=sys.stderr)
+        return 2
+    try:
+        removed = History(args.history_db).prune(args.older_than_days, args.user)
+    except HistoryError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"removed {removed} entr{'y' if removed == 1 else 'ies'} older than {args.older_than_days:g} days"
+          + (f" of {args.user}" if args.user else ""))
+    return 0
+
+
+def cmd_add_user(args: argparse.Namespace) -> int:
+    """The password from the terminal (asked twice), or the first line of standard input."""
+    import getpass
+
+    from migration.accounts import AccountsError, add_user
+
+    if sys.stdin.isatty():
+        password = getpass.getpass(f"password for {args.user}: ")
+        if getpass.getpass("again: ") != password:
+            print("error: the two passwords differ", file=sys.stderr)
+            return 2
+    else:
+        password = sys.stdin.readline().rstrip("\n")
+    try:
+        add_user(args.users_file, args.user, password)
+    except (AccountsError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"{args.user} can sign in; {args.users_file} holds salted scrypt hashes (mode 0600)")
+    return 0
 
 
 if __name__ == "__main__":

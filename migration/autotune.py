@@ -298,7 +298,7 @@ def _autotune(plan: Plan, settings: AutotuneSettings, base: RunConfig, chosen: l
         except ConfigError as exc:  # a choice this version cannot run (a plan file from elsewhere): its row says so
             report = RunReport.from_events(unvalidated, [], status="failed", failure_kind="invalid", message=str(exc))
         else:
-            report = yield from measure_run(name, cfg, done, recorder)
+            report = yield from measure_run(name, cfg, recorder)
         done.append((name, report))
         row = measured_row(plan, rank, c, report, settings.warmup_steps)
         rows.append(row)

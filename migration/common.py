@@ -154,9 +154,10 @@ def private_dir(path: str | Path) -> Path:
     return path
 
 
-def remove_older_than(folder: str | Path, age_s: float) -> int:
-    """Delete files (and emptied folders) under `folder` last modified more than `age_s` ago;
-    returns how many files went. Files another process removes meanwhile are skipped."""
+def remove_older_than(folder: str | Path, age_s: float, keep: tuple[str, ...] = ()) -> int:
+    """Delete files (and emptied folders) under `folder` last modified more than `age_s` ago, but
+    those named in `keep`; returns how many files went. Files another process removes meanwhile are
+    skipped."""
     folder = Path(folder)
     if not folder.is_dir():
         return 0
@@ -164,7 +165,7 @@ def remove_older_than(folder: str | Path, age_s: float) -> int:
     removed = 0
     for path in sorted(folder.rglob("*"), key=lambda p: len(p.parts), reverse=True):
         try:
-            if path.is_file() and path.stat().st_mtime < cutoff:
+            if path.is_file() and path.name not in keep and path.stat().st_mtime < cutoff:
                 path.unlink()
                 removed += 1
             elif path.is_dir() and not any(path.iterdir()) and path.stat().st_mtime < cutoff:

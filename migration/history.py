@@ -52,6 +52,11 @@ SUMMARY_COLUMNS = [
     "step_ms_median", "samples_per_s", "tokens_per_s", "mfu", "peak_memory_bytes", "predicted_peak_bytes",
     "compile_s", "recompilations", "prediction_method", "target",
 ]
+# What only an entry's owner sees: the worker's output, messages that may quote paths, checkpoint
+# folders, the run's environment and config (profile folders), the request as typed.
+OWNER_ONLY_FIELDS = frozenset({"stderr_tail", "message", "checkpoint_restored", "checkpoint_saved", "env", "config",
+                               "profile", "request", "host"})
+EXPORT_MAX_ROWS = 2000  # newest entries in one CSV export (the server parses each one)
 _STORED = ("id", "kind", "created_at", "user", "label", "workload", "preset", "status")
 
 
@@ -187,6 +192,40 @@ class History:
             raise HistoryError(_why(exc, "could not read the history")) from exc
         return [_row(dict(r)) for r in rows]
 
+    def usage(self, user: str) -> tuple[int, int]:
+        """(entries, bytes of their payloads) that `user` holds."""
+        try:
+            with self._connect() as db:
+                rows, nbytes = db.execute("SELECT COUNT(*), COALESCE(SUM(LENGTH(payload)), 0) FROM entries "
+                                          "WHERE user = ?", (user,)).fetchone()
+        except (sqlite3.Error, OSError) as exc:
+            raise HistoryError(_why(exc, "could not read the history")) from exc
+        return int(rows), int(nbytes)
+
+    def worker_seconds_since(self, since: str) -> dict[str, float]:
+        """user -> seconds of worker time recorded since `since` (runs' wall time, plans' search time)."""
+        try:
+            with self._connect() as db:
+                rows = db.execute(
+                    "SELECT user, COALESCE(SUM(COALESCE(json_extract(payload, '$.wall_s'), 0) + "
+                    "COALESCE(json_extract(payload, '$.search_seconds'), 0)), 0) FROM entries "
+                    "WHERE created_at >= ? GROUP BY user", (since,)).fetchall()
+        except (sqlite3.Error, OSError) as exc:
+            raise HistoryError(_why(exc, "could not read the history")) from exc
+        return {user: float(seconds) for user, seconds in rows}
+
+    def prune(self, older_than_days: float, user: str | None = None) -> int:
+        """Delete finished entries older than `older_than_days` (of `user`, or everyone's); returns how many."""
+        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(time.time() - older_than_days * 86400))
+        where, args = "created_at <= ? AND status NOT IN ('queued', 'running')", [since]
+        if user is not None:
+            where, args = where + " AND user = ?", [*args, user]
+        with self._write("the pruning") as db:
+            removed = db.execute(f"DELETE FROM entries WHERE {where}", args).rowcount
+        with contextlib.closing(sqlite3.connect(self.path)) as db:
+            db.execute("VACUUM")
+        return int(removed)
+
     def users(self) -> list[str]:
         with self._connect() as db:
             return [r[0] for r in db.execute("SELECT DISTINCT user FROM entries ORDER BY user")]
@@ -205,14 +244,17 @@ class History:
         with self._connect() as db:
             return str(db.execute("PRAGMA integrity_check").fetchone()[0])
 
-    def to_csv(self, ids: list[int] | None = None, path: str | Path | None = None, user: str | None = None) -> str:
-        """One row per entry: the summary columns first, then every other scalar field of the run
-        or plan. Cells a spreadsheet would evaluate are neutralised."""
-        entries = self.entries(ids=ids, user=user, limit=1_000_000)
+    def to_csv(self, ids: list[int] | None = None, path: str | Path | None = None, user: str | None = None,
+               viewer: str | None = None, limit: int = EXPORT_MAX_ROWS) -> str:
+        """One row per entry (the newest `limit`): the summary columns first, then every other scalar
+        field of the run or plan. Cells a spreadsheet would evaluate are neutralised. With `viewer`,
+        entries of other users lose what is private to their owner (`redacted`)."""
+        entries = self.entries(ids=ids, user=user, limit=limit)
         rows = []
         for e in entries:
+            payload = e["payload"] if viewer is None else redacted(e, viewer)["payload"]
             row = {k: e.get(k) for k in SUMMARY_COLUMNS}
-            for k, v in e["payload"].items():
+            for k, v in payload.items():
                 if k not in row and not isinstance(v, (list, dict)):
                     row[k] = v
             rows.append(row)
@@ -220,6 +262,14 @@ class History:
         for row in rows:
             fields.extend(k for k in row if k not in fields)
         return write_csv(rows, fields, path)
+
+
+def redacted(entry: dict[str, Any], viewer: str) -> dict[str, Any]:
+    """`entry` as another user may see it: without its owner's paths, messages and worker output."""
+    if entry.get("user", "") == viewer or "payload" not in entry:
+        return entry
+    payload = {k: v for k, v in entry["payload"].items() if k not in OWNER_ONLY_FIELDS}
+    return {**entry, "payload": payload}
 
 
 def _summary_of(kind: str, payload: dict[str, Any]) -> dict[str, Any]:

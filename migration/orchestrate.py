@@ -15,6 +15,7 @@ The runs a plan makes, each one definition in `plan_runs`:
 from __future__ import annotations
 
 import dataclasses
+import secrets
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -160,11 +161,11 @@ def run_plan(p: Plan, base: RunConfig, options: RunOptions, export_dir: Path, *,
     if here.local_plan is not None and recorder is not None:
         recorder.plan(here.local_plan, "re-fit to this machine")
     yield {"event": "note", "message": here.note}
-    stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-{time.monotonic_ns() % 10**6}"
+    stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_urlsafe(12)}"  # unguessable: served to its owner only
     export_dir.mkdir(parents=True, exist_ok=True)
     done: list[tuple[str, RunReport]] = []
     for name, cfg in plan_runs(p, here.config, options, export_dir / f"trace-{stamp}"):
-        report = yield from measure_run(name, cfg, done, recorder, start_run)
+        report = yield from measure_run(name, cfg, recorder, start_run)
         done.append((name, report))
     evidence = checklist.Evidence(
         plan=p, run=done[0][1], ran_plan=here.local_plan, code=code,
@@ -267,22 +268,27 @@ def _plan_progress(ev: dict[str, Any]) -> str:
     return f"{ev['elapsed_s']:.0f} s"
 
 
-def measure_run(name: str, cfg: RunConfig, done: list[tuple[str, RunReport]], recorder: Recorder | None,
+def measure_run(name: str, cfg: RunConfig, recorder: Recorder | None,
                 start_run: Callable[[RunConfig], RunHandle] = RunHandle) -> Iterator[dict[str, Any]]:
-    """One run in a fresh worker: "progress" events (with the partial report and the runs `done`
-    before it), then its RunReport (returned), recorded when there is a recorder. Closing the
-    generator early kills the worker and records the run as cancelled."""
+    """One run in a fresh worker: "progress" events (a line of status, the worker's event, and the
+    losses of the steps since the last progress event from `first_step` on), then its RunReport
+    (returned), recorded when there is a recorder. Closing the generator early kills the worker
+    and records the run as cancelled."""
     handle = start_run(cfg)
     try:
-        last = 0.0
+        last, first_step, losses = 0.0, 0, []
         for ev in handle.events(heartbeat_s=0.5):
+            if ev["event"] == "step":
+                first_step = first_step if losses else ev["index"]
+                losses.append(ev["loss"])
             now = time.monotonic()
             if ev["event"] in ("heartbeat", "step") and now - last < PROGRESS_EVERY_S:
                 continue
             last = now
-            partial = RunReport.from_events(cfg, handle.events_so_far, status="running")
+            # The loss values since the last progress event: a watcher draws the curve in increments.
             yield {"event": "progress", "run": name, "steps": cfg.steps, "worker_event": ev,
-                   "status": describe(name, cfg.steps, ev), "partial": partial, "done": list(done)}
+                   "status": describe(name, cfg.steps, ev), "losses": losses, "first_step": first_step}
+            losses = []
     except GeneratorExit:  # Stop or disconnect: never leave a worker behind, keep what it did
         _record_unfinished(handle, cfg, name, recorder, "cancelled", "stopped before it finished")
         raise

@@ -8,9 +8,9 @@ payload, lifeline, timeouts and kill) on its node, and keeps the events it sends
 app, or the CLI) polls them. So the events, the failure kinds, the reports and the plans are the
 local executor's, and only the transport differs.
 
-- Where: the project travels to the cluster as the Ray job's `working_dir` (without .gitignore'd
-  files such as the virtual environment); each node needs the project's requirements installed in
-  the Python it runs Ray with.
+- Where: the project's code packages (and nothing else of its folder) travel to the cluster as the
+  Ray job's `working_dir`; each node needs the project's requirements installed in the Python it
+  runs Ray with.
 - Devices: Ray sets CUDA_VISIBLE_DEVICES to the GPUs it gave the actor, and the worker keeps it
   (the run's own `visible_devices` is dropped). A node without NVIDIA GPUs (a test cluster that
   declares GPUs with `ray start --num-gpus`) runs the worker on JAX's CPU platform, as a local run
@@ -28,10 +28,12 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import shutil
 import socket
+import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import ray
@@ -51,7 +53,17 @@ REPLY_GRACE_S = 5.0  # beyond the silence limit, for a poll reply to cross the n
 KILL_WAIT_S = 5.0  # for the node to stop the worker before its actor is killed
 PLAN_CPUS = 1  # a plan's actor: one of the cluster's CPUs (compiles are mostly one thread), no GPU
 # Not shipped to the cluster, besides what Ray leaves out itself (.git, .venv, what .gitignore names).
-WORKING_DIR_EXCLUDES = ["runs", "bench", "tests/fixtures"]
+CODE_PACKAGES = ("migration", "workloads")  # all a node needs of the project: the worker's code
+
+
+def code_only_copy() -> str:
+    """A temporary folder holding the project's code packages alone: the Ray job's working_dir. Nothing
+    else of the project root travels (a users file, the history, runs, exports, a virtual environment)."""
+    dest = tempfile.mkdtemp(prefix="migration-code-")
+    for package in CODE_PACKAGES:
+        shutil.copytree(PROJECT_ROOT / package, os.path.join(dest, package),
+                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    return dest
 
 
 @ray.remote(max_restarts=0, max_task_retries=0, max_concurrency=4)
@@ -260,7 +272,7 @@ class RayExecutor:
         if not ray.is_initialized():
             try:
                 ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING,
-                         runtime_env={"working_dir": str(PROJECT_ROOT), "excludes": WORKING_DIR_EXCLUDES})
+                         runtime_env={"working_dir": code_only_copy()})
             except (ConnectionError, RuntimeError, ValueError) as exc:
                 raise ExecutorError(f"cannot join the Ray cluster at {address}: {first_line(exc)}") from None
         resources = ray.cluster_resources()

@@ -191,6 +191,22 @@ def with_cache_hits(emit: Callable[..., None], hits: CompileCacheHits | None) ->
     return emit_with_hits
 
 
+WORKER_CPUS_VARIABLE = "MIGRATION_WORKER_CPUS"  # set by the app's --worker-cpus
+
+
+def pin_to_worker_cpus(spec: str) -> None:
+    """Run on the CPUs the operator set aside for workers ("1", "2-15", "1,3"), leaving the server's
+    own cores free; nothing when unset or when none of them exists here."""
+    cpus: set[int] = set()
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        lo, _, hi = part.partition("-")
+        if lo.isdigit() and (hi.isdigit() or not hi):
+            cpus |= set(range(int(lo), int(hi or lo) + 1))
+    usable = cpus & os.sched_getaffinity(0)
+    if usable:
+        os.sched_setaffinity(0, usable)
+
+
 def limit_resources(memory_bytes: int | None, cpu_seconds: int | None) -> None:
     """Hard limits for a worker that reads untrusted input: past them an allocation fails
     (MemoryError) or the kernel ends the process (SIGXCPU, then SIGKILL)."""
@@ -238,6 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     except OSError:
         pass
     limit_resources(args.memory_bytes, args.cpu_seconds)
+    pin_to_worker_cpus(os.environ.get(WORKER_CPUS_VARIABLE, ""))
     if args.lifeline_fd is not None:
         start_lifeline(args.lifeline_fd)
     emit = EventWriter(args.events_fd)

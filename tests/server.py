@@ -9,6 +9,7 @@ app (and gradio_client only when a client is asked for): `bench/load.py` uses it
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -19,6 +20,15 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 START_TIMEOUT_S = 180.0  # a loaded 2-core box takes a while to import gradio and JAX
+
+
+def users_file(path: Path, users: dict[str, str]) -> Path:
+    """A users file for --auth-file: salted hashes, private (as `python -m migration add-user` writes)."""
+    from migration.accounts import add_user
+
+    for user, password in users.items():
+        add_user(path, user, password)
+    return path
 
 
 def free_port() -> int:
@@ -58,10 +68,11 @@ class Server:
 
     def __init__(self, tmp: Path, *args: str, env: dict[str, str] | None = None, db: Path | None = None,
                  cache: Path | None = None, port: int = 0, wait: bool = True, client: bool = True,
-                 pre_create_cache: bool = False):
+                 pre_create_cache: bool = False, taskset: str = ""):
         tmp.mkdir(parents=True, exist_ok=True)
         self.tmp = tmp
         self.args = args
+        self.taskset = taskset  # CPUs to pin the server to (the load benchmark keeps a core for it)
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}/"
         self.db = db or tmp / "history.sqlite"
@@ -73,8 +84,10 @@ class Server:
         self.stdout_path = tmp / f"app-{self.port}.out.log"
         self.stderr_path = tmp / f"app-{self.port}.err.log"
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("MIGRATION_") and k != "GRADIO_TEMP_DIR"}
+        # Without auth the server asks for its token (the printed URL carries it); clients send it.
+        self.token = secrets.token_urlsafe(16)
         self.env.update({"MIGRATION_CACHE_DIR": str(self.cache), "GRADIO_ANALYTICS_ENABLED": "False",
-                         "HF_HUB_OFFLINE": "1"})
+                         "HF_HUB_OFFLINE": "1", "MIGRATION_TOKEN": self.token})
         self.env.update(env or {})
         self.client: Any = None
         self.start(wait=wait, client=client)
@@ -84,7 +97,8 @@ class Server:
         self._err = open(self.stderr_path, "a")  # noqa: SIM115
         self._first_line_at = self.stdout_path.stat().st_size  # a restart's first line comes after the last run's
         self.proc = subprocess.Popen(
-            [sys.executable, "app.py", "--port", str(self.port), "--history-db", str(self.db), *self.args],
+            [*(["taskset", "-c", self.taskset] if self.taskset else []),
+             sys.executable, "app.py", "--port", str(self.port), "--history-db", str(self.db), *self.args],
             cwd=ROOT, stdout=self._out, stderr=self._err, env=self.env, start_new_session=True)
         if wait:
             self.wait_ready()
@@ -120,21 +134,30 @@ class Server:
             time.sleep(0.2)
         raise AssertionError(f"no line on stdout within {timeout_s} s:\n{self.logs()}")
 
+    @property
+    def headers(self) -> dict[str, str]:
+        """Headers that carry the server's token (what its printed URL gives a browser)."""
+        return {"X-Migration-Token": self.token}
+
     def connect(self, auth: tuple[str, str] | None = None, **kwargs: Any) -> Any:
         """A new gradio_client session (its own session state: plan, code check, jobs)."""
         from gradio_client import Client
-        return Client(self.url, auth=auth, verbose=False, **kwargs)
+        headers = {**self.headers, **kwargs.pop("headers", {})}
+        return Client(self.url, auth=auth, verbose=False, headers=headers, **kwargs)
 
-    def workers(self) -> list[int]:
-        """This server's worker processes (its children), not anyone else's."""
-        out = subprocess.run(["pgrep", "-P", str(self.proc.pid), "-f", "migration.worker"],
+    def workers(self, mode: str = "") -> list[int]:
+        """This server's worker processes (its children), not anyone else's; of one mode (run, plan,
+        check, probe-env) when given."""
+        pattern = f"migration.worker .*--mode {mode}( |$)" if mode else "migration.worker"
+        out = subprocess.run(["pgrep", "-P", str(self.proc.pid), "-f", pattern],
                              check=False, capture_output=True, text=True).stdout
         return [int(p) for p in out.split()]
 
-    def wait_for_worker(self, within_s: float = 120) -> int:
+    def wait_for_worker(self, within_s: float = 120, mode: str = "run") -> int:
+        """A run's worker (plans of queued runs may compile beside it)."""
         deadline = time.monotonic() + within_s
         while time.monotonic() < deadline:
-            found = self.workers()
+            found = self.workers(mode)
             if found:
                 return found[0]
             time.sleep(0.2)

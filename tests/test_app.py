@@ -7,7 +7,6 @@ import pandas as pd
 import pytest
 
 gradio_client = pytest.importorskip("gradio_client")
-from gradio_client import Client  # noqa: E402
 
 from tests.server import ROOT, value  # noqa: E402
 
@@ -142,7 +141,7 @@ def test_stop_kills_the_worker_within_2_seconds_and_keeps_history(app):
 
 
 def test_two_clients_run_one_after_the_other_and_both_are_in_history(app):
-    other = Client(app.url, verbose=False)
+    other = app.connect()
     before = len(app.client.predict("mine", "run", "all", "ok", api_name="/history")["data"])
     jobs = [c.submit(*run_args(6), api_name="/run") for c in (app.client, other)]
     for job in jobs:

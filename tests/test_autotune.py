@@ -129,7 +129,8 @@ def test_refuses_before_any_worker_starts():
 
 def test_cli_refuses_a_catalog_gpu_plan_in_one_line(tmp_path):
     path = tmp_path / "h100.json"
-    stub_plan(target="h100-sxm", target_name="H100 SXM5 80GB", planned_device_kind=None).to_json(path)
+    plan_migration(PlanRequest(workload="mlp", preset="tiny", target="h100-sxm", global_batch=64, compile_for_tpu=False),
+                   lambda *a, **k: None).to_json(path)  # a real plan: the CLI checks every field before the target
     proc = subprocess.run([sys.executable, "-m", "migration", "autotune", "--plan", str(path)], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2

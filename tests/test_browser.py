@@ -33,7 +33,7 @@ def test_plan_run_checklist_compare_and_export_in_chromium(app, tmp_path):
     with playwright.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS, chromium_sandbox=False)
         page = browser.new_page(accept_downloads=True, viewport={"width": 1280, "height": 2400})
-        page.goto(app.url)
+        page.goto(f"{app.url}?token={app.token}")  # the URL the server prints
         page.get_by_label("Global batch").wait_for(timeout=60_000)
         # Nothing has run: no empty tables or plots fill the page.
         for label in ("Results", "Choices that fit", "Side by side", "Decisions with their reasons"):

@@ -120,7 +120,7 @@ def test_a_dropped_connection_stops_the_worker_within_2_seconds_and_the_next_job
     script = tmp_path / "client.py"
     script.write_text(
         "import sys, time\nfrom gradio_client import Client\n"
-        f"c = Client({app.url!r}, verbose=False)\n"
+        f"c = Client({app.url!r}, verbose=False, headers={app.headers!r})\n"
         f"job = c.submit(*{list(run_args(100_000))!r}, api_name='/run')\n"
         "while not any('step' in str(o[0]) for o in job.outputs()):\n    time.sleep(0.2)\n"
         "print('stepping', flush=True)\ntime.sleep(600)\n")

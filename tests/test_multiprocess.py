@@ -283,7 +283,11 @@ def test_coordinator_addresses():
 
 
 def test_the_one_host_comparison_runs_of_a_plan_are_refused_in_a_multi_process_job(capsys, tmp_path):
-    stub_plan(memory_fraction=0.8, decisions=[]).to_json(tmp_path / "plan.json")
+    from migration.planner import plan_migration
+
+    plan = plan_migration(PlanRequest(workload="mlp", preset="tiny", target="a100-40gb", gpus=3, global_batch=48,
+                                      compile_for_tpu=False), lambda *a, **k: None)
+    plan.to_json(tmp_path / "plan.json")  # a real plan: the CLI checks every field of a plan file first
     code = cli(["run", "--plan", str(tmp_path / "plan.json"), "--pmap-before", "--coordinator", "h:1",
                 "--num-processes", "3", "--process-id", "1", "--export-dir", str(tmp_path / "out")])
     err = capsys.readouterr().err

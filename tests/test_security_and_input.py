@@ -34,7 +34,7 @@ from gradio_client import Client, handle_file
 from gradio_client.exceptions import AppError, AuthenticationError
 
 from migration.codecheck import MAX_SOURCE_BYTES
-from tests.server import ROOT, Server
+from tests.server import ROOT, Server, users_file
 
 pytestmark = pytest.mark.slow
 
@@ -42,17 +42,18 @@ MAX_STEPS = 500  # the --max-steps of the main server
 FORMULA_LABEL = '=HYPERLINK("http://evil.example","x")'
 
 
-def call_http(base_url: str, api: str, data: list[Any], cookies: Any = None) -> tuple[str, Any]:
+def call_http(base_url: str, api: str, data: list[Any], cookies: Any = None,
+              headers: dict[str, str] | None = None) -> tuple[str, Any]:
     """POST {"data": [...]} to /gradio_api/call/<api>, then read the event stream to its end:
     ("complete", outputs) or ("error", message). The body is encoded by `json.dumps`, which writes
     NaN and Infinity as Python's json module reads them back (gradio_client refuses to send those)."""
     url = f"{base_url}gradio_api/call/{api.strip('/')}"
-    r = httpx.post(url, content=json.dumps({"data": data}), headers={"content-type": "application/json"},
-                   cookies=cookies, timeout=60)
+    r = httpx.post(url, content=json.dumps({"data": data}),
+                   headers={"content-type": "application/json", **(headers or {})}, cookies=cookies, timeout=60)
     assert r.status_code == 200, (r.status_code, r.text)
     event_id = r.json()["event_id"]
     event = None
-    with httpx.stream("GET", f"{url}/{event_id}", cookies=cookies, timeout=300) as stream:
+    with httpx.stream("GET", f"{url}/{event_id}", cookies=cookies, headers=headers, timeout=300) as stream:
         for line in stream.iter_lines():
             if line.startswith("event:"):
                 event = line.split(":", 1)[1].strip()
@@ -77,9 +78,8 @@ def launched(tmp_path_factory):
     core busy; the CI machine has two): the main one and the one with auth."""
     main = Server(tmp_path_factory.mktemp("main"), "--max-steps", str(MAX_STEPS), pre_create_cache=True, wait=False)
     tmp = tmp_path_factory.mktemp("auth")
-    users = tmp / "users.txt"
-    users.write_text("alice:pw1\nbob:pw2\n")
-    auth = Server(tmp, "--auth-file", str(users), wait=False)
+    users = users_file(tmp / "users.txt", {"alice": "pw1", "bob": "pw2"})
+    auth = Server(tmp, "--auth-file", str(users), "--admins", "alice", wait=False)
     yield main, auth
     main.close()
     auth.close()
@@ -281,7 +281,7 @@ def test_bad_input_is_refused_naming_the_field(case: Bad, server, client, entrie
             assert "JSON" in str(exc), exc
         else:
             pytest.fail(f"{case.api} accepted {case.values}")
-        event, message = call_http(server.url, case.api, args)
+        event, message = call_http(server.url, case.api, args, headers=server.headers)
         assert event == "error", (event, message)
         _check_refusal(case, str(message))
         return
@@ -406,16 +406,16 @@ def test_file_route_refuses_files_outside_the_exports(server, formula_run):
         urllib.parse.quote(f"{server.cache / 'gradio'}/../../../../../../etc/passwd", safe=""),
     ]
     for path in refused:
-        r = httpx.get(f"{server.url}gradio_api/file={path}", timeout=30)
+        r = httpx.get(f"{server.url}gradio_api/file={path}", headers=server.headers, timeout=30)
         assert r.status_code in (403, 404), (path, r.status_code, r.text[:200])
         assert "root:" not in r.text and "SQLite format" not in r.text and "def build_demo" not in r.text, path
 
 
 def test_export_downloads_and_file_names_hold_no_label_text(server, formula_run):
-    event, outputs = call_http(server.url, "/export_history_csv", ["mine"])
+    event, outputs = call_http(server.url, "/export_history_csv", ["mine"], headers=server.headers)
     assert event == "complete", outputs
     data = value_of(outputs[0])
-    r = httpx.get(data["url"], timeout=30)
+    r = httpx.get(data["url"], headers=server.headers, timeout=30)
     assert r.status_code == 200 and r.text.startswith("id,kind,"), (r.status_code, r.text[:200])
     assert "'=HYPERLINK(" in r.text
     names = [Path(data["path"]).name, data["orig_name"]]
@@ -511,14 +511,16 @@ def test_users_stop_only_their_own_jobs_and_see_their_own_history(auth_server):
     _wait_for(lambda: _entry(bob, "mine", "bob-queued")["status"] == "cancelled", 30, "bob's run cancelled")
     bob_run.result(timeout=60)
 
-    # history: mine is mine, everyone's shows who ran what
+    # history: mine is mine; everyone's is for the admins the server names (alice), and shows who ran what
     assert _entry(bob, "mine", "alice-long") is None
-    everyone = bob.predict("everyone", "run", "all", "all", api_name="/history")
+    with pytest.raises(AppError, match="open only to the admins"):
+        bob.predict("everyone", "run", "all", "all", api_name="/history")
+    everyone = alice.predict("everyone", "run", "all", "all", api_name="/history")
     cols = everyone["headers"]
     rows = [dict(zip(cols, row)) for row in everyone["data"]]
     assert {row["label"]: row["user"] for row in rows} == {"alice-long": "alice", "bob-queued": "bob"}
-    for scope, users in (("everyone", {"alice", "bob"}), ("mine", {"bob"})):
-        history = bob.predict(scope, "all", "all", "all", api_name="/history")
+    for client, scope, users in ((alice, "everyone", {"alice", "bob"}), (bob, "mine", {"bob"})):
+        history = client.predict(scope, "all", "all", "all", api_name="/history")
         shown = {dict(zip(history["headers"], row))["user"] for row in history["data"]}
         assert shown == users, (scope, history["data"])
 
@@ -550,6 +552,7 @@ def short_lived(tmp_path_factory):
     for path in old:
         path.write_text("old")
         os.utime(path, (hour_ago, hour_ago))
+    (exports / ".tpu-gpu-migration-exports").write_text("")  # this app's folder: its old files may go
     servers = {"all interfaces": Server(tmp_path_factory.mktemp("all-interfaces"), "--host", "0.0.0.0", wait=False),
                "old exports": Server(exports.parent, "--export-dir", str(exports), "--export-max-age-hours", "0.0003",
                                      wait=False)}
@@ -587,11 +590,11 @@ def test_old_exports_are_removed_at_start_up_and_on_export(short_lived):
         assert stat.S_IMODE(exports.stat().st_mode) == 0o700
         client = s.connect()
         client.predict("mine", api_name="/export_history_csv")
-        first = sorted(exports.glob("history-*.csv"))
+        first = sorted(exports.rglob("history-*.csv"))
         assert len(first) == 1, first
         time.sleep(1.5)  # older than the limit now
         client.predict("mine", api_name="/export_history_csv")
-        second = sorted(exports.glob("history-*.csv"))
+        second = sorted(exports.rglob("history-*.csv"))
         assert not first[0].exists() and len(second) == 1, (first, second)
     finally:
         s.close()

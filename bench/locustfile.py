@@ -1,0 +1,128 @@
+"""Locust users for the shared app (driven headless by bench/load.py; usable on its own too):
+
+    locust -f bench/locustfile.py --headless -H http://127.0.0.1:7860 ...
+
+Gradio's API is two HTTP calls per event: POST /gradio_api/call/<api> answers an event id, then GET
+/gradio_api/call/<api>/<event id> streams server-sent events until `complete` or `error`. Both are
+timed as one request named after the endpoint (a run's stream lasts the whole run, so runs are named
+"run (whole job)" and kept apart from the light endpoints).
+
+- `Runner`: signs in as its own user (LOAD_USERS: "user:password,..."), plans once for this machine,
+  then submits LOAD_RUNS runs of that plan, one after the other, each followed to its end; then it
+  stops. Its outcome lines go to LOAD_OUTCOMES (a file, one JSON line per run).
+- `Browser`: signs in as its user and calls the light endpoints (/history, /export_history_csv)
+  about every LOAD_BROWSE_S seconds until stopped: the latency a person browsing the history sees.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import threading
+import time
+from typing import Any
+
+from locust import HttpUser, between, events, task
+from locust.exception import StopUser
+
+FORM = json.loads(os.environ.get("LOAD_FORM", "[]")) or [
+    "transformer", "tiny", "tpu-v5e-8", 32, 0, "bf16", "local", 1, 0.8, "multiple8", "auto", "auto", 0, 0, 0, 0, 0, 0,
+    0, 0, "preset", "auto", 8]
+HISTORY_ARGS = ["mine", "all", "all", "all"]
+_users = [tuple(p.split(":", 1)) for p in os.environ.get("LOAD_USERS", "").split(",") if ":" in p]
+_runner_users = iter(_users[: int(os.environ.get("LOAD_RUNNERS", len(_users)))])
+_browser_users = itertools.cycle(_users[int(os.environ.get("LOAD_RUNNERS", len(_users))):] or _users or [("", "")])
+_lock = threading.Lock()
+_done = [0]  # runners that finished their runs
+
+
+class GradioUser(HttpUser):
+    abstract = True
+
+    def sign_in(self, user: str, password: str) -> None:
+        self.user_name = user
+        if user:
+            r = self.client.post("/login/", data={"username": user, "password": password}, name="login")
+            if r.status_code != 200:
+                raise StopUser()
+
+    def call(self, api: str, data: list[Any], name: str | None = None, timeout: float = 3600) -> tuple[str, Any]:
+        """POST the event, then read its stream to the end: ("complete", outputs) or ("error", message)."""
+        name = name or api
+        start = time.perf_counter()
+        event, payload, failure = "error", None, None
+        try:
+            r = self.client.post(f"/gradio_api/call/{api}", json={"data": data}, name=f"{name} (submit)",
+                                 catch_response=False)
+            if r.status_code != 200:
+                failure = f"HTTP {r.status_code}: {r.text[:200]}"
+            else:
+                event_id = r.json()["event_id"]
+                with self.client.get(f"/gradio_api/call/{api}/{event_id}", stream=True, timeout=timeout,
+                                     name=f"{name} (stream)", catch_response=True) as stream:
+                    kind = None
+                    for line in stream.iter_lines(decode_unicode=True):
+                        if line.startswith("event:"):
+                            kind = line.split(":", 1)[1].strip()
+                        elif line.startswith("data:") and kind in ("complete", "error"):
+                            event, payload = kind, json.loads(line.split(":", 1)[1])
+                            break
+                    stream.success()
+        except Exception as exc:  # noqa: BLE001 - a load client records every failure and goes on
+            failure = f"{type(exc).__name__}: {exc}"
+        elapsed_ms = (time.perf_counter() - start) * 1000
+        events.request.fire(request_type="GRADIO", name=name, response_time=elapsed_ms, response_length=0,
+                            exception=None if failure is None and event == "complete" else
+                            RuntimeError(failure or str(payload)[:200]), context={})
+        return event, payload if failure is None else failure
+
+
+class Runner(GradioUser):
+    """One user's runs: a plan, then LOAD_RUNS runs of it followed to the end."""
+
+    wait_time = between(0, 0)
+
+    def on_start(self) -> None:
+        with _lock:
+            found = next(_runner_users, None)
+        if found is None:
+            raise StopUser()
+        self.sign_in(*found)
+
+    @task
+    def plan_then_run(self) -> None:
+        label = f"load {self.user_name}"
+        self.call("plan", [*FORM, f"{label} plan"], name="plan (whole job)")
+        for i in range(int(os.environ.get("LOAD_RUNS", "2"))):
+            event, payload = self.call("run", [None, int(os.environ.get("LOAD_STEPS", "4")), 0.003, False, False,
+                                               False, False, False, *FORM, f"{label} run {i}", "", ""],
+                                       name="run (whole job)")
+            headline = payload[0] if event == "complete" and isinstance(payload, list) else str(payload)
+            with _lock, open(os.environ.get("LOAD_OUTCOMES", os.devnull), "a") as f:
+                f.write(json.dumps({"user": self.user_name, "label": f"{label} run {i}", "event": event,
+                                    "headline": str(headline)[:300]}) + "\n")
+        with _lock:
+            _done[0] += 1
+            last = _done[0] >= int(os.environ.get("LOAD_RUNNERS", "0"))
+        if last:  # every runner is done: the browsers stop too, and Locust writes its figures
+            self.environment.runner.quit()
+        raise StopUser()
+
+
+class Browser(GradioUser):
+    """A person browsing the history while others' runs go on."""
+
+    wait_time = between(float(os.environ.get("LOAD_BROWSE_S", "0.5")), float(os.environ.get("LOAD_BROWSE_S", "0.5")))
+
+    def on_start(self) -> None:
+        with _lock:
+            self.sign_in(*next(_browser_users))
+
+    @task
+    def history(self) -> None:
+        self.call("history", HISTORY_ARGS, name="/history", timeout=120)
+
+    @task
+    def export(self) -> None:
+        self.call("export_history_csv", ["mine"], name="/export_history_csv", timeout=120)
