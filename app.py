@@ -62,6 +62,7 @@ from workloads import WORKLOADS  # noqa: E402
 POLL_S = 0.25  # how often a watcher looks for a job's new events
 COMPARE_MAX = 16  # runs side by side in one comparison
 PLOT_MAX_POINTS = 500  # points per run drawn in a loss plot
+FINDINGS_SHOWN = 1000  # rows of the code check's table
 PLOT_EVERY_S = 1.0  # a running loss plot is redrawn at most this often
 EXPORTS_MARKER = ".tpu-gpu-migration-exports"  # marks a folder as this app's exports (old files get deleted)
 HISTORY_STATUSES = ("ok", "failed", "cancelled", "infeasible", "interrupted", "queued", "running")
@@ -616,11 +617,14 @@ def build_demo(settings: Settings | None = None) -> gr.Blocks:
             raise gr.Error(job.error or "the code check stopped without a result", print_exception=False)
         result: CodeCheck = job.result
         findings = list(result.findings)
+        shown = findings[:FINDINGS_SHOWN]  # the table a page can hold; the checklist reads them all
         errors = sum(f.severity == "error" for f in findings)
         summary = (f"{len(findings)} finding(s), {errors} error(s) in {len(result.files)} file(s). "
                    if findings else "No findings: nothing TPU-specific or outdated was found. ")
+        if len(shown) < len(findings):
+            summary += f"The table shows the first {len(shown):,} (by file and line). "
         summary += "The Migrate tab's checklist grades the items about your code from this check."
-        return summary, gr.update(value=findings_frame(findings), visible=bool(findings)), result.to_dict()
+        return summary, gr.update(value=findings_frame(shown), visible=bool(findings)), result.to_dict()
 
     def scope_user(scope: str, request: gr.Request | None) -> str | None:
         """Whose entries a request may read: its user's; everyone's (None) on a single-user box, for

@@ -64,7 +64,8 @@ def main() -> int:
     rows = []
     with tempfile.TemporaryDirectory(prefix="worst-paste-") as tmp_name:
         tmp = Path(tmp_name)
-        server = Server(tmp / "app", env={"MIGRATION_AUTH": ",".join(f"{u}:{p}" for u, p in USERS.items())})
+        server = Server(tmp / "app", env={"MIGRATION_AUTH": ",".join(f"{u}:{p}" for u, p in USERS.items())},
+                        client=False)
         try:
             alice, bob = server.connect(("alice", USERS["alice"])), server.connect(("bob", USERS["bob"]))
             base = history_latencies(bob, 5)

@@ -115,9 +115,22 @@ def test_code_checks_are_limited_per_user(box, alice):
     assert any("limit 2 per user" in o for o in outcomes), outcomes
 
 
-def test_the_environment_probe_is_a_limited_task(box, alice):
-    text, info = alice.predict(api_name="/environment")
-    assert "Backend" in text and info["device_count"] >= 1
+def test_environment_probes_are_tasks_limited_per_user(box, alice, bob):
+    """Each probe starts JAX in a worker: one user's burst of them is bounded, and another user's
+    history keeps answering."""
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        futures = [pool.submit(alice.predict, api_name="/environment") for _ in range(4)]
+        assert timed_history(bob) < HISTORY_WITHIN_S
+        outcomes = []
+        for f in futures:
+            try:
+                outcomes.append(f.result(timeout=300))
+            except AppError as exc:
+                outcomes.append(str(exc))
+    refused = [o for o in outcomes if isinstance(o, str)]
+    probed = [o for o in outcomes if not isinstance(o, str)]
+    assert refused and all("limit 2 per user" in o for o in refused), outcomes
+    assert probed and all("Backend" in text and info["device_count"] >= 1 for text, info in probed)
 
 
 # -- 2. uploaded plans are data --------------------------------------------------------------------
