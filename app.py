@@ -419,7 +419,8 @@ def build_demo(settings: Settings | None = None) -> gr.Blocks:
         try:
             req = forms.plan_request(*form)
             label = forms.label_text(label)
-            job = service.submit_plan(user_of(request), req, label=label)
+            # Submitting writes the history: off the event loop, which serves every other page meanwhile.
+            job = await asyncio.to_thread(service.submit_plan, user_of(request), req, label=label)
         except (ConfigError, LimitError, HistoryError) as exc:
             raise refuse(exc)
         rows: list[dict[str, Any]] = []
@@ -481,7 +482,7 @@ def build_demo(settings: Settings | None = None) -> gr.Blocks:
             options = RunOptions(fp32_reference=bool(fp32_reference), tpu_style=bool(compare_tpu), profile=bool(profile),
                                  pmap_before=bool(pmap_before), scaling=bool(scaling))
             code = CodeCheck.from_dict(code_state) if code_state else None
-            job = service.submit_run(user, source, base, options, code=code, label=label)
+            job = await asyncio.to_thread(service.submit_run, user, source, base, options, code=code, label=label)
         except (ConfigError, PlanError, LimitError, HistoryError, ValueError) as exc:
             raise refuse(exc)
         skip10 = [gr.skip()] * 10
@@ -548,7 +549,8 @@ def build_demo(settings: Settings | None = None) -> gr.Blocks:
             timed = forms.whole(timed_steps, "autotune_steps", 1, max(1, settings.limits.max_steps - 2))
             label = forms.label_text(label)
             base = RunConfig(memory_fraction=p.memory_fraction, timeout_s=settings.limits.max_run_s)
-            job = service.submit_autotune(user, p, AutotuneSettings(top=top_n, timed_steps=timed), base, label=label)
+            job = await asyncio.to_thread(service.submit_autotune, user, p, AutotuneSettings(top=top_n, timed_steps=timed),
+                                          base, label=label)
         except (ConfigError, PlanError, LimitError, HistoryError, ValueError) as exc:
             raise refuse(exc)
         yield f"Autotune job #{job.id} submitted…", gr.skip(), gr.skip(), job.id
@@ -609,7 +611,7 @@ def build_demo(settings: Settings | None = None) -> gr.Blocks:
 
     async def do_code_check(text, files, request: gr.Request):
         try:
-            sources = code_sources(text, files)
+            sources = await asyncio.to_thread(code_sources, text, files)  # reads up to 20 files
             job = await finished(service.submit_code_check(user_of(request), sources))
         except (CodeCheckError, LimitError) as exc:
             raise gr.Error(str(exc), print_exception=False)

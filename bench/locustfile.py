@@ -23,6 +23,7 @@ import threading
 import time
 from typing import Any
 
+import gevent
 from locust import HttpUser, between, events, task
 from locust.exception import StopUser
 
@@ -32,7 +33,7 @@ FORM = json.loads(os.environ.get("LOAD_FORM", "[]")) or [
 HISTORY_ARGS = ["mine", "all", "all", "all"]
 _users = [tuple(p.split(":", 1)) for p in os.environ.get("LOAD_USERS", "").split(",") if ":" in p]
 _runner_users = iter(_users[: int(os.environ.get("LOAD_RUNNERS", len(_users)))])
-_browser_users = itertools.cycle(_users[int(os.environ.get("LOAD_RUNNERS", len(_users))):] or _users or [("", "")])
+_browser_users = itertools.cycle(_users[int(os.environ.get("LOAD_RUNNERS", len(_users))):] or [("", "")])
 _lock = threading.Lock()
 _done = [0]  # runners that finished their runs
 
@@ -78,9 +79,13 @@ class GradioUser(HttpUser):
         return event, payload if failure is None else failure
 
 
+_RUNNERS = int(os.environ.get("LOAD_RUNNERS", len(_users)))
+
+
 class Runner(GradioUser):
     """One user's runs: a plan, then LOAD_RUNS runs of it followed to the end."""
 
+    fixed_count = _RUNNERS  # one Locust user per runner account, whatever -u says
     wait_time = between(0, 0)
 
     def on_start(self) -> None:
@@ -104,14 +109,16 @@ class Runner(GradioUser):
                                     "headline": str(headline)[:300]}) + "\n")
         with _lock:
             _done[0] += 1
-            last = _done[0] >= int(os.environ.get("LOAD_RUNNERS", "0"))
-        if last:  # every runner is done: the browsers stop too, and Locust writes its figures
-            self.environment.runner.quit()
+            last = _done[0] >= _RUNNERS
+        if last:  # every runner is done: the browsers stop too, and Locust writes its figures (from a greenlet
+            gevent.spawn(self.environment.runner.quit)  # of its own: quit() waits for this user to stop)
         raise StopUser()
 
 
 class Browser(GradioUser):
     """A person browsing the history while others' runs go on."""
+
+    fixed_count = max(0, len(_users) - _RUNNERS)
 
     wait_time = between(float(os.environ.get("LOAD_BROWSE_S", "0.5")), float(os.environ.get("LOAD_BROWSE_S", "0.5")))
 

@@ -40,7 +40,7 @@ CREATE TABLE IF NOT EXISTS entries (
 CREATE INDEX IF NOT EXISTS entries_kind ON entries(kind, id);
 """
 # Columns added since the first schema: (name, definition). Added in place to older stores.
-ADDED_COLUMNS = (("user", "TEXT NOT NULL DEFAULT ''"), ("summary", "TEXT"))
+ADDED_COLUMNS = (("user", "TEXT NOT NULL DEFAULT ''"), ("summary", "TEXT"), ("payload_bytes", "INTEGER"))
 
 UNFINISHED = ("queued", "running")
 STATUSES = ("queued", "running", "ok", "failed", "cancelled", "infeasible", "interrupted")
@@ -80,6 +80,8 @@ class History:
                     if name not in have:
                         db.execute(f"ALTER TABLE entries ADD COLUMN {name} {definition}")
                 db.execute("CREATE INDEX IF NOT EXISTS entries_user ON entries(user, id)")
+                # Sizes of entries written before they were stored, once (quotas read the column alone).
+                db.execute("UPDATE entries SET payload_bytes = LENGTH(payload) WHERE payload_bytes IS NULL")
                 # Summaries of entries written before they were stored, once.
                 for row in db.execute("SELECT id, kind, payload FROM entries WHERE summary IS NULL").fetchall():
                     summary = _summary_of(row["kind"], json.loads(row["payload"]))
@@ -113,11 +115,12 @@ class History:
     def _insert(self, kind: str, workload: str, preset: str, status: str, payload: dict[str, Any], label: str,
                 user: str) -> int:
         with self._write(f"the {kind}") as db:
+            text = json.dumps(payload)
             cur = db.execute(
-                "INSERT INTO entries (kind, created_at, label, workload, preset, status, payload, user, summary) "
-                "VALUES (?,?,?,?,?,?,?,?,?)",
-                (kind, time.strftime("%Y-%m-%d %H:%M:%S"), label, workload, preset, status, json.dumps(payload),
-                 user, json.dumps(_summary_of(kind, payload))),
+                "INSERT INTO entries (kind, created_at, label, workload, preset, status, payload, user, summary, "
+                "payload_bytes) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                (kind, time.strftime("%Y-%m-%d %H:%M:%S"), label, workload, preset, status, text,
+                 user, json.dumps(_summary_of(kind, payload)), len(text)),
             )
             return int(cur.lastrowid)
 
@@ -143,17 +146,19 @@ class History:
             if message is not None:
                 payload["message"] = message
             payload["status"] = status
-            db.execute("UPDATE entries SET status = ?, payload = ?, summary = ? WHERE id = ?",
-                       (status, json.dumps(payload), json.dumps(_summary_of(row["kind"], payload)), entry_id))
+            text = json.dumps(payload)
+            db.execute("UPDATE entries SET status = ?, payload = ?, summary = ?, payload_bytes = ? WHERE id = ?",
+                       (status, text, json.dumps(_summary_of(row["kind"], payload)), len(text), entry_id))
 
     def complete(self, entry_id: int, result: RunReport | Plan) -> None:
         """Store a job's result in the entry opened for it."""
         payload = result.to_dict()
         kind = "plan" if isinstance(result, Plan) else "run"
+        text = json.dumps(payload)
         with self._write(f"the {kind} (entry {entry_id})") as db:
-            db.execute("UPDATE entries SET status = ?, payload = ?, summary = ?, workload = ?, preset = ? "
-                       "WHERE id = ?", (result.status, json.dumps(payload), json.dumps(_summary_of(kind, payload)),
-                                        result.workload, result.preset, entry_id))
+            db.execute("UPDATE entries SET status = ?, payload = ?, summary = ?, workload = ?, preset = ?, "
+                       "payload_bytes = ? WHERE id = ?", (result.status, text, json.dumps(_summary_of(kind, payload)),
+                                                          result.workload, result.preset, len(text), entry_id))
 
     def interrupt_unfinished(self, message: str) -> list[int]:
         """Mark every entry still `queued` or `running` as `interrupted` (a stopped server's jobs)."""
@@ -196,7 +201,7 @@ class History:
         """(entries, bytes of their payloads) that `user` holds."""
         try:
             with self._connect() as db:
-                rows, nbytes = db.execute("SELECT COUNT(*), COALESCE(SUM(LENGTH(payload)), 0) FROM entries "
+                rows, nbytes = db.execute("SELECT COUNT(*), COALESCE(SUM(payload_bytes), 0) FROM entries "
                                           "WHERE user = ?", (user,)).fetchone()
         except (sqlite3.Error, OSError) as exc:
             raise HistoryError(_why(exc, "could not read the history")) from exc
