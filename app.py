@@ -1266,6 +1266,8 @@ def main() -> None:
                              "ray://host:port or auto); default: here")
     args = parser.parse_args()
     os.umask(0o077)  # every file the server and its workers create (history, runs, exports, checkpoints) is private
+    for existing in Path(args.history_db).parent.glob(Path(args.history_db).name + "*"):  # a history an earlier
+        os.chmod(existing, 0o600)  # version left readable (with its -wal and -shm) is tightened too
     users = read_auth(args.auth_file, env("MIGRATION_AUTH"))
     admins = tuple(sorted({a.strip() for a in args.admins.split(",") if a.strip()}))
     if (admins or args.team_history) and users is None:
