@@ -51,6 +51,7 @@ def test_plan_run_checklist_compare_and_export_in_chromium(app, tmp_path):
         page.get_by_text("samples/s", exact=True).wait_for(timeout=30_000)
         # The checklist reads as a report: a badge, the evidence and the action of every item, on the page's width.
         items = page.locator(".ck-item")
+        items.first.wait_for(timeout=30_000)  # the results table and the checklist render one after the other
         assert items.count() >= 12
         assert page.locator(".ck-item .ck-badge").count() == items.count()
         assert items.first.inner_text().count("Evidence:") == 1 and "Action:" in items.first.inner_text()
@@ -64,8 +65,8 @@ def test_plan_run_checklist_compare_and_export_in_chromium(app, tmp_path):
         page.screenshot(path=str(tmp_path / "results.png"), full_page=True)
 
         # A second run of the same plan, then compare the two in the History tab.
-        run.click()
-        page.get_by_text("Run job #", exact=False).first.wait_for(timeout=60_000)
+        run.click()  # the first run's headline goes, then the second's comes
+        page.wait_for_function("() => !document.body.innerText.includes('Run finished')", timeout=60_000)
         page.get_by_text("Run finished").first.wait_for(timeout=300_000)
         page.get_by_role("tab", name="History").click()
         page.get_by_role("button", name="Refresh").click()
