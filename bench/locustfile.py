@@ -2,10 +2,10 @@
 
     locust -f bench/locustfile.py --headless -H http://127.0.0.1:7860 ...
 
-Gradio's API is two HTTP calls per event: POST /gradio_api/call/<api> answers an event id, then GET
-/gradio_api/call/<api>/<event id> streams server-sent events until `complete` or `error`. Both are
-timed as one request named after the endpoint (a run's stream lasts the whole run, so runs are named
-"run (whole job)" and kept apart from the light endpoints).
+Each Locust user is one open page: one Gradio session, whose events go as a browser sends them
+(POST /gradio_api/queue/join, then the session's /gradio_api/queue/data stream until the event's
+`process_completed`). Both are timed as one request named after the endpoint (a run's stream lasts
+the whole run, so runs are named "run (whole job)" and kept apart from the light endpoints).
 
 - `Runner`: signs in as its own user (LOAD_USERS: "user:password,..."), plans once for this machine,
   then submits LOAD_RUNS runs of that plan, one after the other, each followed to its end; then it
@@ -21,6 +21,7 @@ import json
 import os
 import threading
 import time
+import uuid
 from typing import Any
 
 import gevent
@@ -47,27 +48,36 @@ class GradioUser(HttpUser):
             r = self.client.post("/login/", data={"username": user, "password": password}, name="login")
             if r.status_code != 200:
                 raise StopUser()
+        self.open_session()
 
     def call(self, api: str, data: list[Any], name: str | None = None, timeout: float = 3600) -> tuple[str, Any]:
-        """POST the event, then read its stream to the end: ("complete", outputs) or ("error", message)."""
+        """The event on the user's one session, as a browser page (and gradio_client) sends it: POST
+        /queue/join, then read /queue/data until this event's `process_completed`. Returns
+        ("complete", outputs) or ("error", message)."""
         name = name or api
         start = time.perf_counter()
         event, payload, failure = "error", None, None
+        data = list(data)
+        for i in self.state_at[api]:
+            data.insert(i, None)
         try:
-            r = self.client.post(f"/gradio_api/call/{api}", json={"data": data}, name=f"{name} (submit)",
-                                 catch_response=False)
+            r = self.client.post("/gradio_api/queue/join", name=f"{name} (join)",
+                                 json={"data": data, "fn_index": self.fn_index[api], "session_hash": self.session,
+                                       "event_data": None, "trigger_id": None})
             if r.status_code != 200:
                 failure = f"HTTP {r.status_code}: {r.text[:200]}"
             else:
                 event_id = r.json()["event_id"]
-                with self.client.get(f"/gradio_api/call/{api}/{event_id}", stream=True, timeout=timeout,
-                                     name=f"{name} (stream)", catch_response=True) as stream:
-                    kind = None
+                with self.client.get("/gradio_api/queue/data", params={"session_hash": self.session}, stream=True,
+                                     timeout=timeout, name=f"{name} (data)", catch_response=True) as stream:
                     for line in stream.iter_lines(decode_unicode=True):
-                        if line.startswith("event:"):
-                            kind = line.split(":", 1)[1].strip()
-                        elif line.startswith("data:") and kind in ("complete", "error"):
-                            event, payload = kind, json.loads(line.split(":", 1)[1])
+                        if not line.startswith("data:"):
+                            continue
+                        message = json.loads(line[5:])
+                        if message.get("event_id") == event_id and message.get("msg") == "process_completed":
+                            output = message.get("output") or {}
+                            event = "complete" if message.get("success") else "error"
+                            payload = output.get("data") if event == "complete" else output.get("error")
                             break
                     stream.success()
         except Exception as exc:  # noqa: BLE001 - a load client records every failure and goes on
@@ -77,6 +87,16 @@ class GradioUser(HttpUser):
                             exception=None if failure is None and event == "complete" else
                             RuntimeError(failure or str(payload)[:200]), context={})
         return event, payload if failure is None else failure
+
+    def open_session(self) -> None:
+        """One session per user, as one open page: the events' numbers read from the app's config."""
+        self.session = uuid.uuid4().hex[:11]
+        config = self.client.get("/config", name="config").json()
+        states = {c["id"] for c in config["components"] if c.get("type") == "state"}
+        self.fn_index = {d["api_name"].strip("/"): d["id"] for d in config["dependencies"] if d.get("api_name")}
+        # A page sends every input, its session states as null (the server keeps them): where they go.
+        self.state_at = {d["api_name"].strip("/"): [i for i, c in enumerate(d["inputs"]) if c in states]
+                         for d in config["dependencies"] if d.get("api_name")}
 
 
 _RUNNERS = int(os.environ.get("LOAD_RUNNERS", len(_users)))
