@@ -63,7 +63,7 @@ POLL_S = 0.25  # how often a watcher looks for a job's new events
 COMPARE_MAX = 16  # runs side by side in one comparison
 PLOT_MAX_POINTS = 500  # points per run drawn in a loss plot
 FINDINGS_SHOWN = 1000  # rows of the code check's table
-PLOT_EVERY_S = 1.0  # a running loss plot is redrawn at most this often
+PLOT_EVERY_S = 1.0  # a plot that grows while a job works is redrawn at most this often
 EXPORTS_MARKER = ".tpu-gpu-migration-exports"  # marks a folder as this app's exports (old files get deleted)
 HISTORY_STATUSES = ("ok", "failed", "cancelled", "infeasible", "interrupted", "queued", "running")
 
@@ -426,6 +426,7 @@ def build_demo(settings: Settings | None = None) -> gr.Blocks:
         rows: list[dict[str, Any]] = []
         budget = None
         keep = [gr.skip()] * 5
+        drawn_at = [0.0]
         yield (f"Planning (job #{job.id})…", *keep, job.id)
         async with contextlib.aclosing(follow(job)) as events:
             async for ev in events:
@@ -440,8 +441,11 @@ def build_demo(settings: Settings | None = None) -> gr.Blocks:
                         line = (f"{'Ruled out' if wev.get('lower_bound') else 'Compiled'} batch {wev['per_device_batch']}, "
                                 f"remat {wev['remat']}, ×{wev['accumulation_steps']}: {candidate_text(wev)} "
                                 f"({len(rows)} candidate(s) so far)")
-                        yield (line, gr.skip(), gr.update(value=memory_frame(rows, budget), visible=True), *keep[:3],
-                               gr.skip())
+                        plot = gr.skip()
+                        if time.monotonic() - drawn_at[0] >= PLOT_EVERY_S:  # the final plan draws every candidate
+                            drawn_at[0] = time.monotonic()
+                            plot = gr.update(value=memory_frame(rows, budget), visible=True)
+                        yield (line, gr.skip(), plot, *keep[:3], gr.skip())
                     elif wev["event"] == "heartbeat":
                         yield (f"Planning… {wev['elapsed_s']:.0f} s, {len(rows)} compile(s) so far", *keep, gr.skip())
         if job.state == "cancelled":
