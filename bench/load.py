@@ -21,8 +21,8 @@ endpoint idle and under load (Locust's percentiles, the POST and the event strea
 together) and the ratio p95 under load / p95 idle (target: within 3x). Exit 0 when no run is lost
 or failed, 1 otherwise.
 
-    python bench/load.py [--users 16] [--browsers 4] [--runs-per-user 2] [--steps 4] [--idle-s 30]
-                         [--timeout-s 2400] [--json out.json]
+    python bench/load.py [--users 16] [--browsers 4] [--runs-per-user 2] [--steps 4] [--idle-s 60]
+                         [--timeout-s 2400] [--json out.json] [--keep folder]
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ from tests.server import Server, users_file  # noqa: E402  (the launcher the app
 
 LIGHT = ("/history", "/export_history_csv")
 SERVER_CPU = "0"
+ARRIVALS_PER_S = 4  # users who open the page and sign in each second (a sign-in is 50 ms of scrypt)
 
 
 def worker_cpus() -> str:
@@ -60,9 +61,9 @@ def locust(tmp: Path, server: Server, users: list[tuple[str, str]], runners: int
            "LOAD_OUTCOMES": str(tmp / "outcomes.jsonl"), **extra_env}
     classes = (["Runner"] if runners else []) + (["Browser"] if len(users) > runners else [])
     command = ["taskset", "-c", worker_cpus(), sys.executable, "-m", "locust", "-f", str(ROOT / "bench" / "locustfile.py"),
-               "--headless", "-H", server.url.rstrip("/"), "-u", str(len(users)), "-r", str(len(users)),
+               "--headless", "-H", server.url.rstrip("/"), "-u", str(len(users)), "-r", str(ARRIVALS_PER_S),
                "--run-time", f"{int(run_time_s)}s", "--csv", str(tmp / prefix), "--only-summary",
-               "--stop-timeout", "120", *classes]
+               "--stop-timeout", "120", "--csv-full-history", *classes]
     subprocess.run(command, env=env, cwd=ROOT, check=False, stdout=subprocess.DEVNULL,
                    stderr=open(tmp / f"{prefix}.log", "w"))  # noqa: SIM115
     with open(tmp / f"{prefix}_stats.csv") as f:
@@ -92,9 +93,11 @@ def main() -> int:
     parser.add_argument("--browsers", type=int, default=4, help="users who browse the history meanwhile")
     parser.add_argument("--runs-per-user", type=int, default=2)
     parser.add_argument("--steps", type=int, default=4)
-    parser.add_argument("--idle-s", type=float, default=30)
+    parser.add_argument("--idle-s", type=float, default=60)
     parser.add_argument("--timeout-s", type=float, default=2400)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--keep", default=None, help="a folder to copy Locust's CSVs (with each second's "
+                                                    "percentiles) and logs into")
     args = parser.parse_args()
     if shutil.which("taskset") is None or len(os.sched_getaffinity(0)) < 2:
         print("needs taskset and two CPUs or more (the server's core and the others)", file=sys.stderr)
@@ -117,6 +120,9 @@ def main() -> int:
             server.close()
         expected = {f"load {u} run {i}" for u, _ in runners for i in range(args.runs_per_user)}
         runs = verify(server.db, expected)
+        if args.keep:
+            shutil.copytree(tmp, args.keep, dirs_exist_ok=True,
+                            ignore=lambda _, names: [n for n in names if not n.endswith((".csv", ".log", ".jsonl"))])
     rows = []
     for name in LIGHT:
         i, u = idle.get(name), load.get(name)

@@ -51,9 +51,10 @@ class GradioUser(HttpUser):
         self.open_session()
 
     def call(self, api: str, data: list[Any], name: str | None = None, timeout: float = 3600) -> tuple[str, Any]:
-        """The event on the user's one session, as a browser page (and gradio_client) sends it: POST
-        /queue/join, then read /queue/data until this event's `process_completed`. Returns
-        ("complete", outputs) or ("error", message)."""
+        """The event on the user's one session, as a browser page sends it: a queued event by POST
+        /queue/join, then /queue/data until its `process_completed`; an unqueued one (`queue=False`:
+        the history's) by one POST to /run/<api>, as Gradio's front end does. Returns ("complete",
+        outputs) or ("error", message)."""
         name = name or api
         start = time.perf_counter()
         event, payload, failure = "error", None, None
@@ -61,25 +62,16 @@ class GradioUser(HttpUser):
         for i in self.state_at[api]:
             data.insert(i, None)
         try:
-            r = self.client.post("/gradio_api/queue/join", name=f"{name} (join)",
-                                 json={"data": data, "fn_index": self.fn_index[api], "session_hash": self.session,
-                                       "event_data": None, "trigger_id": None})
-            if r.status_code != 200:
-                failure = f"HTTP {r.status_code}: {r.text[:200]}"
+            if api in self.direct:  # an unqueued event: the page POSTs it and reads the answer, no stream
+                r = self.client.post(f"/gradio_api/run/{api}", name=f"{name} (direct)",
+                                     json={"data": data, "fn_index": self.fn_index[api], "session_hash": self.session,
+                                           "event_data": None, "trigger_id": None}, timeout=timeout)
+                if r.status_code == 200:
+                    event, payload = "complete", r.json().get("data")
+                else:
+                    failure = f"HTTP {r.status_code}: {r.text[:200]}"
             else:
-                event_id = r.json()["event_id"]
-                with self.client.get("/gradio_api/queue/data", params={"session_hash": self.session}, stream=True,
-                                     timeout=timeout, name=f"{name} (data)", catch_response=True) as stream:
-                    for line in stream.iter_lines(decode_unicode=True):
-                        if not line.startswith("data:"):
-                            continue
-                        message = json.loads(line[5:])
-                        if message.get("event_id") == event_id and message.get("msg") == "process_completed":
-                            output = message.get("output") or {}
-                            event = "complete" if message.get("success") else "error"
-                            payload = output.get("data") if event == "complete" else output.get("error")
-                            break
-                    stream.success()
+                event, payload, failure = self.join_and_follow(api, data, name, timeout)
         except Exception as exc:  # noqa: BLE001 - a load client records every failure and goes on
             failure = f"{type(exc).__name__}: {exc}"
         elapsed_ms = (time.perf_counter() - start) * 1000
@@ -88,12 +80,37 @@ class GradioUser(HttpUser):
                             RuntimeError(failure or str(payload)[:200]), context={})
         return event, payload if failure is None else failure
 
+    def join_and_follow(self, api: str, data: list[Any], name: str, timeout: float) -> tuple[str, Any, str | None]:
+        """A queued event: POST /queue/join, then the session's /queue/data stream to its end."""
+        event, payload, failure = "error", None, None
+        r = self.client.post("/gradio_api/queue/join", name=f"{name} (join)",
+                             json={"data": data, "fn_index": self.fn_index[api], "session_hash": self.session,
+                                   "event_data": None, "trigger_id": None})
+        if r.status_code != 200:
+            failure = f"HTTP {r.status_code}: {r.text[:200]}"
+        else:
+            event_id = r.json()["event_id"]
+            with self.client.get("/gradio_api/queue/data", params={"session_hash": self.session}, stream=True,
+                                 timeout=timeout, name=f"{name} (data)", catch_response=True) as stream:
+                for line in stream.iter_lines(decode_unicode=True):
+                    if not line.startswith("data:"):
+                        continue
+                    message = json.loads(line[5:])
+                    if message.get("event_id") == event_id and message.get("msg") == "process_completed":
+                        output = message.get("output") or {}
+                        event = "complete" if message.get("success") else "error"
+                        payload = output.get("data") if event == "complete" else output.get("error")
+                        break
+                stream.success()
+        return event, payload, failure
+
     def open_session(self) -> None:
         """One session per user, as one open page: the events' numbers read from the app's config."""
         self.session = uuid.uuid4().hex[:11]
         config = self.client.get("/config", name="config").json()
         states = {c["id"] for c in config["components"] if c.get("type") == "state"}
         self.fn_index = {d["api_name"].strip("/"): d["id"] for d in config["dependencies"] if d.get("api_name")}
+        self.direct = {d["api_name"].strip("/") for d in config["dependencies"] if d.get("api_name") and d.get("queue") is False}
         # A page sends every input, its session states as null (the server keeps them): where they go.
         self.state_at = {d["api_name"].strip("/"): [i for i, c in enumerate(d["inputs"]) if c in states]
                          for d in config["dependencies"] if d.get("api_name")}

@@ -8,6 +8,7 @@ refuses a users file that others can read or that holds a plain-text password, s
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import os
@@ -93,10 +94,22 @@ def add_user(path: str | Path, user: str, password: str) -> None:
 
 
 class Authenticator:
-    """Gradio's `auth` callable: (user, password) -> whether they match a stored hash."""
+    """(user, password) -> whether they match a stored hash. Gradio's `auth` is `check`: a sign-in's
+    scrypt (tens of milliseconds of CPU, the same for wrong passwords and unknown users) runs in a
+    thread, never on the server's event loop, at most `CONCURRENT_CHECKS` at once; so a flood of
+    sign-ins, right or wrong, from anyone, waits its turn instead of holding every page."""
+
+    CONCURRENT_CHECKS = 1
 
     def __init__(self, users: dict[str, str]):
         self.users = dict(users)
+        self._checks: asyncio.Semaphore | None = None
+
+    async def check(self, user: str, password: str) -> bool:
+        if self._checks is None:  # made on the server's loop, at the first sign-in
+            self._checks = asyncio.Semaphore(self.CONCURRENT_CHECKS)
+        async with self._checks:
+            return await asyncio.to_thread(self, user, password)
 
     def __call__(self, user: str, password: str) -> bool:
         stored = self.users.get(user) if isinstance(user, str) else None

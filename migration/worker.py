@@ -202,9 +202,14 @@ def pin_to_worker_cpus(spec: str) -> None:
         lo, _, hi = part.partition("-")
         if lo.isdigit() and (hi.isdigit() or not hi):
             cpus |= set(range(int(lo), int(hi or lo) + 1))
-    usable = cpus & os.sched_getaffinity(0)
+    # Not intersected with this process's own affinity: that is the server's, which a worker inherits
+    # (and which --worker-cpus exists to leave). The kernel refuses CPUs outside the machine's cpuset.
+    usable = {c for c in cpus if c < (os.cpu_count() or 1)}
     if usable:
-        os.sched_setaffinity(0, usable)
+        try:
+            os.sched_setaffinity(0, usable)
+        except OSError:
+            pass  # none of them is this process's to use: it stays where it was
 
 
 def limit_resources(memory_bytes: int | None, cpu_seconds: int | None) -> None:

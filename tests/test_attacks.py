@@ -103,6 +103,28 @@ def test_one_users_worst_paste_never_holds_another_users_history(box, alice, bob
     assert box["auth"].proc.poll() is None
 
 
+def test_a_flood_of_sign_ins_never_holds_a_signed_in_users_history(box, bob):
+    """Anyone may POST /login, and each check is tens of milliseconds of scrypt: 80 wrong guesses at
+    once (some three seconds of it) while bob reads his history. Gradio calls the auth check on its
+    event loop; run there, the guesses held every page for their whole length."""
+    server = box["auth"]
+
+    def guess(i: int) -> int:
+        return httpx.post(f"{server.url}login/", data={"username": "alice", "password": f"guess-{i}"},
+                          timeout=120).status_code
+
+    with concurrent.futures.ThreadPoolExecutor(80) as pool:
+        flood = [pool.submit(guess, i) for i in range(80)]
+        times = []
+        while not all(f.done() for f in flood) or not times:
+            times.append(timed_history(bob))
+        codes = [f.result() for f in flood]
+    assert set(codes) == {400}, codes
+    assert max(times) < HISTORY_WITHIN_S, times
+    assert httpx.post(f"{server.url}login/", data={"username": "alice", "password": USERS["alice"]},
+                      timeout=30).status_code == 200
+
+
 def test_code_checks_are_limited_per_user(box, alice):
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         futures = [pool.submit(alice.predict, "import time\n" * 80_000, [], api_name="/code_check") for _ in range(4)]
@@ -219,7 +241,7 @@ def test_a_request_for_another_host_name_is_refused(box):
         assert r.status_code == 403 and "does not answer as" in r.text
 
 
-def test_gradio_cancel_heartbeat_and_stream_routes_need_the_sessions_user(box):
+def test_gradio_session_routes_need_the_sessions_user(box):
     server = box["auth"]
     base = f"{server.url}gradio_api"
     cancel = {"session_hash": "alicesession1", "fn_index": 0, "event_id": "e1"}
@@ -231,6 +253,13 @@ def test_gradio_cancel_heartbeat_and_stream_routes_need_the_sessions_user(box):
     assert joined.status_code == 200, joined.text
     r = httpx.post(f"{base}/cancel", json=cancel, cookies=bob_cookies, timeout=30)
     assert r.status_code == 403 and "another user" in r.text
+    # The direct routes a page uses for its unqueued events, and the session's deep link, alike.
+    direct = {"data": list(HISTORY_ARGS), "fn_index": 0, "session_hash": "alicesession1"}
+    r = httpx.post(f"{base}/run/history", json=direct, cookies=bob_cookies, timeout=30)
+    assert r.status_code == 403 and "another user" in r.text
+    r = httpx.get(f"{base}/deep_link", params={"session_hash": "alicesession1"}, cookies=bob_cookies, timeout=30)
+    assert r.status_code == 403 and "another user" in r.text
+    assert httpx.post(f"{base}/run/history", json=direct, cookies=alice_cookies, timeout=30).status_code == 200
 
 
 def test_without_auth_the_server_answers_only_with_its_printed_token(box):

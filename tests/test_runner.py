@@ -245,3 +245,17 @@ def test_a_profile_capture_is_summarised_and_kept(tmp_path):
     assert profile["steps"] == 2 and profile["top_ops"] and Path(profile["path"]).exists()
     assert profile["path"].endswith("perfetto_trace.json.gz")
     assert report.timed_steps == 3  # the profiled steps are extra, outside the timed window
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+def test_a_worker_moves_to_the_worker_cpus_from_a_server_pinned_elsewhere():
+    """The server may be pinned to its own core (taskset); its workers inherit that affinity and must
+    still move to --worker-cpus, or they compete with the server on its one core."""
+    server_cpu, worker_cpu = sorted(os.sched_getaffinity(0))[:2]
+    script = ("import os; from migration.worker import pin_to_worker_cpus; "
+              f"os.sched_setaffinity(0, {{{server_cpu}}}); pin_to_worker_cpus('{worker_cpu}'); "
+              "a = os.sched_getaffinity(0); pin_to_worker_cpus('4096-4099'); "
+              "print(sorted(a), sorted(os.sched_getaffinity(0)))")
+    done = subprocess.run([sys.executable, "-c", script], cwd=Path(__file__).resolve().parent.parent,
+                          capture_output=True, text=True, timeout=60, check=True)
+    assert done.stdout.split("] [") == [f"[{worker_cpu}", f"{worker_cpu}]\n"], done.stdout

@@ -627,3 +627,20 @@ def test_bad_server_settings_are_refused_in_one_line(bad_settings_runs, flag):
     _, stderr = bad_settings_runs[flag].communicate(timeout=120)
     assert bad_settings_runs[flag].returncode == 2 and f"argument {flag}: must be" in stderr
     assert "Traceback" not in stderr
+
+
+def test_sign_in_checks_are_awaited_off_the_event_loop_and_answer_right():
+    """Gradio awaits an `auth` that is a coroutine function (and calls any other on its event loop):
+    the app's check is one, and it tells right from wrong passwords and unknown users."""
+    import asyncio
+    import inspect
+
+    from migration.accounts import Authenticator, hash_password
+
+    auth = Authenticator({"alice": hash_password("pw-a", n=2**10), "bob": hash_password("pw-b", n=2**10)})
+    assert inspect.iscoroutinefunction(auth.check)
+
+    async def checks() -> list[bool]:
+        return await asyncio.gather(auth.check("alice", "pw-a"), auth.check("alice", "pw-b"),
+                                    auth.check("mallory", "pw-a"), auth.check("bob", "x" * 5000))
+    assert asyncio.run(checks()) == [True, False, False, False]
