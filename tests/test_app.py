@@ -152,8 +152,9 @@ def test_two_clients_run_one_after_the_other_and_both_are_in_history(app):
     csv_path = value(app.client.predict(",".join(map(str, ids)), "mine", api_name="/export_csv"))
     frame = pd.read_csv(csv_path)
     assert len(frame) == 2
-    # Serialised: the second run's worker started after the first one's ended.
-    runs = frame.sort_values("id")
+    # Serialised: the second run's worker started after the first one's ended. (Ordered by start,
+    # not by id: the two submissions race, and a run planned first may start after a later id.)
+    runs = frame.assign(start=pd.to_datetime(frame["started_at"])).sort_values("start")
     first_end = pd.Timestamp(runs.iloc[0]["started_at"]) + pd.Timedelta(seconds=runs.iloc[0]["wall_s"])
     assert pd.Timestamp(runs.iloc[1]["started_at"]) >= first_end - pd.Timedelta(seconds=1)
 
