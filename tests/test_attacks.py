@@ -259,6 +259,11 @@ def test_gradio_session_routes_need_the_sessions_user(box):
     assert r.status_code == 403 and "another user" in r.text
     r = httpx.get(f"{base}/deep_link", params={"session_hash": "alicesession1"}, cookies=bob_cookies, timeout=30)
     assert r.status_code == 403 and "another user" in r.text
+    r = httpx.post(f"{base}/api/history", json=direct, cookies=bob_cookies, timeout=30)
+    assert r.status_code == 403 and "another user" in r.text
+    component = {"session_hash": "alicesession1", "component_id": 1, "fn_name": "x", "data": None}
+    r = httpx.post(f"{base}/component_server", json=component, cookies=bob_cookies, timeout=30)
+    assert r.status_code == 403 and "another user" in r.text
     assert httpx.post(f"{base}/run/history", json=direct, cookies=alice_cookies, timeout=30).status_code == 200
 
 
