@@ -25,9 +25,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from migration.config import RunConfig  # noqa: E402
-from migration.report import RunReport  # noqa: E402
-from migration.runner import start_run  # noqa: E402
+from migration.config.requests import RunConfig  # noqa: E402
+from migration.results import RunReport  # noqa: E402
+from migration.running.runner import start_run  # noqa: E402
 
 
 def timed_run(cfg: RunConfig) -> tuple[RunReport, float]:

@@ -19,8 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from migration.config import PlanRequest, RunConfig  # noqa: E402
-from migration.worker_env import planner_environment  # noqa: E402
+from migration.config.requests import PlanRequest, RunConfig  # noqa: E402
+from migration.running.worker_env import planner_environment  # noqa: E402
 
 
 def main() -> int:
@@ -39,8 +39,8 @@ def main() -> int:
     from jax.experimental import topologies
 
     from migration.hardware import GPU_SPECS, gpu_target_config
-    from migration.memory import compile_memory
-    from migration.train import TrainProgram, make_data_mesh
+    from migration.planning.memory import compile_memory
+    from migration.step.train import TrainProgram, make_data_mesh
 
     spec = GPU_SPECS[args.target]
     topo = topologies.get_topology_desc(platform="cuda", target_config=gpu_target_config(spec),

@@ -16,8 +16,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from migration.config import RunConfig  # noqa: E402
-from migration.runner import run  # noqa: E402
+from migration.config.requests import RunConfig  # noqa: E402
+from migration.running.runner import run  # noqa: E402
 
 from migration.common import GiB  # noqa: E402
 

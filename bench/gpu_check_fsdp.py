@@ -22,8 +22,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from migration.common import GiB  # noqa: E402
-from migration.config import PlanRequest, RunConfig  # noqa: E402
-from migration.runner import PlanError, plan, run  # noqa: E402
+from migration.config.requests import PlanRequest, RunConfig  # noqa: E402
+from migration.running.runner import PlanError, plan, run  # noqa: E402
 
 
 def gib(n: int | None) -> str:

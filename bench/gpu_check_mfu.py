@@ -26,10 +26,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from migration.autotune import AutotuneRefused, AutotuneSettings, run_autotune  # noqa: E402
+from migration.service.autotune import AutotuneRefused, AutotuneSettings, run_autotune  # noqa: E402
 from migration.common import GiB  # noqa: E402
-from migration.config import PlanRequest, RunConfig  # noqa: E402
-from migration.runner import PlanError, plan, run  # noqa: E402
+from migration.config.requests import PlanRequest, RunConfig  # noqa: E402
+from migration.running.runner import PlanError, plan, run  # noqa: E402
 
 
 def row(label: str, r) -> str:

@@ -19,9 +19,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from migration.config import RunConfig  # noqa: E402
-from migration.worker_env import worker_environment  # noqa: E402
-from migration.runner import run  # noqa: E402
+from migration.config.requests import RunConfig  # noqa: E402
+from migration.running.worker_env import worker_environment  # noqa: E402
+from migration.running.runner import run  # noqa: E402
 
 CASES = [  # (workload, preset, batch, precision, steps, warmup)
     ("transformer", "tiny", 8, "fp32", 200, 10),

@@ -31,8 +31,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from migration.config import PlanRequest, validate_plan_request  # noqa: E402
-from migration.worker_env import planner_environment  # noqa: E402
+from migration.config.requests import PlanRequest, validate_plan_request  # noqa: E402
+from migration.running.worker_env import planner_environment  # noqa: E402
 
 
 def main() -> int:
@@ -49,8 +49,8 @@ def main() -> int:
     os.environ.update(planner_environment(req))  # before JAX is first imported, as in a planner worker
     validate_plan_request(req)  # imports the workloads, and with them JAX
 
-    from migration.memory import CompileCache, MemoryPredictor, compile_workers
-    from migration.planner import plan_migration
+    from migration.planning.memory import CompileCache, MemoryPredictor, compile_workers
+    from migration.planning.planner import plan_migration
 
     quiet = lambda *a, **k: None  # noqa: E731
     auto = compile_workers()

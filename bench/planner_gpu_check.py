@@ -18,8 +18,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from migration.config import PlanRequest, RunConfig  # noqa: E402
-from migration.runner import plan, run  # noqa: E402
+from migration.config.requests import PlanRequest, RunConfig  # noqa: E402
+from migration.running.runner import plan, run  # noqa: E402
 
 from migration.common import GiB  # noqa: E402
 
@@ -31,7 +31,7 @@ def main() -> int:
     parser.add_argument("--global-batch", type=int, default=64)
     parser.add_argument("--presets", default="gpt2-small,gpt2-medium")
     args = parser.parse_args()
-    from migration.worker_env import nvidia_gpus
+    from migration.running.worker_env import nvidia_gpus
 
     if not nvidia_gpus():
         print("refused: no NVIDIA GPU here (NVML found none), so nothing can be measured on a GPU; "

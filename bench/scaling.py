@@ -1,6 +1,6 @@
 """Weak scaling, before and after: the TPU-era pmap step and the migrated jit step in worker
 processes on the CPU backend at 1, 2, 4 and 8 devices, the same per-device batch, steps and warm-up
-(the core is `migration.scaling.scaling_table`; this script parses flags and prints).
+(the core is `migration.service.scaling_runs.scaling_table`; this script parses flags and prints).
 
     python bench/scaling.py [--workload transformer] [--preset tiny] [--devices 1,2,4,8]
                             [--batch 8] [--steps 20] [--warmup 3] [--csv PATH]
@@ -19,8 +19,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from migration.common import write_csv  # noqa: E402
-from migration.config import ConfigError  # noqa: E402
-from migration.scaling import loss_tolerance, scaling_table  # noqa: E402
+from migration.config.limits import ConfigError  # noqa: E402
+from migration.grading.scaling import loss_tolerance  # noqa: E402
+from migration.service.scaling_runs import scaling_table  # noqa: E402
 
 COLUMNS = (("devices", "devices", "{}"), ("style", "style", "{}"), ("global batch", "global_batch", "{}"),
            ("samples/s", "samples_per_s", "{:,.1f}"), ("tokens/s", "tokens_per_s", "{:,.0f}"),

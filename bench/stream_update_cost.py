@@ -22,14 +22,14 @@ os.environ.setdefault("MIGRATION_CACHE", tempfile.mkdtemp(prefix="stream-cost-")
 import gradio as gr  # noqa: E402
 from gradio.state_holder import SessionState  # noqa: E402
 
-import app  # noqa: E402
+from ui.demo import build_demo  # noqa: E402
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--updates", type=int, default=200)
     args = parser.parse_args()
-    demo = app.build_demo()
+    demo = build_demo()
     run = next(f for f in demo.fns.values() if f.api_name == "run")
     state = SessionState(demo)
     n = len(run.outputs)  # status, 10 result outputs, the job id (a State)

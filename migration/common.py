@@ -173,3 +173,18 @@ def remove_older_than(folder: str | Path, age_s: float, keep: tuple[str, ...] = 
         except OSError:
             continue
     return removed
+
+
+SHOWN_MAX_CHARS = 60  # characters of a received value quoted back in a message
+
+
+def shown(value: Any) -> str:
+    """`repr(value)`, cut to a readable length (the message stays one line)."""
+    try:
+        text = repr(value)
+    except ValueError:  # an int of over 4,300 digits
+        return f"an int of {value.bit_length():,} bits" if isinstance(value, int) else type(value).__name__
+    if len(text) > SHOWN_MAX_CHARS:
+        extra = f", {len(value):,} characters" if isinstance(value, str) else ""
+        text = f"{text[:SHOWN_MAX_CHARS]}... ({type(value).__name__}{extra})"
+    return text

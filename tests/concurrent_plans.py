@@ -5,7 +5,7 @@ one core busy: on a 2-core machine two of them side by side take little more wal
 (Not so for real-size models, whose compiles keep both cores busy: plan those one at a time.)
 Each plan here has its own cold compile cache, as when it was made alone.
 
-- `start_plans`: planner workers, the ones the app and the CLI start (`migration.runner.start_plan`),
+- `start_plans`: planner workers, the ones the app and the CLI start (`migration.running.runner.start_plan`),
   each read to its end by a thread of its own (so its deadline and silence limit are judged as
   usual, whenever the test asks for the plan);
 - `start_cli_plans` / `cli_plan`: `python -m migration plan ... --json` as a user runs it.
@@ -22,9 +22,9 @@ from collections.abc import Hashable, Mapping
 from concurrent.futures import Future
 from pathlib import Path
 
-from migration.config import PlanRequest
-from migration.report import Plan
-from migration.runner import start_plan
+from migration.config.requests import PlanRequest
+from migration.results import Plan
+from migration.running.runner import start_plan
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from migration.worker_env import DISABLE_XLA_REMAT  # noqa: E402  (imports no JAX)
+from migration.running.worker_env import DISABLE_XLA_REMAT  # noqa: E402  (imports no JAX)
 
 os.environ["JAX_PLATFORMS"] = "cpu"
 os.environ["JAX_NUM_CPU_DEVICES"] = "8"
@@ -26,9 +26,9 @@ if _outer_xla_flags is None:
 else:
     os.environ["XLA_FLAGS"] = _outer_xla_flags
 
-from migration.config import RunConfig  # noqa: E402
-from migration.policies import DynamicLossScale  # noqa: E402
-from migration.train import TrainProgram, step_parts  # noqa: E402
+from migration.config.requests import RunConfig  # noqa: E402
+from migration.step.policies import DynamicLossScale  # noqa: E402
+from migration.step.train import TrainProgram, step_parts  # noqa: E402
 
 
 class Trainer:

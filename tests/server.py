@@ -24,7 +24,7 @@ START_TIMEOUT_S = 180.0  # a loaded 2-core box takes a while to import gradio an
 
 def users_file(path: Path, users: dict[str, str]) -> Path:
     """A users file for --auth-file: salted hashes, private (as `python -m migration add-user` writes)."""
-    from migration.accounts import add_user
+    from migration.service.accounts import add_user
 
     for user, password in users.items():
         add_user(path, user, password)
@@ -148,7 +148,7 @@ class Server:
     def workers(self, mode: str = "") -> list[int]:
         """This server's worker processes (its children), not anyone else's; of one mode (run, plan,
         check, probe-env) when given."""
-        pattern = f"migration.worker .*--mode {mode}( |$)" if mode else "migration.worker"
+        pattern = f"migration.running.worker .*--mode {mode}( |$)" if mode else "migration.running.worker"
         out = subprocess.run(["pgrep", "-P", str(self.proc.pid), "-f", pattern],
                              check=False, capture_output=True, text=True).stdout
         return [int(p) for p in out.split()]

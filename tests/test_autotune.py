@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from migration.autotune import (
+from migration.service.autotune import (
     AutotuneRefused,
     AutotuneSettings,
     autotuned_plan,
@@ -21,9 +21,10 @@ from migration.autotune import (
     start_autotune,
     summarise,
 )
-from migration.config import ConfigError, PlanRequest, RunConfig
-from migration.planner import plan_migration
-from migration.report import Plan, RunReport
+from migration.config.limits import ConfigError
+from migration.config.requests import PlanRequest, RunConfig
+from migration.planning.planner import plan_migration
+from migration.results import Plan, RunReport
 
 ROOT = Path(__file__).resolve().parent.parent
 SETTINGS = AutotuneSettings(top=3, warmup_steps=1, timed_steps=3)

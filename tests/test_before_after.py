@@ -15,10 +15,12 @@ import jax
 import numpy as np
 import pytest
 
-from migration.config import ConfigError, RunConfig, validate
-from migration.report import RunReport
-from migration.scaling import scaling_rows, scaling_table
-from migration.train import (
+from migration.config.limits import ConfigError
+from migration.config.requests import RunConfig, validate
+from migration.results import RunReport
+from migration.grading.scaling import scaling_rows
+from migration.service.scaling_runs import scaling_table
+from migration.step.train import (
     TrainProgram,
     batch_maker,
     make_data_mesh,

@@ -10,12 +10,14 @@ import math
 
 import pytest
 
-from migration import checklist, deployment
-from migration.checklist import FAIL, ITEMS, NA, NOT_CHECKED, PASS, WARN, Evidence
+from migration.grading import checklist
+
+from migration.planning import deployment
+from migration.grading.checklist import FAIL, ITEMS, NA, NOT_CHECKED, PASS, WARN, Evidence
 from migration.codecheck import check_sources
-from migration.config import PlanRequest, RunConfig
-from migration.planner import plan_migration
-from migration.runner import run
+from migration.config.requests import PlanRequest, RunConfig
+from migration.planning.planner import plan_migration
+from migration.running.runner import run
 
 pytestmark = pytest.mark.slow
 TARGET_KIND = "NVIDIA A100-SXM4-40GB"  # the device kind of the a100-40gb catalog entry
@@ -227,7 +229,7 @@ def test_csv_has_one_row_per_item_and_the_snippet_sets_the_environment(world, tm
 
 
 def test_a_plan_from_an_older_version_is_refused_with_a_clear_message(world):
-    from migration.report import Plan
+    from migration.results import Plan
 
     data = world["plan"].to_dict()
     for field in ("ranked", "budget_source", "remat_chosen_by"):

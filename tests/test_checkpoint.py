@@ -13,10 +13,13 @@ import jax
 import numpy as np
 import pytest
 
-from migration import checkpoint, forms
-from migration.config import CHECKPOINT_META_FILE, ConfigError, RunConfig, validate
-from migration.runner import run
-from migration.train import DATA_AXIS, TrainProgram, replicate_per_device, step_parts
+from migration.running import checkpoint
+
+from migration.config import forms
+from migration.config.limits import ConfigError
+from migration.config.requests import CHECKPOINT_META_FILE, RunConfig, validate
+from migration.running.runner import run
+from migration.step.train import DATA_AXIS, TrainProgram, replicate_per_device, step_parts
 
 ROOT = Path(__file__).resolve().parent.parent
 # The TPU-style job: 8 devices, replicated state, fp32 so that layouts agree to rounding; the MLP,

@@ -10,6 +10,7 @@ import pytest
 
 from migration.codecheck import (RULES, CodeCheck, CodeCheckError, check_files, check_paths, check_source,
                                  check_sources)
+from migration.codecheck import SEVERITIES, rules_markdown
 
 ROOT = Path(__file__).resolve().parent.parent
 TPU_ERA = ROOT / "tests" / "fixtures" / "codecheck" / "tpu_era_train.py"
@@ -255,7 +256,7 @@ def test_ignore_text_inside_a_string_is_not_a_comment():
 
 
 # -- the project's own code --------------------------------------------------------------------
-PROJECT_SOURCES = sorted(p for d in ("migration", "workloads", "bench") for p in (ROOT / d).rglob("*.py")) \
+PROJECT_SOURCES = sorted(p for d in ("migration", "workloads", "ui", "bench") for p in (ROOT / d).rglob("*.py")) \
     + [ROOT / "app.py"]
 
 
@@ -356,3 +357,26 @@ def test_deeply_nested_expressions_are_checked_or_refused_clearly():
     assert [f.rule for f in check_source(chain(300))] == ["SYNC001"]
     with pytest.raises(CodeCheckError, match="nested too deeply"):
         check_source(chain(20_000))
+
+
+# -- the rule table --------------------------------------------------------------------------
+README = ROOT / "README.md"
+RULES_START, RULES_END = "<!-- rules:start -->", "<!-- rules:end -->"
+
+
+def test_the_readme_rule_table_is_the_generated_one():
+    text = README.read_text(encoding="utf-8")
+    assert text.count(RULES_START) == 1 and text.count(RULES_END) == 1
+    table = text.split(RULES_START, 1)[1].split(RULES_END, 1)[0]
+    assert table == "\n" + rules_markdown(), "the README's rule table is not rules_markdown(): paste it in"
+
+
+@pytest.mark.parametrize("rule_id", sorted(RULES))
+def test_every_rule_has_its_metadata_and_its_example_triggers_it(rule_id):
+    rule = RULES[rule_id]
+    assert rule.id == rule_id and rule.severity in SEVERITIES
+    for field in ("title", "replacement", "rationale", "example"):
+        assert getattr(rule, field).strip(), f"{rule_id} has no {field}"
+    assert "\n" not in rule.title
+    found = check_source(rule.example, f"<{rule_id} example>")
+    assert rule_id in {f.rule for f in found}, found

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from migration.memory import COMPILE_SOURCES, PROJECT_ROOT, code_fingerprint
+from migration.planning.memory import COMPILE_SOURCES, PROJECT_ROOT, code_fingerprint
 
 
 def copy_sources(dest: Path) -> None:
@@ -21,7 +21,7 @@ def test_the_fingerprint_changes_with_the_code_that_shapes_the_compile(tmp_path)
     copy_sources(tmp_path / "a")
     copy_sources(tmp_path / "b")
     assert code_fingerprint(tmp_path / "a") == code_fingerprint(tmp_path / "b") == code_fingerprint(PROJECT_ROOT)
-    for i, changed in enumerate(["workloads/transformer.py", "migration/train.py", "migration/policies.py"]):
+    for i, changed in enumerate(["workloads/transformer.py", "migration/step/train.py", "migration/step/policies.py"]):
         root = tmp_path / f"changed{i}"
         copy_sources(root)
         (root / changed).write_text((root / changed).read_text() + "\n# a changed line\n")
@@ -29,8 +29,8 @@ def test_the_fingerprint_changes_with_the_code_that_shapes_the_compile(tmp_path)
 
 
 def test_the_fingerprint_is_part_of_every_cache_key(monkeypatch, tmp_path):
-    import migration.memory as memory
-    from migration.config import PlanRequest
+    import migration.planning.memory as memory
+    from migration.config.requests import PlanRequest
 
     req = PlanRequest(workload="transformer", preset="tiny", target="t4")
     predictor = memory.MemoryPredictor(req, lambda *a, **k: None, estimate_because="no compile in this test",
@@ -61,8 +61,8 @@ def test_the_persistent_cache_is_private_and_keeps_compiles_of_a_few_tenths_of_a
 
 
 def test_probes_and_deviceless_plans_leave_the_cache_off(monkeypatch):
-    from migration import worker
-    from migration.config import PlanRequest, RunConfig
+    from migration.running import worker
+    from migration.config.requests import PlanRequest, RunConfig
 
     monkeypatch.setattr(worker, "enable_compile_cache", lambda: pytest.fail("the cache was switched on"))
     assert worker.start_compile_cache("probe-env", RunConfig()) is None
@@ -73,9 +73,9 @@ def test_probes_and_deviceless_plans_leave_the_cache_off(monkeypatch):
 def test_a_run_reports_the_hits_of_its_compiled_and_finished_events():
     from types import SimpleNamespace
 
-    from migration.config import RunConfig
-    from migration.report import RunReport
-    from migration.worker import with_cache_hits
+    from migration.config.requests import RunConfig
+    from migration.results import RunReport
+    from migration.running.worker import with_cache_hits
 
     events = []
     hits = SimpleNamespace(count=0)
@@ -95,8 +95,8 @@ def test_a_run_reports_the_hits_of_its_compiled_and_finished_events():
 
 @pytest.mark.slow
 def test_a_second_worker_run_loads_its_compiles_from_the_private_cache(monkeypatch, tmp_path):
-    from migration.config import RunConfig
-    from migration.runner import run
+    from migration.config.requests import RunConfig
+    from migration.running.runner import run
 
     monkeypatch.setenv("MIGRATION_CACHE_DIR", str(tmp_path / "service"))
     cfg = RunConfig(workload="transformer", preset="tiny", per_device_batch=2, steps=2, warmup_steps=1, platform="cpu")

@@ -2,9 +2,10 @@
 
 import pytest
 
-from migration.config import ConfigError, RunConfig, validate
-from migration.worker_env import worker_environment
-from migration.report import RunReport, write_csv
+from migration.config.limits import ConfigError
+from migration.config.requests import RunConfig, validate
+from migration.running.worker_env import worker_environment
+from migration.results import RunReport, write_csv
 
 
 @pytest.mark.parametrize(

@@ -10,16 +10,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from migration import forms
-from migration.config import (
-    LIMITS,
-    PLAN_LIMITS,
-    ConfigError,
-    PlanRequest,
-    RunConfig,
-    validate,
-    validate_plan_request,
-)
+from migration.config import forms
+from migration.config.limits import LIMITS, PLAN_LIMITS, ConfigError
+from migration.config.requests import PlanRequest, RunConfig, validate, validate_plan_request
 
 ANY = st.one_of(
     st.integers(),

@@ -15,15 +15,10 @@ from flax import nnx
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from migration.__main__ import MODEL_FLAGS, _model_overrides, build_parser
-from migration.config import (
-    ConfigError,
-    PlanRequest,
-    RunConfig,
-    validate,
-    validate_plan_request,
-)
-from migration.train import (
+from migration.cli.parser import MODEL_FLAGS, build_parser, model_overrides as _model_overrides
+from migration.config.limits import ConfigError
+from migration.config.requests import PlanRequest, RunConfig, validate, validate_plan_request
+from migration.step.train import (
     TrainProgram,
     abstract_batch,
     abstract_state,

@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from migration.history import History
-from migration.jobs import BACKFILL_MAX, JobService, Limits, LimitError, RateLimiter
-from migration.runner import LocalExecutor
+from migration.service.history import History
+from migration.service.jobs import BACKFILL_MAX, JobService, Limits, LimitError, RateLimiter
+from migration.running.runner import LocalExecutor
 from tests.server import wait_until
 
 

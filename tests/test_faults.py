@@ -13,9 +13,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from migration.config import RunConfig
-from migration.history import History, HistoryError
-from migration.report import RunReport
+from migration.config.requests import RunConfig
+from migration.service.history import History, HistoryError
+from migration.results import RunReport
 from tests.server import ROOT, Server, value
 
 pytestmark = pytest.mark.slow

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from migration import forms
+from migration.config import forms
 from migration.codecheck import (
     MAX_SOURCE_BYTES,
     CodeCheckError,
@@ -14,7 +14,8 @@ from migration.codecheck import (
     check_sources,
     read_upload,
 )
-from migration.config import ConfigError, PlanRequest, validate_plan_request
+from migration.config.limits import ConfigError
+from migration.config.requests import PlanRequest, validate_plan_request
 
 GOOD_PLAN = dict(workload="transformer", preset="tiny", source="tpu-v5e-8", global_batch=256, per_core_batch=0,
                  source_precision="bf16", target="h100-sxm", gpus=1, memory_fraction=0.8, granularity="multiple8",
@@ -183,7 +184,7 @@ def test_forms_module_imports_no_jax_or_gradio():
     import subprocess
     import sys
 
-    code = "import sys, migration.forms; print('jax' in sys.modules, 'gradio' in sys.modules)"
+    code = "import sys, migration.config.forms; print('jax' in sys.modules, 'gradio' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]
 

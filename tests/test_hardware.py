@@ -5,7 +5,7 @@ import types
 import pytest
 
 from migration.hardware import GPU_SPECS, MATMUL_UNITS, fp32_matmul_precision, gpu_spec_for_device_kind, matmul_unit
-from migration.measure import peak_flops_for
+from migration.running.measure import peak_flops_for
 
 
 @pytest.mark.parametrize("kind,key", [

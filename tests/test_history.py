@@ -8,9 +8,9 @@ import sqlite3
 import pandas as pd
 import pytest
 
-from migration.config import RunConfig
-from migration.history import History, HistoryError
-from migration.report import RunReport
+from migration.config.requests import RunConfig
+from migration.service.history import History, HistoryError
+from migration.results import RunReport
 
 
 def report(status="ok", message="", **events):

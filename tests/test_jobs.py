@@ -4,10 +4,11 @@ queued and running jobs, and a shutdown that leaves no worker and marks what it 
 
 import pytest
 
-from migration.config import ConfigError, PlanRequest, RunConfig
-from migration.history import History
-from migration.jobs import JobService, Limits, LimitError, NotYourJob
-from migration.runner import plan as make_plan
+from migration.config.limits import ConfigError
+from migration.config.requests import PlanRequest, RunConfig
+from migration.service.history import History
+from migration.service.jobs import JobService, Limits, LimitError, NotYourJob
+from migration.running.runner import plan as make_plan
 from tests.server import job_is_stepping, wait_until
 
 pytestmark = pytest.mark.slow

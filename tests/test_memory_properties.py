@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from migration.config import REMAT_NAMES, PlanRequest, remat_applies
-from migration.memory import CompileCache, MemoryPredictor
-from migration.runner import plan
-from migration.worker_env import DISABLE_XLA_REMAT, planner_environment
+from migration.config.limits import REMAT_NAMES
+from migration.config.requests import PlanRequest, remat_applies
+from migration.planning.memory import CompileCache, MemoryPredictor
+from migration.running.runner import plan
+from migration.running.worker_env import DISABLE_XLA_REMAT, planner_environment
 from workloads import get_workload
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -137,13 +138,14 @@ def test_accumulation_never_lowers_the_peak(cache_root):
 
 REMAT_ON_PROBE = """
 import os, sys
-from migration.config import REMAT_NAMES, PlanRequest, remat_applies
-from migration.worker_env import planner_environment, DISABLE_XLA_REMAT
+from migration.config.limits import REMAT_NAMES
+from migration.config.requests import PlanRequest, remat_applies
+from migration.running.worker_env import planner_environment, DISABLE_XLA_REMAT
 req = PlanRequest(workload="transformer", preset="tiny", target="t4", compile_for_tpu=False)
 env = planner_environment(req)
 env["XLA_FLAGS"] = env["XLA_FLAGS"].replace(DISABLE_XLA_REMAT, "").strip()
 os.environ.update(env)
-from migration.memory import CompileCache, MemoryPredictor
+from migration.planning.memory import CompileCache, MemoryPredictor
 p = MemoryPredictor(req, lambda *a, **k: None, cache=CompileCache(__import__("pathlib").Path(sys.argv[1])))
 print(p.predict("fp16", "none", 32768))
 """

@@ -25,11 +25,12 @@ import numpy as np
 import pytest
 import yaml
 
-from migration.__main__ import main as cli
-from migration.deployment import deployment_snippet
-from migration.config import ConfigError, PlanRequest, RunConfig, validate
-from migration.distributed import parse_coordinator
-from migration.report import Plan
+from migration.cli.commands import main as cli
+from migration.planning.deployment import deployment_snippet
+from migration.config.limits import ConfigError
+from migration.config.requests import PlanRequest, RunConfig, validate
+from migration.config.distributed import parse_coordinator
+from migration.results import Plan
 
 ROOT = Path(__file__).resolve().parent.parent
 LOSS_RTOL = 1e-6  # float32: the collectives of two processes sum in another order (measured: 1e-7)
@@ -166,7 +167,7 @@ def test_a_multi_node_plan_runs_as_one_job_under_slurm_and_is_refused_as_one_pro
     launch it); started as its sbatch script does (srun, `--distributed auto`: JAX detects SLURM),
     it runs as one job of two processes of 2 CPU devices, with the losses of one process on 4; process
     0 writes the report and the exports, whose deployment script has the sbatch and Job forms."""
-    from migration.planner import plan_migration
+    from migration.planning.planner import plan_migration
 
     plan = plan_migration(PlanRequest(workload="mlp", preset="tiny", target="h100-sxm", gpus=4, gpus_per_node=2,
                                       global_batch=16, max_per_device_batch=4, precision="fp32",
@@ -283,7 +284,7 @@ def test_coordinator_addresses():
 
 
 def test_the_one_host_comparison_runs_of_a_plan_are_refused_in_a_multi_process_job(capsys, tmp_path):
-    from migration.planner import plan_migration
+    from migration.planning.planner import plan_migration
 
     plan = plan_migration(PlanRequest(workload="mlp", preset="tiny", target="a100-40gb", gpus=3, global_batch=48,
                                       compile_for_tpu=False), lambda *a, **k: None)

@@ -16,9 +16,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from migration.config import RunConfig, remat_applies
-from migration.policies import REMAT_POLICIES, DynamicLossScale
-from migration.train import TrainProgram, init_state_on, make_data_mesh
+from migration.config.requests import RunConfig, remat_applies
+from migration.step.policies import REMAT_POLICIES, DynamicLossScale
+from migration.step.train import TrainProgram, init_state_on, make_data_mesh
 from workloads import get_workload
 
 RTOL, ATOL = 1e-5, 2e-6

@@ -6,7 +6,7 @@ import pytest
 
 from hypothesis import given, settings, strategies as st
 
-from migration.search import (
+from migration.planning.search import (
     RECOMPUTE_FACTOR,
     REMAT_ORDER,
     StepCostModel,

@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from migration.config import ConfigError, PlanRequest, RunConfig
-from migration.deployment import deployment_snippet, environment_of
-from migration.orchestrate import config_as_planned
-from migration.planfile import checked_plan, read_plan
-from migration.planner import plan_migration
+from migration.config.limits import ConfigError
+from migration.config.requests import PlanRequest, RunConfig
+from migration.planning.deployment import deployment_snippet, environment_of
+from migration.service.orchestrate import config_as_planned
+from migration.planning.planfile import checked_plan, read_plan
+from migration.planning.planner import plan_migration
 
 HOSTILE = "x\n$(touch {mark})\n`touch {mark}` --xla_dump_to={mark}-dump ; touch {mark} # '\"\u202e"
 

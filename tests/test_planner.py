@@ -7,11 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from migration.config import ConfigError, PlanRequest
-from migration.memory import MemoryPredictor
-from migration.planner import plan_migration
-from migration.runner import plan
-from migration.search import batch_candidates
+from migration.config.limits import ConfigError
+from migration.config.requests import PlanRequest
+from migration.planning.memory import MemoryPredictor
+from migration.planning.planner import plan_migration
+from migration.running.runner import plan
+from migration.planning.search import batch_candidates
 from tests.concurrent_plans import cli_plan, start_cli_plans, start_plans, stop_cli_plans
 
 ROOT = Path(__file__).resolve().parent.parent

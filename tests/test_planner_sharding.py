@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from migration.config import ConfigError, PlanRequest, validate_plan_request
-from migration.planner import plan_migration
+from migration.config.limits import ConfigError
+from migration.config.requests import PlanRequest, validate_plan_request
+from migration.planning.planner import plan_migration
 
 ROOT = Path(__file__).resolve().parent.parent
 LLAMA_8B_FLAGS = ["--workload", "llama", "--layers", "32", "--d-model", "4096", "--heads", "32", "--kv-heads", "8",

@@ -3,7 +3,7 @@
 import pytest
 
 from migration.common import fmt_loss
-from migration.orchestrate import describe
+from migration.service.orchestrate import describe
 
 
 @pytest.mark.parametrize("loss,shown", [(2.5, "2.5000"), (None, "nan"), ("inf", "inf"), ("-inf", "-inf")])

@@ -1,4 +1,4 @@
-"""Runs on a Ray cluster (migration/ray_executor.py), against a real one-node cluster on loopback that
+"""Runs on a Ray cluster (migration/cluster/ray_cluster.py), against a real one-node cluster on loopback that
 declares two GPUs (the node has none, so the workers run on JAX's CPU platform): runs land and
 report, two go at once and a third waits with its queue position, a killed Ray worker is `crashed`,
 Stop cancels, the history keeps every run, and the launched app streams a run's events from it.
@@ -19,11 +19,12 @@ import pytest
 
 pytest.importorskip("ray")
 
-from migration.config import PlanRequest, RunConfig  # noqa: E402
-from migration.history import History  # noqa: E402
-from migration.jobs import JobService, Limits, LimitError  # noqa: E402
-from migration.orchestrate import RunOptions  # noqa: E402
-from migration.runner import ExecutorError, make_executor, plan as make_plan  # noqa: E402
+from migration.config.requests import PlanRequest, RunConfig  # noqa: E402
+from migration.service.history import History  # noqa: E402
+from migration.service.jobs import JobService, Limits, LimitError  # noqa: E402
+from migration.service.orchestrate import RunOptions  # noqa: E402
+from migration.cluster.executors import make_executor  # noqa: E402
+from migration.running.runner import ExecutorError, plan as make_plan  # noqa: E402
 from tests.server import ROOT, Server, free_port, job_is_stepping, value, wait_until  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -89,7 +90,7 @@ stepping = job_is_stepping
 
 def ray_run_workers(mode="run"):
     """(worker pid, its parent's pid) of the run (or plan) workers whose parent is a Ray actor process."""
-    out = subprocess.run(["pgrep", "-f", "-x", rf".*-m migration\.worker .*--mode {mode}.*"], check=False,
+    out = subprocess.run(["pgrep", "-f", "-x", rf".*-m migration\.running\.worker .*--mode {mode}.*"], check=False,
                          capture_output=True, text=True).stdout
     found = []
     for pid in map(int, out.split()):
@@ -242,7 +243,7 @@ def test_a_cluster_without_gpus_or_cpus_is_refused_saying_so(cpus, gpus, refusal
     script = ("import ray\n"
               f"ray.init(address='local', num_cpus={cpus}, num_gpus={gpus}, include_dashboard=False, "
               "log_to_driver=False)\n"
-              "from migration.runner import ExecutorError, make_executor\n"
+              "from migration.cluster.executors import make_executor\nfrom migration.running.runner import ExecutorError\n"
               "try:\n    make_executor('auto')\nexcept ExecutorError as exc:\n    print('refused:', exc)\n")
     done = subprocess.run([sys.executable, "-c", script], check=False, cwd=ROOT, capture_output=True, text=True,
                           timeout=180, env={**os.environ, **NO_AUTH})

@@ -19,14 +19,9 @@ from pathlib import Path
 import pytest
 
 import workloads
-from migration import forms
-from migration.config import (
-    ConfigError,
-    PlanRequest,
-    RunConfig,
-    validate,
-    validate_plan_request,
-)
+from migration.config import forms
+from migration.config.limits import ConfigError
+from migration.config.requests import PlanRequest, RunConfig, validate, validate_plan_request
 from workloads import (
     BUILTIN,
     WORKLOADS,
@@ -65,7 +60,7 @@ out = {"names": list(WORKLOADS), "broken": BROKEN_ENTRY_POINTS}
 if "team-mlp" in WORKLOADS:
     import jax, jax.numpy as jnp
     from flax import nnx
-    from migration.config import RunConfig, validate
+    from migration.config.requests import RunConfig, validate
     w = WORKLOADS["team-mlp"]
     cfg = w.config("tiny")
     model = nnx.eval_shape(lambda: w.build(cfg, dtype=jnp.float32, block_wrap=lambda f: f, rngs=nnx.Rngs(0)))
@@ -151,7 +146,8 @@ def test_cli_refuses_a_reference_that_does_not_load_in_one_line(tmp_path):
 PLAIN_PROBE = """
 import json
 import workloads
-from migration.config import ConfigError, PlanRequest, RunConfig, validate, validate_plan_request
+from migration.config.limits import ConfigError
+from migration.config.requests import PlanRequest, RunConfig, validate, validate_plan_request
 out = {}
 for name in ("os:system", "workloads.transformer:LLAMA"):
     try:

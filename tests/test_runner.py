@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from migration.config import ConfigError, RunConfig
-from migration.runner import probe_environment, run, start_run
+from migration.config.limits import ConfigError
+from migration.config.requests import RunConfig
+from migration.running.runner import probe_environment, run, start_run
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
@@ -133,8 +134,8 @@ def _wait_gone(pid, within_s):
 # (and the helper, started after the worker, must not have inherited the lifeline's write end).
 PARENT_SCRIPT = textwrap.dedent("""
     import os, subprocess, sys, time
-    from migration.config import RunConfig
-    from migration.runner import start_run
+    from migration.config.requests import RunConfig
+    from migration.running.runner import start_run
 
     handle = start_run(RunConfig(workload="mlp", preset="tiny", steps=100_000, timeout_s=600))
     events = handle.events()
@@ -252,7 +253,7 @@ def test_a_worker_moves_to_the_worker_cpus_from_a_server_pinned_elsewhere():
     """The server may be pinned to its own core (taskset); its workers inherit that affinity and must
     still move to --worker-cpus, or they compete with the server on its one core."""
     server_cpu, worker_cpu = sorted(os.sched_getaffinity(0))[:2]
-    script = ("import os; from migration.worker import pin_to_worker_cpus; "
+    script = ("import os; from migration.running.worker import pin_to_worker_cpus; "
               f"os.sched_setaffinity(0, {{{server_cpu}}}); pin_to_worker_cpus('{worker_cpu}'); "
               "a = os.sched_getaffinity(0); pin_to_worker_cpus('4096-4099'); "
               "print(sorted(a), sorted(os.sched_getaffinity(0)))")

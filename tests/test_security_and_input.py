@@ -635,7 +635,7 @@ def test_sign_in_checks_are_awaited_off_the_event_loop_and_answer_right():
     import asyncio
     import inspect
 
-    from migration.accounts import Authenticator, hash_password
+    from migration.service.accounts import Authenticator, hash_password
 
     auth = Authenticator({"alice": hash_password("pw-a", n=2**10), "bob": hash_password("pw-b", n=2**10)})
     assert inspect.iscoroutinefunction(auth.check)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from migration.config import RunConfig
+from migration.config.requests import RunConfig
 from workloads import WORKLOADS
 from workloads.base import no_wrap
 

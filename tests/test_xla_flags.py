@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from migration.deployment import xla_flags_for
-from migration.worker_env import DISABLE_XLA_REMAT
+from migration.planning.deployment import xla_flags_for
+from migration.running.worker_env import DISABLE_XLA_REMAT
 
 START_JAX = "import jax, jax.numpy as jnp; print(float(jnp.ones(3).sum()))"
 

@@ -160,7 +160,7 @@ class Workload(abc.ABC):
 
     def forward_flops_by_part(self, cfg: Any) -> dict[str, float]:
         """Forward FLOPs per example of the blocks, by part, for the cost of recomputing them
-        (`migration.search.RECOMPUTES`). By default all of the forward pass is one part."""
+        (`migration.planning.search.RECOMPUTES`). By default all of the forward pass is one part."""
         return {"block": self.flops_per_example(cfg) / 3}
 
     def tokens_per_example(self, cfg: Any) -> int | None:

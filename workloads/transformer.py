@@ -39,7 +39,7 @@ MLPS = ("gelu", "swiglu")
 POSITIONS = ("learned", "rope")
 ATTENTIONS = ("xla", "cudnn")
 # Names of the activations a block tags with `checkpoint_name`, which the named remat policies
-# (migration/policies.py) save, offload or recompute.
+# (migration/step/policies.py) save, offload or recompute.
 CHECKPOINT_NAMES = ("query_proj", "kv_proj", "attention_out", "attention_proj", "mlp_hidden", "mlp_out")
 # cuDNN's fused attention takes head sizes that are multiples of 8, up to 128 on every architecture
 # it supports (the planner picks XLA attention otherwise).

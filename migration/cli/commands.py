@@ -1,0 +1,321 @@
+"""The command line's commands: `python -m migration {env,run,plan,check,autotune,add-user,prune-history}`.
+Each turns its flags into the backend's requests and prints the results (`migration/cli/output.py`);
+none decides anything the app would decide differently."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import getpass
+import json
+import sqlite3
+import sys
+from pathlib import Path
+from typing import Any
+
+from migration.cli.output import (
+    fmt_bytes,
+    plan_progress,
+    print_autotune,
+    print_checklist,
+    print_plan,
+    print_summary,
+    progress_printer,
+    report_failure,
+    write_report,
+)
+from migration.cli.parser import FLAGS, build_parser, given_fields, model_overrides
+from migration.codecheck import CodeCheckError, check_files, check_paths, has_errors
+from migration.common import write_csv
+from migration.config import forms
+from migration.config.fields import DIMENSIONS, FIELD, flags_of
+from migration.config.limits import ConfigError
+from migration.config.requests import PlanRequest, RunConfig
+from migration.grading.checklist import to_csv
+from migration.planning.planfile import read_plan
+from migration.running.runner import PlanError, probe_environment, start_plan, start_run
+from migration.service.accounts import AccountsError, add_user
+from migration.service.autotune import AutotuneRefused, AutotuneSettings, start_autotune
+from migration.service.history import History, HistoryError
+from migration.service.orchestrate import RunOptions, base_config, run_plan
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """`run`: one config in a fresh worker (or, with --plan, the plan's runs: `cmd_run_plan`)."""
+    names = {f.name for f in dataclasses.fields(RunConfig)}
+    try:
+        model = model_overrides(args)
+        config, options = forms.run_values(**given_fields(args, "run", ("run", "options")))
+    except ConfigError as exc:
+        print(f"error: invalid config: {exc}" + (f" (flag {FLAGS[exc.field]})" if exc.field in FLAGS else ""),
+              file=sys.stderr)
+        return 2
+    given = {k: v for k, v in vars(args).items() if k in names and v is not None} | config
+    if model:
+        given["model"] = model
+    if args.plan:
+        return cmd_run_plan(args, given, RunOptions(**options))
+    cfg = RunConfig(**given)
+    plan_only = [flag for flag, on in (("--checklist", args.checklist), ("--code", args.code),
+                                       ("--history-db", args.history_db),
+                                       *((FLAGS[name], on) for name, on in options.items())) if on]
+    if plan_only:
+        print(f"error: {plan_only[0]} needs --plan PLAN_JSON (the checklist grades a plan and its run)", file=sys.stderr)
+        return 2
+    try:
+        handle = start_run(cfg)
+    except ConfigError as exc:
+        flag = FLAGS.get(exc.field)
+        print(f"error: invalid config: {exc}" + (f" (flag {flag})" if flag else ""), file=sys.stderr)
+        return 2
+    try:
+        report = handle.wait(progress_printer(args.quiet, cfg.steps))
+    except KeyboardInterrupt:
+        handle.cancel()
+        print("\ncancelled", file=sys.stderr)
+        return 130
+    print_summary(report)
+    write_report(args, report)
+    return report_failure(report)
+
+
+def cmd_run_plan(args: argparse.Namespace, given: dict[str, Any], options: RunOptions) -> int:
+    """`run --plan`: the same runs, history, exports and checklist as the app's Run button. Run
+    settings come from the flags; the memory share defaults to the plan's."""
+    try:
+        saved = read_plan(Path(args.plan).read_bytes(), where="--plan")
+    except (OSError, ValueError) as exc:
+        print(f"error: --plan {args.plan}: not a readable plan ({exc})", file=sys.stderr)
+        return 2
+    try:
+        code = check_paths(args.code) if args.code else None
+    except (CodeCheckError, OSError) as exc:
+        print(f"error: --code: {exc}", file=sys.stderr)
+        return 2
+    plan_fields = ("workload", "preset", "model", "per_device_batch", "accumulation_steps", "precision", "remat",
+                   "devices", "sharding", "step_style")
+    base = base_config(saved, **{k: v for k, v in given.items() if k not in plan_fields})
+    progress = progress_printer(args.quiet, base.steps)
+    result = None
+    try:
+        history = History(args.history_db) if args.history_db else None
+        events = run_plan(saved, base, options, Path(args.export_dir), code=code, history=history)
+        for ev in events:
+            if ev["event"] == "note":
+                print(f"note: {ev['message']}.")
+            elif ev["event"] == "progress":
+                progress(ev["worker_event"])
+            elif ev["event"] == "result":
+                result = ev["result"]
+    except ConfigError as exc:
+        flag = FLAGS.get(exc.field)
+        print(f"error: invalid config: {exc}" + (f" (flag {flag})" if flag else ""), file=sys.stderr)
+        return 2
+    except PlanError as exc:
+        print(f"error: --plan {args.plan}: {exc}", file=sys.stderr)
+        return 2
+    except (OSError, sqlite3.Error) as exc:
+        print(f"error: could not record or export the runs: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        events.close()
+        print("\ncancelled", file=sys.stderr)
+        return 130
+    for name, report in result.runs:
+        print(f"\n== {name}")
+        print_summary(report)
+    write_report(args, result.main)
+    print_checklist(result.checklist)
+    if args.checklist and not result.main.process_index:
+        to_csv(result.checklist, args.checklist)
+        print(f"wrote {args.checklist}")
+    if result.files:
+        print("exports: " + ", ".join(f"{k} {v}" for k, v in result.files.items()))
+    return report_failure(result.main)
+
+
+def cmd_env(args: argparse.Namespace) -> int:
+    """`env`: what a worker sees (backend, devices, versions, environment, GPU memory)."""
+    try:
+        info = probe_environment(RunConfig(platform=args.platform, timeout_s=120))
+    except RuntimeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(f"backend: {info['backend']}  ({info['device_count']} device(s))")
+    for dev in info["devices"]:
+        print(f"  device {dev['id']}: {dev['kind']} [{dev['platform']}]")
+    print("versions: " + ", ".join(f"{k} {v}" for k, v in info["versions"].items()))
+    print("JAX/XLA environment of a worker:")
+    for k, v in info["env"].items():
+        print(f"  {k}={v}")
+    if info["nvidia_gpus"]:
+        print("NVIDIA GPUs (NVML):")
+        for g in info["nvidia_gpus"]:
+            print(f"  {g['index']}: {g['name']}  total {fmt_bytes(g['total_bytes'])}, used {fmt_bytes(g['used_bytes'])}, "
+                  f"by other processes {fmt_bytes(g['used_by_other_processes_bytes'])}")
+    else:
+        print("NVIDIA GPUs (NVML): none found")
+    for w in info["warnings"]:
+        print(f"warning: {w}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(info, f, indent=2)
+    return 0
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    """`plan`: the planner in a worker, its progress as it searches, the plan."""
+    try:
+        handle = start_plan(plan_request(args))
+    except ConfigError as exc:
+        print(f"error: invalid plan request: {exc}", file=sys.stderr)
+        return 2
+
+    try:
+        result = handle.wait(None if args.quiet else plan_progress)
+    except PlanError as exc:
+        print(f"error: planning {exc.kind}: {exc}", file=sys.stderr)
+        if exc.kind == "crashed" and exc.stderr_tail:
+            print("--- planner stderr (tail) ---\n" + exc.stderr_tail[-2000:], file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        handle.cancel()
+        return 130
+    print_plan(result)
+    if args.json:
+        result.to_json(args.json)
+        print(f"wrote {args.json}")
+    return 0 if result.status == "ok" else 1
+
+
+def plan_request(args: argparse.Namespace) -> PlanRequest:
+    """The plan flags given (the others: the form's defaults), checked like the form's values; a
+    workload may also be a reference (package.module:NAME)."""
+    model = model_overrides(args)
+    given = given_fields(args, "plan", ("plan",))
+    given.update({name: value for name, value in model.items() if name in DIMENSIONS})
+    if "tied_embeddings" in model:
+        given["embeddings"] = "tied" if model["tied_embeddings"] else "untied"
+    req = forms.plan_request(registered_only=False, **{**given, "preset": args.preset})
+    return dataclasses.replace(req, compile_for_tpu=args.compile_for_tpu)
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    """`check`: the code check of the files named (read, never run)."""
+    try:
+        findings = check_files(args.files)
+    except (CodeCheckError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for f in findings:
+        print(f"{f.file}:{f.line}:{f.col}: {f.severity} {f.rule} {f.message}\n    write instead: {f.replacement}")
+    counts = {sev: sum(f.severity == sev for f in findings) for sev in ("error", "warning", "info")}
+    if findings:
+        print(f"\n{len(findings)} finding(s): " + ", ".join(f"{n} {sev}" for sev, n in counts.items() if n))
+    else:
+        print(f"no findings in {len(args.files)} file(s)")
+    rows = [f.to_dict() for f in findings]
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump(rows, out, indent=2)
+    if args.csv:
+        write_csv(rows, ["file", "line", "col", "rule", "severity", "message", "replacement"], args.csv)
+    return 1 if has_errors(findings) else 0
+
+
+SHOWN = ("started", "compiled", "step")  # worker events shown as progress
+AUTOTUNE_FLAGS = {"warmup_steps": "--warmup", "timeout_s": "--timeout", "memory_fraction": "--mem-fraction",
+                  **{f.target: f.cli_flag for f in flags_of("autotune")}}
+
+
+def cmd_autotune(args: argparse.Namespace) -> int:
+    """`autotune`: measure a plan's top ranked choices here and pick the fastest measured."""
+    try:
+        saved = read_plan(Path(args.plan).read_bytes(), where="--plan")
+    except (OSError, ValueError) as exc:
+        print(f"error: --plan {args.plan}: not a readable plan ({exc})", file=sys.stderr)
+        return 2
+    try:
+        chosen = {FIELD[name].target: forms.parse(FIELD[name], value)
+                  for name, value in given_fields(args, "autotune", ("autotune",)).items()}
+        settings = AutotuneSettings(**chosen, warmup_steps=args.warmup_steps, timeout_s=args.timeout_s,
+                                    memory_fraction=args.memory_fraction)
+        history = History(args.history_db) if args.history_db else None
+        events = start_autotune(saved, settings, history=history)
+    except AutotuneRefused as exc:
+        print(f"error: cannot autotune {args.plan}: {exc}", file=sys.stderr)
+        return 2
+    except ConfigError as exc:
+        flag = AUTOTUNE_FLAGS.get(exc.field)
+        print(f"error: invalid settings: {exc}" + (f" (flag {flag})" if flag else ""), file=sys.stderr)
+        return 2
+    except (OSError, sqlite3.Error) as exc:
+        print(f"error: --history-db: {exc}", file=sys.stderr)
+        return 2
+    result = None
+    try:
+        for ev in events:
+            if ev["event"] == "status":
+                print(ev["message"], flush=True)
+            elif ev["event"] == "progress" and not args.quiet and ev["worker_event"]["event"] in SHOWN:
+                print(f"  {ev['status']}", flush=True)
+            elif ev["event"] == "measured" and not ev["row"].ok:
+                print(f"  {ev['row'].status} ({ev['row'].failure_kind}): {ev['row'].message}", flush=True)
+            elif ev["event"] == "result":
+                result = ev["result"]
+    except KeyboardInterrupt:
+        events.close()
+        print("\ncancelled", file=sys.stderr)
+        return 130
+    print_autotune(result)
+    if args.json:
+        result.to_json(args.json)
+        print(f"wrote {args.json}")
+    if args.csv:
+        write_csv(result.table_rows(), path=args.csv)
+        print(f"wrote {args.csv}")
+    return 0 if result.pick_rank is not None else 1
+
+
+def cmd_prune_history(args: argparse.Namespace) -> int:
+    """`prune-history`: delete finished entries older than some days."""
+    if not args.older_than_days >= 0:
+        print("error: --older-than-days must be 0 or more", file=sys.stderr)
+        return 2
+    try:
+        removed = History(args.history_db).prune(args.older_than_days, args.user)
+    except HistoryError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"removed {removed} entr{'y' if removed == 1 else 'ies'} older than {args.older_than_days:g} days"
+          + (f" of {args.user}" if args.user else ""))
+    return 0
+
+
+def cmd_add_user(args: argparse.Namespace) -> int:
+    """The password from the terminal (asked twice), or the first line of standard input."""
+    if sys.stdin.isatty():
+        password = getpass.getpass(f"password for {args.user}: ")
+        if getpass.getpass("again: ") != password:
+            print("error: the two passwords differ", file=sys.stderr)
+            return 2
+    else:
+        password = sys.stdin.readline().rstrip("\n")
+    try:
+        add_user(args.users_file, args.user, password)
+    except (AccountsError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"{args.user} can sign in; {args.users_file} holds salted scrypt hashes (mode 0600)")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if getattr(args, "workload", None) and ":" in args.workload:
+        # reason: the workloads import JAX; only a command that names a model reference needs them
+        from workloads import allow_references
+
+        allow_references()  # `--workload package.module:NAME`: the command line may import a team's model
+    return {"run": cmd_run, "env": cmd_env, "plan": cmd_plan, "check": cmd_check,
+            "autotune": cmd_autotune, "add-user": cmd_add_user, "prune-history": cmd_prune_history}[args.command](args)

@@ -1,0 +1,216 @@
+"""What the command line prints: a run's report, a plan, the checklist, an autotune table. Formats the
+backend's results; decides nothing."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from migration.common import fmt_gib, fmt_loss, fmt_model
+from migration.results import write_csv as write_report_csv
+from migration.service.orchestrate import describe
+
+
+def fmt_bytes(n: int | None) -> str:
+    """Bytes in GiB, three digits."""
+    return fmt_gib(n, 3)
+
+
+def fmt(value: Any, spec: str, unit: str = "") -> str:
+    """`value` formatted by `spec`, or n/a."""
+    return "n/a" if value is None else f"{value:{spec}}{unit}"
+
+
+def print_summary(r: Any) -> None:
+    """One run's report: what ran where, and its figures."""
+    print(f"\n{r.workload}/{r.preset}{' (' + r.model + ')' if r.model else ''}  {r.precision}  remat={r.remat}  "
+          f"batch {r.per_device_batch} x {r.devices} device(s) x {r.accumulation_steps} accum = global "
+          f"{r.global_batch}  {r.sharding} state, {r.step_style} step")
+    if r.backend:
+        print(f"measured on: {r.device_kind} x{r.device_count} ({r.backend} backend), JAX {r.jax_version}, host {r.host}"
+              + (f", process {r.process_index} of {r.process_count}" if (r.process_count or 1) > 1 else ""))
+    if r.backend == "cpu":
+        print("note: CPU backend. These are CPU figures; no GPU was measured.")
+    rows = [
+        ("status", r.status if r.ok else f"{r.status} ({r.failure_kind})"),
+        ("compile", fmt(r.compile_s, ".2f", " s")),
+        ("step time median / p90", f"{fmt(r.step_ms_median, '.2f')} / {fmt(r.step_ms_p90, '.2f')} ms"),
+        ("samples/s", fmt(r.samples_per_s, ",.1f")),
+        ("tokens/s", fmt(r.tokens_per_s, ",.0f")),
+        ("achieved TFLOP/s", fmt(r.achieved_tflops, ".3f")),
+        ("MFU", fmt(r.mfu * 100 if r.mfu is not None else None, ".1f", " %") + (f"  (peak: {r.peak_tflops_source})" if r.peak_tflops_source else "")),
+        ("peak memory", f"{fmt_bytes(r.peak_memory_bytes)}  ({r.peak_memory_source})"),
+        ("predicted (compiled)", fmt_bytes(r.predicted_peak_bytes)),
+        ("process peak RSS", fmt_bytes(r.process_peak_rss_bytes)),
+        ("recompilations", fmt(r.recompilations, "d")),
+        ("fp32 matmul precision", r.fp32_matmul_precision or "n/a"),
+        ("loss first -> last", f"{fmt_loss(r.loss_first)} -> {fmt_loss(r.loss_last)}"),
+    ]
+    if r.precision == "fp16":
+        rows.append(("skipped steps / loss scale", f"{r.skipped_steps} / {fmt(r.final_loss_scale, 'g')}"))
+    if r.checkpoint_restored:
+        rows.append(("restored", r.checkpoint_restored))
+    if r.checkpoint_saved:
+        rows.append(("saved", f"{r.checkpoint_saved}, {r.checkpoint_saved_bytes:,} bytes"))
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        print(f"  {key:<{width}}  {value}")
+
+
+def progress_printer(quiet: bool, steps: int) -> Callable[[dict[str, Any]], None]:
+    """Prints a run's worker events as progress lines (none when `quiet`)."""
+
+    def progress(ev: dict[str, Any]) -> None:
+        if not quiet and ev["event"] in ("started", "compiled", "step"):
+            print(describe("run", steps, ev), flush=True)
+    return progress
+
+
+def write_report(args: argparse.Namespace, report: Any) -> None:
+    """The run's report to the files --json and --csv name (process 0's job, in a multi-process one)."""
+    if report.process_index:  # another process of a multi-process job: the job's files are process 0's
+        print(f"process {report.process_index} of {report.process_count}: process 0 writes the report files")
+        return
+    if args.json:
+        report.to_json(args.json)
+        print(f"wrote {args.json}")
+    if args.csv:
+        write_report_csv([report], args.csv)
+        print(f"wrote {args.csv}")
+
+
+def report_failure(report: Any) -> int:
+    """The exit status of a run: 0 when it finished, 1 (saying why) when not."""
+    if report.ok:
+        return 0
+    print(f"error: run {report.failure_kind}: {report.message}", file=sys.stderr)
+    if report.failure_kind == "crashed" and report.stderr_tail:
+        print("--- worker stderr (tail) ---\n" + report.stderr_tail[-2000:], file=sys.stderr)
+    return 1
+
+
+def print_checklist(items: list[Any]) -> None:
+    """The graded checklist, one item with its evidence and action per block."""
+    print("\nmigration checklist:")
+    for it in items:
+        print(f"  [{it.status:^11}] {it.item}\n      evidence: {it.evidence}\n      action:   {it.action}")
+
+
+def print_plan(plan: Any) -> None:
+    """A plan: the setup, the budget, the decisions with their reasons, the search."""
+    where = (f"{plan.nodes} nodes x {plan.gpus_per_node}" if plan.nodes > 1 else f"{plan.gpus}")
+    print(f"\n{plan.workload}/{plan.preset}{' (' + fmt_model(plan.model) + ')' if plan.model else ''}: "
+          f"{plan.param_count:,} parameters")
+    print(f"{plan.source_name} (global batch {plan.requested_global_batch}, {plan.source_per_core_batch} per core, "
+          f"{plan.source_precision}) -> {where} x {plan.target_name}")
+    if plan.source_job:
+        sj = plan.source_job
+        print(f"the TPU job: {sj['devices']} devices of {fmt_bytes(sj['hbm_bytes_per_device'])}, state {sj['sharding']} "
+              f"({fmt_bytes(sj['state_bytes_per_device'])} per device: {sj['why']})")
+    print(f"memory budget per GPU: {fmt_bytes(plan.budget_bytes)} ({plan.memory_fraction:.0%} of "
+          f"{fmt_bytes(plan.device_memory_bytes)}, minus a {plan.safety_margin:.0%} margin; device memory: "
+          f"{plan.budget_source})")
+    print(f"prediction: {plan.prediction_method} -- {plan.prediction_note}")
+    if plan.status != "ok":
+        print(f"\nNOT FEASIBLE: {plan.message}")
+        return
+    print(f"\nplan: {plan.sharding} state, {plan.per_device_batch} per GPU x {plan.gpus} GPU(s) x "
+          f"{plan.accumulation_steps} accumulation "
+          f"= global batch {plan.global_batch}{'' if plan.global_batch_exact else ' (NOT the requested ' + str(plan.requested_global_batch) + ')'}, "
+          f"{plan.precision}, remat {plan.remat}; predicted peak {fmt_bytes(plan.predicted_peak_bytes)} per GPU")
+    for d in plan.decisions:
+        print(f"  {d.decision:<20} {str(d.value):<14} {d.reason}")
+    for mode, found in (plan.max_batch_by_sharding or {plan.sharding: plan.max_batch_by_remat}).items():
+        print(f"largest batch per remat policy searched ({mode} state): " + ", ".join(f"{k} {v}" for k, v in found.items()))
+    st = plan.state
+    if st.get("state_with_gradients_bytes_per_gpu") is not None:
+        print(f"state per GPU: {fmt_bytes(st['compiled_state_bytes_per_gpu'])} compiled (parameters + AdamW moments; "
+              f"arithmetic 12 B/param / {st['shared_by']} = {fmt_bytes(st['arithmetic_state_bytes_per_gpu'])}); with "
+              f"gradients {fmt_bytes(st['state_with_gradients_bytes_per_gpu'])} against 16 B/param / {st['shared_by']} = "
+              f"{fmt_bytes(st['arithmetic_bytes_per_gpu'])} ({st['difference']:+.2%})")
+    print_ranked(plan)
+    print(f"the TPU-style setup on this target: {plan.tpu_setup_on_target.get('summary', 'n/a')}")
+    src = plan.source_tpu_compile
+    if src.get("status") == "ok":
+        print(f"on the source TPU ({src['device_kind']}): {fmt_bytes(src['peak_bytes_per_chip'])} per device "
+              f"of {fmt_bytes(src['hbm_bytes_per_device'])}; the plan uses {fmt_bytes(plan.predicted_peak_bytes)} per GPU")
+    elif src.get("status") == "does-not-fit":
+        print(f"on the source TPU ({src['device_kind']}): the TPU compiler says this setup does not fit its "
+              f"{fmt_bytes(src['hbm_bytes_per_device'])} per device: {src['reason']}")
+    else:
+        print(f"source TPU compile: {src.get('status')}" + (f" ({src['reason']})" if src.get("reason") else ""))
+    print(f"rule of thumb (the guide): batch {plan.rule_of_thumb_batch} -- {plan.rule_of_thumb_note}")
+    print(f"matmul precision: TPU {plan.matmul_precision['tpu']}; GPU {plan.matmul_precision['gpu']}")
+    print("environment for the target:")
+    for name, item in plan.environment.items():
+        print(f"  {name}={item['value']}    # {item['why']}")
+    print(f"search: {plan.compiles} compile(s) ({plan.parallel_compiles} in a compile worker beside the search), "
+          f"{plan.cache_hits} cache hit(s), {plan.ruled_out_by_bound} ruled out "
+          f"uncompiled by the lower bound, {plan.search_seconds:.1f} s")
+
+
+def print_ranked(plan: Any) -> None:
+    """The fitting choices, fastest first, with their predicted step time."""
+    rows = plan.ranked_rows()
+    if not rows:
+        return
+    print("choices that fit, fastest predicted step first (those that change the global batch last):")
+    print(f"  {'state':<11} {'remat':<14} {'batch':>6} {'accum':>6} {'global':>7} {'fill':>6} {'step (predicted)':>17}")
+    for r in rows:
+        print(f"  {r['state']:<11} {r['remat']:<14} {r['per_device_batch']:>6} {r['accumulation_steps']:>6} "
+              f"{r['global_batch']:>7} {r['device_fill']:>6} {r['predicted_step']:>17}{'  <- plan' if r['chosen'] else ''}")
+
+
+def print_autotune(result: Any) -> None:
+    """The measured candidates beside their predictions, and the verdict."""
+    print(f"\nautotune of {result.workload}/{result.preset} for {result.gpus} x {result.target_name}, global batch "
+          f"{result.requested_global_batch}: {result.warmup_steps} warm-up + {result.timed_steps} timed step(s) each")
+    print(f"timings: {result.measured_on}")
+    if result.prediction != "seconds":
+        print("predicted step: the planner's relative cost (no peak FLOP/s for this device), so measured/predicted is "
+              "n/a; 'vs best' compares each to the best of the measured choices")
+    head = (f"  {'pred':>4} {'state':<11} {'remat':<14} {'batch':>6} {'accum':>6} {'predicted':>14} {'measured':>11} "
+            f"{'meas/pred':>9} {'pred vs best':>12} {'meas vs best':>12} {'peak memory':>12} {'meas':>4}  status")
+    print(head)
+    for r in result.rows:
+        predicted = (f"{r.predicted_step_s * 1e3:.3g} ms" if r.predicted_step_s is not None
+                     else f"{r.relative_cost:.3g} rel")
+        status = "ok" if r.ok else f"{r.status} ({r.failure_kind})"
+        memory = fmt_gib(r.peak_memory_bytes, 3)
+        if r.peak_memory_source and not r.peak_memory_source.startswith("measured"):
+            memory += "*"
+        print(f"  {'#' + str(r.predicted_rank):>4} {r.sharding:<11} {r.remat:<14} {r.per_device_batch:>6} "
+              f"{r.accumulation_steps:>6} {predicted:>14} {fmt(r.measured_step_ms, '.2f', ' ms'):>11} "
+              f"{fmt(r.measured_over_predicted, '.3g'):>9} {fmt(r.predicted_vs_best, '.2f', 'x'):>12} "
+              f"{fmt(r.measured_vs_best, '.2f', 'x'):>12} {memory:>12} "
+              f"{'#' + str(r.measured_rank) if r.measured_rank else '-':>4}  {status}"
+              f"{'  <- plan' if r.planned else ''}{'  <- pick' if r.predicted_rank == result.pick_rank else ''}")
+    sources = {r.peak_memory_source for r in result.rows if r.peak_memory_source
+               and not r.peak_memory_source.startswith("measured")}
+    for source in sources:
+        print(f"  * peak memory not measured: {source}")
+    for s in result.skipped:
+        print(f"  not measured: #{s['predicted_rank']} ({s['per_device_batch']} x{s['accumulation_steps']}, "
+              f"{s['remat']}): {s['why']}")
+    for r in result.rows:
+        if not r.ok:
+            print(f"  #{r.predicted_rank} {r.status}: {r.message}")
+    print(f"verdict: {result.verdict}")
+    if result.ranking_held is not None:
+        print(f"ranking held: {'yes' if result.ranking_held else 'no'} (predicted order "
+              f"{' '.join(f'#{n}' for n in result.predicted_order)}, measured order "
+              f"{' '.join(f'#{n}' for n in result.measured_order)})")
+
+
+def plan_progress(ev: dict[str, Any]) -> None:
+    """The planner's events as progress lines."""
+    if ev["event"] == "plan_started":
+        print(f"planning by {ev['method']}: budget {fmt_bytes(ev['budget_bytes'])} per GPU", flush=True)
+    elif ev["event"] == "candidate":
+        fit = "-" if ev["predicted_bytes"] is None else fmt_bytes(ev["predicted_bytes"])
+        if ev.get("lower_bound"):
+            fit = f"at least {fit} (lower bound over the budget: not compiled)"
+        print(f"  batch {ev['per_device_batch']:>5} remat {ev['remat']:<22} x{ev['accumulation_steps']} accum: "
+              f"{fit}{' (cached)' if ev['cached'] else ''}  [{ev['seconds']:.1f} s]", flush=True)

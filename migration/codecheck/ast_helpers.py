@@ -1,0 +1,186 @@
+"""Small helpers over `ast` nodes: dotted names, constants, assignment targets, the nodes of one scope,
+and the naming conventions for training steps and batch sizes."""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterator
+
+from migration.codecheck.vocabulary import (DTYPE_NAMES, MUTATORS, NOT_SIZE_TOKENS, NOT_STEP_PREFIXES, SCOPES,
+                                            SIZE_TOKENS, STATIC_ATTRS, STATIC_FUNCS, STEP_FN_SUFFIXES, STEP_TOKENS)
+
+MAX_FOLDED_BITS = 4096  # integer constants folded beyond this are treated as unknown (`2**64**64**64` is)
+NAME_TOKENS_MAX_CHARS = 128  # only this much of an identifier is split into words
+
+
+def dotted(node: ast.AST) -> str:
+    """'jax.lax.pmean' for an attribute chain, the name for a Name, '' otherwise."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        parts.append(node.id)
+        return ".".join(reversed(parts))
+    return ""
+
+
+def last_name(func: ast.AST) -> str:
+    """The called name: 'block_until_ready' for `f(x).block_until_ready()`, 'f' for `f()`."""
+    if isinstance(func, ast.Attribute):
+        return func.attr
+    return func.id if isinstance(func, ast.Name) else ""
+
+
+def const_str(node: ast.AST | None) -> str | None:
+    return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
+
+
+def const_int(node: ast.AST | None) -> int | None:
+    """An int literal, or arithmetic on int literals (`4 * 1024`, `1 << 12`, `65536 // 64`)."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool):
+        return node.value
+    if not isinstance(node, ast.BinOp):
+        return None
+    a, b = const_int(node.left), const_int(node.right)
+    if a is None or b is None:
+        return None
+    # Each result is bounded before it is computed: pasted arithmetic must never hold the CPU.
+    if isinstance(node.op, ast.Pow):
+        fits = 0 <= b <= 64 and max(a.bit_length(), 1) * b <= MAX_FOLDED_BITS
+        return a ** b if fits else None
+    if isinstance(node.op, ast.LShift):
+        return a << b if 0 <= b <= 64 and a.bit_length() + b <= MAX_FOLDED_BITS else None
+    if isinstance(node.op, ast.Mult):
+        return a * b if a.bit_length() + b.bit_length() <= MAX_FOLDED_BITS else None
+    if isinstance(node.op, ast.FloorDiv):
+        return a // b if b else None
+    return {ast.Add: a + b, ast.Sub: a - b}.get(type(node.op))
+
+
+def name_tokens(name: str) -> list[str]:
+    """Lower-case words of an identifier: 'p_trainStep' -> ['p', 'train', 'step']."""
+    # A run of capitals backtracks once per character at each start: cut the name first.
+    return [t.lower() for t in re.findall(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+", name[:NAME_TOKENS_MAX_CHARS])]
+
+
+def target_names(target: ast.AST) -> list[str]:
+    """Assigned names: 'x' for `x = ...`, 'self.state' for `self.state = ...`, all of a tuple."""
+    if isinstance(target, (ast.Tuple, ast.List)):
+        return [n for elt in target.elts for n in target_names(elt)]
+    if isinstance(target, ast.Starred):
+        return target_names(target.value)
+    name = dotted(target)
+    return [name] if name else []
+
+
+def assigned_pairs(stmt: ast.AST) -> list[tuple[ast.AST, ast.AST]]:
+    """(target, value) pairs of an assignment; tuple unpacking of a tuple value is paired up."""
+    if isinstance(stmt, ast.Assign):
+        pairs = [(t, stmt.value) for t in stmt.targets]
+    elif isinstance(stmt, (ast.AnnAssign, ast.AugAssign, ast.NamedExpr)) and stmt.value is not None:
+        pairs = [(stmt.target, stmt.value)]
+    else:
+        return []
+    out = []
+    for target, value in pairs:
+        if isinstance(target, ast.Tuple) and isinstance(value, ast.Tuple) and len(target.elts) == len(value.elts):
+            out += list(zip(target.elts, value.elts))
+        else:
+            out.append((target, value))
+    return out
+
+
+def mutations(stmt: ast.AST) -> list[tuple[str, ast.AST]]:
+    """(container, value) for `xs.append(v)` / `.extend` / `.insert` / `.add` and `d[k] = v`."""
+    out = []
+    call = stmt.value if isinstance(stmt, ast.Expr) else None
+    if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.attr in MUTATORS \
+            and call.args and dotted(call.func.value):
+        out.append((dotted(call.func.value), call.args[-1]))
+    targets = stmt.targets if isinstance(stmt, ast.Assign) else [getattr(stmt, "target", None)]
+    for target in targets if getattr(stmt, "value", None) is not None else []:
+        while isinstance(target, ast.Subscript):
+            target = target.value
+            if dotted(target):
+                out.append((dotted(target), stmt.value))
+    return out
+
+
+def stmt_writes(stmt: ast.AST) -> list[tuple[list[str], ast.AST]]:
+    """(names, value) for assignments and container mutations of one statement."""
+    return [(target_names(t), v) for t, v in assigned_pairs(stmt)] + [([c], v) for c, v in mutations(stmt)]
+
+
+def iterated_values(target: ast.AST, it: ast.AST) -> list[str]:
+    """The names of a loop target that receive the iterated values: `v` in `for k, v in d.items()`,
+    `x` in `for i, x in enumerate(xs)`, nothing in `for k in d.keys()`, every name otherwise."""
+    kind = last_name(it.func) if isinstance(it, ast.Call) else ""
+    pair = isinstance(target, ast.Tuple) and len(target.elts) == 2
+    if kind in ("items", "enumerate") and pair:
+        return target_names(target.elts[1])
+    return [] if kind == "keys" else target_names(target)
+
+
+def scope_nodes(scope: ast.AST) -> Iterator[ast.AST]:
+    """Nodes of one function (or module) body, not descending into nested functions or classes."""
+    stack = list(ast.iter_child_nodes(scope))
+    while stack:
+        node = stack.pop()
+        yield node
+        if not isinstance(node, SCOPES):
+            stack.extend(ast.iter_child_nodes(node))
+
+
+def child_blocks(stmt: ast.stmt) -> list[list[ast.stmt]]:
+    """The statement lists nested in a compound statement (bodies, else, handlers, finally, cases)."""
+    if isinstance(stmt, SCOPES):
+        return []
+    blocks = [getattr(stmt, f) for f in ("body", "orelse", "finalbody") if isinstance(getattr(stmt, f, None), list)]
+    blocks += [h.body for h in getattr(stmt, "handlers", [])]
+    blocks += [c.body for c in getattr(stmt, "cases", [])]
+    return [b for b in blocks if b and isinstance(b[0], ast.stmt)]
+
+
+def static_uses(expr: ast.AST) -> set[int]:
+    """ids of nodes used only statically: under .shape/.dtype, len()/np.ndim()/isinstance(), and in
+    `is` comparisons or comparisons with a string or a dtype (which a traced array never equals)."""
+    static: set[int] = set()
+    for sub in ast.walk(expr):
+        if isinstance(sub, ast.Attribute) and sub.attr in STATIC_ATTRS:
+            static |= {id(n) for n in ast.walk(sub.value)}
+        elif isinstance(sub, ast.Call) and last_name(sub.func) in STATIC_FUNCS:
+            static |= {id(n) for n in ast.walk(sub)}
+        elif isinstance(sub, ast.Compare) and (any(isinstance(op, (ast.Is, ast.IsNot)) for op in sub.ops)
+                                               or any(const_str(c) is not None or dotted(c) and is_dtype(c)
+                                                      for c in [sub.left, *sub.comparators])):
+            static |= {id(n) for n in ast.walk(sub)}
+    return static
+
+
+def is_dtype(node: ast.AST) -> bool:
+    name = const_str(node) or dotted(node)
+    return name.rsplit(".", 1)[-1] in DTYPE_NAMES
+
+
+def is_step_name(name: str) -> bool:
+    """`train_step`, `p_update`, `step_fn`, `train_on_batch`: yes. Classes (`TrainStep`), predicates and
+    builders (`is_step`, `make_train_step`), other helpers (`update_metrics`, `count_steps`): no."""
+    tokens = name_tokens(name)
+    if not tokens or name.lstrip("_")[:1].isupper() or tokens[0] in NOT_STEP_PREFIXES:
+        return False
+    core = tokens[:-1] if tokens[-1] in STEP_FN_SUFFIXES else tokens
+    return bool(core) and (core[-1] in STEP_TOKENS or core[0] == "train")
+
+
+def is_batch_size_name(name: str) -> bool:
+    """`global_batch`, `BATCH_SIZE`, `per_device_batch`: yes. Counts (`NUM_BATCHES`, `batch_idx`), bounds
+    (`max_per_device_batch`, a search limit) and amounts per batch (`tokens_per_batch`): no."""
+    tokens = name_tokens(name)
+    sizes = [i for i, t in enumerate(tokens) if t in SIZE_TOKENS]
+    if not sizes or NOT_SIZE_TOKENS & set(tokens):
+        return False
+    i = sizes[0]
+    return not (i > 0 and tokens[i - 1] == "per" and tokens[i] == "batch")
+

@@ -1,0 +1,243 @@
+"""What a whole file tells the checks: import aliases, the first JAX import, the names it binds, its
+transformed functions and the names bound to them, and which calls run a training step, return host
+values or log."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+
+from migration.codecheck.ast_helpers import dotted, is_step_name, last_name, scope_nodes, target_names
+from migration.codecheck.transforms import Transform, int_set, str_set
+from migration.codecheck.vocabulary import (APPLY_METHODS, BARE_TRANSFORMS, COMPILE_TRANSFORMS, CONTROL_FLOW,
+                                            DEFAULT_ALIASES, GRAD_TRANSFORMS, HOST_BUILTINS, HOST_JAX,
+                                            HOST_NAMESPACES, JAX_IMPORTERS, LOG_METHODS, LOSS_SCALING_HINTS,
+                                            NOT_LOGGERS, SYNC_METHODS, removed_key)
+
+
+class Context:
+    """What the whole file tells: import aliases, the first JAX import, transformed functions,
+    compiled names, whether it uses pmap / shard_map and loss scaling."""
+
+    def __init__(self, tree: ast.Module, filename: str):
+        self.filename = filename
+        self.tree = tree
+        self.nodes = list(ast.walk(tree))
+        self.parents = {child: node for node in self.nodes for child in ast.iter_child_nodes(node)}
+        self.aliases: dict[str, str] = dict(DEFAULT_ALIASES)
+        self.removed_bindings: set[str] = set()
+        self.jax_import: tuple[int, str] | None = None
+        for node in sorted((n for n in self.nodes if isinstance(n, (ast.Import, ast.ImportFrom))),
+                           key=lambda n: n.lineno):
+            self._read_import(node)
+        self._read_bindings()
+        self.transforms: dict[int, list[Transform]] = {}  # id(FunctionDef) -> how it is transformed
+        self._jax_work: dict[int, bool] = {}
+        self._defs_in: dict[int, dict[str, ast.FunctionDef | ast.AsyncFunctionDef]] = {}  # scope -> its functions
+        self.compiled: dict[str, str] = {}  # name bound to a transformed function -> the function's name
+        for node in self.nodes:
+            self._read_transforms(node)
+        self._read_uses()
+
+    def _read_bindings(self) -> None:
+        """Names the file binds itself, and its functions by name."""
+        nodes = self.nodes
+        self.functions: dict[str, list[ast.FunctionDef | ast.AsyncFunctionDef]] = {}
+        for node in (n for n in nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+            self.functions.setdefault(node.name, []).append(node)
+        self.bound_here = {n.id for n in nodes if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
+        self.bound_here |= set(self.functions)
+        self.bound_here |= {a.arg for n in nodes if isinstance(n, ast.arguments)
+                            for a in n.posonlyargs + n.args + n.kwonlyargs}
+
+    def _read_uses(self) -> None:
+        """Whether the file uses pmap, shard_map (or xmap), and loss scaling anywhere."""
+        nodes = self.nodes
+        refs = {self.resolve(n) for n in nodes if isinstance(n, (ast.Name, ast.Attribute))}
+        self.uses_pmap = "jax.pmap" in refs
+        self.uses_shard_map = any(r.endswith(("shard_map", "xmap")) for r in refs)
+        words = {w.lower() for n in nodes for w in (getattr(n, "id", None), getattr(n, "attr", None),
+                                                    getattr(n, "name", None), getattr(n, "module", None))
+                 if isinstance(w, str)}
+        self.has_loss_scaling = any(h in w for w in words for h in LOSS_SCALING_HINTS)
+
+    # imports ---------------------------------------------------------------------------
+    def _read_import(self, node: ast.Import | ast.ImportFrom) -> None:
+        if isinstance(node, ast.ImportFrom) and (node.level or not node.module):
+            return
+        for alias in node.names:
+            if isinstance(node, ast.Import):
+                full = alias.name
+                local, bound = (alias.asname, full) if alias.asname else (full.split(".")[0], full.split(".")[0])
+            else:
+                full = f"{node.module}.{alias.name}"
+                local, bound = alias.asname or alias.name, full
+            self.aliases[local] = bound
+            if removed_key(full):
+                self.removed_bindings.add(local)
+            root = full.split(".")[0]
+            if root in JAX_IMPORTERS and self.jax_import is None:
+                self.jax_import = (node.lineno, root)
+
+    def resolve(self, node: ast.AST) -> str:
+        """The dotted name with its import alias expanded: 'jnp.float16' -> 'jax.numpy.float16'."""
+        root, _, rest = dotted(node).partition(".")
+        base = self.aliases.get(root, root)
+        return f"{base}.{rest}" if rest and base else base
+
+    # transformations ---------------------------------------------------------------------
+    def transform_kind(self, node: ast.AST) -> str | None:
+        """'compile' | 'grad' | 'control' when `node` names a JAX transformation."""
+        name = self.resolve(node)
+        last = name.rsplit(".", 1)[-1]
+        bare = self.is_bare(node) and last in BARE_TRANSFORMS
+        if not (name.startswith("jax.") or bare):
+            return None
+        if last in COMPILE_TRANSFORMS:
+            return "compile"
+        if last in GRAD_TRANSFORMS:
+            return "grad"
+        return "control" if last in CONTROL_FLOW and name.startswith("jax.lax.") else None
+
+    def _partial_target(self, call: ast.Call) -> ast.AST | None:
+        """`jax.jit` in `functools.partial(jax.jit, ...)`."""
+        if self.resolve(call.func) in ("functools.partial", "partial") and call.args:
+            return call.args[0]
+        return None
+
+    def _make_transform(self, kind_node: ast.AST, keywords: list[ast.keyword],
+                        args: list[ast.AST]) -> Transform | None:
+        """The transform `kind_node` names, with the static arguments its keywords declare."""
+        kind = self.transform_kind(kind_node)
+        if kind is None:
+            return None
+        names, nums, argnums = frozenset(), frozenset(), None
+        for kw in keywords:
+            if kw.arg == "static_argnames":
+                names |= str_set(kw.value)
+            elif kw.arg in ("static_argnums", "static_broadcasted_argnums", "nondiff_argnums"):
+                nums |= int_set(kw.value)
+            elif kw.arg == "argnums":
+                argnums = int_set(kw.value)
+        if kind == "grad" and argnums is None:
+            argnums = int_set(args[1]) if len(args) > 1 else frozenset({0})
+        pmap = self.resolve(kind_node).rsplit(".", 1)[-1] == "pmap"
+        return Transform(kind, pmap, names, nums, argnums if kind == "grad" else None)
+
+    def _record(self, call: ast.Call, fn_ref: ast.AST, transform: Transform | None) -> None:
+        if transform is None or not isinstance(fn_ref, (ast.Name, ast.Attribute)):
+            return
+        fn = self.definition(call, fn_ref.id if isinstance(fn_ref, ast.Name) else fn_ref.attr)
+        if fn is not None:
+            bound = isinstance(fn_ref, ast.Attribute)
+            self.transforms.setdefault(id(fn), []).append(dataclasses.replace(transform, bound=bound))
+
+    def definition(self, node: ast.AST, name: str) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
+        """The function `name` as seen from `node`: defined in its scope or an enclosing one (or class)."""
+        scope = self.parents.get(node)
+        while scope is not None:
+            if isinstance(scope, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                if id(scope) not in self._defs_in:
+                    self._defs_in[id(scope)] = {}
+                    for n in scope_nodes(scope):
+                        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                            self._defs_in[id(scope)].setdefault(n.name, n)
+                if name in self._defs_in[id(scope)]:
+                    return self._defs_in[id(scope)][name]
+            scope = self.parents.get(scope)
+        return None
+
+    def _read_transforms(self, node: ast.AST) -> None:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for dec in node.decorator_list:
+                transform = self._decorator_transform(dec)
+                if transform:
+                    self.transforms.setdefault(id(node), []).append(transform)
+                    self.compiled[node.name] = node.name
+        elif isinstance(node, ast.Call):
+            self._read_transform_call(node)
+
+    def _decorator_transform(self, dec: ast.AST) -> Transform | None:
+        if not isinstance(dec, ast.Call):
+            return self._make_transform(dec, [], [])
+        target = self._partial_target(dec)
+        if target is not None:
+            return self._make_transform(target, dec.keywords, [])
+        return self._make_transform(dec.func, dec.keywords, [])
+
+    def _read_transform_call(self, call: ast.Call) -> None:
+        """`jax.jit(f, ...)`, `partial(jax.pmap, ...)(f)`, `lax.scan(body, ...)`; names bound to the result."""
+        inner = call.func if isinstance(call.func, ast.Call) else None
+        target = self._partial_target(inner) if inner is not None else None
+        if target is not None:
+            transform = self._make_transform(target, inner.keywords + call.keywords, call.args)
+        else:
+            transform = self._make_transform(call.func, call.keywords, call.args)
+        if transform is None or not call.args:
+            return
+        if transform.kind == "control":
+            refs = [e for a in call.args for e in (a.elts if isinstance(a, (ast.List, ast.Tuple)) else [a])]
+            for ref in refs:
+                self._record(call, ref, transform)
+            return
+        self._record(call, call.args[0], transform)
+        parent = self.parents.get(call)
+        if isinstance(parent, ast.Assign) and parent.value is call:
+            fn = last_name(call.args[0])
+            for t in parent.targets:
+                for name in target_names(t):
+                    self.compiled[name.rsplit(".", 1)[-1]] = fn
+
+    # calls -------------------------------------------------------------------------------
+    def is_step_call(self, call: ast.Call) -> bool:
+        """A call that runs a training step: `train_step(...)`, `p_update(...)`, `self.step_fn(...)`;
+        not predicates or builders (`is_step(...)`, `make_train_step(...)`), nor `pbar.update(1)`."""
+        args = call.args + [k.value for k in call.keywords]
+        if not args or all(isinstance(a, ast.Constant) for a in args):
+            return False
+        if self.resolve(call.func).startswith(("os.", "jax.config")):
+            return False
+        name = last_name(call.func)
+        if not (is_step_name(name) or is_step_name(self.compiled.get(name, ""))):
+            return False
+        fn = self.callee(call)
+        return fn is None or self._does_jax_work(fn)
+
+    def _does_jax_work(self, fn: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+        """Whether a (not transformed) function of this file calls JAX, optax, flax or a compiled function:
+        `def latest_step(path): return int(path.name)` does not, so calling it runs no step."""
+        if id(fn) not in self._jax_work:
+            calls = [n for n in scope_nodes(fn) if isinstance(n, ast.Call)]
+            self._jax_work[id(fn)] = any(
+                self.resolve(c.func).split(".")[0] in ("jax", "optax", "flax") or last_name(c.func) in self.compiled
+                or last_name(c.func) in APPLY_METHODS or is_step_name(last_name(c.func)) for c in calls)
+        return self._jax_work[id(fn)]
+
+    def is_host_call(self, call: ast.Call) -> bool:
+        """A call whose result lives on the host: conversions, numpy, time, device_get, len, print."""
+        name = self.resolve(call.func)
+        return (name in HOST_BUILTINS or name in HOST_JAX or name.startswith(HOST_NAMESPACES)
+                or isinstance(call.func, ast.Attribute) and call.func.attr in SYNC_METHODS)
+
+    def is_logger_call(self, call: ast.Call) -> bool:
+        name = self.resolve(call.func)
+        return (isinstance(call.func, ast.Attribute) and call.func.attr in LOG_METHODS
+                and name.split(".")[0] not in NOT_LOGGERS)
+
+    def callee(self, call: ast.Call) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
+        """The one function of this file that `f(...)` or `self.f(...)` calls (not a transformed one)."""
+        func = call.func
+        if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id in ("self", "cls"):
+            name = func.attr
+        else:
+            name = func.id if isinstance(func, ast.Name) else ""
+        defs = self.functions.get(name, [])
+        return defs[0] if len(defs) == 1 and id(defs[0]) not in self.transforms else None
+
+    def is_bare(self, node: ast.AST) -> bool:
+        """A name neither imported nor bound in the file (`pmap` in a pasted snippet)."""
+        return isinstance(node, ast.Name) and node.id not in self.aliases and node.id not in self.bound_here
+
+    def after_jax_import(self, line: int) -> bool:
+        return self.jax_import is not None and line > self.jax_import[0]
+

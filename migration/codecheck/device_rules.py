@@ -1,0 +1,110 @@
+"""Device and API rules: TPU001 (TPU-only device selection), PMAP001 (pmap), PMAP002 (collectives
+under pmap), REMOVED001 (APIs removed from JAX) and REMOVED002 (clear_backends)."""
+
+from __future__ import annotations
+
+import ast
+
+from migration.codecheck.ast_helpers import assigned_pairs, const_str, dotted, last_name, name_tokens, target_names
+from migration.codecheck.context import Context
+from migration.codecheck.family import RawFinding, RuleFamily
+from migration.codecheck.transforms import Transform
+from migration.codecheck.vocabulary import (COLLECTIVES, CONFIG_TOKENS, DEVICE_QUERIES, PLATFORM_ATTRS, PLATFORM_KEYS,
+                                            REMOVED, removed_key)
+
+
+class DeviceRules(RuleFamily):
+    """TPU001, PMAP001/002, REMOVED001/002: what selects the TPU, replicates by hand, or no longer exists."""
+
+    def __init__(self, ctx: Context, found: list[RawFinding]):
+        super().__init__(ctx, found)
+        self.pmap_depth = 0
+        self.platform_names: set[str] = set()
+        self.platform_names = {n for node in ctx.nodes for t, v in assigned_pairs(node)
+                               if self.platform_query(v) for n in target_names(t)}
+
+    # imports and names (REMOVED001, PMAP001) ----------------------------------------------
+    def removed_import(self, node: ast.AST, names: list[str]) -> None:
+        for full in names:
+            key = removed_key(full)
+            if key:
+                self.add(node, "REMOVED001", f"`{full}` is imported: it was removed from JAX", REMOVED[key])
+                return
+
+    def name_use(self, node: ast.Name | ast.Attribute) -> None:
+        full = self.ctx.resolve(node)
+        root = dotted(node).split(".")[0]
+        if full == "jax.pmap" or self.ctx.is_bare(node) and node.id == "pmap":
+            self.add(node, "PMAP001", "pmap is in maintenance mode; it replicates by hand what jit + sharding does")
+        key = removed_key(full)
+        if key and root not in self.ctx.removed_bindings:
+            self.add(node, "REMOVED001", f"`{full}` was removed from JAX", REMOVED[key])
+
+    # functions (PMAP002 context) -----------------------------------------------------------
+    def enter_function(self, transforms: list[Transform]) -> bool:
+        """Count a pmapped function's body as under pmap; True when it is pmapped."""
+        pmapped = any(t.pmap for t in transforms)
+        self.pmap_depth += pmapped
+        return pmapped
+
+    def leave_function(self, pmapped: bool) -> None:
+        self.pmap_depth -= pmapped
+
+    # calls ---------------------------------------------------------------------------------
+    def call(self, node: ast.Call, name: str, last: str) -> None:
+        self._tpu_call(node, name, last)
+        self._collective(node, name, last)
+        if last in ("device_put_replicated", "device_put_sharded") and self.ctx.is_bare(node.func):
+            self.add(node, "REMOVED001", f"`{name or last}` was removed in JAX 0.10", REMOVED[f"jax.{last}"])
+        if last == "clear_backends":
+            self.add(node, "REMOVED002", f"`{name or last}` no longer exists")
+
+    def _tpu_call(self, node: ast.Call, name: str, last: str) -> None:
+        backend = next((const_str(k.value) for k in node.keywords if k.arg == "backend"), None)
+        arg = const_str(node.args[0]) if node.args and last in DEVICE_QUERIES else None
+        if any(v and v.lower() == "tpu" for v in (backend, arg)):
+            self.add(node, "TPU001", f"`{name or last}(... \"tpu\")` selects TPU devices only: it fails on a GPU "
+                                     "machine")
+        if last in ("startswith", "endswith") and isinstance(node.func, ast.Attribute) and node.args \
+                and names_only_tpu(node.args[0]) and self.platform_query(node.func.value):
+            self.add(node, "TPU001", "the code checks for a TPU device: on a GPU machine the check fails or the "
+                                     "TPU branch never runs")
+        if name.endswith("config.update") and len(node.args) > 1 and const_str(node.args[0]) in PLATFORM_KEYS:
+            value = const_str(node.args[1]) or ""
+            if "tpu" in value.lower().split(","):
+                self.add(node, "TPU001", f"`{const_str(node.args[0])}` is set to {value!r}: JAX then looks for a TPU")
+
+    def _collective(self, node: ast.Call, name: str, last: str) -> None:
+        if last in COLLECTIVES and name.startswith("jax.lax.") and \
+                (self.pmap_depth or self.ctx.uses_pmap and not self.ctx.uses_shard_map):
+            self.add(node, "PMAP002", f"`{name}` inside a pmapped function")
+
+    # comparisons (TPU001) ----------------------------------------------------------------------
+    def compare(self, node: ast.Compare) -> None:
+        operands = [node.left, *node.comparators]
+        tpu = [o for o in operands if names_only_tpu(o)]
+        if tpu and any(self.platform_query(o) for o in operands if o not in tpu):
+            self.add(node, "TPU001", "the code checks for a TPU backend: on a GPU machine the check fails or the "
+                                     "TPU branch never runs")
+
+    def platform_query(self, node: ast.AST) -> bool:
+        """An expression that reads the platform: default_backend(), device.platform / .device_kind,
+        or a name assigned one of those."""
+        for sub in ast.walk(node):
+            if isinstance(sub, ast.Name) and sub.id in self.platform_names:
+                return True
+            if isinstance(sub, ast.Call) and last_name(sub.func) in ("default_backend", "get_backend"):
+                return True
+            if isinstance(sub, ast.Attribute) and sub.attr in PLATFORM_ATTRS:
+                return not (set(name_tokens(dotted(sub.value))) & CONFIG_TOKENS)
+        return False
+
+
+def names_only_tpu(node: ast.AST) -> bool:
+    """A string naming the TPU ("tpu", "TPU v4"), or a tuple of strings that only name TPUs."""
+    if const_str(node) is not None:
+        return "tpu" in node.value.lower()
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)) and node.elts:
+        values = [(const_str(e) or "").lower() for e in node.elts]
+        return any("tpu" in v for v in values) and not any(p in v for v in values for p in ("gpu", "cuda", "rocm"))
+    return False

@@ -1,0 +1,115 @@
+"""Analysing files: parse the source, run the node-local rules, the environment rules and the per-scope
+walks (SYNC001, TIME001), apply the silencing comments, and collect the facts the checklist grades
+from. `check_source` takes text, `check_sources` and `check_paths` return a `CodeCheck`."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+from collections.abc import Iterable
+from pathlib import Path
+
+from migration.codecheck.ast_helpers import scope_nodes
+from migration.codecheck.checker import Checker
+from migration.codecheck.context import Context
+from migration.codecheck.env_rules import env_findings, env_writes
+from migration.codecheck.family import RawFinding
+from migration.codecheck.findings import CodeCheck, CodeCheckError, EnvSetting, Finding, MonitoringUse
+from migration.codecheck.ignores import apply_ignores, read_ignores
+from migration.codecheck.inputs import read_source, refuse_unreadable
+from migration.codecheck.monitoring import monitoring_uses
+from migration.codecheck.rules import RULES
+from migration.codecheck.sync import direct_step_call, step_loop_syncs
+from migration.codecheck.timing import Timing
+from migration.codecheck.values import Values
+from migration.codecheck.vocabulary import ENV_PREFIXES, LOOPS
+
+
+@dataclasses.dataclass
+class FileResult:
+    findings: list[Finding]
+    env: list[EnvSetting]
+    monitoring: list[MonitoringUse]
+
+
+def scope_findings(ctx: Context) -> list[RawFinding]:
+    """SYNC001 and TIME001: per scope (the module and each function)."""
+    found = []
+    scopes = [ctx.tree] + [n for n in ctx.nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    for scope in scopes:
+        nodes = list(scope_nodes(scope))
+        loops = [n for n in nodes if isinstance(n, LOOPS) and direct_step_call(ctx, n)]
+        starts = Timing.starts_in(ctx, nodes)
+        if not loops and not starts:
+            continue
+        values = Values(ctx, scope)
+        for loop in loops:
+            found += [(node, "SYNC001", f"{message} in the step loop at line {loop.lineno}: the host waits for the "
+                                        "device every step", None)
+                      for node, message in step_loop_syncs(ctx, values, loop)]
+        if starts:
+            timing = Timing(ctx, values, scope, starts, nodes)
+            found += [(node, "TIME001", message, None) for node, message in timing.found]
+    return found
+
+
+def analyse(text: str, filename: str) -> FileResult:
+    refuse_unreadable(text, filename)
+    try:
+        tree = ast.parse(text, filename=filename)
+    except SyntaxError as exc:
+        raise CodeCheckError(f"{filename}: not valid Python (line {exc.lineno}: {exc.msg}); paste or upload .py source")
+    except ValueError as exc:  # e.g. null bytes
+        raise CodeCheckError(f"{filename}: not Python source ({exc})")
+    except RecursionError:
+        raise CodeCheckError(f"{filename}: expressions nested too deeply to parse")
+    # The interpreter's recursion limit is left alone: a server checks code in several threads at once.
+    try:
+        return analyse_tree(tree, text, filename)
+    except RecursionError:
+        raise CodeCheckError(f"{filename}: expressions nested too deeply to check (the visitor recurses once "
+                             "per nesting level)")
+
+
+def analyse_tree(tree: ast.Module, text: str, filename: str) -> FileResult:
+    ctx = Context(tree, filename)
+    checker = Checker(ctx)
+    checker.visit(tree)
+    writes = env_writes(ctx)
+    raw = checker.found + env_findings(ctx, writes) + scope_findings(ctx)
+    findings = {}
+    for node, rule_id, message, replacement in raw:
+        rule = RULES[rule_id]
+        f = Finding(filename, getattr(node, "lineno", 0), getattr(node, "col_offset", 0) + 1, rule.id,
+                    rule.severity, message, replacement or rule.replacement)
+        findings.setdefault((f.line, f.col, f.rule), f)
+    kept = apply_ignores(list(findings.values()), read_ignores(text), filename)
+    env = [EnvSetting(filename, w.node.lineno, w.name, w.value, not ctx.after_jax_import(w.node.lineno))
+           for w in writes if w.name.startswith(ENV_PREFIXES)]
+    monitoring = [MonitoringUse(filename, line, call) for line, call in monitoring_uses(ctx)]
+    return FileResult(sorted(kept, key=lambda f: (f.file, f.line, f.col, f.rule)), env, monitoring)
+
+
+def check_source(text: str, filename: str = "<pasted>") -> list[Finding]:
+    """Findings for one Python source text, sorted by line. Never executes it."""
+    return analyse(text, filename).findings
+
+
+def check_sources(sources: list[tuple[str, str]]) -> CodeCheck:
+    """Findings and facts for [(filename, text)]. Never executes the code."""
+    results = [(name, analyse(text, name)) for name, text in sources]
+    return CodeCheck(files=tuple(name for name, _ in results),
+                     findings=tuple(f for _, r in results for f in r.findings),
+                     env_settings=tuple(e for _, r in results for e in r.env),
+                     monitoring=tuple(m for _, r in results for m in r.monitoring))
+
+
+def check_paths(paths: Iterable[str | Path]) -> CodeCheck:
+    """`check_sources` over files; the same errors as `check_files` (CodeCheckError, OSError)."""
+    return check_sources([read_source(p) for p in paths])
+
+
+def check_files(paths: Iterable[str | Path]) -> list[Finding]:
+    """The findings of `check_paths`, sorted by file and line."""
+    return list(check_paths(paths).findings)
+

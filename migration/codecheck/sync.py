@@ -1,0 +1,217 @@
+"""SYNC001: host synchronisation in a training loop. Each loop that runs a step is walked in order,
+twice: the first pass learns what an iteration leaves behind, the second reports."""
+
+from __future__ import annotations
+
+import ast
+
+from migration.codecheck.ast_helpers import (assigned_pairs, child_blocks, iterated_values, mutations, stmt_writes,
+                                             target_names)
+from migration.codecheck.context import Context
+from migration.codecheck.values import Values
+from migration.codecheck.vocabulary import LOOPS, SCOPES
+
+
+def direct_step_call(ctx: Context, loop: ast.AST) -> bool:
+    """Whether the loop body runs a step itself (not only inside a nested loop)."""
+    stack = list(loop.body)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.Call) and ctx.is_step_call(node):
+            return True
+        if not isinstance(node, (*LOOPS, *SCOPES)):
+            stack.extend(ast.iter_child_nodes(node))
+    return False
+
+
+class SyncWalk:
+    """Walks statements in order, tracking which names hold this iteration's device results
+    (`fresh`), which hold earlier ones (`prior`), and whether this iteration's step was
+    dispatched. A host conversion of a fresh value, or of a prior one before the step is
+    dispatched, waits for the device. Branches under `if step % N == 0:` are the remedy. A
+    function of this file called with fresh values is walked too (one level deep)."""
+
+    def __init__(self, ctx: Context, values: Values, counters: set[str], gate_source: ast.AST, depth: int = 0):
+        self.ctx, self.values, self.counters, self.depth = ctx, values, counters, depth
+        self.gate_names: set[str] = set()
+        self.gate_names = {n for s in ast.walk(gate_source) if isinstance(s, ast.Assign)
+                           and self._gate(s.value) == "gate" for t in s.targets for n in target_names(t)}
+        self.found: list[tuple[ast.AST, str]] = []
+
+    def scan(self, body: list[ast.stmt], fresh: set[str], prior: set[str], dispatched: bool, report: bool) -> None:
+        self.fresh, self.prior, self.dispatched = set(fresh), set(prior), dispatched
+        self.report, self.gated = report, False
+        self._block(body)
+
+    def _live(self) -> set[str]:
+        return self.fresh if self.dispatched else self.fresh | self.prior
+
+    def _flag(self, node: ast.AST, message: str) -> None:
+        if self.report and not self.gated:
+            self.found.append((node, message))
+
+    # statements --------------------------------------------------------------------------
+    def _block(self, stmts: list[ast.stmt]) -> None:
+        saved = self.gated
+        for stmt in stmts:
+            self._stmt(stmt)
+        self.gated = saved
+
+    def _stmt(self, stmt: ast.stmt) -> None:
+        if isinstance(stmt, SCOPES):
+            return
+        if isinstance(stmt, ast.If):
+            self._if(stmt)
+        elif isinstance(stmt, LOOPS):
+            self._inner_loop(stmt)
+        elif child_blocks(stmt):
+            heads = [i.context_expr for i in getattr(stmt, "items", [])] + [getattr(stmt, "subject", None)]
+            self._exprs([h for h in heads if h is not None])
+            for block in child_blocks(stmt):
+                self._block(block)
+        else:
+            if isinstance(stmt, ast.Assert):
+                self._test(stmt.test, stmt)
+            self._exprs([stmt])
+            self._assign(stmt)
+
+    def _if(self, stmt: ast.If) -> None:
+        polarity = self._gate(stmt.test)
+        if polarity is None:
+            self._test(stmt.test, stmt)
+            self._block(stmt.body)
+            self._block(stmt.orelse)
+            return
+        gated, open_ = (stmt.body, stmt.orelse) if polarity == "gate" else (stmt.orelse, stmt.body)
+        saved, self.gated = self.gated, True
+        self._block(gated)
+        self.gated = saved
+        self._block(open_)
+        if polarity == "anti" and all(isinstance(s, (ast.Continue, ast.Break, ast.Return)) for s in stmt.body):
+            self.gated = True  # `if step % N: continue` gates the rest of the block
+
+    def _inner_loop(self, loop: ast.stmt) -> None:
+        if direct_step_call(self.ctx, loop):  # checked on its own; here only its results count
+            self.dispatched = True
+            self.fresh |= {n for s in ast.walk(loop) for names, v in stmt_writes(s) for n in names
+                           if self.values.is_device(v, self.values.names)}
+            return
+        if isinstance(loop, ast.While):
+            self._test(loop.test, loop)
+        else:
+            self._exprs([loop.iter])
+            values = iterated_values(loop.target, loop.iter)
+            for name in target_names(loop.target):
+                self._set(name, loop.iter if name in values else ast.Constant(0))
+        self._block(loop.body)
+        self._block(loop.orelse)
+
+    # expressions -------------------------------------------------------------------------
+    def _test(self, test: ast.AST, stmt: ast.AST) -> None:
+        if self.values.is_device(test, self._live()):
+            self._flag(stmt, "a branch on a device value converts it to a Python bool")
+
+    def _exprs(self, nodes: list[ast.AST]) -> None:
+        for root in nodes:
+            live = self.values.comprehension_names(root, self._live())
+            for node in ast.walk(root):
+                if isinstance(node, ast.IfExp) and self.values.is_device(node.test, live):
+                    self._flag(node, "a conditional expression on a device value converts it to a Python bool")
+                message = self.values.sync_message(node, live)
+                if message:
+                    self._flag(node, message)
+                if isinstance(node, ast.Call) and self.depth == 0 and self.report and not self.gated:
+                    self._callee(node, live)
+
+    def _callee(self, call: ast.Call, live: set[str]) -> None:
+        """Syncs inside a function of this file that the step loop calls with this step's values."""
+        fn = self.ctx.callee(call)
+        if fn is None or self.ctx.is_step_call(call):
+            return
+        args = bind_arguments(fn, call)
+        seeds = {p for p, arg in args.items() if self.values.is_device(arg, live)}
+        if not seeds:
+            return
+        values = Values(self.ctx, fn, seed=seeds)
+        params = {a.arg for a in fn.args.posonlyargs + fn.args.args + fn.args.kwonlyargs}
+        inner = SyncWalk(self.ctx, values, params - seeds, fn, depth=1)
+        inner.scan(fn.body, fresh=values.names, prior=set(), dispatched=True, report=True)
+        self.found += [(node, f"{message} (in `{fn.name}`, called every step at line {call.lineno})")
+                       for node, message in inner.found]
+
+    def _assign(self, stmt: ast.stmt) -> None:
+        for target, value in assigned_pairs(stmt):
+            for name in target_names(target):
+                self._set(name, value)
+        for container, value in mutations(stmt):
+            if self._is_fresh(value) or self.values.is_device(value, self._all()):
+                (self.fresh if self._is_fresh(value) else self.prior).add(container)
+        if self._has_step(stmt):
+            self.dispatched = True
+
+    def _set(self, name: str, value: ast.AST) -> None:
+        fresh = self._is_fresh(value)
+        device = fresh or self.values.is_device(value, self._all())
+        self.fresh.discard(name)
+        self.prior.discard(name)
+        (self.fresh if fresh else self.prior if device else set()).add(name)
+
+    def _all(self) -> set[str]:
+        return self.fresh | self.prior | self.values.names
+
+    def _is_fresh(self, value: ast.AST) -> bool:
+        return self.values.is_device(value, self.fresh) or self._has_step(value)
+
+    def _has_step(self, node: ast.AST) -> bool:
+        return any(isinstance(n, ast.Call) and self.ctx.is_step_call(n) for n in ast.walk(node))
+
+    def _gate(self, test: ast.AST) -> str | None:
+        """'gate' when the test holds on a few steps (`step % N == 0`, `step == last`), 'anti' when
+        it holds on most (`step % N`, `step % N != 0`), None otherwise."""
+        if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+            inner = self._gate(test.operand)
+            return {"gate": "anti", "anti": "gate"}.get(inner or "")
+        if isinstance(test, ast.Name) and test.id in self.gate_names:
+            return "gate"
+        if isinstance(test, ast.BinOp) and isinstance(test.op, ast.Mod):
+            return "anti"
+        if isinstance(test, ast.BoolOp):
+            parts = [self._gate(v) for v in test.values]
+            if isinstance(test.op, ast.And):
+                return "gate" if "gate" in parts else None
+            return "gate" if all(p == "gate" for p in parts) else None
+        return self._compare_gate(test) if isinstance(test, ast.Compare) else None
+
+    def _compare_gate(self, test: ast.Compare) -> str | None:
+        operands = [test.left, *test.comparators]
+        if any(isinstance(o, ast.BinOp) and isinstance(o.op, ast.Mod) for o in operands):
+            return {ast.Eq: "gate", ast.NotEq: "anti"}.get(type(test.ops[0]))
+        names = {n.id for n in ast.walk(test) if isinstance(n, ast.Name)}
+        if isinstance(test.ops[0], ast.Eq) and names & self.counters:
+            return "gate"
+        return None
+
+
+def loop_counters(loop: ast.For | ast.AsyncFor | ast.While) -> set[str]:
+    """The loop variable and names incremented in the loop (`step += 1`)."""
+    counters = set(target_names(loop.target)) if isinstance(loop, (ast.For, ast.AsyncFor)) else set()
+    return counters | {n for s in ast.walk(loop) if isinstance(s, ast.AugAssign) for n in target_names(s.target)}
+
+
+def step_loop_syncs(ctx: Context, values: Values, loop: ast.For | ast.AsyncFor | ast.While) -> list:
+    """SYNC001 in one loop that runs a step: a first pass learns what an iteration leaves behind."""
+    walk = SyncWalk(ctx, values, loop_counters(loop), loop)
+    walk.scan(loop.body, fresh=set(), prior=set(), dispatched=False, report=False)
+    walk.scan(loop.body, fresh=set(), prior=walk.fresh | walk.prior, dispatched=False, report=True)
+    return walk.found
+
+
+def bind_arguments(fn: ast.FunctionDef | ast.AsyncFunctionDef, call: ast.Call) -> dict[str, ast.AST]:
+    """Parameter name -> argument expression for a call of `fn` (`self` skipped for `self.method(...)`)."""
+    params = [a.arg for a in fn.args.posonlyargs + fn.args.args]
+    if isinstance(call.func, ast.Attribute) and params[:1] in (["self"], ["cls"]):
+        params = params[1:]
+    bound = dict(zip(params, (a for a in call.args if not isinstance(a, ast.Starred))))
+    bound.update({k.arg: k.value for k in call.keywords if k.arg})
+    return bound
+

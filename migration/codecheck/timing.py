@@ -1,0 +1,139 @@
+"""TIME001: clock reads around JAX work in one scope, and whether the work was waited for before the
+clock was read again."""
+
+from __future__ import annotations
+
+import ast
+import builtins
+
+from migration.codecheck.ast_helpers import child_blocks, last_name, scope_nodes, target_names
+from migration.codecheck.context import Context
+from migration.codecheck.values import Values
+from migration.codecheck.vocabulary import CLOCKS, LOOPS, SCOPES, WAIT_METHODS
+
+
+class Timing:
+    """Clock reads `t0 = time.perf_counter()` ... `time.perf_counter() - t0` in one scope, and
+    whether JAX work dispatched between them was waited for before the second read."""
+
+    def __init__(self, ctx: Context, values: Values, scope: ast.AST, starts: dict[str, list[ast.stmt]],
+                 nodes: list[ast.AST]):
+        self.ctx, self.values, self.starts = ctx, values, starts
+        self.paths: dict[int, list[tuple[list[ast.stmt], int]]] = {}
+        self.stmt_of: dict[int, ast.stmt] = {}
+        self._index(scope.body, [])
+        self.found: list[tuple[ast.AST, str]] = []
+        reads = {id(s): s for s in (self._read_stmt(n) for n in nodes) if s is not None}
+        for stmt, start in reads.values():
+            if self._pending(start, stmt):
+                self.found.append((stmt, "the clock is read after a JAX call without waiting for it: this "
+                                         "measures dispatch, not the computation"))
+
+    @staticmethod
+    def starts_in(ctx: Context, nodes: list[ast.AST]) -> dict[str, list[ast.stmt]]:
+        """Variable -> the statements that assign it a clock reading (`t0 = time.perf_counter()`)."""
+        starts: dict[str, list[ast.stmt]] = {}
+        for node in nodes:
+            if isinstance(node, (ast.Assign, ast.AnnAssign)) and is_clock(ctx, node.value):
+                for t in getattr(node, "targets", [getattr(node, "target", None)]):
+                    for name in target_names(t):
+                        starts.setdefault(name, []).append(node)
+        return starts
+
+    def _index(self, block: list[ast.stmt], path: list) -> None:
+        for i, stmt in enumerate(block):
+            here = path + [(block, i)]
+            self.paths[id(stmt)] = here
+            for node in [] if isinstance(stmt, SCOPES) else [stmt] if child_blocks(stmt) else scope_nodes(stmt):
+                self.stmt_of.setdefault(id(node), stmt)
+            for sub in child_blocks(stmt):
+                self._index(sub, here)
+            if child_blocks(stmt):
+                heads = [n for f in ("test", "iter", "items", "subject") for n in as_list(getattr(stmt, f, None))]
+                for node in (n for h in heads for n in ast.walk(h)):
+                    self.stmt_of.setdefault(id(node), stmt)
+
+    def _latest(self, name: str, before: int) -> ast.stmt | None:
+        earlier = [s for s in self.starts.get(name, []) if s.lineno <= before]
+        return max(earlier, key=lambda s: s.lineno, default=None)
+
+    def _read_stmt(self, node: ast.AST) -> tuple[ast.stmt, ast.stmt] | None:
+        """(the statement that reads the clock, the statement that started it) for `... - t0`."""
+        if not (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Sub) and isinstance(node.right, ast.Name)):
+            return None
+        stmt = self.stmt_of.get(id(node))
+        if stmt is None or node.right.id not in self.starts:
+            return None
+        if isinstance(node.left, ast.Name):
+            stmt = self._latest(node.left.id, stmt.lineno)
+        elif not is_clock(self.ctx, node.left):
+            return None
+        start = self._latest(node.right.id, stmt.lineno - 1) if stmt is not None else None
+        return (stmt, start) if start is not None and start is not stmt else None
+
+    def _between(self, start: ast.stmt, end: ast.stmt) -> list[ast.stmt] | None:
+        """Statements run after `start` and before `end` (a loop around `end` adds its earlier iterations)."""
+        ps, pe = self.paths.get(id(start)), self.paths.get(id(end))
+        if not ps or not pe:
+            return None
+        d = 0
+        while d < min(len(ps), len(pe)) and ps[d][0] is pe[d][0] and ps[d][1] == pe[d][1]:
+            d += 1
+        if d == min(len(ps), len(pe)) or ps[d][0] is not pe[d][0] or ps[d][1] > pe[d][1]:
+            return None
+        stmts = [s for block, i in reversed(ps[d + 1:]) for s in block[i + 1:]]
+        stmts += ps[d][0][ps[d][1] + 1:pe[d][1]]
+        for level in range(d + 1, len(pe)):
+            parent_block, parent_i = pe[level - 1]
+            compound, (block, i) = parent_block[parent_i], pe[level]
+            if isinstance(compound, LOOPS) and block is compound.body:
+                stmts += compound.body
+            stmts += block[:i]
+        return stmts
+
+    def _pending(self, start: ast.stmt, end: ast.stmt) -> bool:
+        between = self._between(start, end)
+        if not between:
+            return False
+        pending = False
+        for event in (e for s in between for e in self._events(s)):
+            pending = event == "jax"
+        return pending
+
+    def _events(self, root: ast.AST) -> list[str]:
+        """'jax' for work dispatched to the device, 'sync' for a wait, in evaluation order (children first)."""
+        events, stack = [], [(root, False)]
+        while stack:
+            node, expanded = stack.pop()
+            if isinstance(node, SCOPES):
+                continue
+            if expanded:
+                events += [kind] if (kind := self._event(node)) else []
+                continue
+            stack.append((node, True))
+            stack.extend((child, False) for child in reversed(list(ast.iter_child_nodes(node))))
+        return events
+
+    def _event(self, node: ast.AST) -> str | None:
+        if isinstance(node, ast.JoinedStr):
+            return "sync" if self.values.sync_message(node, self.values.names) else None
+        if not isinstance(node, ast.Call):
+            return None
+        if last_name(node.func) in WAIT_METHODS or self.ctx.resolve(node.func) == "jax.device_get":
+            return "sync"
+        if self.values.sync_message(node, self.values.names):
+            return "sync"
+        if isinstance(node.func, ast.Name) and hasattr(builtins, node.func.id):
+            return None  # min(), sum() and friends dispatch nothing themselves
+        return "jax" if self.values.is_device(node, self.values.names) else None
+
+
+def is_clock(ctx: Context, node: ast.AST | None) -> bool:
+    return isinstance(node, ast.Call) and ctx.resolve(node.func) in CLOCKS
+
+
+def as_list(value) -> list:
+    if value is None:
+        return []
+    return [getattr(v, "context_expr", v) for v in value] if isinstance(value, list) else [value]
+

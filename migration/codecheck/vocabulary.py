@@ -1,0 +1,90 @@
+"""The words the checks recognise: JAX transformations, clocks, host and device calls, logging and
+configuration names, and the APIs removed from JAX with their replacements."""
+
+from __future__ import annotations
+
+import ast
+
+ENV_PREFIXES = ("XLA_", "JAX_", "CUDA_VISIBLE_DEVICES", "TF_CPP_", "NCCL_")
+JAX_IMPORTERS = {"jax", "jaxlib", "flax", "optax", "orbax", "chex", "haiku", "equinox", "jmp"}
+DEFAULT_ALIASES = {"jnp": "jax.numpy", "np": "numpy", "lax": "jax.lax"}
+CLOCKS = {"time.time", "time.time_ns", "time.perf_counter", "time.perf_counter_ns", "time.monotonic",
+          "time.monotonic_ns", "timeit.default_timer", "datetime.datetime.now", "datetime.datetime.utcnow"}
+COMPILE_TRANSFORMS = {"jit", "pjit", "pmap", "xmap", "shard_map", "vmap", "checkpoint", "remat", "custom_jvp",
+                      "custom_vjp"}
+GRAD_TRANSFORMS = {"grad", "value_and_grad", "jacfwd", "jacrev", "hessian"}
+CONTROL_FLOW = {"scan", "fori_loop", "while_loop", "cond", "switch", "map", "associative_scan"}
+BARE_TRANSFORMS = {"jit", "pjit", "pmap", "xmap", "vmap", "grad", "value_and_grad", "shard_map"}
+COLLECTIVES = {"pmean", "psum", "pmax", "pmin", "all_gather", "ppermute", "all_to_all", "psum_scatter"}
+STEP_TOKENS = {"step", "train", "update"}
+COMPUTE_NAMESPACES = ("jax.numpy.", "jax.lax.", "jax.random.", "jax.nn.", "jax.scipy.", "jax.image.", "optax.",
+                      "jax.device_put")
+HOST_BUILTINS = {"float", "int", "bool", "str", "repr", "complex", "format", "round", "len", "range", "enumerate",
+                 "zip", "print", "isinstance", "issubclass", "hasattr", "type", "id", "hash", "open", "sorted"}
+HOST_NAMESPACES = ("numpy.", "math.", "time.", "os.", "json.", "logging.", "random.", "statistics.")
+HOST_JAX = {"jax.device_get", "jax.devices", "jax.local_devices", "jax.device_count", "jax.local_device_count",
+            "jax.process_index", "jax.process_count", "jax.default_backend"}
+CONVERSIONS = {"float", "int", "bool", "str", "repr", "complex", "format", "round"}
+SYNC_METHODS = {"item", "tolist"}
+WAIT_METHODS = {"block_until_ready", "wait_until_finished"}
+AOT_METHODS = {"lower", "compile", "trace", "eval_shape", "cost_analysis", "memory_analysis", "as_text"}
+LOG_METHODS = {"info", "debug", "warning", "warn", "error", "critical", "log", "scalar", "scalars", "add_scalar",
+               "add_scalars", "write_scalars", "log_metrics", "set_postfix", "set_description"}
+NOT_LOGGERS = {"jax", "numpy", "math", "torch", "tensorflow", "scipy", "optax", "flax"}
+STATIC_ATTRS = {"shape", "ndim", "dtype", "size", "sharding", "weak_type"}
+STATIC_FUNCS = {"isinstance", "len", "hasattr", "callable", "type", "getattr", "ndim", "shape", "size", "iscomplexobj",
+                "isrealobj", "issubdtype", "result_type"}
+DEVICE_QUERIES = {"devices", "local_devices", "device_count", "local_device_count", "get_backend"}
+PLATFORM_KEYS = {"jax_platform_name", "jax_platforms"}
+PLATFORM_ENV = {"JAX_PLATFORMS", "JAX_PLATFORM_NAME"}
+PLATFORM_ATTRS = {"platform", "device_kind"}
+CONFIG_TOKENS = {"args", "arg", "config", "cfg", "conf", "flags", "opts", "options", "hparams", "hps", "settings"}
+LOW_PRECISION = {"bfloat16", "fastest", "default"}
+BATCH_MIN = 512
+SIZE_TOKENS = {"batch", "batchsize", "bs", "bsz"}
+NOT_SIZE_TOKENS = {"num", "n", "nb", "count", "cnt", "idx", "index", "id", "ids", "i", "step", "steps", "every",
+                   "freq", "interval", "no", "max", "min", "limit", "cap", "threshold"}
+NOT_STEP_PREFIXES = {"is", "has", "should", "can", "make", "build", "create", "get"}
+STEP_FN_SUFFIXES = {"fn", "func", "function", "impl"}
+HALF_DTYPES = {"jax.numpy.float16", "numpy.float16", "jax.numpy.half", "numpy.half"}
+DTYPE_NAMES = {"float16", "float32", "float64", "bfloat16", "half", "single", "double", "int8", "int16", "int32",
+               "int64", "uint8", "uint16", "uint32", "uint64", "bool_", "complex64", "complex128"}
+LOSS_SCALING_HINTS = ("loss_scal", "lossscal", "dynamic_scale", "dynamicscale", "gradscaler", "grad_scaler")
+LOOPS = (ast.For, ast.AsyncFor, ast.While)
+MUTATORS = {"append", "extend", "insert", "add", "appendleft"}
+APPLY_METHODS = {"apply", "apply_fn", "apply_gradients", "apply_updates", "value_and_grad"}
+SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
+REMOVED = {
+    "jax.device_put_replicated": "jax.device_put(x, NamedSharding(mesh, P())) to replicate",
+    "jax.device_put_sharded": "jax.device_put(x, NamedSharding(mesh, P('data'))) to shard along the mesh",
+    "jax.tree_map": "jax.tree.map", "jax.tree_multimap": "jax.tree.map", "jax.tree_leaves": "jax.tree.leaves",
+    "jax.tree_flatten": "jax.tree.flatten", "jax.tree_unflatten": "jax.tree.unflatten",
+    "jax.tree_structure": "jax.tree.structure", "jax.tree_transpose": "jax.tree.transpose",
+    "jax.tree_reduce": "jax.tree.reduce", "jax.tree_util.tree_multimap": "jax.tree.map",
+    "jax.xla_computation": "jax.jit(f).lower(*args).compiler_ir()",
+    "jax.experimental.maps": "jax.shard_map for xmap; jax.make_mesh (or jax.sharding.Mesh) for Mesh",
+    "jax.experimental.PartitionSpec": "jax.sharding.PartitionSpec",
+    "jax.experimental.optimizers": "optax", "jax.experimental.stax": "flax.linen (or jax.example_libraries.stax)",
+    "jax.experimental.host_callback": "jax.debug.callback or jax.experimental.io_callback",
+    "jax.experimental.global_device_array": "jax.Array built with jax.make_array_from_callback",
+    "jax.ops.index_update": "x.at[idx].set(y)", "jax.ops.index_add": "x.at[idx].add(y)", "jax.ops.index": "x.at[idx]",
+    "jax.random.KeyArray": "jax.Array (keys from jax.random.key)", "jax.numpy.DeviceArray": "jax.Array",
+    "jax.interpreters.xla.DeviceArray": "jax.Array", "jax.lib.xla_bridge": "jax.default_backend() / jax.devices()",
+    "jax.sharding.PositionalSharding": "NamedSharding(mesh, P(...))", "flax.optim": "optax",
+    "jax.experimental.pjit.with_sharding_constraint": "jax.lax.with_sharding_constraint",
+    "jax.experimental.pjit.PartitionSpec": "jax.sharding.PartitionSpec",
+    "jax.interpreters.pxla.ShardedDeviceArray": "jax.Array", "jax.random.PRNGKeyArray": "jax.Array",
+    "jax.abstract_arrays": "jax.core.ShapedArray", "jax.lax.tie_in": "nothing: drop the call (a no-op since 2020)",
+    "jax.experimental.gda_serialization": "orbax.checkpoint", "jax.experimental.enable_x64":
+        "jax.config.update('jax_enable_x64', True)",
+}
+
+
+def removed_key(full: str) -> str | None:
+    """The REMOVED entry `full` falls under ('jax.experimental.maps' for 'jax.experimental.maps.xmap')."""
+    parts = full.split(".")
+    for n in range(len(parts), 1, -1):
+        key = ".".join(parts[:n])
+        if key in REMOVED:
+            return key
+    return None

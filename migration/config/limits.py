@@ -1,0 +1,82 @@
+"""The allowed values of every config field, in one place, and the error that names a bad one: the
+choices (precisions, remat policies, shardings, step styles, platforms) and the numeric ranges that
+validation, the form and the CLI's help all read. The standard library only.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, get_args
+
+from migration.common import shown
+
+Precision = Literal["fp32", "bf16", "fp16"]
+RematName = Literal["none", "dots", "dots_no_batch", "save_dot_except_mlp", "save_qkv", "offload_dot_except_mlp",
+                    "full"]
+# The activations each named policy saves (or offloads to host memory): names a model tags with
+# `checkpoint_name`. A named policy applies only to a workload whose `checkpoint_names` include them.
+REMAT_NAMED: dict[str, tuple[str, ...]] = {
+    "save_dot_except_mlp": ("query_proj", "kv_proj", "attention_out", "attention_proj"),
+    "save_qkv": ("query_proj", "kv_proj"),
+    "offload_dot_except_mlp": ("query_proj", "kv_proj", "attention_out", "attention_proj"),
+}
+Platform = Literal["auto", "cpu", "gpu"]
+# How parameters, gradients and optimizer state live on the devices (see migration/step/train.py).
+Sharding = Literal["replicated", "fsdp"]
+SHARDINGS: tuple[str, ...] = get_args(Sharding)
+# The step a run times: "jit" is the migrated step (migration/step/train.py); "pmap" is the TPU-era step
+# as the guide writes it (pmap over the devices, lax.pmean of the gradients, replicated state).
+StepStyle = Literal["jit", "pmap"]
+STEP_STYLES: tuple[str, ...] = get_args(StepStyle)
+
+PRECISIONS: tuple[str, ...] = get_args(Precision)
+REMAT_NAMES: tuple[str, ...] = get_args(RematName)
+PLATFORMS: tuple[str, ...] = get_args(Platform)
+
+# Allowed ranges, in one place: validation and the CLI's help both read them.
+LIMITS: dict[str, tuple[float, float]] = {
+    "per_device_batch": (1, 65536),
+    "devices": (1, 256),  # the job's global count: several hosts of a multi-process job together
+    "accumulation_steps": (1, 1024),
+    "steps": (1, 100_000),
+    "warmup_steps": (0, 99_999),
+    "learning_rate": (1e-8, 1.0),
+    "seed": (0, 2**31 - 1),
+    "timeout_s": (1, 7 * 24 * 3600),
+    "silence_timeout_s": (2, 3600),
+    "memory_fraction": (0.05, 1.0),
+    "profile_steps": (0, 20),
+    "num_processes": (1, 1024),
+    "process_id": (0, 1023),
+}
+
+
+Granularity = Literal["multiple8", "pow2"]
+GRANULARITIES: tuple[str, ...] = get_args(Granularity)
+
+PLAN_LIMITS: dict[str, tuple[float, float]] = {
+    "global_batch": (1, 1_048_576),
+    "per_core_batch": (1, 65536),
+    "gpus": (1, 256),
+    "gpus_per_node": (1, 16),
+    "memory_fraction": (0.05, 1.0),
+    "safety_margin": (0.0, 0.5),
+    "max_per_device_batch": (1, 65536),
+    "timeout_s": (10, 7200),
+    "silence_timeout_s": (2, 3600),
+}
+
+
+class ConfigError(ValueError):
+    """A config field is invalid. `str()` is one line naming the field and what is allowed."""
+
+    def __init__(self, field: str, message: str):
+        self.field = field
+        super().__init__(f"{field}: {message}")
+
+
+def check_int(cfg: Any, field: str) -> None:
+    """`cfg.<field>` is an int (not a bool) within `LIMITS[field]`."""
+    value = getattr(cfg, field)
+    lo, hi = LIMITS[field]
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise ConfigError(field, f"must be an integer from {int(lo)} to {int(hi)}; got {shown(value)}")

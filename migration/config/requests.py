@@ -1,0 +1,348 @@
+"""Run configuration: one frozen dataclass, validated once at the edge.
+
+Validation returns messages a user can act on: which field is wrong, what it got, what is allowed.
+This module imports no JAX at module level, so a worker can validate before it sets JAX's
+environment.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from migration.common import shown
+from migration.config.distributed import check_distributed
+from migration.config.limits import (
+    LIMITS,
+    PLATFORMS,
+    PRECISIONS,
+    REMAT_NAMED,
+    REMAT_NAMES,
+    SHARDINGS,
+    STEP_STYLES,
+    GRANULARITIES,
+    PLAN_LIMITS,
+    ConfigError,
+    Granularity,
+    Platform,
+    Precision,
+    RematName,
+    Sharding,
+    StepStyle,
+    check_int,
+)
+from migration.hardware import GPU_SPECS, TPU_SPECS
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    """Everything that defines one measured training run.
+
+    global batch per optimizer step = per_device_batch * devices * accumulation_steps.
+    """
+
+    workload: str = "transformer"
+    preset: str = "tiny"
+    # Overrides of the preset's dimensions (field -> value, e.g. {"n_layers": 4}); checked by the workload.
+    model: dict[str, Any] = dataclasses.field(default_factory=dict)
+    per_device_batch: int = 8
+    devices: int = 1
+    sharding: Sharding = "replicated"
+    step_style: StepStyle = "jit"
+    precision: Precision = "fp32"
+    remat: RematName = "none"
+    accumulation_steps: int = 1
+    steps: int = 20
+    warmup_steps: int = 2
+    learning_rate: float = 3e-3
+    seed: int = 0
+    timeout_s: float = 600.0
+    # A worker that sends nothing (not even its heartbeat) for this long is hung: killed, `timeout`.
+    silence_timeout_s: float = 120.0
+    # Environment of the worker (read by JAX only before it initialises).
+    platform: Platform = "auto"
+    memory_fraction: float = 0.8
+    preallocate: bool = False
+    xla_flags: str = ""
+    visible_devices: str = ""  # CUDA_VISIBLE_DEVICES, e.g. "0" or "0,1"; empty: leave as is
+    # Profile capture: this many extra steps after the timed ones, under jax.profiler.trace.
+    profile_steps: int = 0
+    profile_dir: str = ""
+    # One job across several processes (migration/config/distributed.py): "" runs one process; "auto" lets
+    # JAX detect the cluster (SLURM, Open MPI, ...); "host:port" is process 0's host and a free port
+    # there, with this process's `process_id` of `num_processes`. `devices` is then the job's global count.
+    coordinator: str = ""
+    num_processes: int = 1
+    process_id: int = 0
+    # Checkpoints (migration/running/checkpoint.py): absolute folder paths; empty: none. The run starts from
+    # the state in `restore_checkpoint` and writes its state after its last step to `save_checkpoint`.
+    save_checkpoint: str = ""
+    restore_checkpoint: str = ""
+
+    @property
+    def global_batch(self) -> int:
+        return self.per_device_batch * self.devices * self.accumulation_steps
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "RunConfig":
+        return validate(_construct(cls, data))
+
+
+def _construct(cls: type, data: dict[str, Any]) -> Any:
+    """`cls(**data)`, refusing unknown fields by name (validation is the caller's)."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ConfigError(unknown[0], f"unknown field; allowed fields are {', '.join(sorted(names))}")
+    return cls(**data)
+
+
+def _check_float(cfg: RunConfig, field: str) -> None:
+    value = getattr(cfg, field)
+    lo, hi = LIMITS[field]
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and _finite(value)
+    if not ok or not lo <= value <= hi:
+        raise ConfigError(field, f"must be a number from {lo:g} to {hi:g}; got {shown(value)}")
+
+
+def _finite(value: float) -> bool:
+    """`math.isfinite` that also takes ints too large for a float (they are finite)."""
+    return isinstance(value, int) or math.isfinite(value)
+
+
+def _check_choice(cfg: RunConfig, field: str, allowed: tuple[str, ...]) -> None:
+    value = getattr(cfg, field)
+    if value not in allowed:
+        raise ConfigError(field, f"must be one of {', '.join(allowed)}; got {shown(value)}")
+
+
+def check_model(obj: Any) -> Any:
+    """The workload (registered, or a reference where this process allows them), its preset and
+    the dimension overrides in `obj.model`; returns the resolved model config."""
+    # reason: workloads import JAX (not its backend); kept out of this module's import
+    from workloads import WORKLOADS, ModelConfigError, WorkloadError, is_reference, resolve_workload
+
+    if not (isinstance(obj.workload, str) and (obj.workload in WORKLOADS or is_reference(obj.workload))):
+        raise ConfigError("workload", f"must be one of {', '.join(WORKLOADS)}; got {shown(obj.workload)}")
+    try:
+        workload = resolve_workload(obj.workload)
+    except WorkloadError as exc:
+        raise ConfigError("workload", str(exc)) from None
+    _check_choice(obj, "preset", tuple(workload.presets))
+    if not isinstance(obj.model, dict) or not all(isinstance(k, str) for k in obj.model):
+        raise ConfigError("model", f"must map dimension names to values, e.g. {{\"n_layers\": 4}}; got {shown(obj.model)}")
+    try:
+        return workload.config(obj.preset, obj.model)
+    except ModelConfigError as exc:
+        raise ConfigError(exc.field, str(exc).split(": ", 1)[1]) from None
+
+
+def remat_applies(workload: Any, remat: str) -> bool:
+    """Whether `remat` means something for `workload`: a named policy needs the model to tag the
+    activations it saves."""
+    return set(REMAT_NAMED.get(remat, ())) <= set(getattr(workload, "checkpoint_names", ()))
+
+
+def check_remat_applies(obj: Any) -> None:
+    # reason: workloads import JAX (not its backend); kept out of this module's import
+    from workloads import resolve_workload
+
+    workload = resolve_workload(obj.workload)
+    if not remat_applies(workload, obj.remat):
+        usable = ", ".join(r for r in REMAT_NAMES if remat_applies(workload, r))
+        raise ConfigError("remat", f"{obj.remat} saves activations that {obj.workload} does not name "
+                                   f"({', '.join(REMAT_NAMED[obj.remat])}); allowed for it: {usable}")
+
+
+def validate(cfg: RunConfig) -> RunConfig:
+    """Return `cfg` unchanged if valid; raise ConfigError naming the first bad field otherwise."""
+    check_model(cfg)
+    for field in ("per_device_batch", "devices", "accumulation_steps", "steps", "warmup_steps", "seed", "profile_steps"):
+        check_int(cfg, field)
+    for field in ("learning_rate", "timeout_s", "silence_timeout_s", "memory_fraction"):
+        _check_float(cfg, field)
+    _check_choice(cfg, "precision", PRECISIONS)
+    _check_choice(cfg, "remat", REMAT_NAMES)
+    check_remat_applies(cfg)
+    _check_choice(cfg, "sharding", SHARDINGS)
+    _check_choice(cfg, "step_style", STEP_STYLES)
+    if cfg.step_style == "pmap" and cfg.sharding != "replicated":
+        raise ConfigError("step_style", "pmap replicates the state on every device; use sharding replicated with it")
+    _check_choice(cfg, "platform", PLATFORMS)
+    check_distributed(cfg)
+    if cfg.warmup_steps >= cfg.steps:
+        raise ConfigError(
+            "warmup_steps",
+            f"must be smaller than steps ({cfg.steps}) so that at least one step is timed; got {cfg.warmup_steps}",
+        )
+    if cfg.profile_steps and not (isinstance(cfg.profile_dir, str) and cfg.profile_dir):
+        raise ConfigError("profile_dir", "must name a folder for the trace when profile_steps > 0")
+    if not isinstance(cfg.preallocate, bool):
+        raise ConfigError("preallocate", f"must be true or false; got {cfg.preallocate!r}")
+    if not isinstance(cfg.xla_flags, str) or "\n" in cfg.xla_flags:
+        raise ConfigError("xla_flags", "must be one line of space-separated --xla_... flags")
+    bad_flags = [f for f in cfg.xla_flags.split() if not f.startswith("--")]
+    if bad_flags:
+        raise ConfigError("xla_flags", f"each flag must start with '--' (e.g. --xla_gpu_autotune_level=2); got {bad_flags[0]!r}")
+    ids = cfg.visible_devices.split(",") if isinstance(cfg.visible_devices, str) and cfg.visible_devices else []
+    if not isinstance(cfg.visible_devices, str) or not all(i.strip().isascii() and i.strip().isdigit() for i in ids):
+        raise ConfigError("visible_devices", f"must be empty or comma-separated GPU indices like 0,1; got {cfg.visible_devices!r}")
+    check_checkpoint_folders(cfg)
+    return cfg
+
+
+CHECKPOINT_META_FILE = "checkpoint.json"  # what marks a folder as a checkpoint (migration/running/checkpoint.py)
+
+
+def check_checkpoint_folders(cfg: RunConfig) -> None:
+    """`save_checkpoint` and `restore_checkpoint`: empty, or absolute folder paths (the worker runs in
+    another directory); a restore folder must hold a checkpoint, and a save folder must be new, empty
+    or a checkpoint (which is replaced). Whether a checkpoint fits the run's model is checked when it
+    is read (migration/running/checkpoint.py)."""
+    for field in ("save_checkpoint", "restore_checkpoint"):
+        value = getattr(cfg, field)
+        if not isinstance(value, str) or "\n" in value or "\0" in value:
+            raise ConfigError(field, f"must be one line naming a folder, or empty for none; got {shown(value)}")
+        if value and not os.path.isabs(value):
+            raise ConfigError(field, f"must be an absolute folder path (the run's worker starts in another "
+                                     f"directory), or empty for none; got {shown(value)}")
+    if cfg.save_checkpoint and cfg.step_style == "pmap":
+        raise ConfigError("step_style", "checkpoints hold the jit step's state; the pmap step (the measured "
+                                        "\"before\") may start from one but does not save one: use step_style jit")
+    restore = Path(cfg.restore_checkpoint)
+    if cfg.restore_checkpoint and not restore.is_dir():
+        raise ConfigError("restore_checkpoint", f"no such folder: {cfg.restore_checkpoint}; allowed: a folder "
+                                                "written by save_checkpoint")
+    if cfg.restore_checkpoint and not (restore / CHECKPOINT_META_FILE).is_file():
+        raise ConfigError("restore_checkpoint", f"{cfg.restore_checkpoint} is not a checkpoint (no "
+                                                f"{CHECKPOINT_META_FILE} in it); allowed: a folder written by "
+                                                "save_checkpoint")
+    save = Path(cfg.save_checkpoint)
+    if cfg.save_checkpoint and save.exists() and not save.is_dir():
+        raise ConfigError("save_checkpoint", f"{cfg.save_checkpoint} is a file; allowed: a new or empty folder, "
+                                             "or a checkpoint folder (replaced)")
+    if cfg.save_checkpoint and save.is_dir() and any(save.iterdir()) and not (save / CHECKPOINT_META_FILE).is_file():
+        raise ConfigError("save_checkpoint", f"{cfg.save_checkpoint} holds other files; allowed: a new or empty "
+                                             "folder, or a checkpoint folder (replaced)")
+
+
+# -- planning ------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class PlanRequest:
+    """A TPU-style setup and a GPU target: what `plan_migration` turns into a GPU plan.
+
+    The TPU-style setup is the source slice, its global batch, its per-core batch (default: global
+    batch / the slice's devices), its precision (bf16), no remat and `pmap` over every core.
+    """
+
+    workload: str = "transformer"
+    preset: str = "tiny"
+    model: dict[str, Any] = dataclasses.field(default_factory=dict)  # see RunConfig
+    source: str = "tpu-v5e-8"
+    global_batch: int = 256
+    per_core_batch: int | None = None
+    source_precision: Precision = "bf16"
+    target: str = "h100-sxm"  # a catalog GPU key, or "local" for this machine's devices
+    gpus: int = 1  # in all; more than gpus_per_node means several nodes
+    gpus_per_node: int = 8
+    # How the TPU job held its state: None = as the source's memory forces it (replicated under
+    # pmap when 16 bytes per parameter fit a chip's HBM, else sharded over the slice).
+    source_sharding: Sharding | None = None
+    memory_fraction: float = 0.8  # the share of each GPU the job may use (the guide's 0.8)
+    safety_margin: float = 0.1  # of that share, kept free for fragmentation and library workspaces
+    granularity: Granularity = "multiple8"
+    max_per_device_batch: int = 1024
+    precision: Precision | None = None  # override; default: bf16 where native, else fp16
+    remat: RematName | None = None  # override; default: the cheapest policy that fits
+    sharding: Sharding | None = None  # override; default: replicated while it fits, FSDP when it does not or is faster
+    accumulation_steps: int | None = None  # override
+    compile_for_tpu: bool = True  # also compile the TPU-style setup for the source TPU where libtpu is installed
+    timeout_s: float = 900.0
+    silence_timeout_s: float = 120.0  # see RunConfig
+
+    @property
+    def nodes(self) -> int:
+        return max(1, -(-self.gpus // self.gpus_per_node))
+
+    @property
+    def source_per_core_batch(self) -> int:
+        return self.per_core_batch or max(1, self.global_batch // TPU_SPECS[self.source].devices)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "PlanRequest":
+        return validate_plan_request(_construct(cls, data))
+
+
+def _check_range(obj: Any, field: str, limits: dict[str, tuple[float, float]], integer: bool) -> None:
+    value = getattr(obj, field)
+    lo, hi = limits[field]
+    is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if integer and not (isinstance(value, int) and not isinstance(value, bool)):
+        is_number = False
+    if not is_number or not _finite(value) or not lo <= value <= hi:
+        kind, bounds = ("an integer", f"{int(lo)} to {int(hi)}") if integer else ("a number", f"{lo:g} to {hi:g}")
+        raise ConfigError(field, f"must be {kind} from {bounds}; got {shown(value)}")
+
+
+def validate_plan_request(req: PlanRequest) -> PlanRequest:
+    check_model(req)
+    _check_choice(req, "source", tuple(TPU_SPECS))
+    _check_choice(req, "target", ("local", *GPU_SPECS))
+    for field in ("global_batch", "gpus", "gpus_per_node", "max_per_device_batch"):
+        _check_range(req, field, PLAN_LIMITS, integer=True)
+    if req.gpus > req.gpus_per_node and req.gpus % req.gpus_per_node:
+        raise ConfigError("gpus", f"{req.gpus} GPUs do not fill whole nodes of {req.gpus_per_node}; use a multiple of "
+                                  f"{req.gpus_per_node} (or at most {req.gpus_per_node} on one node)")
+    if req.target == "local" and req.gpus > req.gpus_per_node:
+        raise ConfigError("gpus", f"target local is this machine (one node): at most {req.gpus_per_node}; got {req.gpus}")
+    for field in ("sharding", "source_sharding"):
+        if getattr(req, field) is not None:
+            _check_choice(req, field, SHARDINGS)
+    if req.per_core_batch is not None:
+        _check_range(req, "per_core_batch", PLAN_LIMITS, integer=True)
+    for field in ("memory_fraction", "safety_margin", "timeout_s", "silence_timeout_s"):
+        _check_range(req, field, PLAN_LIMITS, integer=False)
+    _check_choice(req, "source_precision", ("bf16", "fp32"))
+    _check_choice(req, "granularity", GRANULARITIES)
+    if req.precision is not None:
+        _check_choice(req, "precision", PRECISIONS)
+    if req.remat is not None:
+        _check_choice(req, "remat", REMAT_NAMES)
+        check_remat_applies(req)
+    if req.accumulation_steps is not None:
+        _check_range(req, "accumulation_steps", LIMITS, integer=True)
+    _check_plan_consistency(req, TPU_SPECS[req.source].devices)
+    return req
+
+
+def _check_plan_consistency(req: PlanRequest, cores: int) -> None:
+    """Settings that are each in range but contradict each other (fields already checked one by one)."""
+    g, p = req.global_batch, req.per_core_batch
+    if p is not None and p > g:
+        raise ConfigError("per_core_batch", f"must not exceed global_batch ({g}); got {p}")
+    if p is not None and p * cores != g:
+        fix = (f"use per_core_batch {g // cores}" if g % cores == 0 else
+               f"use a global_batch that is a multiple of {cores}")
+        raise ConfigError(
+            "per_core_batch",
+            f"{p} per core × {cores} cores of {req.source} = {p * cores}, but global_batch is {g} (with pmap on a "
+            f"TPU the global batch is per-core batch × cores); {fix}, or leave per_core_batch unset (global / cores)",
+        )
+    a, n = req.accumulation_steps, req.gpus
+    if a is not None and a * n > g:
+        allowed = (f"at most {g // n} with gpus {n}" if g >= n else
+                   f"none while gpus ({n}) exceeds global_batch; use at most {g} GPU(s)")
+        raise ConfigError(
+            "accumulation_steps",
+            f"{a} × gpus {n} = {a * n} micro-batches, more than global_batch {g} (each GPU needs at least one "
+            f"sample per accumulation step); allowed: {allowed}; got {a}",
+        )

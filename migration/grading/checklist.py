@@ -1,0 +1,415 @@
+"""The migration checklist, graded only from evidence about the user's migrated job.
+
+The guide ends with eight items that teams tick by hand; four more follow from it. Each item is one
+small function in `ITEMS` (id -> title, the statuses it can return, the function) of the evidence:
+the plan, the run that actually happened (after any re-fit to this machine, with the plan for that
+machine), the code check of the user's own code, and optional extra runs (an fp32 reference, the
+TPU-style setup run here, runs at other device counts).
+
+Grading rules, the same for every item:
+- `pass` only when evidence about the user's job on the target shows it: a measurement on the
+  target GPU, or the code check of the user's own code. This tool's own defaults never pass an item.
+- `warn` when the evidence is only predicted, estimated, or measured on another device than the
+  target (a CPU backend, another GPU model); the action says what would confirm it.
+- `fail` when the evidence shows the item is not met.
+- `not checked` when there is no evidence; the action says what to supply.
+- `n/a` when the item does not apply (an fp32 run needs no fp32 reference).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+from migration.codecheck import CodeCheck
+from migration.common import fmt_gib, fmt_loss, write_csv
+from migration.hardware import TPU_SPECS, gpu_spec_for_device_kind
+from migration.grading.scaling import loss_tolerance, max_loss_rel_diff
+from migration.results import Plan, RunReport
+
+PASS, WARN, FAIL, NA, NOT_CHECKED = "pass", "warn", "fail", "n/a", "not checked"
+NUMERICS_TOLERANCE = 0.05  # final loss within 5% of the fp32 reference over the same steps
+SCALING_EFFICIENCY = 0.8  # per-device throughput at N devices against 1, for a pass
+API_RULES = ("TPU001", "PMAP001", "PMAP002", "REMOVED001", "REMOVED002")
+SHAPE_RULES = ("SHAPE001", "TRACE001")
+DEPLOY_VARS = ("XLA_PYTHON_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_PREALLOCATE", "CUDA_VISIBLE_DEVICES")
+MONITOR_HINT = "read memory_stats() (peak_bytes_in_use, bytes_limit) and NVML utilisation in the training job"
+
+
+@dataclasses.dataclass(frozen=True)
+class ChecklistItem:
+    id: str
+    item: str
+    status: str
+    evidence: str
+    action: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Evidence:
+    """What the checklist is graded from.
+
+    `run` is the migrated run as it actually ran; `ran_plan` the plan for the machine it ran on
+    when that differs from `plan` (a plan made for another GPU, re-fitted or checked here)."""
+
+    plan: Plan
+    run: RunReport | None = None
+    ran_plan: Plan | None = None
+    code: CodeCheck | None = None
+    fp32_reference: RunReport | None = None
+    tpu_style_run: RunReport | None = None
+    pmap_run: RunReport | None = None  # the TPU-era pmap step on the same config, devices and data
+    scaling_runs: tuple[RunReport, ...] = ()
+
+    @property
+    def ran(self) -> bool:
+        return self.run is not None and self.run.ok
+
+    @property
+    def budget_plan(self) -> Plan:
+        """The plan whose budget applies to the run: the one for the machine it ran on."""
+        return self.ran_plan or self.plan
+
+    def on_target(self, r: RunReport | None) -> bool:
+        """Whether `r` ran on the plan's target GPU (same catalog entry, or the planned local GPU)."""
+        if r is None or r.backend != "gpu" or not r.device_kind:
+            return False
+        if self.plan.target == "local":
+            return self.plan.planned_device_kind == r.device_kind
+        spec = gpu_spec_for_device_kind(r.device_kind)
+        return spec is not None and spec.key == self.plan.target
+
+    def findings(self, rules: tuple[str, ...]) -> list:
+        return [f for f in (self.code.findings if self.code else ()) if f.rule in rules]
+
+
+Grade = tuple[str, str, str]  # status, evidence, action
+
+
+def _finite(value: object) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def where(r: RunReport) -> str:
+    return f"measured on {r.device_kind} x{r.device_count} ({r.backend} backend), JAX {r.jax_version}"
+
+
+def _elsewhere(ev: Evidence, r: RunReport) -> str:
+    """Why a measurement is not the target's, for a warn."""
+    if r.backend != "gpu":
+        return f"measured on the CPU backend ({r.device_kind}), not on {ev.plan.target_name}"
+    return f"measured on {r.device_kind}, not on the target {ev.plan.target_name}"
+
+
+def _lines(findings: list) -> str:
+    return ", ".join(f"{f.rule} {Path(f.file).name}:{f.line}" for f in findings[:8]) + (" …" if len(findings) > 8 else "")
+
+
+def _code_scope(code: CodeCheck) -> str:
+    return f"code check of {len(code.files)} file(s) ({', '.join(Path(f).name for f in code.files[:4])})"
+
+
+NO_CODE = "your training code was not checked"
+CHECK_CODE = "check your training script (Code check tab, or python -m migration check train.py) and grade again"
+
+
+# -- the items ---------------------------------------------------------------------------------
+
+def grade_profile(ev: Evidence) -> Grade:
+    r = ev.run
+    if not ev.ran or not r.profile or not r.profile.get("top_ops"):
+        timing = f"; compile {r.compile_s:.2f} s vs step {r.step_ms_median:.2f} ms (median)" if ev.ran else ""
+        return NOT_CHECKED, "no profile was captured for this run" + timing, \
+            "run again with profiling on (a few steps under jax.profiler.trace)"
+    p = r.profile
+    top = ", ".join(f"{o['name']} {o['total_ms'] / max(1, p['steps']):.2f} ms/step" for o in p["top_ops"][:5])
+    text = f"{p['steps']} step(s) traced ({p['path']}); time by op: {top}; {where(r)}"
+    if ev.on_target(r):
+        return PASS, text, "open the trace in Perfetto (ui.perfetto.dev) or XProf; attack the largest ops first"
+    return WARN, f"{text}; {_elsewhere(ev, r)}: bottlenecks on the GPU differ", \
+        f"capture the profile on {ev.plan.target_name}"
+
+
+def grade_batch(ev: Evidence) -> Grade:
+    plan, r, bp = ev.plan, ev.run, ev.budget_plan
+    if not plan.ok:
+        return FAIL, plan.message, "choose a larger GPU, a smaller preset, or shard parameters and optimizer state"
+    planned = (f"plan for {plan.target_name}: TPU {plan.source_per_core_batch} per core -> {plan.per_device_batch} per GPU "
+               f"x {plan.gpus} x {plan.accumulation_steps} accumulation = {plan.global_batch} (requested "
+               f"{plan.requested_global_batch}); predicted {fmt_gib(plan.predicted_peak_bytes)} ({plan.prediction_method}) "
+               f"of a {fmt_gib(plan.budget_bytes)} budget")
+    if r is not None and r.failure_kind == "oom":
+        return FAIL, (f"{planned}; the run at {r.per_device_batch} per device x {r.accumulation_steps} ran out of memory "
+                      f"({r.message[:200]})"), "lower the per-device batch (raise accumulation) or choose remat"
+    if ev.ran and ev.on_target(r) and r.peak_memory_bytes is not None:
+        refit = (r.per_device_batch, r.accumulation_steps) != (plan.per_device_batch, plan.accumulation_steps)
+        ran = (f"ran {r.per_device_batch} per device x {r.devices} x {r.accumulation_steps} = {r.global_batch}: measured "
+               f"peak {fmt_gib(r.peak_memory_bytes)} of a {fmt_gib(bp.budget_bytes)} budget; {where(r)}")
+        if r.peak_memory_bytes > bp.budget_bytes:
+            return FAIL, f"{planned}; {ran}", "lower the per-device batch or choose remat: the measured peak is over budget"
+        if refit:
+            return WARN, f"{planned}; {ran}; re-fitted on this machine, so the planned batch itself did not run", \
+                "run the plan as made on a GPU with the planned memory share to confirm it"
+        if r.global_batch != plan.requested_global_batch:
+            return WARN, f"{planned}; {ran}; the global batch changed", "rescale the learning rate, or choose a divisible global batch"
+        return PASS, f"{planned}; {ran}", "keep the planned batch and accumulation"
+    if ev.ran:
+        refit = (r.per_device_batch, r.accumulation_steps) != (plan.per_device_batch, plan.accumulation_steps)
+        measured = (f"; the run here ({r.per_device_batch} per device x {r.accumulation_steps}, "
+                    f"{'re-fitted to this machine' if refit else 'as planned'}) peaked at "
+                    f"{fmt_gib(r.peak_memory_bytes)} ({r.peak_memory_source}); {_elsewhere(ev, r)}")
+    elif r is not None:
+        measured = f"; the run {r.status} ({r.failure_kind}: {r.message[:160]})"
+    else:
+        measured = "; not run yet"
+    how = "an analytic estimate" if plan.prediction_method == "estimate" else "a compile for the target"
+    return WARN, planned + measured, f"the fit is {how}, not a measurement: run the plan on {plan.target_name} to confirm"
+
+
+def grade_apis(ev: Evidence) -> Grade:
+    if ev.code is None:
+        return NOT_CHECKED, NO_CODE, CHECK_CODE
+    found = ev.findings(API_RULES)
+    errors = [f for f in found if f.severity == "error"]
+    scope = _code_scope(ev.code)
+    if errors:
+        return FAIL, f"{scope}: {len(errors)} TPU-only or removed API call(s): {_lines(errors)}", "apply each finding's replacement"
+    if found:
+        return WARN, f"{scope}: {len(found)} outdated API use(s): {_lines(found)}", "apply each finding's replacement"
+    return PASS, f"{scope}: no TPU-only, pmap-era or removed APIs ({', '.join(API_RULES)})", "nothing to replace"
+
+
+def grade_remat(ev: Evidence) -> Grade:
+    plan, r = ev.plan, ev.run
+    if not plan.ok:
+        return NA, "no remat policy makes the plan fit", "see the batch item"
+    per_policy = ", ".join(f"{k} {v}" for k, v in plan.max_batch_by_remat.items())
+    text = f"policy {plan.remat} ({plan.remat_chosen_by}); largest batch per policy: {per_policy} ({plan.prediction_method})"
+    if plan.remat_chosen_by == "override":
+        return WARN, text + "; set by override: the planner did not compare policies", \
+            "plan again with remat auto to compare policies by predicted step time"
+    if plan.prediction_method == "estimate":
+        return WARN, text + "; chosen from an analytic estimate", \
+            "install the CUDA plugin (jax[cuda12]) so the planner compiles for the target, or run on it"
+    if plan.prediction_method == "compiled-local" and plan.planned_on == "cpu":
+        return WARN, text + "; a CPU-backend compile does not show remat savings", f"plan for {plan.target_name} instead"
+    if ev.ran and ev.on_target(r) and r.remat == plan.remat and r.peak_memory_bytes is not None \
+            and r.peak_memory_bytes <= ev.budget_plan.budget_bytes:
+        return PASS, (f"{text}; the run under {r.remat} peaked at {fmt_gib(r.peak_memory_bytes)} of "
+                      f"{fmt_gib(ev.budget_plan.budget_bytes)}, {r.step_ms_median:.1f} ms per step; {where(r)}"), \
+            "keep it; compare step time against the next policy in the plan's ranking"
+    return WARN, text + "; not yet measured on the target", f"run the plan on {plan.target_name} to confirm the choice"
+
+
+def grade_scaling(ev: Evidence) -> Grade:
+    runs = [r for r in ev.scaling_runs if r.ok and r.device_count and r.samples_per_s]
+    counts = sorted({r.device_count for r in runs})
+    if len(counts) < 2:
+        shown = f" ({ev.run.device_count})" if ev.run is not None and ev.run.device_count else ""
+        return NOT_CHECKED, f"runs of this configuration at only one device count{shown}", \
+            "run the plan at 1 and N devices and compare samples/s per device"
+    per_device = {r.device_count: r.samples_per_s / r.device_count for r in runs}
+    text = "samples/s per device: " + ", ".join(f"{n} device(s) {per_device[n]:,.1f}" for n in counts) + f"; {where(runs[0])}"
+    if not all(ev.on_target(r) for r in runs):
+        return WARN, f"{text}; {_elsewhere(ev, runs[0])}: XLA's CPU devices share the host's cores", \
+            f"measure on {ev.plan.gpus}+ x {ev.plan.target_name}"
+    efficiency = per_device[counts[-1]] / per_device[counts[0]]
+    if efficiency >= SCALING_EFFICIENCY:
+        return PASS, f"{text}; efficiency {efficiency:.0%}", "scale out while per-device throughput holds"
+    return WARN, f"{text}; efficiency {efficiency:.0%} (under {SCALING_EFFICIENCY:.0%})", \
+        "overlap the all-reduce (latency-hiding scheduler) or raise the per-device batch"
+
+
+def grade_benchmark(ev: Evidence) -> Grade:
+    r, tpu = ev.run, ev.tpu_style_run
+    if not ev.ran:
+        return NOT_CHECKED, "no successful run of the plan", "run the plan"
+    if tpu is not None and tpu.ok:
+        ratio = r.samples_per_s / tpu.samples_per_s
+        text = (f"migrated {r.samples_per_s:,.1f} samples/s vs the TPU-style setup {tpu.samples_per_s:,.1f} samples/s "
+                f"run here ({ratio:.2f}x); {where(r)}")
+        if not (ev.on_target(r) and ev.on_target(tpu)):
+            return WARN, f"{text}; {_elsewhere(ev, r)}", f"repeat the comparison on {ev.plan.target_name}"
+        if ratio >= 0.9:
+            return PASS, text, "keep the migrated setup"
+        return WARN, text, "the migrated setup is slower: check the ranking's next choice (remat, batch)"
+    src = TPU_SPECS[ev.plan.source]
+    tpu_peak = src.bf16_tflops_per_device * src.devices
+    estimate = r.samples_per_s * tpu_peak / r.peak_tflops if r.peak_tflops else None
+    failed = f"; the TPU-style setup run here {tpu.failure_kind}" if tpu is not None else ""
+    return WARN, (f"migrated {r.samples_per_s:,.1f} samples/s ({where(r)}); {src.name} peak-scaled ESTIMATE "
+                  + (f"{estimate:,.0f} samples/s" if estimate else "n/a")
+                  + f" (the same MFU on {tpu_peak:.0f} bf16 TFLOP/s; not a measurement){failed}"), \
+        "compare with the job's real TPU throughput, or run the TPU-style setup here too"
+
+
+def grade_monitoring(ev: Evidence) -> Grade:
+    measured = (f"; this run's peak {fmt_gib(ev.run.peak_memory_bytes)} ({ev.run.peak_memory_source})"
+                if ev.ran else "")
+    if ev.code is None:
+        return NOT_CHECKED, NO_CODE + measured, CHECK_CODE
+    uses = ev.code.monitoring
+    if uses:
+        listed = ", ".join(f"{u.call} {Path(u.file).name}:{u.line}" for u in uses[:6])
+        return PASS, f"{_code_scope(ev.code)}: your code reads device memory or utilisation: {listed}{measured}", \
+            "keep it, and alert on bytes_in_use near bytes_limit"
+    return WARN, f"{_code_scope(ev.code)}: no memory_stats(), NVML or profiler calls found{measured}", MONITOR_HINT
+
+
+def _env(ev: Evidence, name: str) -> list:
+    return [s for s in ev.code.env_settings if s.name == name]
+
+
+def grade_deployment(ev: Evidence) -> Grade:
+    if ev.code is None:
+        return NOT_CHECKED, NO_CODE, "download the deployment snippet and check your launcher with the code check"
+    late = ev.findings(("ENV001",))
+    if late:
+        return FAIL, f"{_code_scope(ev.code)}: set after `import jax`, so JAX ignores them: {_lines(late)}", \
+            "set them before the first import of jax, or in the launching shell (see the deployment snippet)"
+    tpu_env = [s for s in ev.code.env_settings if s.value and "tpu" in s.value.lower()]
+    if tpu_env:
+        return FAIL, f"{_code_scope(ev.code)}: TPU-specific settings: " + ", ".join(
+            f"{s.name}={s.value} line {s.line}" for s in tpu_env), "remove them; use the deployment snippet's environment"
+    found = [s for s in ev.code.env_settings if s.name in DEPLOY_VARS and s.before_import]
+    if found:
+        return PASS, f"{_code_scope(ev.code)}: sets " + ", ".join(f"{s.name}={s.value} (line {s.line})" for s in found) \
+            + " before importing jax", "keep them in step with the plan's environment"
+    return WARN, f"{_code_scope(ev.code)}: sets none of {', '.join(DEPLOY_VARS)}", \
+        "set them in the launcher (the deployment snippet does), or before importing jax"
+
+
+def grade_preallocation(ev: Evidence) -> Grade:
+    if ev.code is None:
+        return NOT_CHECKED, NO_CODE, CHECK_CODE
+    settings = _env(ev, "XLA_PYTHON_CLIENT_PREALLOCATE") + _env(ev, "XLA_PYTHON_CLIENT_MEM_FRACTION")
+    late = [s for s in settings if not s.before_import]
+    if late:
+        return FAIL, "set after `import jax` (ignored): " + ", ".join(f"{s.name} line {s.line}" for s in late), \
+            "move them before the first import of jax"
+    on = [s for s in settings if s.name == "XLA_PYTHON_CLIENT_PREALLOCATE" and (s.value or "").lower() in ("true", "1")]
+    if on:
+        return WARN, f"your code turns preallocation on (line {on[0].line}): the job takes 75% of the card at start-up", \
+            "set XLA_PYTHON_CLIENT_PREALLOCATE=false on a shared GPU"
+    if settings:
+        return PASS, f"{_code_scope(ev.code)}: " + ", ".join(f"{s.name}={s.value} (line {s.line})" for s in settings), \
+            "keep preallocation off on a shared GPU"
+    return WARN, f"{_code_scope(ev.code)}: neither XLA_PYTHON_CLIENT_PREALLOCATE nor XLA_PYTHON_CLIENT_MEM_FRACTION is set", \
+        "set XLA_PYTHON_CLIENT_PREALLOCATE=false (or a memory fraction) before importing jax, or in the launcher"
+
+
+def grade_recompilation(ev: Evidence) -> Grade:
+    if not ev.ran:
+        return NOT_CHECKED, "no successful run", "run the plan"
+    r = ev.run
+    measured = f"{r.recompilations} XLA compile(s) after the first step (jax.monitoring); {where(r)}"
+    if r.recompilations:
+        return FAIL, measured, "fix shapes or dtypes that change between steps (weak types, the last batch)"
+    if ev.code is None:
+        return WARN, f"{measured}; {NO_CODE} for shapes that change between steps", CHECK_CODE
+    found = ev.findings(SHAPE_RULES)
+    if found:
+        return WARN, f"{measured}; your code: {_lines(found)}", "drop or pad the last batch; use lax.cond for traced branches"
+    clean = f"{measured}; {_code_scope(ev.code)}: no varying batch shapes or traced Python branches"
+    if not ev.on_target(r):
+        return WARN, f"{clean}; {_elsewhere(ev, r)}", f"confirm on {ev.plan.target_name}"
+    return PASS, clean, "none"
+
+
+def grade_host_sync(ev: Evidence) -> Grade:
+    if ev.code is None:
+        return NOT_CHECKED, NO_CODE, CHECK_CODE
+    found = ev.findings(("SYNC001",))
+    if found:
+        return WARN, f"{_code_scope(ev.code)}: {len(found)} host sync(s) in the step loop: {_lines(found)}", \
+            "keep metrics on the device and fetch them every N steps"
+    return PASS, f"{_code_scope(ev.code)}: no host sync in the training loop", "none"
+
+
+def grade_numerics(ev: Evidence) -> Grade:
+    r, ref = ev.run, ev.fp32_reference
+    if ev.ran and r.precision == "fp32":
+        return NA, "the run is fp32", "none"
+    if not ev.ran or ref is None or not ref.ok or not r.losses or not ref.losses:
+        return NOT_CHECKED, "no fp32 reference run over the same steps", "run an fp32 reference over the same steps"
+    n = min(len(r.losses), len(ref.losses))
+    a, b = r.losses[n - 1], ref.losses[n - 1]
+    if not _finite(b):
+        return NOT_CHECKED, f"the fp32 reference's loss after {n} steps is {fmt_loss(b)}: no reference to compare with", \
+            "lower the learning rate and run the fp32 reference again"
+    if not _finite(a):
+        return FAIL, f"{r.precision} loss after {n} steps is {fmt_loss(a)}; fp32 {fmt_loss(b)}; {where(r)}", \
+            "check loss scaling (fp16) or use bf16"
+    rel = abs(a - b) / max(abs(b), 1e-12)
+    text = (f"loss after {n} steps: {r.precision} {a:.4f} vs fp32 {b:.4f} ({rel:.1%} apart; tolerance "
+            f"{NUMERICS_TOLERANCE:.0%}); {where(r)}")
+    if rel > NUMERICS_TOLERANCE:
+        return WARN, text, "check loss scaling or use bf16; compare over more steps"
+    if not ev.on_target(r):
+        return WARN, f"{text}; {_elsewhere(ev, r)}: GPU kernels round differently", \
+            f"repeat the comparison on {ev.plan.target_name}"
+    return PASS, text, "none"
+
+
+def grade_pmap(ev: Evidence) -> Grade:
+    r, before = ev.run, ev.pmap_run
+    if before is None:
+        return NOT_CHECKED, "the TPU-era pmap step was not run beside the migrated step", \
+            "run the plan with the pmap 'before' step (same devices, same data) to compare loss and throughput"
+    if not (ev.ran and before.ok and before.losses and r.losses):
+        return NOT_CHECKED, f"the pmap step {before.status} ({before.failure_kind or 'no losses'})", \
+            "run both steps again"
+    worst = max_loss_rel_diff(before, r)
+    ratio = r.samples_per_s / before.samples_per_s if r.samples_per_s and before.samples_per_s else None
+    text = (f"jit with shardings vs pmap + lax.pmean on {r.device_count} {r.device_kind} device(s), same data: "
+            f"largest relative loss difference {worst:.1e} over {len(r.losses)} steps; throughput "
+            + (f"{r.samples_per_s:,.1f} vs {before.samples_per_s:,.1f} samples/s ({ratio:.2f}x)" if ratio else "n/a")
+            + f"; {where(r)}")
+    text += f" (tolerance {loss_tolerance(r.precision):.0e} for {r.precision})"
+    if worst > loss_tolerance(r.precision):
+        return FAIL, text, "the migrated step does not compute what the pmap step did: compare their gradients"
+    if not (ev.on_target(r) and ev.on_target(before)):
+        return WARN, f"{text}; {_elsewhere(ev, r)}", f"compare the two steps' throughput on {ev.plan.target_name}"
+    return PASS, text, "retire the pmap step; keep jit with NamedSharding"
+
+
+@dataclasses.dataclass(frozen=True)
+class ItemSpec:
+    title: str
+    statuses: tuple[str, ...]  # every status the function can return
+    grade: Callable[[Evidence], Grade]
+
+
+ITEMS: dict[str, ItemSpec] = {
+    # The guide's eight items
+    "profile": ItemSpec("Profile for memory and compute bottlenecks", (PASS, WARN, NOT_CHECKED), grade_profile),
+    "batch": ItemSpec("Batch sizes adjusted for GPU memory", (PASS, WARN, FAIL), grade_batch),
+    "apis": ItemSpec("Accelerator-specific APIs replaced", (PASS, WARN, FAIL, NOT_CHECKED), grade_apis),
+    "remat": ItemSpec("Gradient checkpointing", (PASS, WARN, NA), grade_remat),
+    "scaling": ItemSpec("Multi-GPU scaling tested", (PASS, WARN, NOT_CHECKED), grade_scaling),
+    "benchmark": ItemSpec("Benchmarked against the existing implementation", (PASS, WARN, NOT_CHECKED), grade_benchmark),
+    "monitoring": ItemSpec("Monitoring of GPU memory and utilisation", (PASS, WARN, NOT_CHECKED), grade_monitoring),
+    "deployment": ItemSpec("Deployment configuration updated", (PASS, WARN, FAIL, NOT_CHECKED), grade_deployment),
+    # Checks the guide implies
+    "recompilation": ItemSpec("No recompilation after warm-up", (PASS, WARN, FAIL, NOT_CHECKED), grade_recompilation),
+    "host_sync": ItemSpec("No host synchronisation in the step loop", (PASS, WARN, NOT_CHECKED), grade_host_sync),
+    "preallocation": ItemSpec("Memory preallocation on a shared GPU", (PASS, WARN, FAIL, NOT_CHECKED), grade_preallocation),
+    "numerics": ItemSpec("Numerics of the chosen precision against fp32", (PASS, WARN, FAIL, NA, NOT_CHECKED),
+                         grade_numerics),
+    "pmap": ItemSpec("pmap replaced by jit with shardings, same results", (PASS, WARN, FAIL, NOT_CHECKED), grade_pmap),
+}
+
+
+def evaluate(ev: Evidence) -> list[ChecklistItem]:
+    items = []
+    for item_id, spec in ITEMS.items():
+        status, evidence, action = spec.grade(ev)
+        items.append(ChecklistItem(item_id, spec.title, status, evidence, action))
+    return items
+
+
+def to_csv(items: list[ChecklistItem], path: str | Path | None = None) -> str:
+    """One row per item: id, item, status, evidence, action."""
+    return write_csv([dataclasses.asdict(i) for i in items], ["id", "item", "status", "evidence", "action"], path)

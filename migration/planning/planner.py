@@ -1,0 +1,459 @@
+"""The migration planner: from a TPU-style setup to the fastest GPU plan that fits.
+
+Runs inside a planner worker. Fitting is a constraint, found by the compiler (`migration/planning/memory.py`);
+the choice among fitting (remat, per-device batch, accumulation) triples that keep the global batch
+is by predicted step time (`migration/planning/search.py`: model FLOPs x the policy's recompute factor over
+the target's peak, with a penalty for micro-batches too small to fill the device). The winning
+choice is compiled with its accumulation before it is accepted: a plan is never `ok` with a
+predicted peak over the budget.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+
+from migration.common import fmt_gib
+from migration.config.limits import LIMITS, REMAT_NAMED
+from migration.config.requests import PlanRequest, remat_applies
+from migration.planning.deployment import block_params, plan_environment
+from migration.hardware import MATMUL_UNITS, TPU_SPECS, fp32_matmul_precision, host_link_bandwidth
+from migration.planning.memory import STATE_BYTES_PER_PARAM, CompileFailed, MemoryPredictor, Target, resolve_target
+from migration.results import Decision, Plan
+from migration.planning.source import compile_for_source_tpu, source_sharding, tpu_setup_on_target
+from migration.planning.search import (
+    RECOMPUTE_NOTE,
+    REMAT_ORDER,
+    recompute_factors,
+    Choice,
+    Communication,
+    StepCostModel,
+    batch_candidates,
+    describe_choice,
+    exact_candidates,
+    largest_fitting,
+    rank_choices,
+    rule_of_thumb_batch,
+)
+from workloads import get_workload
+from workloads.transformer import CUDNN_HEAD_DIM_MAX
+
+Emit = Callable[..., None]
+RANKED_SHOWN = 10  # ranked choices kept in the plan
+VERIFY_AT_MOST = 6  # ranked choices compiled with their accumulation before giving up
+
+
+def plan_migration(req: PlanRequest, emit: Emit) -> Plan:
+    """The plan, by compiles for the target; if a compile fails for a reason other than memory,
+    the whole search is redone by the analytic estimate (never a mix of the two), labelled."""
+    t0 = time.perf_counter()
+    target = resolve_target(req)
+    precision = req.precision or ("bf16" if target.bf16_native else "fp16")
+    model, attention = planned_model(req, target, precision)
+    predictor = MemoryPredictor(req, emit, model=model)
+    try:
+        return _Planner(req, emit, target, predictor, t0, precision, attention).plan()
+    except CompileFailed as exc:
+        emit("fallback", message=str(exc))
+        predictor.close()
+        predictor = MemoryPredictor(req, emit, estimate_because=str(exc), model=model)
+        return _Planner(req, emit, target, predictor, t0, precision, attention).plan()
+    finally:
+        predictor.close()
+
+
+def planned_model(req: PlanRequest, target: Target, precision: str) -> tuple[dict[str, Any], Decision | None]:
+    """The model's dimension overrides as planned: the request's, plus the attention kernel for a
+    model that has a choice of one (the fused cuDNN kernel on NVIDIA GPUs of compute capability 8.0+
+    in bf16 or fp16: it never stores the T x T scores; plain XLA attention elsewhere)."""
+    w = get_workload(req.workload)
+    cfg = w.config(req.preset, req.model)
+    if "attention" not in {f.name for f in dataclasses.fields(cfg)}:
+        return dict(req.model), None
+    if "attention" in req.model:
+        return dict(req.model), Decision("attention", req.model["attention"], "override")
+    head_ok = cfg.head_dim % 8 == 0 and cfg.head_dim <= CUDNN_HEAD_DIM_MAX
+    fused = (target.platform == "gpu" and (target.compute_capability or (0, 0)) >= (8, 0)
+             and precision in ("bf16", "fp16") and head_ok)
+    if fused:
+        why = (f"{target.name} runs cuDNN's fused attention (jax.nn.dot_product_attention, implementation='cudnn') "
+               f"in {precision} with head size {cfg.head_dim}: memory linear in the sequence ({cfg.seq_len}), the "
+               "scores are never stored. Planned without the GPU, the compile keeps cuDNN's call and its workspace "
+               "in the peak; the kernel itself is chosen when the step first runs on the GPU")
+    else:
+        why = ("jax.nn.dot_product_attention with XLA's implementation, which stores the T x T scores per head: "
+               "cuDNN's fused kernel needs an NVIDIA GPU of compute capability 8.0+, bf16 or fp16 compute and a head "
+               f"size that is a multiple of 8 up to {CUDNN_HEAD_DIM_MAX} (here: {target.name}, {precision}, head size "
+               f"{cfg.head_dim})")
+    value = "cudnn" if fused else "xla"
+    return {**req.model, "attention": value}, Decision("attention", value, why)
+
+
+Key = tuple[str, str]  # (sharding, remat)
+
+
+class _Planner:
+    """One planning pass: precision, the per-(sharding, policy) search, the ranking, the verified choice."""
+
+    def __init__(self, req: PlanRequest, emit: Emit, target: Target, predictor: MemoryPredictor, t0: float,
+                 precision: str, attention: Decision | None):
+        self.req, self.emit, self.target, self.predictor, self.t0 = req, emit, target, predictor, t0
+        w = get_workload(req.workload)
+        cfg = w.config(req.preset, predictor.model)
+        self.params = w.param_count(cfg)
+        self.precision = precision
+        elem = 4 if precision == "fp32" else 2
+        comm = Communication(self.params, req.gpus, elem, target.link_bytes_per_s)
+        prof = w.activation_profile(cfg)
+        offloaded = prof.n_blocks * sum(prof.named.get(n, 0.0) for n in REMAT_NAMED["offload_dot_except_mlp"]) * elem
+        self.cost = StepCostModel(w.flops_per_example(cfg), w.rows_per_example(cfg), target.fill_rows,
+                                  target.peak_flops(self.precision), w.matmul_width(cfg), comm,
+                                  recompute_factors(w.forward_flops_by_part(cfg), w.flops_per_example(cfg)),
+                                  offloaded, host_link_bandwidth(target.compute_capability))
+        # Policies that apply: the named ones only to a model that names their activations.
+        self.policies = [r for r in REMAT_ORDER if remat_applies(w, r)]
+        predictor.budget = target.budget_bytes
+        self.needed = math.ceil(req.global_batch / req.gpus)
+        self.limit = min(self.needed, req.max_per_device_batch)
+        candidates = batch_candidates(self.limit, req.granularity)
+        self.candidates = exact_candidates(candidates, req.global_batch, req.gpus) or candidates
+        self.decisions = [Decision("precision", self.precision, self._precision_reason())]
+        if attention:
+            self.decisions.append(attention)
+        self.modes, self.sharding_forced = self._sharding_modes()
+
+    # -- stages ------------------------------------------------------------------------------
+    def plan(self) -> Plan:
+        budget = self.target.budget_bytes
+        self.emit("plan_started", method=self.predictor.method, note=self.predictor.note, budget_bytes=budget)
+        self.skipped: dict[Key, float] = {}
+        if len(self.modes) == 1:  # the unchanged TPU-style setup is compiled at the end: start it now, elsewhere
+            self.predictor.prefetch(self.req.source_precision, "none", self.req.source_per_core_batch, 1, self.modes[0])
+        max_batch = self.search_policies(self.keys())
+        ranked = self.rank(max_batch)
+        chosen, peak, rejected = self.verify(ranked)
+        if chosen is None and self.skipped:
+            # The choices that ruled the other policies out did not fit with their accumulation:
+            # search those policies too before giving up.
+            max_batch.update(self.search_policies(list(self.skipped), prune=False))
+            self.skipped = {}
+            ranked = self.rank(max_batch)
+            chosen, peak, rejected = self.verify(ranked)
+        if chosen is None:
+            return self._infeasible(max_batch, ranked, rejected)
+        return self._ok(chosen, peak, max_batch, ranked, rejected)
+
+    def keys(self) -> list[Key]:
+        policies = [self.req.remat] if self.req.remat else self.policies
+        return [(mode, remat) for mode in self.modes for remat in policies]
+
+    def _sharding_modes(self) -> tuple[list[str], str | None]:
+        """The ways of holding the state worth searching, and the reason when only one is."""
+        req, budget = self.req, self.target.budget_bytes
+        if req.sharding:
+            return [req.sharding], f"override: {req.sharding}"
+        if req.gpus == 1:
+            return ["replicated"], "one GPU: nothing to shard over (FSDP over one device is the same program)"
+        state = STATE_BYTES_PER_PARAM * self.params
+        if state > budget:
+            return ["fsdp"], (
+                f"replicated, the float32 parameters, gradients and AdamW state need {fmt_gib(state)} on every GPU "
+                f"({self.params:,} parameters x 16 bytes), more than the {fmt_gib(budget)} budget; sharded over "
+                f"{req.gpus} GPUs they need {fmt_gib(state / req.gpus)} each")
+        return ["replicated", "fsdp"], None
+
+    def rank(self, max_batch: dict[Key, int]) -> list[Choice]:
+        return rank_choices(max_batch, self.candidates, self.req.global_batch, self.req.gpus, self.cost,
+                            accumulation=self.req.accumulation_steps,
+                            max_accumulation=int(LIMITS["accumulation_steps"][1]))
+
+    def search_policies(self, keys: list[Key], prune: bool = True) -> dict[Key, int]:
+        """Largest fitting batch per (sharding, remat policy), searching only those that could still win.
+
+        Per sharding, policies go from least to most recompute; each search starts from the batch
+        the previous policy reached (a policy that keeps less never needs more memory). With
+        `prune`, a pair is skipped (and remembered in `self.skipped`) when even a perfectly filled
+        device under it is slower than the best choice found so far that keeps the global batch.
+        """
+        found: dict[Key, int] = {}
+        best = math.inf
+        known: dict[str, int] = {}
+        for mode, remat in keys:
+            bound = self.cost.best_possible(remat, self.needed, mode, self.limit)
+            if prune and bound >= best:
+                self.skipped[(mode, remat)] = bound
+                self.emit("skip_policy", remat=remat, sharding=mode, reason="cannot beat the best choice found so far")
+                continue
+            measure = lambda b, r=remat, m=mode: self.predictor.predict(self.precision, r, b, sharding=m)
+            kept = known.get(mode, 0)
+            # After a policy that fits nothing, the smallest batch is the likeliest boundary: probe it first.
+            tried = any(k[0] == mode for k in found)
+            guess = self.candidates[0] if tried and not kept else self._guess(mode, remat)
+            self._prefetch_second_probe(mode, remat, kept, guess)
+            found[(mode, remat)] = largest_fitting(self.candidates, measure, self.target.budget_bytes,
+                                                   known_fit=kept, first_guess=guess)
+            known[mode] = max(kept, found[(mode, remat)])
+            exact = [c for c in self.rank({(mode, remat): found[(mode, remat)]}) if c.exact]
+            if exact:
+                best = min(best, exact[0].step_cost)
+        return found
+
+    def verify(self, ranked: list[Choice]) -> tuple[Choice | None, int | None, list[dict[str, Any]]]:
+        """The first ranked choice whose compile with its accumulation fits the budget. A choice is
+        not compiled when one with the same sharding and policy and a batch no larger already
+        failed (its peak can only be larger)."""
+        rejected: list[dict[str, Any]] = []
+        failed: dict[Key, int] = {}
+        for choice in ranked:
+            key = (choice.sharding, choice.remat)
+            if choice.accumulation_steps > 1 and choice.per_device_batch >= failed.get(key, math.inf):
+                continue
+            peak = self.predictor.predict(self.precision, choice.remat, choice.per_device_batch,
+                                          choice.accumulation_steps, sharding=choice.sharding)
+            if peak is not None and peak <= self.target.budget_bytes:
+                return choice, peak, rejected
+            failed[key] = min(failed.get(key, math.inf), choice.per_device_batch)
+            rejected.append({**choice.to_dict(self.cost), "predicted_peak_bytes": peak})
+        return None, None, rejected
+
+    # -- helpers -----------------------------------------------------------------------------
+    def _prefetch_second_probe(self, mode: str, remat: str, kept: int, guess: int | None) -> None:
+        """The bracketed search's second probe does not depend on its first when nothing fits yet:
+        the bottom candidate after the top, or the candidate after a guess. Compile it meanwhile."""
+        above = [c for c in self.candidates if c > kept]
+        if len(above) < 2:
+            return
+        if guess is None:
+            second = above[0] if not kept else None
+        else:
+            second = next((c for c in above if c > guess), None)
+        if second is not None:
+            self.predictor.prefetch(self.precision, remat, second, 1, mode)
+
+    def _block_param_count(self) -> int:
+        """Parameters per block (a layer of the scan; the model's parameters over its blocks, so an
+        upper figure), for the collectives' combine thresholds."""
+        w = get_workload(self.req.workload)
+        return block_params(w, w.config(self.req.preset, self.predictor.model))
+
+    def _guess(self, mode: str, remat: str) -> int | None:
+        """The boundary under `remat` from an affine model of memory in the batch: the
+        batch-independent part from 'none', the per-example part scaled by the estimate's ratio."""
+        points = sorted((row["per_device_batch"], row["predicted_bytes"]) for row in self.predictor.table
+                        if row["remat"] == "none" and row["predicted_bytes"] is not None
+                        and row["accumulation_steps"] == 1 and row["sharding"] == mode)
+        if remat == "none" or len(points) < 2 or points[-1][0] <= points[0][0]:
+            return None
+        (b0, m0), (b1, m1) = points[0], points[-1]
+        slope = (m1 - m0) / (b1 - b0)
+        est = self.predictor.estimate
+        ratio = (est(self.precision, remat, 2) - est(self.precision, remat, 1)) / \
+            max(1.0, est(self.precision, "none", 2) - est(self.precision, "none", 1))
+        return int((self.target.budget_bytes - (m0 - slope * b0)) / max(1.0, slope * ratio))
+
+    def _precision_reason(self) -> str:
+        name = self.target.name
+        if self.req.precision:
+            return f"override: {self.req.precision}"
+        if self.target.bf16_native:
+            return f"{name} computes bf16 natively: bf16 compute with float32 parameters and AdamW state, no loss scaling"
+        return (f"{name} has no native bf16: fp16 compute, float32 master weights, dynamic loss scaling "
+                "(halve and skip on overflow)")
+
+    def _remat_reason(self, chosen: Choice, max_batch: dict[Key, int], ranked: list[Choice]) -> str:
+        if self.req.remat:
+            return f"override: {self.req.remat} (the planner did not compare policies)"
+        searched = ", ".join(f"{self._name(k)}: {b}" for k, b in max_batch.items())
+        why = (f"fastest predicted step among the fitting choices ({RECOMPUTE_NOTE[chosen.remat]}); largest batch per "
+               f"policy searched: {searched}")
+        if self.skipped:
+            why += "; not searched, since even their fastest possible step (the largest micro-batch allowed) is slower: " + ", ".join(
+                f"{self._name(k)} (at least {self._step_text(b)})" for k, b in self.skipped.items())
+        return why
+
+    def _name(self, key: Key) -> str:
+        """A (sharding, remat) pair as text: the remat name alone when one sharding was searched."""
+        return key[1] if len(self.modes) == 1 else f"{key[0]}/{key[1]}"
+
+    def _sharding_reason(self, chosen: Choice, ranked: list[Choice]) -> str:
+        if self.sharding_forced:
+            why = self.sharding_forced
+        else:
+            other = next((c for c in ranked if c.sharding != chosen.sharding and c.exact), None)
+            if other is None:
+                why = (f"{chosen.sharding}: the only way searched that fits the global batch"
+                       if not any(k[0] != chosen.sharding for k in self.skipped) else
+                       f"{chosen.sharding}: the other way cannot beat it even at its fastest possible step (not searched)")
+            else:
+                why = (f"fastest predicted step: {chosen.sharding} {self._step_text(chosen.step_cost)} against "
+                       f"{other.sharding} {self._step_text(other.step_cost)} (its best fitting choice, "
+                       f"{other.per_device_batch} per GPU x {other.accumulation_steps})")
+        comm = self.cost.communication
+        if comm and self.req.gpus > 1:
+            moved = comm.bytes_per_micro_batch(chosen.sharding)
+            why += (f"; collectives move {fmt_gib(moved)} per GPU per micro-batch"
+                    + (f", {self._step_text(self.cost.comm_seconds(chosen.sharding, chosen.accumulation_steps))} "
+                       f"per step over {self.target.link_note}" if self.target.link_bytes_per_s else "")
+                    + " (predicted; overlapped with compute by XLA's latency-hiding scheduler)")
+        return why
+
+    def _state(self, chosen: Choice) -> dict[str, Any]:
+        """Bytes of the state per GPU: the compiled step's state arguments (parameters and AdamW's two
+        moments) against 12 bytes per parameter over the GPUs holding a share, and with the
+        gradients (4 bytes per parameter, same share) against the usual 16 bytes per parameter."""
+        share = self.req.gpus if chosen.sharding == "fsdp" else 1
+        compiled = self.predictor.state_bytes.get((chosen.sharding, chosen.remat, chosen.per_device_batch,
+                                                   chosen.accumulation_steps, self.precision))
+        arithmetic = STATE_BYTES_PER_PARAM * self.params / share
+        with_grads = None if compiled is None else compiled + 4 * self.params / share
+        return {"sharding": chosen.sharding, "shared_by": share, "param_count": self.params,
+                "compiled_state_bytes_per_gpu": compiled, "arithmetic_state_bytes_per_gpu": 12 * self.params / share,
+                "state_with_gradients_bytes_per_gpu": with_grads, "arithmetic_bytes_per_gpu": arithmetic,
+                "difference": None if with_grads is None else round(with_grads / arithmetic - 1, 4),
+                "how": f"compiled arguments of the step ({self.predictor.method}) plus float32 gradients "
+                       f"(4 bytes x {self.params:,} / {share}), against 16 bytes x {self.params:,} / {share}"}
+
+    def _source_job(self) -> dict[str, Any]:
+        """How the TPU job held its state on the source slice."""
+        src, req = TPU_SPECS[self.req.source], self.req
+        state = STATE_BYTES_PER_PARAM * self.params
+        sharding = source_sharding(req, self.params)
+        per_chip = state / (src.devices if sharding == "fsdp" else 1)
+        why = (f"given: {sharding}" if req.source_sharding else
+               "replicated under pmap: the state fits one chip" if sharding == "replicated" else
+               f"the state ({fmt_gib(state)}) exceeds one chip's {fmt_gib(src.hbm_bytes_per_device)}: it must have been "
+               f"sharded over the slice's {src.devices} chips")
+        return {"devices": src.devices, "hbm_bytes_per_device": src.hbm_bytes_per_device, "sharding": sharding,
+                "state_bytes_per_device": int(per_chip), "why": why, "pod_slice": src.is_pod_slice}
+
+    def _step_text(self, seconds: float | None) -> str:
+        return "n/a (no peak for this device)" if seconds is None or not self.cost.peak_flops else f"{seconds * 1e3:.1f} ms"
+
+    # -- results -----------------------------------------------------------------------------
+    def _common(self, max_batch: dict[Key, int], ranked: list[Choice], rejected: list[dict[str, Any]],
+                sharding: str) -> dict[str, Any]:
+        req, t, source = self.req, self.target, TPU_SPECS[self.req.source]
+        by_sharding: dict[str, dict[str, int]] = {}
+        for (mode, remat), b in max_batch.items():
+            by_sharding.setdefault(mode, {})[remat] = b
+        rot, rot_note = rule_of_thumb_batch(t.device_memory_bytes * req.memory_fraction, self.params)
+        return dict(
+            workload=req.workload, preset=req.preset, source=req.source, source_name=source.name,
+            source_devices=source.devices, source_per_core_batch=req.source_per_core_batch,
+            source_precision=req.source_precision, target=req.target, target_name=t.name, gpus=req.gpus,
+            memory_fraction=req.memory_fraction, safety_margin=req.safety_margin, budget_bytes=t.budget_bytes,
+            device_memory_bytes=int(t.device_memory_bytes), budget_source=t.budget_source,
+            requested_global_batch=req.global_batch, precision=self.precision,
+            prediction_method=self.predictor.method, prediction_note=self.predictor.note, param_count=self.params,
+            compiles=self.predictor.compiles, cache_hits=self.predictor.cache_hits,
+            ruled_out_by_bound=self.predictor.ruled_out, parallel_compiles=self.predictor.parallel,
+            search_seconds=round(time.perf_counter() - self.t0, 2), max_batch_by_remat=by_sharding.get(sharding, {}),
+            max_batch_by_sharding=by_sharding, model=self.predictor.model, sharding=sharding, nodes=req.nodes,
+            gpus_per_node=min(req.gpus, req.gpus_per_node), source_job=self._source_job(),
+            interconnect=t.link_note,
+            table=self.predictor.table, candidates=self.candidates,
+            ranked=[c.to_dict(self.cost) for c in ranked[:RANKED_SHOWN]],
+            rule_of_thumb_batch=rot, rule_of_thumb_note=rot_note, matmul_precision=_matmul_precision_notes(t, self.precision),
+            environment=plan_environment(memory_fraction=req.memory_fraction, gpus=req.gpus, nodes=req.nodes,
+                                         gpus_per_node=req.gpus_per_node, sharding=sharding, precision=self.precision,
+                                         compute_capability=t.compute_capability,
+                                         block_params=self._block_param_count()),
+            jax_version=jax.__version__,
+            planned_on=jax.default_backend(),
+            planned_device_kind=t.device_kind,
+        )
+
+    def _ok(self, chosen: Choice, peak: int, max_batch: dict[Key, int], ranked: list[Choice],
+            rejected: list[dict[str, Any]]) -> Plan:
+        req = self.req
+        d = self.decisions
+        d.append(Decision("sharding", chosen.sharding, self._sharding_reason(chosen, ranked)))
+        d.append(Decision("remat", chosen.remat, self._remat_reason(chosen, max_batch, ranked)))
+        d.append(Decision("per_device_batch", chosen.per_device_batch,
+                          f"predicted peak {fmt_gib(peak)} of a {fmt_gib(self.target.budget_bytes)} budget per GPU "
+                          f"(compiled with its {chosen.accumulation_steps} accumulation step(s)); predicted step "
+                          f"{self._step_text(chosen.step_cost)}, device fill {chosen.fill:.0%}"
+                          + (f"; {len(rejected)} faster choice(s) did not fit once accumulation was added" if rejected else "")))
+        d.append(Decision("accumulation_steps", chosen.accumulation_steps,
+                          (f"override: {req.accumulation_steps}; " if req.accumulation_steps else "")
+                          + describe_choice(chosen, req.global_batch, req.gpus)))
+        d.append(Decision("xla_flags", "no --xla_gpu_enable_triton_gemm=false", (
+            "the guide disables Triton GEMMs 'for stability'; current XLA autotunes cuBLAS against Triton, "
+            "so keep them unless a GEMM fails to compile")))
+        if req.nodes > 1:
+            d.append(Decision("nodes", req.nodes, (
+                f"{req.gpus} GPUs as {req.nodes} nodes of {min(req.gpus, req.gpus_per_node)}: one process per node "
+                "calls jax.distributed.initialize() before anything else, and the mesh spans every GPU; collectives "
+                f"cross nodes over {self.target.link_note}")))
+        tpu_setup = tpu_setup_on_target(req, self.predictor, self.target.budget_bytes, chosen.sharding)
+        source_compile = compile_for_source_tpu(req) if req.compile_for_tpu else {"status": "not requested"}
+        return Plan(status="ok", per_device_batch=chosen.per_device_batch, accumulation_steps=chosen.accumulation_steps,
+                    global_batch=chosen.global_batch, global_batch_exact=chosen.exact, remat=chosen.remat,
+                    remat_chosen_by="override" if req.remat else "search", predicted_peak_bytes=peak,
+                    predicted_step_s=chosen.step_cost if self.cost.peak_flops else None,
+                    tpu_setup_on_target=tpu_setup, source_tpu_compile=source_compile, decisions=d,
+                    state=self._state(chosen), **self._common(max_batch, ranked, rejected, chosen.sharding))
+
+    def _infeasible(self, max_batch: dict[Key, int], ranked: list[Choice], rejected: list[dict[str, Any]]) -> Plan:
+        req, budget = self.req, self.target.budget_bytes
+        policy = req.remat or "full"
+        mode = self.modes[-1]
+        if not ranked and any(max_batch.values()):
+            floor = None
+            why = (f"the batches that fit a budget of {{budget}} ({', '.join(f'{self._name(k)}: {b}' for k, b in max_batch.items())} "
+                   f"per GPU) would need more than {int(LIMITS['accumulation_steps'][1])} accumulation steps to reach "
+                   f"the global batch {req.global_batch}")
+            mode, policy = max(max_batch, key=max_batch.get)
+        elif rejected:
+            fastest = rejected[0]
+            floor = fastest["predicted_peak_bytes"]
+            why = (f"no choice fits once accumulation is added: the fastest, {fastest['per_device_batch']} per GPU x "
+                   f"{fastest['accumulation_steps']} accumulation under remat {fastest['remat']}, needs {fmt_gib(floor)} "
+                   "against a budget of {budget}")
+            policy, mode = fastest["remat"], fastest["sharding"]
+        else:
+            floor = self.predictor.predict(self.precision, policy, 1, sharding=mode)
+            tried = ", ".join(self._name(k) for k in max_batch) or policy
+            why = (f"does not fit even at batch 1 with remat {policy} (policies tried: {tried}), because the step "
+                   f"needs {fmt_gib(floor)} per GPU against a budget of {{budget}}")
+        state_bytes = STATE_BYTES_PER_PARAM * self.params / (req.gpus if mode == "fsdp" else 1)
+        budget_text = (f"{fmt_gib(budget)} ({req.memory_fraction:.0%} of {fmt_gib(self.target.device_memory_bytes)} "
+                       f"minus a {req.safety_margin:.0%} margin)")
+        message = (why.format(budget=budget_text) + "; parameters, "
+                   f"gradients and AdamW state alone take {fmt_gib(state_bytes)} per GPU ({self.params:,} parameters x 16 "
+                   f"bytes{f' / {req.gpus} GPUs (FSDP)' if mode == 'fsdp' else ''}). "
+                   "What would help: " + "; ".join(_what_would_help(req, mode)) + ".")
+        self.emit("infeasible", message=message)
+        return Plan(status="infeasible", per_device_batch=0, accumulation_steps=0, global_batch=0,
+                    global_batch_exact=False, remat=policy, remat_chosen_by="override" if req.remat else "search",
+                    predicted_peak_bytes=floor, predicted_step_s=None, tpu_setup_on_target={},
+                    source_tpu_compile={"status": "not requested"}, decisions=self.decisions, message=message,
+                    **self._common(max_batch, ranked, rejected, mode))
+
+
+def _what_would_help(req: PlanRequest, mode: str) -> list[str]:
+    helps = ["a GPU with more memory", "a smaller model"]
+    if req.memory_fraction < 0.95:
+        helps.insert(0, "a larger memory share")
+    if req.remat and req.remat != "full":
+        helps.insert(0, "remat full (or let the planner choose the policy)")
+    if mode == "fsdp":
+        helps.append(f"more GPUs than {req.gpus} (FSDP shares parameters, gradients and optimizer state among them)")
+    elif req.sharding == "replicated":
+        helps.append("sharding the state over the GPUs (leave sharding to the planner, or FSDP)")
+    else:
+        helps.append("several GPUs with the state sharded over them (FSDP: 16 bytes per parameter / GPUs)")
+    return helps
+
+
+def _matmul_precision_notes(target: Target, precision: str) -> dict[str, str]:
+    fp32 = fp32_matmul_precision(target.platform, target.compute_capability, None)
+    gpu = MATMUL_UNITS[precision if precision != "fp32" else fp32]
+    if precision == "fp32" and fp32 == "tf32":
+        gpu += "; set jax_default_matmul_precision='highest' for true fp32"
+    return {"tpu": "bf16 passes on the MXU (TPUs run fp32 matrix products in bf16 by default)", "gpu": gpu}

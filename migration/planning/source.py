@@ -1,0 +1,73 @@
+"""The TPU job a plan starts from: how it held its state, how its unchanged setup fares on the target
+GPU, and (where libtpu is installed) what the TPU compiler says of it on the source TPU.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from migration.common import first_line, fmt_gib, is_oom
+from migration.config.requests import PlanRequest, RunConfig
+from migration.hardware import TPU_SPECS
+from migration.planning.memory import STATE_BYTES_PER_PARAM, CompileFailed, MemoryPredictor, compile_peak
+from migration.step.train import TrainProgram, make_data_mesh
+from workloads import get_workload
+
+
+def source_sharding(req: PlanRequest, params: int) -> str:
+    """How the TPU job held its state: as given, else replicated (pmap) when 16 bytes per parameter
+    fit 90% of a chip's HBM, else sharded over the slice."""
+    hbm = TPU_SPECS[req.source].hbm_bytes_per_device
+    return req.source_sharding or ("replicated" if STATE_BYTES_PER_PARAM * params <= 0.9 * hbm else "fsdp")
+
+
+def tpu_setup_on_target(req: PlanRequest, predictor: MemoryPredictor, budget: int, sharding: str) -> dict[str, Any]:
+    """How the unchanged TPU-style setup (per-core batch, source precision, no remat) fares on the
+    target, with the plan's way of holding the state."""
+    b = req.source_per_core_batch
+    try:
+        peak = predictor.predict(req.source_precision, "none", b, record=False, sharding=sharding)
+    except CompileFailed as exc:  # e.g. bf16 matrix products on a GPU without them (before Ampere)
+        return {"per_device_batch": b, "precision": req.source_precision, "remat": "none",
+                "predicted_peak_bytes": None, "budget_bytes": budget, "fits": False,
+                "summary": (f"the TPU-style setup ({b} per device, {req.source_precision}, no remat) does not compile "
+                            f"for the target: {exc}")}
+    fits = peak is not None and peak <= budget
+    at_least = (sharding, "none", b, 1, req.source_precision) in predictor.bounded
+    return {"per_device_batch": b, "precision": req.source_precision, "remat": "none",
+            "predicted_peak_bytes": peak, "budget_bytes": budget, "fits": fits,
+            "summary": (f"the TPU-style setup ({b} per device, {req.source_precision}, no remat) "
+                        + (f"fits: {fmt_gib(peak)} of {fmt_gib(budget)}" if fits else
+                           f"does not fit: {'at least ' if at_least else ''}{fmt_gib(peak)} needed, "
+                           f"{fmt_gib(budget)} available"
+                           + (f" ({peak / budget:.1f}x)" if peak else "")))}
+
+
+def compile_for_source_tpu(req: PlanRequest) -> dict[str, Any]:
+    """The TPU-style setup compiled for the source TPU, where libtpu is installed."""
+    source = TPU_SPECS[req.source]
+    try:
+        from jax.experimental import topologies
+
+        topo = topologies.get_topology_desc(source.topology, "tpu")
+    except Exception as exc:  # noqa: BLE001 - no TPU compiler here; JAX raises several types for it
+        return {"status": "unavailable",
+                "reason": 'no TPU compiler on this machine; to compare, install libtpu: pip install "jax[tpu]" '
+                          "(Python 3.12+)",
+                "detail": first_line(exc, 200)}
+    try:
+        w = get_workload(req.workload)
+        sharding = source_sharding(req, w.param_count(w.config(req.preset, req.model)))
+        cfg = RunConfig(workload=req.workload, preset=req.preset, model=req.model,
+                        per_device_batch=req.source_per_core_batch, devices=source.devices,
+                        precision=req.source_precision, remat="none", sharding=sharding)
+        peak = compile_peak(TrainProgram.from_config(cfg), make_data_mesh(topo.devices))
+        return {"status": "ok", "peak_bytes_per_chip": peak,
+                "hbm_bytes_per_device": source.hbm_bytes_per_device, "device_kind": topo.devices[0].device_kind}
+    except Exception as exc:  # noqa: BLE001 - XLA raises several types; memory is told apart by its message
+        text = first_line(exc, 400)
+        if is_oom(text):
+            # The TPU compiler itself says the unchanged setup exceeds the source's HBM.
+            return {"status": "does-not-fit", "reason": text, "hbm_bytes_per_device": source.hbm_bytes_per_device,
+                    "device_kind": topo.devices[0].device_kind}
+        return {"status": "failed", "reason": text}

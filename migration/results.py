@@ -1,0 +1,289 @@
+"""The backend's typed results: a run (`RunReport`, built from the worker's events) and a plan
+(`Plan`, built once by the planner); JSON and CSV export.
+
+Every figure says where it was measured (`device_kind`, `backend`, `jax_version`, `host`) and how
+(`peak_memory_source`, `peak_tflops_source`, `method`, `prediction_method`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import socket
+from pathlib import Path
+from typing import Any
+
+from migration.common import fmt_model, json_safe, write_csv as write_csv_rows
+from migration.config.requests import RunConfig
+
+
+class JsonExport:
+    """`to_dict` / `to_json` for result dataclasses (non-finite floats made JSON-safe)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return json_safe(dataclasses.asdict(self))
+
+    def to_json(self, path: str | Path | None = None) -> str:
+        text = json.dumps(self.to_dict(), indent=2, allow_nan=False)
+        if path is not None:
+            Path(path).write_text(text + "\n")
+        return text
+
+
+@dataclasses.dataclass
+class RunReport(JsonExport):
+    status: str  # "ok", "failed" or "cancelled"
+    failure_kind: str | None  # oom, crashed, timeout, invalid, cancelled; None when ok
+    message: str
+    # what ran
+    workload: str
+    preset: str
+    precision: str
+    remat: str
+    per_device_batch: int
+    devices: int
+    accumulation_steps: int
+    global_batch: int
+    steps: int
+    warmup_steps: int
+    sharding: str = "replicated"
+    step_style: str = "jit"  # the step timed: "jit" (migrated) or "pmap" (the TPU-era "before")
+    model: str = ""  # the preset's dimensions that were overridden, as "name=value ..." (see fmt_model)
+    # where
+    backend: str | None = None  # the JAX backend the run used: cpu or gpu
+    device_kind: str | None = None
+    device_count: int | None = None
+    process_index: int | None = None  # this process of a multi-process job (0 writes the job's exports)
+    process_count: int | None = None
+    jax_version: str | None = None
+    jaxlib_version: str | None = None
+    flax_version: str | None = None
+    optax_version: str | None = None
+    python_version: str | None = None
+    host: str = dataclasses.field(default_factory=socket.gethostname)
+    started_at: str | None = None
+    wall_s: float | None = None
+    method: str = "measured"
+    fp32_matmul_precision: str | None = None
+    # what it cost
+    param_count: int | None = None
+    compile_s: float | None = None
+    # executables (parameter init, data, train step) JAX's persistent compilation cache served; None: cache off
+    compile_cache_hits: int | None = None
+    step_ms_median: float | None = None
+    step_ms_p90: float | None = None
+    step_ms_mean: float | None = None
+    timed_steps: int | None = None
+    samples_per_s: float | None = None
+    tokens_per_s: float | None = None
+    model_flops_per_step: float | None = None
+    achieved_tflops: float | None = None
+    peak_tflops: float | None = None
+    peak_tflops_source: str | None = None
+    mfu: float | None = None
+    peak_memory_bytes: int | None = None
+    peak_memory_source: str | None = None
+    predicted_peak_bytes: int | None = None
+    process_peak_rss_bytes: int | None = None
+    device_memory_limit_bytes: int | None = None
+    data_pool_batches: int | None = None
+    data_pool_bytes: int | None = None
+    recompilations: int | None = None
+    # how training behaved
+    loss_first: float | None = None
+    loss_last: float | None = None
+    skipped_steps: int | None = None
+    final_loss_scale: float | None = None
+    losses: list[float] = dataclasses.field(default_factory=list)
+    step_ms: list[float] = dataclasses.field(default_factory=list)
+    env: dict[str, str] = dataclasses.field(default_factory=dict)
+    profile: dict[str, Any] | None = None  # summary of the profiled steps, when captured
+    # checkpoints (migration/running/checkpoint.py): the step the run started from and where from; what it wrote
+    restored_step: int | None = None
+    checkpoint_restored: str | None = None
+    checkpoint_saved: str | None = None
+    checkpoint_saved_bytes: int | None = None
+    config: dict[str, Any] = dataclasses.field(default_factory=dict)
+    stderr_tail: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    @classmethod
+    def from_events(
+        cls,
+        cfg: RunConfig,
+        events: list[dict[str, Any]],
+        *,
+        status: str,
+        failure_kind: str | None = None,
+        message: str = "",
+        stderr_tail: str = "",
+        started_at: str | None = None,
+        wall_s: float | None = None,
+    ) -> "RunReport":
+        explicit = {"status", "failure_kind", "message", "global_batch", "losses", "step_ms", "config",
+                    "stderr_tail", "started_at", "wall_s", *RunConfig.__dataclass_fields__}
+        names = {f.name for f in dataclasses.fields(cls)} - explicit
+        fields: dict[str, Any] = {}
+        for ev in events:
+            if ev.get("event") in ("started", "compiled", "finished"):
+                fields.update({k: v for k, v in ev.items() if k in names})
+        steps = [ev for ev in events if ev.get("event") == "step"]
+        losses = [ev["loss"] for ev in steps]
+        return cls(
+            **fields,
+            status=status,
+            failure_kind=failure_kind,
+            message=message,
+            workload=cfg.workload,
+            preset=cfg.preset,
+            precision=cfg.precision,
+            remat=cfg.remat,
+            per_device_batch=cfg.per_device_batch,
+            devices=cfg.devices,
+            accumulation_steps=cfg.accumulation_steps,
+            global_batch=cfg.global_batch,
+            steps=cfg.steps,
+            warmup_steps=cfg.warmup_steps,
+            sharding=cfg.sharding,
+            step_style=cfg.step_style,
+            model=fmt_model(cfg.model),
+            losses=losses,
+            step_ms=[ev["step_ms"] for ev in steps],
+            loss_first=losses[0] if losses else None,
+            loss_last=losses[-1] if losses else None,
+            config=cfg.to_dict(),
+            stderr_tail=stderr_tail,
+            started_at=started_at,
+            wall_s=wall_s,
+        )
+
+    # -- export ------------------------------------------------------------------------------
+    def csv_row(self) -> dict[str, Any]:
+        """Scalar fields only (per-step lists and nested dicts stay in the JSON); the same columns
+        for every report."""
+        return {k: v for k, v in self.to_dict().items() if k not in NON_SCALAR_FIELDS}
+
+
+NON_SCALAR_FIELDS = ("losses", "step_ms", "env", "profile", "config")
+
+
+def write_csv(reports: list[RunReport], path: str | Path | None = None) -> str:
+    """One row per run, a header row, units in the column names. Spreadsheet-safe cells."""
+    return write_csv_rows([r.csv_row() for r in reports], path=path)
+
+
+@dataclasses.dataclass
+class Decision:
+    decision: str
+    value: Any
+    reason: str
+
+
+@dataclasses.dataclass
+class Plan(JsonExport):
+    """A GPU plan for a TPU-style setup: every decision with its reason, and the evidence."""
+
+    status: str  # "ok" or "infeasible"
+    workload: str
+    preset: str
+    source: str
+    source_name: str
+    source_devices: int
+    source_per_core_batch: int
+    source_precision: str
+    target: str
+    target_name: str
+    gpus: int
+    memory_fraction: float
+    safety_margin: float
+    budget_bytes: int
+    device_memory_bytes: int
+    budget_source: str  # where the device memory figure comes from
+    # the plan
+    per_device_batch: int
+    accumulation_steps: int
+    global_batch: int
+    requested_global_batch: int
+    global_batch_exact: bool
+    precision: str
+    remat: str
+    remat_chosen_by: str  # "search" (ranked by predicted step time) or "override"
+    predicted_peak_bytes: int | None
+    predicted_step_s: float | None
+    prediction_method: str  # compiled-for-target, compiled-local or estimate
+    prediction_note: str
+    # evidence
+    param_count: int
+    compiles: int
+    cache_hits: int
+    search_seconds: float
+    max_batch_by_remat: dict[str, int]
+    candidates: list[int]  # the per-device batches the search chose among
+    ranked: list[dict[str, Any]]  # fitting (remat, batch, accumulation) choices, fastest first
+    table: list[dict[str, Any]]  # one row per (batch, remat, accumulation) evaluated: predicted bytes
+    rule_of_thumb_batch: int
+    rule_of_thumb_note: str
+    tpu_setup_on_target: dict[str, Any]
+    source_tpu_compile: dict[str, Any]
+    matmul_precision: dict[str, str]
+    environment: dict[str, dict[str, str]]  # variable -> {value, why}
+    decisions: list[Decision]
+    message: str = ""  # for infeasible plans: why, and what would help
+    jax_version: str | None = None
+    planned_on: str | None = None  # backend of the machine that planned (e.g. cpu)
+    planned_device_kind: str | None = None  # for target "local": the device the plan was made for
+    model: dict[str, Any] = dataclasses.field(default_factory=dict)  # dimension overrides as planned
+    sharding: str = "replicated"  # how parameters, gradients and optimizer state live on the GPUs
+    nodes: int = 1
+    gpus_per_node: int = 1
+    max_batch_by_sharding: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
+    source_job: dict[str, Any] = dataclasses.field(default_factory=dict)  # how the TPU job held its state
+    interconnect: str = ""  # the link the step-time model assumed between GPUs
+    state: dict[str, Any] = dataclasses.field(default_factory=dict)  # state bytes per GPU: compiled vs arithmetic
+    ruled_out_by_bound: int = 0  # candidates not compiled: their analytic lower bound exceeded the budget
+    parallel_compiles: int = 0  # of `compiles`, those that ran in a compile worker beside the search
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Plan":
+        """A plan from its JSON; a plan written by an older version (fields missing) or something
+        else raises ValueError saying so."""
+        if not isinstance(data, dict):
+            raise ValueError("not a plan: expected a JSON object")
+        required = {f.name for f in dataclasses.fields(cls)
+                    if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
+        missing = sorted(required - set(data))
+        if missing:
+            raise ValueError(f"missing {', '.join(missing[:4])}{' …' if len(missing) > 4 else ''}: made by an older "
+                             "version or not a plan; make it again with `python -m migration plan`")
+        data = dict(data)
+        data["decisions"] = [Decision(**d) for d in data.get("decisions", [])]
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    @property
+    def reasons(self) -> dict[str, str]:
+        return {d.decision: d.reason for d in self.decisions}
+
+    def ranked_rows(self) -> list[dict[str, Any]]:
+        """The ranked choices for display: the predicted step as text (relative where the target
+        has no known peak), whether it keeps the global batch, and which one the plan is."""
+        rows = []
+        for c in self.ranked:
+            step = (f"{c['predicted_step_s'] * 1e3:.1f} ms" if c["predicted_step_s"] is not None
+                    else f"{c['relative_cost']:.3g} (relative)")
+            rows.append({"remat": c["remat"], "per_device_batch": c["per_device_batch"],
+                         "accumulation_steps": c["accumulation_steps"], "global_batch": c["global_batch"],
+                         "device_fill": f"{c['fill']:.0%}", "predicted_step": step,
+                         "state": c.get("sharding", "replicated"),
+                         "chosen": "✔" if (c["remat"], c["per_device_batch"], c["accumulation_steps"],
+                                          c.get("sharding", "replicated")) ==
+                                         (self.remat, self.per_device_batch, self.accumulation_steps,
+                                          self.sharding) else ""})
+        return rows

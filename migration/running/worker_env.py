@@ -1,0 +1,146 @@
+"""The environment a worker runs in, and what `python -m migration env` reports.
+
+JAX reads XLA_PYTHON_CLIENT_PREALLOCATE, XLA_PYTHON_CLIENT_MEM_FRACTION, XLA_FLAGS, JAX_PLATFORMS,
+JAX_NUM_CPU_DEVICES and CUDA_VISIBLE_DEVICES only before it initialises, so they are decided here,
+without importing JAX, and set by the worker before its first `import jax`. GPU presence is
+detected through NVML, which does not touch a CUDA context, so the calling process (a server on a
+shared box) never claims GPU memory.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from migration.config.requests import PlanRequest, RunConfig
+from migration.config.distributed import devices_per_process
+
+# Variables that change what JAX/XLA do; reported by `env` and recorded with every run.
+JAX_ENV_VARS = (
+    "JAX_PLATFORMS",
+    "JAX_NUM_CPU_DEVICES",
+    "JAX_ENABLE_X64",
+    "JAX_DEFAULT_MATMUL_PRECISION",
+    "JAX_COMPILATION_CACHE_DIR",
+    "JAX_SKIP_CUDA_CONSTRAINTS_CHECK",
+    "XLA_FLAGS",
+    "XLA_PYTHON_CLIENT_PREALLOCATE",
+    "XLA_PYTHON_CLIENT_MEM_FRACTION",
+    "XLA_PYTHON_CLIENT_ALLOCATOR",
+    "CUDA_VISIBLE_DEVICES",
+    "TF_CPP_MIN_LOG_LEVEL",
+)
+
+
+# The server's secrets: the users file and passwords, Ray's token. No worker needs them, and a
+# worker runs user-chosen work, so none is passed on (`without_secrets`).
+SECRET_VARIABLES = ("MIGRATION_AUTH", "MIGRATION_AUTH_FILE", "RAY_AUTH_TOKEN", "GRADIO_AUTH")
+SECRET_MARKERS = ("PASSWORD", "SECRET", "TOKEN", "CREDENTIAL", "PRIVATE_KEY")
+
+
+def without_secrets(env: Mapping[str, str]) -> dict[str, str]:
+    """`env` less the server's secrets and anything whose name says it is one."""
+    return {k: v for k, v in env.items()
+            if k not in SECRET_VARIABLES and not any(m in k.upper() for m in SECRET_MARKERS)}
+
+
+def nvidia_gpus() -> list[dict[str, Any]]:
+    """NVIDIA GPUs seen by NVML, with memory in use by other processes. Empty without a driver."""
+    try:
+        import pynvml
+    except ImportError:
+        return []
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return []
+    try:
+        gpus = []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            mem = pynvml.nvmlDeviceGetMemoryInfo(h)
+            try:
+                procs = pynvml.nvmlDeviceGetComputeRunningProcesses(h)
+            except pynvml.NVMLError:
+                procs = []
+            others = [
+                {"pid": p.pid, "used_bytes": p.usedGpuMemory}
+                for p in procs
+                if p.pid != os.getpid()
+            ]
+            name = pynvml.nvmlDeviceGetName(h)
+            gpus.append({
+                "index": i,
+                "name": name.decode() if isinstance(name, bytes) else name,
+                "total_bytes": mem.total,
+                "used_bytes": mem.used,
+                "free_bytes": mem.free,
+                "other_processes": others,
+                "used_by_other_processes_bytes": sum(p["used_bytes"] or 0 for p in others),
+            })
+        return gpus
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def resolve_platform(platform: str) -> str:
+    """'auto' -> 'gpu' when NVML (or, without nvidia-ml-py, the driver's device nodes) shows an
+    NVIDIA GPU, else 'cpu'."""
+    if platform != "auto":
+        return platform
+    if nvidia_gpus() or glob.glob("/proc/driver/nvidia/gpus/*"):
+        return "gpu"
+    return "cpu"
+
+
+def worker_environment(cfg: RunConfig, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The full environment for a worker running `cfg` (base: the caller's environment)."""
+    env = without_secrets(os.environ if base is None else base)
+    platform = resolve_platform(cfg.platform)
+    env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "true" if cfg.preallocate else "false"
+    env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{cfg.memory_fraction:.3g}"
+    flags = " ".join(f for f in (env.get("XLA_FLAGS", ""), cfg.xla_flags) if f)
+    if flags:
+        env["XLA_FLAGS"] = flags
+    if platform == "cpu":
+        env["JAX_PLATFORMS"] = "cpu"
+        env["JAX_NUM_CPU_DEVICES"] = str(devices_per_process(cfg))
+    else:
+        env["JAX_PLATFORMS"] = "cuda"
+        if cfg.visible_devices:
+            env["CUDA_VISIBLE_DEVICES"] = cfg.visible_devices
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+    return env
+
+
+# XLA's own rematerialisation pass: off for planning, so that a fit never hides recomputation.
+DISABLE_XLA_REMAT = "--xla_disable_hlo_passes=rematerialization"
+
+
+def planner_environment(req: PlanRequest, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Environment of a planner worker. Compiles never allocate, and XLA's automatic
+    rematerialisation is disabled so that a predicted fit never hides recomputation.
+
+    A catalog target compiles deviceless on the CPU backend (the CUDA plugin still compiles for
+    the described GPU). "local" compiles for this machine's devices without preallocating, with
+    the request's memory share, so that the limit the device reports is the job's budget."""
+    env = without_secrets(os.environ if base is None else base)
+    flags = [f for f in (env.get("XLA_FLAGS", ""),) if f] + [DISABLE_XLA_REMAT]
+    env["XLA_FLAGS"] = " ".join(flags)
+    env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
+    env["JAX_SKIP_CUDA_CONSTRAINTS_CHECK"] = "1"
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+    on_cpu = req.target != "local" or resolve_platform("auto") == "cpu"
+    env["JAX_PLATFORMS"] = "cpu" if on_cpu else "cuda"
+    if req.target == "local":
+        env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{req.memory_fraction:.3g}"
+        if on_cpu:
+            env["JAX_NUM_CPU_DEVICES"] = str(req.gpus)
+    return env
+
+
+def jax_env_in_effect(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    env = os.environ if env is None else env
+    return {k: env[k] for k in JAX_ENV_VARS if k in env}

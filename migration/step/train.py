@@ -1,0 +1,400 @@
+"""The migrated training step: one jitted region per optimizer step.
+
+Forward, backward, gradient accumulation over micro-batches (a `lax.scan` inside the same jit, so
+one compile and one dispatch per global step), loss scaling for fp16, and the optimizer update.
+State is donated. Data parallelism is `jax.make_mesh` + `NamedSharding`: each micro-batch sharded
+along the mesh's "data" axis; XLA inserts the collectives (this replaces `pmap` + `lax.pmean`).
+
+Two ways to hold the state (`SHARDINGS`): "replicated" keeps parameters, gradients and optimizer
+state whole on every device (XLA all-reduces the gradients); "fsdp" shards each of them over the
+same data axis (ZeRO-3 / FSDP: a `PartitionSpec` per array, see `fsdp_spec`), and each block
+gathers its own parameters, in the compute dtype, just before it runs (inside the block's remat,
+so the backward pass gathers them again instead of keeping them); XLA turns the gradient of that
+gather into a reduce-scatter.
+
+The same `TrainProgram` serves a measured run (concrete arrays) and compile-only planning
+(`abstract_state` / `abstract_batch` as `jax.ShapeDtypeStruct`s on any mesh, a deviceless one too).
+
+The TPU-era step (`pmap_step`, RunConfig.step_style "pmap") exists only as the measured "before" of
+a migration, so that a run can time the step a TPU job starts from beside the one it moves to; `pmap`
+is in maintenance mode and nothing new should be written with it. It is the guide's pattern:
+`jax.pmap(step, axis_name=...)` over the devices, every state array replicated with a leading device
+axis, each device's gradients and loss averaged with `lax.pmean`. Model, loss, accumulation, loss
+scaling and optimizer are the same code as the jit step's (`step_fn(axis_name=...)`), and its batch
+is the jit step's global batch laid out per device (`per_device_layout`), so on the same seed the two
+styles train identically (BatchNorm aside: under pmap it normalises over each device's examples).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+
+from migration.config.requests import RunConfig
+from migration.step.policies import (
+    PRECISION_POLICIES,
+    REMAT_POLICIES,
+    DynamicLossScale,
+    LossScaleState,
+    PrecisionPolicy,
+    RematPolicy,
+    all_finite,
+)
+from workloads import get_workload
+from workloads.base import Batch, Workload
+
+DATA_AXIS = "data"
+
+
+class TrainState(NamedTuple):
+    params: Any  # nnx.State of nnx.Param, float32
+    model_state: Any  # nnx.State of everything else (e.g. BatchNorm statistics); may be empty
+    opt_state: Any
+    loss_scale: LossScaleState | None  # None unless the precision policy scales the loss
+    step: jax.Array  # int32 scalar
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainProgram:
+    """Everything the step needs, resolved once from a RunConfig."""
+
+    workload: Workload
+    model_cfg: Any
+    precision: PrecisionPolicy
+    remat: RematPolicy
+    per_device_batch: int
+    devices: int
+    accumulation_steps: int
+    learning_rate: float
+    seed: int
+    loss_scale: DynamicLossScale = DynamicLossScale()
+    sharding: str = "replicated"  # a SHARDINGS key
+
+    @classmethod
+    def from_config(cls, cfg: RunConfig, *, loss_scale: DynamicLossScale | None = None) -> "TrainProgram":
+        workload = get_workload(cfg.workload)
+        return cls(
+            workload=workload,
+            model_cfg=workload.config(cfg.preset, cfg.model),
+            sharding=cfg.sharding,
+            precision=PRECISION_POLICIES[cfg.precision],
+            remat=REMAT_POLICIES[cfg.remat],
+            per_device_batch=cfg.per_device_batch,
+            devices=cfg.devices,
+            accumulation_steps=cfg.accumulation_steps,
+            learning_rate=cfg.learning_rate,
+            seed=cfg.seed,
+            loss_scale=loss_scale or DynamicLossScale(),
+        )
+
+    # -- sizes -------------------------------------------------------------------------------
+    @property
+    def micro_batch(self) -> int:
+        """Examples per micro-batch across all devices."""
+        return self.per_device_batch * self.devices
+
+    @property
+    def global_batch(self) -> int:
+        return self.micro_batch * self.accumulation_steps
+
+    # -- model and optimizer -----------------------------------------------------------------
+    def build_model(self, seed: int, mesh: Mesh | None = None) -> nnx.Module:
+        return self.workload.build(
+            self.model_cfg,
+            dtype=self.precision.compute_dtype,
+            block_wrap=self.block_wrap(mesh),
+            rngs=nnx.Rngs(seed),
+        )
+
+    def block_wrap(self, mesh: Mesh | None):
+        """The remat policy's wrap, with the FSDP gather inside it when the state is sharded."""
+        remat = self.remat.block_wrap()
+        if self.sharding != "fsdp" or mesh is None:
+            return remat
+        whole, dtype = replicated(mesh), self.precision.compute_dtype
+
+        def gathered(fn):
+            def call(block, *args):
+                graphdef, params, rest = nnx.split(block, nnx.Param, ...)
+                params = jax.tree.map(
+                    lambda p: jax.lax.with_sharding_constraint(p.astype(dtype) if jnp.issubdtype(p.dtype, jnp.floating)
+                                                               else p, whole), params)
+                return fn(nnx.merge(graphdef, params, rest), *args)
+            return call
+
+        return lambda fn: remat(gathered(fn))
+
+    @property
+    def optimizer(self) -> optax.GradientTransformation:
+        return optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(self.learning_rate, weight_decay=1e-4))
+
+    def graphdef(self, mesh: Mesh | None = None) -> Any:
+        graphdef, _, _ = nnx.split(nnx.eval_shape(lambda: self.build_model(0, mesh)), nnx.Param, ...)
+        return graphdef
+
+    def init_state(self) -> TrainState:
+        """Fresh parameters and optimizer state (call under jit, see `init_state_fn`)."""
+        _, params, model_state = nnx.split(self.build_model(self.seed), nnx.Param, ...)
+        loss_scale = self.loss_scale.init() if self.precision.loss_scaling else None
+        return TrainState(params, model_state, self.optimizer.init(params), loss_scale, jnp.zeros((), jnp.int32))
+
+    # -- data --------------------------------------------------------------------------------
+    def make_batch(self, index: int | jax.Array) -> Batch:
+        """Global batch number `index`, laid out (accumulation_steps, micro_batch, ...)."""
+        key = jax.random.fold_in(jax.random.key(self.seed + 1), index)
+        flat = self.workload.make_batch(self.model_cfg, key, self.global_batch)
+        return jax.tree.map(lambda x: x.reshape(self.accumulation_steps, self.micro_batch, *x.shape[1:]), flat)
+
+    def batch_shapes(self) -> dict[str, jax.ShapeDtypeStruct]:
+        shapes = self.workload.batch_shapes(self.model_cfg, self.micro_batch)
+        return {k: jax.ShapeDtypeStruct((self.accumulation_steps, *v.shape), v.dtype) for k, v in shapes.items()}
+
+    # -- the step ----------------------------------------------------------------------------
+    def grad_fn(self, mesh: Mesh | None = None):
+        """`(params, model_state, micro_batch, scale) -> (grads of scale*loss, loss, model_state)`."""
+        graphdef, workload = self.graphdef(mesh), self.workload
+
+        def micro_step(params, model_state, micro: Batch, scale):
+            def scaled_loss(p):
+                # copy=True: fresh Variables at this trace level, so BatchNorm may update its stats
+                model = nnx.merge(graphdef, p, model_state, copy=True)
+                loss = workload.loss(model, micro)
+                _, _, new_model_state = nnx.split(model, nnx.Param, ...)
+                return loss * scale, (loss, new_model_state)
+
+            grads, (loss, new_model_state) = jax.grad(scaled_loss, has_aux=True)(params)
+            return grads, loss, new_model_state
+
+        return micro_step
+
+    def step_fn(self, mesh: Mesh | None = None, axis_name: str | None = None):
+        """The pure step `(state, batch) -> (state, metrics)` (`mesh`: where an FSDP state lives).
+
+        `axis_name`: the pmap step's device axis (`pmap_step`). The accumulated gradients, the loss
+        and floating model state (BatchNorm statistics) are then averaged over it with `lax.pmean`
+        before the update; the jit step leaves the reduction to XLA and passes None."""
+        tx, accum = self.optimizer, self.accumulation_steps
+        scaler = self.loss_scale if self.precision.loss_scaling else None
+        micro_step = self.grad_fn(mesh)
+
+        def step(state: TrainState, batch: Batch):
+            # Without loss scaling the scale is the Python float 1.0: no extra ops are traced.
+            scale = state.loss_scale.scale if scaler else 1.0
+            if accum == 1:
+                micro = jax.tree.map(lambda x: x[0], batch)
+                grads, loss, model_state = micro_step(state.params, state.model_state, micro, scale)
+            else:
+                def body(carry, micro):
+                    grad_sum, loss_sum, ms = carry
+                    g, l, ms = micro_step(state.params, ms, micro, scale)
+                    return (jax.tree.map(jnp.add, grad_sum, g), loss_sum + l, ms), None
+
+                zeros = jax.tree.map(jnp.zeros_like, state.params)
+                init = (zeros, jnp.zeros((), jnp.float32), state.model_state)
+                (grad_sum, loss_sum, model_state), _ = jax.lax.scan(body, init, batch)
+                grads = jax.tree.map(lambda g: g / accum, grad_sum)
+                loss = loss_sum / accum
+            if axis_name is not None:
+                grads, loss, model_state = pmean_over_devices((grads, loss, model_state), axis_name)
+            if scaler:
+                grads = jax.tree.map(lambda g: g / scale, grads)
+            updates, opt_state = tx.update(grads, state.opt_state, state.params)
+            params = optax.apply_updates(state.params, updates)
+            metrics = {"loss": loss, "grad_norm": optax.global_norm(grads), "loss_scale": jnp.asarray(scale, jnp.float32)}
+            loss_scale = None
+            if scaler:
+                finite = all_finite(grads)
+                keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
+                params, opt_state = keep(params, state.params), keep(opt_state, state.opt_state)
+                model_state = keep(model_state, state.model_state)
+                loss_scale = scaler.update(state.loss_scale, finite)
+                metrics["skipped"] = ~finite
+            new_state = TrainState(params, model_state, opt_state, loss_scale, state.step + 1)
+            return new_state, metrics
+
+        return step
+
+
+# -- sharding and jit ---------------------------------------------------------------------------
+
+def make_data_mesh(devices: list[Any]) -> Mesh:
+    # Auto axes: XLA's partitioner places the gradient all-reduce (explicit axes would demand an
+    # out_sharding on every gather, e.g. the embedding lookup).
+    return jax.make_mesh((len(devices),), (DATA_AXIS,), axis_types=(AxisType.Auto,), devices=devices)
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    return NamedSharding(mesh, P())
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+    """(accumulation_steps, micro_batch, ...): micro-batch split over the data axis."""
+    return NamedSharding(mesh, P(None, DATA_AXIS))
+
+
+def fsdp_spec(shape: tuple[int, ...], devices: int) -> P:
+    """Shard an array's largest dimension that the device count divides (the last such on a tie),
+    over the data axis; replicate it when none does (scalars, small vectors). A stacked layer axis
+    is never the largest in practice, so the scanned layer loop slices an unsharded axis."""
+    best = None
+    for axis, size in enumerate(shape):
+        if size % devices == 0 and size >= devices and (best is None or size >= shape[best]):
+            best = axis
+    if best is None or devices == 1:
+        return P()
+    return P(*[DATA_AXIS if axis == best else None for axis in range(len(shape))])
+
+
+def state_shardings(program: TrainProgram, mesh: Mesh) -> TrainState:
+    """A NamedSharding per state array: replicated, or FSDP (`fsdp_spec`) for the "fsdp" mode."""
+    shapes = jax.eval_shape(program.init_state)
+    if program.sharding != "fsdp":
+        return jax.tree.map(lambda _: replicated(mesh), shapes)
+    n = mesh.shape[DATA_AXIS]
+    return jax.tree.map(lambda s: NamedSharding(mesh, fsdp_spec(s.shape, n)), shapes)
+
+
+def abstract_state(program: TrainProgram, mesh: Mesh) -> TrainState:
+    shapes = jax.eval_shape(program.init_state)
+    return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes,
+                        state_shardings(program, mesh))
+
+
+def abstract_batch(program: TrainProgram, mesh: Mesh) -> dict[str, jax.ShapeDtypeStruct]:
+    bs = batch_sharding(mesh)
+    return {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=bs) for k, v in program.batch_shapes().items()}
+
+
+def jit_step(program: TrainProgram, mesh: Mesh):
+    """The jitted step with explicit shardings (so outputs never drift) and donated state."""
+    state_sharding = state_shardings(program, mesh)
+    batch_sh = {k: batch_sharding(mesh) for k in program.batch_shapes()}
+    return jax.jit(
+        program.step_fn(mesh),
+        in_shardings=(state_sharding, batch_sh),
+        out_shardings=(state_sharding, replicated(mesh)),
+        donate_argnums=0,
+    )
+
+
+def init_state_on(program: TrainProgram, mesh: Mesh) -> TrainState:
+    return jax.jit(program.init_state, out_shardings=state_shardings(program, mesh))()
+
+
+def batch_maker(program: TrainProgram, mesh: Mesh):
+    """A jitted `index -> batch` placed with the step's batch sharding (compiled once). On a mesh
+    that spans several processes (migration/config/distributed.py) each process computes only its own
+    shards of the same global batch: no per-process input pipeline, and the losses of a one-process run."""
+    sharding = {k: batch_sharding(mesh) for k in program.batch_shapes()}
+    make = jax.jit(program.make_batch, out_shardings=sharding)
+    return lambda index: make(jnp.asarray(index, jnp.int32))
+
+
+# -- the TPU-era step: pmap (the measured "before" only) -----------------------------------------
+
+def pmean_over_devices(tree: Any, axis_name: str) -> Any:
+    """Each floating leaf averaged over the pmap axis (`lax.pmean`); integer leaves kept as they are."""
+    return jax.tree.map(lambda x: jax.lax.pmean(x, axis_name)  # migration: ignore[PMAP002] the measured "before" step
+                        if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
+
+
+def pmap_mesh(devices: Sequence[Any]) -> Mesh:
+    """The mesh `jax.pmap(..., devices=devices, axis_name=DATA_AXIS)` maps over (pmap is jit over
+    shard_map in this JAX). Arrays placed on it with `P(DATA_AXIS)` enter the pmapped step without a
+    copy, and the step's outputs come back with the same sharding, so no call recompiles."""
+    return Mesh(np.asarray(list(devices)), (DATA_AXIS,))
+
+
+def per_device(mesh: Mesh) -> NamedSharding:
+    """Leading axis split over the devices: one slice per device, as pmap takes its arguments."""
+    return NamedSharding(mesh, P(DATA_AXIS))
+
+
+def pmap_step(program: TrainProgram, devices: Sequence[Any]):
+    """The TPU-era step as the guide writes it: `jax.pmap` of the step over `devices`, gradients
+    and loss `lax.pmean`'d over the device axis (`step_fn(axis_name=...)`), state donated. Takes the
+    replicated state (`init_state_replicated`) and the per-device batch (`pmap_batch_maker`); every
+    metric comes back once per device (`unreplicate`)."""
+    if program.sharding != "replicated":
+        raise ValueError(f"the pmap step replicates the state on every device; got sharding {program.sharding!r}")
+    if len(devices) != program.devices:
+        raise ValueError(f"the program is for {program.devices} devices; got {len(devices)}")
+    step, where = program.step_fn(axis_name=DATA_AXIS), tuple(devices)
+    return jax.pmap(step, axis_name=DATA_AXIS, devices=where, donate_argnums=0)  # migration: ignore[PMAP001] the "before" step
+
+
+def init_state_replicated(program: TrainProgram, mesh: Mesh) -> TrainState:
+    """Fresh state (the jit step's `init_state`, same seed) with a leading device axis, one copy per
+    device: the state pmap takes (what `device_put_replicated` used to build)."""
+    n = mesh.devices.size
+
+    def init() -> TrainState:
+        return _device_copies(program.init_state(), n)
+
+    return jax.jit(init, out_shardings=per_device(mesh))()
+
+
+def replicate_per_device(state: TrainState, mesh: Mesh) -> TrainState:
+    """A jit step's replicated state (e.g. a restored checkpoint) as pmap takes it: one copy per device."""
+    return jax.jit(lambda s: _device_copies(s, mesh.devices.size), out_shardings=per_device(mesh))(state)
+
+
+def _device_copies(tree: Any, n: int) -> Any:
+    return jax.tree.map(lambda x: jnp.broadcast_to(x, (n, *x.shape)), tree)
+
+
+def per_device_layout(program: TrainProgram, batch: Batch) -> Batch:
+    """The jit step's batch (accumulation_steps, micro_batch, ...) as pmap takes it, (devices,
+    accumulation_steps, per_device_batch, ...): device d gets, at every micro-step, the same examples
+    as the jit step's shard d of that micro-batch."""
+    def split(x: jax.Array) -> jax.Array:
+        x = x.reshape(program.accumulation_steps, program.devices, program.per_device_batch, *x.shape[2:])
+        return jnp.moveaxis(x, 1, 0)
+
+    return jax.tree.map(split, batch)
+
+
+def pmap_batch_maker(program: TrainProgram, mesh: Mesh):
+    """A jitted `index -> batch` for the pmap step: global batch `index` of `make_batch` (the jit
+    step's data), laid out per device and placed one slice per device (compiled once)."""
+    make = jax.jit(lambda index: per_device_layout(program, program.make_batch(index)),
+                   out_shardings=per_device(mesh))
+    return lambda index: make(jnp.asarray(index, jnp.int32))
+
+
+def unreplicate(tree: Any) -> Any:
+    """Device 0's copy of every leaf of a pmap output (the metrics: pmean'd, equal on all devices)."""
+    return jax.tree.map(lambda x: x[0], tree)
+
+
+# -- either style, for a measured run ------------------------------------------------------------
+
+class StepParts(NamedTuple):
+    """What a run needs of one step style on its devices."""
+
+    step: Callable[..., Any]  # (state, batch) -> (state, metrics); the state is donated
+    init_state: Callable[[], TrainState]
+    make_batch: Callable[[int], Batch]  # global batch number -> batch, placed as `step` takes it
+    host_metrics: Callable[[Any], Any]  # fetched metrics -> one value per metric
+    mesh: Mesh  # the devices the state and batches live on
+
+
+def step_parts(program: TrainProgram, devices: Sequence[Any], style: str = "jit") -> StepParts:
+    """The migrated jit step ("jit") or the TPU-era pmap step ("pmap", see `pmap_step`) on `devices`."""
+    if style == "pmap":
+        mesh = pmap_mesh(devices)
+        return StepParts(pmap_step(program, devices), lambda: init_state_replicated(program, mesh),
+                         pmap_batch_maker(program, mesh), unreplicate, mesh)
+    if style != "jit":
+        raise ValueError(f"step style must be jit or pmap; got {style!r}")
+    mesh = make_data_mesh(list(devices))
+    return StepParts(jit_step(program, mesh), lambda: init_state_on(program, mesh), batch_maker(program, mesh),
+                     lambda metrics: metrics, mesh)

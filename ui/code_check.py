@@ -1,0 +1,94 @@
+"""The Code check tab: paste a training script or upload .py files; a worker reads them with `ast` (nothing
+is ever run) and the findings come back as a table. The result also goes to the Migrate tab, whose checklist
+grades the items about the code from it."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from typing import Any
+
+import gradio as gr
+
+from migration.codecheck import MAX_FILES, CodeCheck, CodeCheckError, check_pasted, read_upload
+from migration.service.jobs import LimitError
+from ui.context import AppContext, user_of
+from ui.frames import findings_frame
+from ui.streaming import finished
+
+FINDINGS_SHOWN = 1000  # rows of the code check's table
+
+
+@dataclasses.dataclass
+class CodeCheckTab:
+    text: gr.Code
+    files: gr.File
+    button: gr.Button
+    summary: gr.Markdown
+    table: gr.Dataframe
+
+
+def code_check_tab() -> CodeCheckTab:
+    with gr.Tab("Code check"):
+        gr.Markdown("Reads Python source with `ast`; nothing is ever run. Up to 1 MB per file, UTF-8.")
+        return CodeCheckTab(text=gr.Code(language="python", label="Paste a training script"),
+                            files=gr.File(label="…or upload .py files", file_count="multiple", file_types=[".py"]),
+                            button=gr.Button("Check", variant="primary"),
+                            summary=gr.Markdown(label="Code check summary", show_label=False),
+                            table=gr.Dataframe(label="Findings", wrap=True, visible=False))
+
+
+def wire_code_check(tab: CodeCheckTab, context: AppContext, code_state: gr.State) -> None:
+    """Check: the summary, the findings table, and the result in the Migrate tab's state."""
+    tab.button.click(CodeCheckHandlers(context).do_code_check, [tab.text, tab.files],
+                     [tab.summary, tab.table, code_state], api_name="code_check", concurrency_limit=None)
+
+
+class CodeCheckHandlers:
+    """/code_check: the check runs in a worker; the handler waits for it (a client that goes away stops it)."""
+
+    def __init__(self, context: AppContext):
+        self.context = context
+
+    # Both inputs may be left out (a None default is how the API learns that): one of them is enough.
+    async def do_code_check(self, text=None, files=None, request: gr.Request | None = None):
+        service = self.context.service
+        try:
+            sources = await asyncio.to_thread(code_sources, text, files)  # reads up to 20 files
+            job = await finished(service, service.submit_code_check(user_of(request), sources))
+        except (CodeCheckError, LimitError) as exc:
+            raise gr.Error(str(exc), print_exception=False)
+        if job.result is None:
+            raise gr.Error(job.error or "the code check stopped without a result", print_exception=False)
+        result: CodeCheck = job.result
+        findings = list(result.findings)
+        shown = findings[:FINDINGS_SHOWN]  # the table a page can hold; the checklist reads them all
+        errors = sum(f.severity == "error" for f in findings)
+        summary = (f"{len(findings)} finding(s), {errors} error(s) in {len(result.files)} file(s). "
+                   if findings else "No findings: nothing TPU-specific or outdated was found. ")
+        if len(shown) < len(findings):
+            summary += f"The table shows the first {len(shown):,} (by file and line). "
+        summary += "The Migrate tab's checklist grades the items about your code from this check."
+        return summary, gr.update(value=findings_frame(shown), visible=bool(findings)), result.to_dict()
+
+
+def code_sources(text: Any, files: Any) -> list[tuple[str, str]]:
+    """(name, text) of the pasted source and the uploaded files, each within the per-file limit and
+    at most `MAX_FILES` of them; CodeCheckError otherwise (reading a file costs I/O, never a parse)."""
+    sources: list[tuple[str, str]] = []
+    if isinstance(text, str) and text.strip():
+        sources.append(("<pasted>", check_pasted(text)))
+    elif text is not None and not isinstance(text, str):
+        raise CodeCheckError(f"the pasted code must be text; got {type(text).__name__}")
+    files = files or []
+    if not isinstance(files, list) or len(files) > MAX_FILES:
+        raise CodeCheckError(f"upload at most {MAX_FILES} .py files at once; got "
+                             f"{len(files) if isinstance(files, list) else type(files).__name__}")
+    for f in files:
+        path = f if isinstance(f, str) else getattr(f, "name", None)
+        if not isinstance(path, str):
+            raise CodeCheckError("each upload must be a .py file")
+        sources.append(read_upload(path))
+    if not sources:
+        raise CodeCheckError("Paste Python source or upload .py files to check")
+    return sources

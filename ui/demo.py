@@ -1,0 +1,41 @@
+"""The page: a banner and the four tabs (Migrate, History, Code check, Environment), their events wired in
+one order (the API's endpoints keep their order), over one `AppContext`."""
+
+from __future__ import annotations
+
+import gradio as gr
+
+from ui.code_check import code_check_tab, wire_code_check
+from ui.context import AppContext
+from ui.environment import environment_tab, wire_environment
+from ui.history import HistoryHandlers, history_tab, wire_history
+from ui.migrate import migrate_tab, wire_migrate
+from ui.plan_run import JobHandlers
+from ui.settings import Settings, host_banner
+
+
+def build_demo(settings: Settings | None = None) -> gr.Blocks:
+    """The app's Blocks, with its job service as `demo.service` (for start-up and shutdown). ExecutorError
+    when the settings name a Ray cluster that cannot be reached."""
+    settings = settings or Settings()
+    context = AppContext.create(settings)
+    service = context.service
+    with gr.Blocks(title="TPU → GPU migration explorer", delete_cache=(3600, int(settings.export_max_age_s))) as demo:
+        gr.Markdown("# TPU → GPU migration explorer")
+        gr.Markdown(host_banner(settings) + (f"\n\n**Ray cluster:** {service.executor.describe()}; the others wait in "
+                                             "the queue and see their position." if service.executor.remote else "")
+                    + (f"\n\n{len(service.recovered)} job(s) that a previous server left "
+                       "unfinished are marked interrupted in the History." if service.recovered else ""))
+        migrate = migrate_tab(context.default_target)
+        history = history_tab(settings.multi_user)
+        code_check = code_check_tab()
+        environment = environment_tab()
+
+        wire_migrate(migrate, JobHandlers(context))
+        wire_code_check(code_check, context, migrate.code_state)
+        history_handlers = HistoryHandlers(context)
+        wire_history(history, history_handlers)
+        wire_environment(environment, context)
+        demo.load(history_handlers.do_history, history.filters, history.table, api_visibility="private")
+    demo.service = service  # type: ignore[attr-defined]  # for start-up and shutdown
+    return demo

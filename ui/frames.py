@@ -1,0 +1,251 @@
+"""Typed results formatted for people: the plan as markdown, pandas frames for the page's tables and plots,
+the checklist as HTML, and a run's headline. Pure functions of the backend's results; nothing here touches
+a job, the history or the page."""
+
+from __future__ import annotations
+
+import html
+import math
+from typing import Any
+
+import pandas as pd
+
+from migration.codecheck import Finding
+from migration.common import GiB, fmt_gib, fmt_model
+from migration.grading import checklist
+from migration.results import Plan, RunReport
+from migration.service.orchestrate import MigrationResult
+
+PLOT_MAX_POINTS = 500  # points per run drawn in a loss plot
+
+
+def gib(n: Any) -> str:
+    return fmt_gib(n, 3)
+
+
+def plan_markdown(p: Plan) -> str:
+    where = f"{p.nodes} nodes × {p.gpus_per_node}" if p.nodes > 1 else f"{p.gpus}"
+    dims = f" ({fmt_model(p.model)})" if p.model else ""
+    sj = p.source_job
+    source_job = (f"The TPU job: {sj['devices']} devices of {gib(sj['hbm_bytes_per_device'])}, "
+                  f"state **{sj['sharding']}** "
+                  f"({gib(sj['state_bytes_per_device'])} per device: {sj['why']}).\n\n" if sj else "")
+    head = (f"### {p.workload}/{p.preset}{dims}: {p.source_name} → {where} × {p.target_name}\n"
+            f"{p.param_count:,} parameters. " + source_job +
+            f"Prediction: **{p.prediction_method}** — {p.prediction_note}. Budget per GPU {gib(p.budget_bytes)} "
+            f"({p.memory_fraction:.0%} of {gib(p.device_memory_bytes)} minus a {p.safety_margin:.0%} margin; device "
+            f"memory: {p.budget_source}).\n\n")
+    if p.status != "ok":
+        return head + f"**Not feasible.** {p.message}"
+    exact = "" if p.global_batch_exact else f" (**not** the requested {p.requested_global_batch})"
+    src = p.source_tpu_compile
+    source_line = (f"On the source TPU ({src['device_kind']}): {gib(src['peak_bytes_per_chip'])} per device; "
+                   f"the plan uses {gib(p.predicted_peak_bytes)} per GPU.\n\n" if src.get("status") == "ok" else
+                   f"Source TPU compile: {src.get('status')} — {src.get('reason', '')}\n\n" if src else "")
+    env = "\n".join(f"export {k}={v['value']!r}  # {v['why']}" for k, v in p.environment.items())
+    st = p.state
+    state_line = (f"State per GPU ({st['sharding']}, shared by {st['shared_by']}): "
+                  f"{gib(st['compiled_state_bytes_per_gpu'])} "
+                  f"compiled for parameters and AdamW moments, {gib(st['state_with_gradients_bytes_per_gpu'])} with "
+                  f"gradients, against 16 B/parameter / {st['shared_by']} = {gib(st['arithmetic_bytes_per_gpu'])} "
+                  f"({st['difference']:+.2%}).\n\n" if st.get("state_with_gradients_bytes_per_gpu") is not None else "")
+    return (head + f"**Plan:** **{p.sharding}** state, {p.per_device_batch} per GPU × {p.gpus} GPU(s) × "
+            f"{p.accumulation_steps} accumulation = "
+            f"global batch {p.global_batch}{exact}, **{p.precision}**, remat **{p.remat}**; predicted peak "
+            f"{gib(p.predicted_peak_bytes)} per GPU"
+            + (f", predicted step {p.predicted_step_s * 1e3:.1f} ms" if p.predicted_step_s else "")
+            + ". The table below ranks every choice that fits by predicted step time.\n\n" + state_line +
+            f"TPU-style setup on this target: {p.tpu_setup_on_target.get('summary', 'n/a')}.\n\n"
+            f"Guide's rule of thumb: batch **{p.rule_of_thumb_batch}** vs the compiler's **{p.per_device_batch}** "
+            f"— {p.rule_of_thumb_note}.\n\n" + source_line +
+            f"Matmul precision — TPU: {p.matmul_precision['tpu']}; GPU: {p.matmul_precision['gpu']}.\n\n"
+            f"Search: {p.compiles} compile(s), {p.cache_hits} cache hit(s), {p.search_seconds:.1f} s.\n\n"
+            f"```bash\n{env}\n```")
+
+
+def ranked_frame(p: Plan) -> pd.DataFrame:
+    """The fitting choices, fastest predicted step first (the planner's choice rule)."""
+    return pd.DataFrame(p.ranked_rows(), columns=["remat", "per_device_batch", "accumulation_steps", "global_batch",
+                                                  "device_fill", "predicted_step", "state", "chosen"])
+
+
+def decisions_frame(p: Plan) -> pd.DataFrame:
+    return pd.DataFrame([{"decision": d.decision, "value": str(d.value), "reason": d.reason} for d in p.decisions],
+                        columns=["decision", "value", "reason"])
+
+
+def memory_frame(rows: list[dict[str, Any]], budget: int | None) -> pd.DataFrame:
+    """Predicted GiB per batch and remat policy (single micro-batch compiles; candidates ruled out by
+    the lower bound were not compiled and are not drawn), with the budget."""
+    points = [{"per_device_batch": r["per_device_batch"], "predicted_GiB": r["predicted_bytes"] / GiB,
+               "series": f"remat {r['remat']}" + (" (fsdp)" if r.get("sharding") == "fsdp" else "")} for r in rows
+              if r.get("predicted_bytes") is not None and r.get("accumulation_steps", 1) == 1
+              and not r.get("lower_bound")]
+    batches = sorted({r["per_device_batch"] for r in points}) or [1]
+    if budget:
+        points += [{"per_device_batch": b, "predicted_GiB": budget / GiB, "series": "budget"} for b in batches]
+    frame = pd.DataFrame(points, columns=["per_device_batch", "predicted_GiB", "series"])
+    return frame.astype({"per_device_batch": "int64", "predicted_GiB": "float64", "series": "str"})
+
+
+def results_frame(r: RunReport, budget: int | None) -> pd.DataFrame:
+    rows = [
+        ("status", r.status if r.ok else f"{r.status} ({r.failure_kind}): {r.message}"),
+        ("measured on", f"{r.device_kind} ×{r.device_count}, {r.backend} backend, JAX {r.jax_version}, host {r.host}"),
+        ("peak memory, measured", f"{gib(r.peak_memory_bytes)} — {r.peak_memory_source}"),
+        ("peak memory, predicted (compiled)", gib(r.predicted_peak_bytes)),
+        ("memory budget (plan)", gib(budget)),
+        ("step time median / p90", f"{r.step_ms_median or 0:.2f} / {r.step_ms_p90 or 0:.2f} ms"),
+        ("samples/s", f"{r.samples_per_s or 0:,.1f}"),
+        ("tokens/s", "n/a" if r.tokens_per_s is None else f"{r.tokens_per_s:,.0f}"),
+        ("MFU", "n/a" if r.mfu is None else f"{100 * r.mfu:.1f} % of {r.peak_tflops_source}"),
+        ("compile time", f"{r.compile_s or 0:.2f} s"),
+        ("recompilations after the first step", str(r.recompilations)),
+        ("fp32 matmul precision", str(r.fp32_matmul_precision)),
+        ("config", f"{r.per_device_batch} per device × {r.devices} × {r.accumulation_steps} accum = {r.global_batch}, "
+                   f"{r.precision}, remat {r.remat}, {r.sharding} state, {r.step_style} step"
+                   + (f"; model {r.model}" if r.model else "")),
+    ]
+    if r.checkpoint_restored:
+        rows.append(("started from checkpoint", r.checkpoint_restored))
+    if r.checkpoint_saved:
+        rows.append(("checkpoint saved", f"{r.checkpoint_saved}, {r.checkpoint_saved_bytes:,} bytes"))
+    return pd.DataFrame(rows, columns=["metric", "value"])
+
+
+def loss_frame(reports: list[tuple[str, RunReport]]) -> pd.DataFrame:
+    return curve_frame({name: r.losses for name, r in reports})
+
+
+def curve_frame(curves: dict[str, list[Any]], max_points: int = PLOT_MAX_POINTS) -> pd.DataFrame:
+    """Loss per step for each run, at most `max_points` per run (every k-th step and the last), so
+    the plot's data stays small however long the run."""
+    rows = []
+    for name, losses in curves.items():
+        stride = max(1, -(-len(losses) // max_points))
+        picked = range(0, len(losses), stride)
+        for i in [*picked, *([len(losses) - 1] if losses and (len(losses) - 1) % stride else [])]:
+            if isinstance(losses[i], (int, float)) and math.isfinite(losses[i]):
+                rows.append({"step": i + 1, "loss": losses[i], "run": name})
+    # Typed even when empty: a plot fixes its axis types from the first frame it is sent.
+    return pd.DataFrame(rows, columns=["step", "loss", "run"]).astype(
+        {"step": "int64", "loss": "float64", "run": "str"})
+
+
+def before_after_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    """The pmap and jit runs side by side (rows from `orchestrate.scaling_view`), figures as text."""
+    def pct(x):
+        return "n/a" if x is None else f"{x:.0%}"
+
+    def num(x, spec):
+        return "n/a" if x is None else format(x, spec)
+
+    shown = [{"run": r["run"], "step": r["style"], "devices": r["devices"], "global batch": r["global_batch"],
+              "samples/s": num(r["samples_per_s"], ",.1f"), "tokens/s": num(r["tokens_per_s"], ",.0f"),
+              "step ms (median)": num(r["step_ms_median"], ".2f"), "scaling efficiency": pct(r["scaling_efficiency"]),
+              "jit / pmap": num(r["jit_over_pmap"], ".2f"),
+              "same loss": {True: "yes", False: "NO", None: "n/a"}[r["losses_match"]],
+              "measured on": f"{r['device_kind']} ({r['backend']} backend), JAX {r['jax_version']}"} for r in rows]
+    return pd.DataFrame(shown, columns=["run", "step", "devices", "global batch", "samples/s", "tokens/s",
+                                        "step ms (median)", "scaling efficiency", "jit / pmap", "same loss",
+                                        "measured on"])
+
+
+def autotune_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    """Autotune rows: predicted rank and step against the measured median, status, the pick."""
+    def ms(x):
+        return "" if x is None else f"{x:.1f}"
+    out = [{"predicted #": r["predicted_rank"], "state": r["sharding"], "remat": r["remat"],
+            "batch": r["per_device_batch"], "accum": r["accumulation_steps"],
+            "predicted ms": ms(None if r["predicted_step_s"] is None else 1e3 * r["predicted_step_s"]),
+            "measured ms": ms(r["measured_step_ms"]), "measured #": r.get("measured_rank") or "",
+            "peak GiB": gib(r["peak_memory_bytes"]), "status": r["status"] if r["status"] == "ok"
+            else f"{r['status']} ({r['failure_kind']})", "pick": "✓" if r.get("picked") else ""} for r in rows]
+    return pd.DataFrame(out)
+
+
+def scaling_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    points = [{"devices": r["devices"], "samples_per_s": r["samples_per_s"], "style": r["style"]} for r in rows
+              if r["samples_per_s"] is not None]
+    return pd.DataFrame(points, columns=["devices", "samples_per_s", "style"]).astype(
+        {"devices": "int64", "samples_per_s": "float64", "style": "str"})
+
+
+BADGE_COLOURS = {"pass": "#1a7f37", "warn": "#9a6700", "fail": "#cf222e", "not checked": "#57606a", "n/a": "#8c959f"}
+
+
+def checklist_html(items: list[checklist.ChecklistItem]) -> str:
+    """The checklist as a report: a status badge, the item, its evidence and the action, wrapped
+    to the page's width (never a table to scroll sideways)."""
+    counts = {s: sum(i.status == s for i in items) for s in BADGE_COLOURS}
+    summary = " · ".join(f"{n} {s}" for s, n in counts.items() if n)
+    cards = []
+    for i in items:
+        colour = BADGE_COLOURS.get(i.status, "#57606a")
+        cards.append(
+            f'<div class="ck-item" data-id="{html.escape(i.id)}" data-status="{html.escape(i.status)}" '
+            f'style="border-left:4px solid {colour};padding:6px 10px;margin:6px 0">'
+            f'<span class="ck-badge" style="background:{colour};color:#fff;border-radius:10px;padding:1px 8px;'
+            f'font-size:0.85em;margin-right:8px">{html.escape(i.status)}</span>'
+            f'<strong>{html.escape(i.item)}</strong>'
+            f'<div style="white-space:normal;overflow-wrap:anywhere"><em>Evidence:</em> {html.escape(i.evidence)}</div>'
+            f'<div style="white-space:normal;overflow-wrap:anywhere"><em>Action:</em> {html.escape(i.action)}</div>'
+            "</div>")
+    return f'<div class="checklist"><h3>Migration checklist</h3><p>{summary}</p>{"".join(cards)}</div>'
+
+
+def findings_frame(findings: list[Finding]) -> pd.DataFrame:
+    return pd.DataFrame([f.to_dict() for f in findings],
+                        columns=["file", "line", "col", "rule", "severity", "message", "replacement"])
+
+
+HISTORY_COLUMNS = ["id", "created_at", "user", "label", "kind", "model", "status", "config", "device_kind",
+                   "samples_per_s", "mfu_%", "peak_GiB", "predicted_GiB", "compile_s"]
+
+
+def history_frame(entries: list[dict[str, Any]]) -> pd.DataFrame:
+    """The history as people read it: one line per entry, the configuration in one column."""
+    rows = []
+    for e in entries:
+        config = (f"{e.get('per_device_batch') or '?'}×{e.get('devices') or '?'}×{e.get('accumulation_steps') or '?'} "
+                  f"{e.get('precision') or ''} {e.get('remat') or ''}").strip()
+        rows.append({
+            "id": e["id"], "created_at": e["created_at"], "user": e.get("user") or "", "label": e.get("label") or "",
+            "kind": e["kind"], "model": f"{e['workload']}/{e['preset']}", "status": e["status"], "config": config,
+            "device_kind": e.get("device_kind") or e.get("target") or "",
+            "samples_per_s": e.get("samples_per_s"), "mfu_%": None if e.get("mfu") is None else 100 * e["mfu"],
+            "peak_GiB": None if e.get("peak_memory_bytes") is None else e["peak_memory_bytes"] / GiB,
+            "predicted_GiB": None if e.get("predicted_peak_bytes") is None else e["predicted_peak_bytes"] / GiB,
+            "compile_s": e.get("compile_s")})
+    return pd.DataFrame(rows, columns=HISTORY_COLUMNS)
+
+
+def compare_frames(entries: list[dict[str, Any]]) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """Side-by-side table, throughput, peak memory (predicted beside measured) and loss curves."""
+    table = history_frame(entries)
+    names = [f"#{e['id']} {e['preset']} b{e.get('per_device_batch')}×{e.get('accumulation_steps')} {e.get('precision')}"
+             for e in entries]
+    throughput = pd.DataFrame({"run": names, "samples_per_s": [float(e.get("samples_per_s") or 0) for e in entries]})
+    memory = pd.DataFrame(
+        [{"bar": f"{n} · {what}", "GiB": float(e.get(key) or 0) / GiB, "series": what}
+         for n, e in zip(names, entries) for what, key in (("predicted", "predicted_peak_bytes"),
+                                                          ("measured", "peak_memory_bytes"))],
+        columns=["bar", "GiB", "series"])
+    losses = curve_frame({n: e["payload"].get("losses") or [] for n, e in zip(names, entries)})
+    return table, throughput, memory, losses
+
+
+def run_headline(result: MigrationResult, budget: int | None) -> str:
+    main = result.main
+    if main.ok:
+        headline = "Run finished"
+    elif main.failure_kind == "oom":
+        predicted = main.predicted_peak_bytes or result.plan.predicted_peak_bytes
+        headline = (f"Run failed: **does not fit** — out of memory at {main.per_device_batch} per device "
+                    f"(predicted peak {gib(predicted)} per device, budget {gib(budget)}). Try a smaller per-device "
+                    "batch with more accumulation steps (Plan does this for you), a remat policy, or bf16")
+    else:
+        headline = f"Run failed ({main.failure_kind}): {main.message}"
+    cpu = " — **CPU backend: these are CPU figures, not GPU ones.**" if main.backend == "cpu" else ""
+    return headline + cpu
+

@@ -1,0 +1,169 @@
+"""The History tab: the runs and plans recorded, filtered; rows clicked into a selection; the selected runs
+compared side by side (table, throughput, peak memory, loss) and exported as CSV, or the whole history.
+
+Whose entries a request may read is decided here (`HistoryHandlers.scope_user`): its user's own, or
+everyone's on a single-user box, for an admin, or on a history the operator declared team-visible.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import gradio as gr
+
+from migration.config import forms
+from migration.config.limits import ConfigError
+from migration.service.history import EXPORT_MAX_ROWS, HistoryError
+from migration.service.jobs import LimitError
+from ui.context import AppContext, refuse, user_of
+from ui.frames import HISTORY_COLUMNS, compare_frames, history_frame
+from workloads import WORKLOADS
+
+COMPARE_MAX = 16  # runs side by side in one comparison
+HISTORY_STATUSES = ("ok", "failed", "cancelled", "infeasible", "interrupted", "queued", "running")
+
+
+@dataclasses.dataclass
+class HistoryTab:
+    filters: list[gr.Dropdown]  # scope, kind, workload, status: the inputs of /history
+    refresh: gr.Button
+    table: gr.Dataframe
+    ids: gr.Textbox
+    buttons: dict[str, gr.Button]  # compare, export_selected, export_all
+    export_file: gr.File
+    compare: list[gr.components.Component]  # table, throughput, memory, loss: the outputs of /compare
+
+
+def history_tab(multi_user: bool) -> HistoryTab:
+    with gr.Tab("History"):
+        with gr.Row():
+            filters = [gr.Dropdown(["mine", "everyone"], value="mine", label="Whose", allow_custom_value=True,
+                                   info=None if multi_user else "single-user box: one shared history"),
+                       gr.Dropdown(["all", "run", "plan"], value="all", label="Kind", allow_custom_value=True),
+                       gr.Dropdown(["all", *WORKLOADS], value="all", label="Workload", allow_custom_value=True),
+                       gr.Dropdown(["all", *HISTORY_STATUSES], value="all", label="Status", allow_custom_value=True)]
+            refresh = gr.Button("Refresh")
+        table = gr.Dataframe(headers=HISTORY_COLUMNS, label="Runs and plans: click rows to select them",
+                             wrap=True, interactive=False, elem_id="history-table")
+        with gr.Row():
+            ids = gr.Textbox("", label="Selected ids (click rows above, or type: 3,5)", scale=2)
+            buttons = {"compare": gr.Button("Compare selected"),
+                       "export_selected": gr.Button("Export selected (CSV)"),
+                       "export_all": gr.Button("Export all shown (CSV)")}
+        export_file = gr.File(label="CSV export", visible=False)
+        return HistoryTab(filters, refresh, table, ids, buttons, export_file, compare=comparison())
+
+
+def comparison() -> list[gr.components.Component]:
+    """The comparison's outputs, hidden until a comparison is drawn."""
+    table = gr.Dataframe(label="Side by side", wrap=True, visible=False, elem_id="compare-table")
+    with gr.Row():
+        throughput = gr.BarPlot(x="run", y="samples_per_s", title="Throughput (samples/s)", height=280,
+                                visible=False, elem_id="compare-throughput", label="Throughput", show_label=False)
+        memory = gr.BarPlot(x="bar", y="GiB", color="series", title="Peak memory: predicted and measured",
+                            height=280, visible=False, elem_id="compare-memory", label="Peak memory", show_label=False)
+    loss = gr.LinePlot(x="step", y="loss", color="run", title="Loss", height=280, visible=False,
+                       elem_id="compare-loss", label="Loss", show_label=False)
+    return [table, throughput, memory, loss]
+
+
+def wire_history(tab: HistoryTab, handlers: HistoryHandlers) -> None:
+    """Refresh, a row clicked, Compare and the two exports (the page's load fills the table: `ui.demo`)."""
+    scope = tab.filters[0]
+    tab.refresh.click(handlers.do_history, tab.filters, tab.table, api_name="history", queue=False)
+    tab.table.select(handlers.do_select, tab.ids, tab.ids, api_visibility="private")
+    tab.buttons["compare"].click(handlers.do_compare, [tab.ids, scope], tab.compare, api_name="compare", queue=False)
+    tab.buttons["export_selected"].click(handlers.do_export, [tab.ids, scope], tab.export_file, api_name="export_csv",
+                                         queue=False)
+    tab.buttons["export_all"].click(handlers.do_export_all, scope, tab.export_file, api_name="export_history_csv",
+                                    queue=False)
+
+
+class HistoryHandlers:
+    """The tab's events: /history, /compare, /export_csv, /export_history_csv and a row clicked."""
+
+    def __init__(self, context: AppContext):
+        self.context = context
+
+    def scope_user(self, scope: str, request: gr.Request | None) -> str | None:
+        """Whose entries a request may read: its user's; everyone's (None) on a single-user box, for
+        an admin, or on a team-visible history; anyone else asking for everyone's is refused."""
+        forms.choice(scope, "scope", ("mine", "everyone"))
+        user = user_of(request)
+        settings = self.context.settings
+        if not settings.multi_user:
+            return None
+        if scope == "mine":
+            return user
+        if settings.team_history or user in settings.admins:
+            return None
+        raise ConfigError("scope", "everyone's history is open only to the admins this server names (--admins) or "
+                                   "on a team-visible history (--team-history); use mine")
+
+    def do_history(self, scope, kind, workload, status, request: gr.Request):
+        try:
+            self.context.rate.take(user_of(request), "history")
+            user = self.scope_user(scope, request)
+            for field, value, allowed in (("kind", kind, ("all", "run", "plan")),
+                                          ("workload", workload, ("all", *WORKLOADS)),
+                                          ("status", status, ("all", *HISTORY_STATUSES))):
+                forms.choice(value, field, allowed)
+            entries = self.context.history.entries(kind=None if kind == "all" else kind,
+                                                   workload=None if workload == "all" else workload,
+                                                   status=None if status == "all" else status, user=user,
+                                                   payload=False)
+        except (ConfigError, HistoryError, LimitError) as exc:
+            raise refuse(exc)
+        return history_frame(entries)
+
+    def do_select(self, ids_text, evt: gr.SelectData):
+        """Clicking a row of the History table adds its id to the selection (again: removes it)."""
+        row = evt.row_value if evt.row_value is not None else []
+        if not row:
+            return gr.skip()
+        try:
+            chosen = parse_ids(ids_text)
+        except ConfigError:
+            chosen = []
+        entry_id = int(row[0])
+        chosen = [i for i in chosen if i != entry_id] if entry_id in chosen else [*chosen, entry_id]
+        return ",".join(map(str, chosen))
+
+    def do_compare(self, ids_text, scope, request: gr.Request):
+        try:
+            self.context.rate.take(user_of(request), "compare")
+            ids = parse_ids(ids_text)
+            if len(ids) > COMPARE_MAX:
+                raise ConfigError("ids", f"compare at most {COMPARE_MAX} runs at once; got {len(ids)}")
+            entries = (self.context.history.entries(kind="run", ids=ids, user=self.scope_user(scope, request))
+                       if ids else [])
+        except (ConfigError, HistoryError, LimitError) as exc:
+            raise refuse(exc)
+        if len(entries) < 2:
+            raise gr.Error(f"Select two or more runs to compare (click their rows in the table); "
+                           f"found {len(entries)} run(s) among {ids or 'the selection'}", print_exception=False)
+        table, throughput, memory, losses = compare_frames(list(reversed(entries)))
+        return tuple(gr.update(value=v, visible=True) for v in (table, throughput, memory, losses))
+
+    def do_export(self, ids_text, scope, request: gr.Request):
+        try:
+            self.context.rate.take(user_of(request), "export")
+            ids = parse_ids(ids_text) or None
+            if ids is not None and len(ids) > EXPORT_MAX_ROWS:
+                raise ConfigError("ids", f"export at most {EXPORT_MAX_ROWS} entries at once; got {len(ids)}")
+            path = self.context.export_path("history" if ids is None else "selection", user_of(request))
+            self.context.history.to_csv(ids=ids, path=path, user=self.scope_user(scope, request),
+                                        viewer=user_of(request))
+        except (ConfigError, HistoryError, OSError, LimitError) as exc:
+            raise refuse(exc)
+        return gr.update(value=str(path), visible=True)
+
+    def do_export_all(self, scope, request: gr.Request):
+        return self.do_export("", scope, request)
+
+
+def parse_ids(text: str) -> list[int]:
+    parts = [p for p in (text or "").replace(" ", "").replace("#", "").split(",") if p]
+    if not all(p.isdigit() and len(p) < 12 for p in parts):
+        raise ConfigError("ids", f"must be run ids from the History table separated by commas, like 3,5; got {text!r}")
+    return [int(p) for p in parts]

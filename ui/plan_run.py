@@ -1,0 +1,337 @@
+"""The Migrate tab's handlers: Plan, Run, Autotune and Stop (and `cancel_job`, Stop by a job's id).
+
+Plan, Run and Autotune submit a job to the job service and stream what it does to the page. A stream's
+tuples follow the outputs of its event in `ui.migrate.wire_migrate`: the progress line first, the tab's
+job id (for Stop) last. A result output is sent `None` while the job works: hidden and empty after the
+first update (`cleared`), it stays so without Gradio rebuilding it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import time
+from typing import Any
+
+import gradio as gr
+
+from migration.codecheck import CodeCheck
+from migration.common import private_dir, write_csv
+from migration.config import forms
+from migration.config.limits import ConfigError
+from migration.config.requests import PlanRequest, RunConfig
+from migration.planning.planfile import MAX_PLAN_BYTES, checked_plan, read_plan
+from migration.results import Plan
+from migration.running.runner import PlanError
+from migration.service.autotune import AutotuneResult, AutotuneSettings
+from migration.service.history import HistoryError
+from migration.service.jobs import Job, LimitError, NotYourJob
+from migration.service.orchestrate import MigrationResult, RunOptions, candidate_text
+from ui.context import AppContext, refuse, user_of
+from ui.frames import (autotune_frame, before_after_frame, checklist_html, curve_frame, decisions_frame, loss_frame,
+                       memory_frame, plan_markdown, ranked_frame, results_frame, run_headline, scaling_frame)
+from ui.streaming import cleared, follow, waiting_line
+
+PLOT_EVERY_S = 1.0  # a plot that grows while a job works is redrawn at most this often
+PROGRESS_EVERY_S = 0.5  # a job's progress line is sent to its page at most this often
+
+
+class JobHandlers:
+    """Plan, Run, Autotune and Stop for the Migrate tab. The parameters of `do_plan` and `do_run` are named as
+    the form's inputs (`ui.migrate.form_inputs`); the API names its parameters after them. Every parameter of
+    `do_run` and `do_autotune` after the tab's states has a default only because a saved plan file may be left
+    out (a None default is how the API learns that); the other inputs default to their components' values."""
+
+    def __init__(self, context: AppContext):
+        self.context = context
+
+    async def do_plan(self, workload, preset, source, global_batch, per_core_batch, source_precision, target, gpus,
+                      memory_fraction, granularity, remat, precision, accumulation, n_layers, d_model, n_heads,
+                      n_kv_heads, d_ff, vocab_size, seq_len, embeddings, sharding, gpus_per_node, label,
+                      request: gr.Request):
+        form = (workload, preset, source, global_batch, per_core_batch, source_precision, target, gpus,
+                memory_fraction, granularity, remat, precision, accumulation, n_layers, d_model, n_heads, n_kv_heads,
+                d_ff, vocab_size, seq_len, embeddings, sharding, gpus_per_node)
+        service = self.context.service
+        try:
+            req = forms.plan_request(*form)
+            label = forms.label_text(label)
+            # Submitting writes the history: off the event loop, which serves every other page meanwhile.
+            job = await asyncio.to_thread(service.submit_plan, user_of(request), req, label=label)
+        except (ConfigError, LimitError, HistoryError) as exc:
+            raise refuse(exc)
+        yield (f"Planning (job #{job.id})…", *cleared(4), gr.skip(), job.id)
+        watch = PlanWatch()
+        async with contextlib.aclosing(follow(service, job)) as events:
+            async for ev in events:
+                update = watch.update(ev)
+                if update is not None:
+                    yield update
+        if job.state == "cancelled":
+            yield ("Planning stopped.", *[gr.skip()] * 5, None)
+            return
+        if job.result is None:
+            raise refuse(PlanError("failed", job.error or "the planner ended without a plan"))
+        p: Plan = job.result
+        yield ("", gr.update(value=plan_markdown(p), visible=True),
+               gr.update(value=memory_frame(p.table, p.budget_bytes), visible=True),
+               gr.update(value=ranked_frame(p), visible=True), gr.update(value=decisions_frame(p), visible=True),
+               p.to_dict(), None)
+
+    async def do_run(self, plan_dict, code_state, plan_file=None, steps=None, learning_rate=None, compare_tpu=None,
+                     profile=None, fp32_reference=None, pmap_before=None, scaling=None, workload=None, preset=None,
+                     source=None, global_batch=None, per_core_batch=None, source_precision=None, target=None,
+                     gpus=None, memory_fraction=None, granularity=None, remat=None, precision=None, accumulation=None,
+                     n_layers=None, d_model=None, n_heads=None, n_kv_heads=None, d_ff=None, vocab_size=None,
+                     seq_len=None, embeddings=None, sharding=None, gpus_per_node=None, label=None,
+                     save_checkpoint=None, restore_checkpoint=None, request: gr.Request | None = None):
+        form = (workload, preset, source, global_batch, per_core_batch, source_precision, target, gpus,
+                memory_fraction, granularity, remat, precision, accumulation, n_layers, d_model, n_heads, n_kv_heads,
+                d_ff, vocab_size, seq_len, embeddings, sharding, gpus_per_node)
+        user = user_of(request)
+        options = RunOptions(fp32_reference=bool(fp32_reference), tpu_style=bool(compare_tpu), profile=bool(profile),
+                             pmap_before=bool(pmap_before), scaling=bool(scaling))
+        try:
+            job = await self._submit_run(user, plan_dict, code_state, plan_file, form, options, steps, learning_rate,
+                                         label, save_checkpoint, restore_checkpoint)
+        except (ConfigError, PlanError, LimitError, HistoryError, ValueError) as exc:
+            raise refuse(exc)
+        watch = RunWatch(note=f"Run job #{job.id}: {self.context.service.budget_line(user)}.\n\n")
+        yield (f"Run job #{job.id} submitted…", *cleared(10), job.id)
+        async with contextlib.aclosing(follow(self.context.service, job)) as events:
+            async for ev in events:
+                update = watch.update(job, ev)
+                if update is not None:
+                    yield update
+        if job.state == "cancelled":
+            yield ("Run stopped; the partial run is in the history as cancelled.", *[gr.skip()] * 10, None)
+            return
+        yield run_results(job, watch.note)
+
+    async def _submit_run(self, user: str, plan_dict: Any, code_state: Any, plan_file: Any, form: tuple[Any, ...],
+                          options: RunOptions, steps: Any, learning_rate: Any, label: Any, save_checkpoint: Any,
+                          restore_checkpoint: Any) -> Job:
+        """The run job, its every input checked first (ConfigError and the like otherwise): of the saved plan
+        when one is given, else of the plan made in this tab for this form, else planned first in the job."""
+        limits = self.context.settings.limits
+        steps, learning_rate, label = forms.run_settings(steps, learning_rate, label, max_steps=limits.max_steps)
+        req = forms.plan_request(*form)
+        if plan_file:
+            source: Plan | PlanRequest = read_plan_file(plan_file)
+        elif plan_dict and same_job(plan_dict, req):
+            source = checked_plan(plan_dict)
+        else:
+            source = req  # planned first, in the job, and recorded
+        save_to, restore_from = forms.checkpoint_folders(
+            save_checkpoint, restore_checkpoint,
+            private_dir(self.context.checkpoint_root / forms.user_folder(user)))
+        base = RunConfig(memory_fraction=source.memory_fraction, steps=steps, learning_rate=learning_rate,
+                         warmup_steps=min(2, steps - 1), timeout_s=limits.max_run_s,
+                         save_checkpoint=save_to, restore_checkpoint=restore_from)
+        code = CodeCheck.from_dict(code_state) if code_state else None
+        return await asyncio.to_thread(self.context.service.submit_run, user, source, base, options, code=code,
+                                       label=label)
+
+    async def do_autotune(self, plan_dict, plan_file=None, top=None, timed_steps=None, label=None,
+                          request: gr.Request | None = None):
+        """Measure the plan's top ranked choices on this machine (the plan made in this tab, or a saved one)."""
+        user = user_of(request)
+        try:
+            job = await self._submit_autotune(user, plan_dict, plan_file, top, timed_steps, label)
+        except (ConfigError, PlanError, LimitError, HistoryError, ValueError) as exc:
+            raise refuse(exc)
+        yield (f"Autotune job #{job.id} submitted…", *cleared(2), job.id)
+        rows: list[dict[str, Any]] = []
+        table: Any = None  # None until the first candidate is measured, then left as drawn
+        async with contextlib.aclosing(follow(self.context.service, job)) as events:
+            async for ev in events:
+                kind = ev["event"]
+                if kind == "waiting":
+                    yield waiting_line(ev, "Your autotune"), table, None, gr.skip()
+                elif kind in ("status", "progress"):
+                    yield ev["message" if kind == "status" else "status"], table, None, gr.skip()
+                elif kind == "measured":
+                    rows.append(dataclasses.asdict(ev["row"]))
+                    yield (f"Measured {len(rows)} candidate(s)…", gr.update(value=autotune_frame(rows), visible=True),
+                           None, gr.skip())
+                    table = gr.skip()
+        if job.state == "cancelled":
+            yield "Autotune stopped; the candidates measured so far are in the history.", gr.skip(), gr.skip(), None
+            return
+        yield self._autotune_results(job, user)
+
+    async def _submit_autotune(self, user: str, plan_dict: Any, plan_file: Any, top: Any, timed_steps: Any,
+                               label: Any) -> Job:
+        limits = self.context.settings.limits
+        if plan_file:
+            p = read_plan_file(plan_file)
+        elif plan_dict:
+            p = checked_plan(plan_dict)
+        else:
+            raise ConfigError("plan", "autotune measures a plan's ranked choices: press Plan first, or give a "
+                                      "saved plan file (Advanced)")
+        top_n = forms.whole(top, "autotune_top", 1, 10)
+        timed = forms.whole(timed_steps, "autotune_steps", 1, max(1, limits.max_steps - 2))
+        label = forms.label_text(label)
+        base = RunConfig(memory_fraction=p.memory_fraction, timeout_s=limits.max_run_s)
+        return await asyncio.to_thread(self.context.service.submit_autotune, user, p,
+                                       AutotuneSettings(top=top_n, timed_steps=timed), base, label=label)
+
+    def _autotune_results(self, job: Job, user: str) -> tuple[Any, ...]:
+        """The last update of an autotune that ended: the verdict, the table and its CSV."""
+        result: AutotuneResult | None = job.result
+        if result is None or job.error:
+            raise gr.Error(f"Autotune did not finish: {job.error or 'unknown reason'}", print_exception=False)
+        path = self.context.export_path("autotune", user)
+        write_csv(result.table_rows(), path=path)
+        warnings = "".join(f"\n\n⚠️ {w}" for w in job.warnings)
+        return (f"**{result.measured_on}**\n\n{result.verdict}{warnings}",
+                gr.update(value=autotune_frame(result.table_rows()), visible=True),
+                gr.update(value=str(path), visible=True), None)
+
+    def do_stop(self, job_id, request: gr.Request):
+        if job_id is None:
+            return "Nothing of yours is running in this tab."
+        try:
+            job = self.context.service.cancel(int(job_id), user_of(request))
+        except (LookupError, NotYourJob) as exc:
+            raise refuse(exc)
+        return f"Stopping job #{job.id}…"
+
+    def do_cancel_job(self, job_id: str = "", request: gr.Request | None = None) -> str:
+        """Stop one of your jobs by its id (API: `cancel_job`)."""
+        try:
+            job = self.context.service.cancel(
+                forms.whole(job_id, "job_id", 1, 2**62, note=" (one job id from the History)"), user_of(request))
+        except (ConfigError, LookupError, NotYourJob) as exc:
+            raise refuse(exc)
+        return f"Stopping job #{job.id} ({job.summary})."
+
+
+@dataclasses.dataclass
+class PlanWatch:
+    """A plan job's events as /plan's updates: a line per compile, the memory plot redrawn at most every
+    PLOT_EVERY_S, a heartbeat line when it changes. `update` gives None for an event that changes nothing."""
+
+    rows: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    budget: int | None = None
+    drawn_at: float = 0.0
+    plot: Any = None  # the memory plot: None until drawn, then left as drawn between redraws
+    heartbeat: str = ""
+
+    def update(self, ev: dict[str, Any]) -> tuple[Any, ...] | None:
+        if ev["event"] == "waiting":
+            return (waiting_line(ev, "Your plan"), None, self.plot, None, None, gr.skip(), gr.skip())
+        if ev["event"] != "planning":
+            return None
+        wev = ev["worker_event"]
+        if wev["event"] == "plan_started":
+            self.budget = wev.get("budget_bytes")
+        if wev["event"] == "candidate":
+            self.rows.append(wev)
+            line = (f"{'Ruled out' if wev.get('lower_bound') else 'Compiled'} batch {wev['per_device_batch']}, "
+                    f"remat {wev['remat']}, ×{wev['accumulation_steps']}: {candidate_text(wev)} "
+                    f"({len(self.rows)} candidate(s) so far)")
+            now_plot = self.plot
+            if time.monotonic() - self.drawn_at >= PLOT_EVERY_S:  # the final plan draws every candidate
+                self.drawn_at = time.monotonic()
+                now_plot, self.plot = gr.update(value=memory_frame(self.rows, self.budget), visible=True), gr.skip()
+            return (line, None, now_plot, None, None, gr.skip(), gr.skip())
+        if wev["event"] == "heartbeat":
+            text = f"Planning… {wev['elapsed_s']:.0f} s, {len(self.rows)} compile(s) so far"
+            if text != self.heartbeat:  # heartbeats come twice a second; the line changes once
+                self.heartbeat = text
+                return (text, None, self.plot, None, None, gr.skip(), gr.skip())
+        return None
+
+
+@dataclasses.dataclass
+class RunWatch:
+    """A run job's events as /run's updates: its status lines, a progress line at most every
+    PROGRESS_EVERY_S, the loss plot redrawn at most every PLOT_EVERY_S from the losses received so far (only
+    the new ones are read each time). `update` gives None for an event that changes nothing."""
+
+    note: str  # the job's budget line, or the note the job sent; heads every progress line
+    curves: dict[str, list[Any]] = dataclasses.field(default_factory=dict)  # run -> the losses this page has
+    drawn_at: float = 0.0
+    sent_at: float = 0.0
+    plot: Any = None  # the live loss plot: None until drawn, then left as drawn between redraws
+    planning_said: bool = False
+
+    def line(self, text: str, loss_plot: Any = None) -> tuple[Any, ...]:
+        return (text, None, self.plot if loss_plot is None else loss_plot, *[None] * 8, gr.skip())
+
+    def update(self, job: Job, ev: dict[str, Any]) -> tuple[Any, ...] | None:
+        kind = ev["event"]
+        if kind == "waiting":
+            return self.line(waiting_line(ev, "Your run"))
+        if kind == "planning":
+            if not self.planning_said and ev["worker_event"]["event"] in ("candidate", "heartbeat"):
+                self.planning_said = True
+                return self.line("Planning first (no plan was made for this form)…")
+        elif kind == "status":
+            return self.line(ev["message"])
+        elif kind == "note":
+            self.note = ev["message"] + ".\n\n"
+        elif kind == "progress":
+            return self._progress(job, ev)
+        return None
+
+    def _progress(self, job: Job, ev: dict[str, Any]) -> tuple[Any, ...] | None:
+        for run in list(job.curves):  # the loss values not drawn yet: increments, never the whole curve again
+            self.curves.setdefault(run, []).extend(job.curve(run, len(self.curves.get(run, []))))
+        now = time.monotonic()
+        if now - self.sent_at < PROGRESS_EVERY_S:
+            return None
+        self.sent_at = now
+        redraw = None
+        if now - self.drawn_at >= PLOT_EVERY_S:
+            losses = curve_frame(self.curves)
+            if len(losses):  # an empty frame would fix the plot's colour scale with no series
+                self.drawn_at = now
+                redraw, self.plot = gr.update(value=losses, visible=True), gr.skip()
+        return self.line(self.note + ev["status"], redraw)
+
+
+def run_results(job: Job, note: str) -> tuple[Any, ...]:
+    """The last update of a run job that ended: the headline and every result output, shown where it has
+    something to show."""
+    result: MigrationResult | None = job.result
+    warnings = "".join(f"\n\n⚠️ {w}" for w in job.warnings)
+    if result is None:
+        raise gr.Error(f"The run could not start: {job.error or 'unknown reason'}{warnings}", print_exception=False)
+    budget = (result.local_plan or result.plan).budget_bytes
+    files = result.files
+    return (f"{note}{run_headline(result, budget)}{warnings}",
+            gr.update(value=results_frame(result.main, budget), visible=True),
+            gr.update(value=loss_frame(result.runs), visible=True),
+            gr.update(value=files["report_csv"], visible=True),
+            gr.update(value=checklist_html(result.checklist), visible=True),
+            gr.update(value=files["checklist_csv"], visible=True),
+            gr.update(value=files["deployment"], visible=True),
+            gr.update(value=files.get("trace"), visible=bool(files.get("trace"))),
+            gr.update(value=before_after_frame(result.scaling), visible=bool(result.scaling)),
+            gr.update(value=scaling_frame(result.scaling), visible=len({r["devices"] for r in result.scaling}) > 1),
+            gr.update(value=files.get("scaling_csv"), visible=bool(files.get("scaling_csv"))), None)
+
+
+def same_job(plan_dict: dict[str, Any], req: PlanRequest) -> bool:
+    """Whether the plan in this tab was made for the form as it is now."""
+    keys = ("workload", "preset", "source", "global_batch", "target", "gpus")
+    planned_model = {k: v for k, v in plan_dict.get("model", {}).items() if k != "attention" or k in req.model}
+    return (all(plan_dict.get("requested_global_batch" if k == "global_batch" else k, plan_dict.get(k))
+                == getattr(req, k) for k in keys)
+            and planned_model == req.model and req.sharding in (None, plan_dict.get("sharding")))
+
+
+def read_plan_file(path: Any) -> Plan:
+    """An uploaded plan, checked field by field with its environment rebuilt (`migration.planning.planfile`)."""
+    if not isinstance(path, str):
+        raise ConfigError("plan_file", "must be a plan file (JSON from `python -m migration plan --json`)")
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_PLAN_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError("plan_file", f"could not be read ({exc.strerror or type(exc).__name__}); upload it again")
+    return read_plan(data)
