@@ -23,7 +23,7 @@ from typing import Any
 from migration.config.limits import LIMITS
 from migration.running.worker import WORKER_CPUS_VARIABLE
 from migration.service.accounts import Authenticator
-from migration.service.jobs import Limits
+from migration.service.job import Limits
 from ui.guard import read_auth
 from ui.launch import Address, serve
 from ui.settings import EXPORTS_MARKER, Settings

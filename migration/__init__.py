@@ -1,6 +1,21 @@
-"""The migration backend: run configs, precision and remat policies, the training step, the
-isolated runner and its reports. Never imports gradio.
+"""The migration backend, one package per job, each over the ones below it (`.importlinter` holds the
+order; `lint-imports` checks it):
 
-This package's top level imports nothing heavy: a worker process must be able to set JAX's
-environment variables before JAX is first imported.
+- `cli`: the command line (`python -m migration`);
+- `service`: the shared box's jobs (queue, owners, limits), running a plan's runs, autotune, history,
+  accounts;
+- `cluster`: where runs execute: this machine or a Ray cluster;
+- `running`: worker processes, one measured run, checkpoints, profiles;
+- `grading`: the migration checklist and the scaling comparison, graded from evidence;
+- `planning`: the planner: memory prediction by compiling, the search, the TPU source, the
+  environment and launch scripts, plan files;
+- `step`: the train step every run and plan compiles, and its precision and remat policies;
+- `results`: the typed results (a run's report, a plan);
+- `config`: requests and their validation, the form's field table; `hardware`: the GPU and TPU
+  catalog;
+- `common`: small shared helpers; `codecheck`: the static check of a user's code (standard library
+  only).
+
+Never imports gradio or the UI (`ui/`). This package's top level imports nothing heavy: a worker
+process sets JAX's environment before JAX is first imported.
 """

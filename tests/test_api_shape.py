@@ -30,7 +30,8 @@ def test_the_form_parameters_keep_their_names_and_order(api):
     assert [p["parameter_name"] for p in api["/plan"]["parameters"]] == [*FORM, "label"]
     assert [p["parameter_name"] for p in api["/run"]["parameters"]] == [
         "plan_file", "steps", "learning_rate", "compare_tpu", "profile", "fp32_reference", "pmap_before", "scaling",
-        *FORM, "label", "save_checkpoint", "restore_checkpoint"]
+        *FORM, "label", "save_checkpoint", "restore_checkpoint", "seed"]  # a field added to the table goes last
+    assert [p["parameter_name"] for p in api["/autotune"]["parameters"]] == ["plan_file", "top", "timed_steps", "label"]
 
 
 def test_every_output_is_named_by_a_label(api):
@@ -49,3 +50,50 @@ def test_a_keyword_plan_call_names_only_what_it_changes(app_server):
     assert "Plan:" in markdown and "transformer/tiny" in markdown and "global batch 32" in markdown  # others: defaults
     assert any(row[2] == "budget" for row in memory["data"])
     assert ranked["data"][0][-1] == "✔"
+
+
+def test_every_field_of_the_table_is_a_component_of_the_page_and_a_parameter(app_server, api):
+    """The form is built from the field table: each field with a place on the page is a component with
+    its label, and a parameter of each endpoint that takes it, with the table's default (`seed`, the
+    last field added, included)."""
+    import httpx
+
+    from migration.config.fields import FIELDS
+
+    config = httpx.get(app_server.url + "config", headers=app_server.headers, timeout=30).json()
+    labels = {c.get("props", {}).get("label") for c in config["components"]}
+    assert [f.name for f in FIELDS if f.section and f.label not in labels] == []
+    for f in FIELDS:
+        for endpoint in f.endpoints:
+            params = {p["parameter_name"]: p for p in api[f"/{endpoint}"]["parameters"]}
+            assert params[f.name]["parameter_has_default"], (endpoint, f.name)
+            if f.name != "target":  # the page's own default: local where it has a GPU
+                assert params[f.name]["parameter_default"] == f.default, (endpoint, f.name)
+
+
+@pytest.mark.slow
+def test_the_seed_field_reaches_the_run(app_server):
+    """`seed`, one line of the field table, set by keyword through the API: the same seed gives the same
+    first loss (same initial parameters and data), another seed another."""
+    client = app_server.connect()
+
+    def first_loss(seed):
+        out = client.predict(workload="mlp", global_batch=16, steps=2, seed=seed, api_name="/run")
+        assert "Run finished" in value(out[0]), value(out[0])
+        return value(out[2])["data"][0][1]  # the loss plot's rows: step, loss, run
+
+    a, b, c = first_loss(1), first_loss(1), first_loss(2)
+    assert a == b and a != c
+
+
+def test_a_raw_call_may_leave_out_trailing_parameters(app_server):
+    """A positional HTTP call that leaves out the last parameters (a client written before a field was
+    added) gets their defaults; one that gives them all still works."""
+    from tests.test_security_and_input import call_http
+
+    event, out = call_http(app_server.url, "/history", ["mine"], headers=app_server.headers)
+    assert event == "complete" and out[0]["headers"][0] == "id", (event, out)
+    event, out = call_http(app_server.url, "/history", ["mine", "all", "all", "all"], headers=app_server.headers)
+    assert event == "complete", (event, out)
+    event, out = call_http(app_server.url, "/history", ["mine", "runs"], headers=app_server.headers)
+    assert event == "error" and "kind" in out, (event, out)

@@ -9,7 +9,8 @@ import time
 import pytest
 
 from migration.service.history import History
-from migration.service.jobs import BACKFILL_MAX, JobService, Limits, LimitError, RateLimiter
+from migration.service.job import Limits, LimitError, RateLimiter
+from migration.service.jobs import BACKFILL_MAX, JobService
 from migration.running.runner import LocalExecutor
 from tests.server import wait_until
 

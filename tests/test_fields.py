@@ -78,7 +78,7 @@ def test_the_endpoints_take_their_fields_in_table_order_with_the_new_ones_last()
     run = [f.name for f in fields_of("run")]
     assert run[:7] == ["steps", "learning_rate", "compare_tpu", "profile", "fp32_reference", "pmap_before", "scaling"]
     assert run[-4:] == ["label", "save_checkpoint", "restore_checkpoint", "seed"]
-    assert [f.name for f in fields_of("autotune")] == ["autotune_top", "autotune_steps", "label"]
+    assert [f.name for f in fields_of("autotune")] == ["top", "timed_steps", "label"]
 
 
 def test_the_plan_request_signature_is_the_table():
@@ -101,7 +101,7 @@ def test_run_values_put_each_field_where_it_belongs():
 
 
 def test_the_autotune_fields_keep_the_autotuners_limit():
-    assert dict((f.name, f.bounds()[1]) for f in flags_of("autotune"))["autotune_top"] == TOP_MAX
+    assert dict((f.name, f.bounds()[1]) for f in flags_of("autotune"))["top"] == TOP_MAX
 
 
 def test_the_command_line_refuses_a_bad_field_value_with_the_forms_message(capsys):

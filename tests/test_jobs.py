@@ -7,7 +7,8 @@ import pytest
 from migration.config.limits import ConfigError
 from migration.config.requests import PlanRequest, RunConfig
 from migration.service.history import History
-from migration.service.jobs import JobService, Limits, LimitError, NotYourJob
+from migration.service.job import Limits, LimitError, NotYourJob
+from migration.service.jobs import JobService
 from migration.running.runner import plan as make_plan
 from tests.server import job_is_stepping, wait_until
 

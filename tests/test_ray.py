@@ -21,7 +21,8 @@ pytest.importorskip("ray")
 
 from migration.config.requests import PlanRequest, RunConfig  # noqa: E402
 from migration.service.history import History  # noqa: E402
-from migration.service.jobs import JobService, Limits, LimitError  # noqa: E402
+from migration.service.job import Limits, LimitError  # noqa: E402
+from migration.service.jobs import JobService  # noqa: E402
 from migration.service.orchestrate import RunOptions  # noqa: E402
 from migration.cluster.executors import make_executor  # noqa: E402
 from migration.running.runner import ExecutorError, plan as make_plan  # noqa: E402

@@ -11,7 +11,7 @@ from typing import Any
 import gradio as gr
 
 from migration.codecheck import MAX_FILES, CodeCheck, CodeCheckError, check_pasted, read_upload
-from migration.service.jobs import LimitError
+from migration.service.job import LimitError
 from ui.context import AppContext, user_of
 from ui.frames import findings_frame
 from ui.streaming import finished

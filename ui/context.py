@@ -19,7 +19,8 @@ from migration.config.limits import ConfigError
 from migration.running.runner import PlanError
 from migration.running.worker_env import nvidia_gpus
 from migration.service.history import History
-from migration.service.jobs import JobService, RateLimiter, user_exports
+from migration.service.job import RateLimiter, user_exports
+from migration.service.jobs import JobService
 from ui.settings import EXPORTS_MARKER, Settings
 
 

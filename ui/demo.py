@@ -3,6 +3,8 @@ one order (the API's endpoints keep their order), over one `AppContext`."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import gradio as gr
 
 from ui.code_check import code_check_tab, wire_code_check
@@ -14,13 +16,29 @@ from ui.plan_run import JobHandlers
 from ui.settings import Settings, host_banner
 
 
+class Blocks(gr.Blocks):
+    """`gr.Blocks` whose API calls may leave out trailing parameters: each takes its component's starting
+    value, the default the API advertises. A field added at the end of the field table
+    (`migration.config.fields`) then leaves the positional calls of older API clients working.
+
+    A call with fewer values than the event's API inputs reaches here without its states (Gradio places
+    them only for a call that gives every API input): the values are completed, then the states placed."""
+
+    def validate_inputs(self, block_fn: Any, inputs: list[Any]) -> None:
+        api_inputs = [block for block in block_fn.inputs if not block.skip_api]
+        if len(inputs) < len(api_inputs):
+            values = iter([*inputs, *(getattr(block, "value", None) for block in api_inputs[len(inputs):])])
+            inputs[:] = [None if block.skip_api else next(values) for block in block_fn.inputs]
+        super().validate_inputs(block_fn, inputs)
+
+
 def build_demo(settings: Settings | None = None) -> gr.Blocks:
     """The app's Blocks, with its job service as `demo.service` (for start-up and shutdown). ExecutorError
     when the settings name a Ray cluster that cannot be reached."""
     settings = settings or Settings()
     context = AppContext.create(settings)
     service = context.service
-    with gr.Blocks(title="TPU → GPU migration explorer", delete_cache=(3600, int(settings.export_max_age_s))) as demo:
+    with Blocks(title="TPU → GPU migration explorer", delete_cache=(3600, int(settings.export_max_age_s))) as demo:
         gr.Markdown("# TPU → GPU migration explorer")
         gr.Markdown(host_banner(settings) + (f"\n\n**Ray cluster:** {service.executor.describe()}; the others wait in "
                                              "the queue and see their position." if service.executor.remote else "")

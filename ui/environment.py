@@ -8,7 +8,7 @@ import dataclasses
 import gradio as gr
 
 from migration.common import first_line
-from migration.service.jobs import LimitError
+from migration.service.job import LimitError
 from ui.context import AppContext, refuse, user_of
 from ui.frames import gib
 from ui.streaming import finished

@@ -14,7 +14,7 @@ import gradio as gr
 from migration.config import forms
 from migration.config.limits import ConfigError
 from migration.service.history import EXPORT_MAX_ROWS, HistoryError
-from migration.service.jobs import LimitError
+from migration.service.job import LimitError
 from ui.context import AppContext, refuse, user_of
 from ui.frames import HISTORY_COLUMNS, compare_frames, history_frame
 from workloads import WORKLOADS

@@ -1,8 +1,8 @@
 """The Migrate tab: the form, its buttons, the outputs of a plan, a run and an autotune, and their events.
 
-`form_inputs` builds every input of the form and returns them by name, in the order of the API's inputs:
-first those of /plan, then the rest of /run's, then those only /autotune reads. The names are the
-parameters of the handlers (`ui.plan_run`) and the fields of `migration.config.fields`.
+`form_inputs` builds every input of the form from the field table (`migration.config.fields`, through
+`ui.form`) and returns them by name, in the order of the API's inputs: first those of /plan, then the
+rest of /run's, then those only /autotune reads.
 """
 
 from __future__ import annotations
@@ -13,20 +13,14 @@ from typing import Any
 import gradio as gr
 from gradio.components import Component
 
-from migration.config.fields import EMBEDDINGS
-from migration.config.limits import PRECISIONS, REMAT_NAMES, SHARDINGS
-from migration.hardware import GPU_SPECS, TPU_SPECS
+from migration.config.fields import FIELDS
+from ui.form import PLAN_FILE, component, endpoint_inputs, form_rows
 from ui.plan_run import JobHandlers
 from workloads import WORKLOADS
 
-# The plan request's fields, in the order of /plan's inputs and of the form part of /run's.
-FORM_FIELDS = ("workload", "preset", "source", "global_batch", "per_core_batch", "source_precision", "target", "gpus",
-               "memory_fraction", "granularity", "remat", "precision", "accumulation", "n_layers", "d_model", "n_heads",
-               "n_kv_heads", "d_ff", "vocab_size", "seq_len", "embeddings", "sharding", "gpus_per_node")
-PLAN_INPUTS = (*FORM_FIELDS, "label")
-RUN_INPUTS = ("plan_file", "steps", "learning_rate", "compare_tpu", "profile", "fp32_reference", "pmap_before",
-              "scaling", *FORM_FIELDS, "label", "save_checkpoint", "restore_checkpoint")  # after the two states
-AUTOTUNE_INPUTS = ("plan_file", "autotune_top", "autotune_steps", "label")  # after the plan state
+PLAN_INPUTS = endpoint_inputs("plan")
+RUN_INPUTS = endpoint_inputs("run", leading=(PLAN_FILE,))  # after the two states
+AUTOTUNE_INPUTS = endpoint_inputs("autotune", leading=(PLAN_FILE,))  # after the plan state
 INPUT_ORDER = tuple(dict.fromkeys((*PLAN_INPUTS, *RUN_INPUTS, *AUTOTUNE_INPUTS)))
 
 
@@ -49,88 +43,16 @@ def migrate_tab(default_target: str) -> MigrateTab:
 
 
 def form_inputs(default_target: str) -> tuple[dict[str, Component], dict[str, gr.Button]]:
-    """The form's inputs by name in `INPUT_ORDER`, and the buttons that share the label's row."""
-    built = _job_rows(default_target)
-    with gr.Accordion("Your model's dimensions, sharding and nodes (0: the preset's)", open=False):
-        built |= _model_rows()
-    with gr.Accordion("Advanced", open=False):
-        built |= _advanced_rows()
+    """The form's inputs by name in `INPUT_ORDER` (built from the field table, `ui.form`), and the buttons
+    that share the label's row."""
+    built = form_rows({"target": default_target})
     with gr.Row():
-        built["label"] = gr.Textbox("", label="Label (shown in the History)", max_lines=1, scale=2)
+        built |= {f.name: component(f, {}) for f in FIELDS if f.section == "job"}
         buttons = {"plan": gr.Button("Plan", variant="primary"),
                    "run": gr.Button("Run on this machine", variant="secondary"),
                    "autotune": gr.Button("Autotune on this machine", variant="secondary"),
                    "stop": gr.Button("Stop", variant="stop")}
     return {name: built[name] for name in INPUT_ORDER}, buttons
-
-
-def _job_rows(default_target: str) -> dict[str, Component]:
-    """The TPU job and the GPUs it moves to."""
-    with gr.Row():
-        c = {"workload": gr.Dropdown(list(WORKLOADS), value="transformer", label="Workload", allow_custom_value=True),
-             "preset": gr.Dropdown(list(WORKLOADS["transformer"].presets), value="tiny", label="Preset",
-                                   allow_custom_value=True),
-             "source": gr.Dropdown(list(TPU_SPECS), value="tpu-v5e-8", label="TPU source", allow_custom_value=True),
-             "source_precision": gr.Dropdown(["bf16", "fp32"], value="bf16", label="TPU precision",
-                                             allow_custom_value=True)}
-    with gr.Row():
-        c |= {"global_batch": gr.Number(256, label="Global batch"),
-              "per_core_batch": gr.Number(0, label="Per-core batch (0: global / cores)"),
-              "target": gr.Dropdown(["local", *GPU_SPECS], value=default_target, label="Target GPU",
-                                    allow_custom_value=True),
-              "gpus": gr.Number(1, label="GPUs"),
-              "memory_fraction": gr.Number(0.8, label="GPU memory share (0.05 to 1)", step=0.05),
-              "steps": gr.Number(20, label="Steps")}
-    return c
-
-
-def _model_rows() -> dict[str, Component]:
-    """The model's dimensions (0: the preset's), the state's sharding and the GPUs per node."""
-    with gr.Row():
-        c = {"n_layers": gr.Number(0, label="Layers"),
-             "d_model": gr.Number(0, label="d_model"),
-             "n_heads": gr.Number(0, label="Heads"),
-             "n_kv_heads": gr.Number(0, label="KV heads (grouped-query when fewer)"),
-             "d_ff": gr.Number(0, label="d_ff (MLP hidden)")}
-    with gr.Row():
-        c |= {"vocab_size": gr.Number(0, label="Vocabulary"),
-              "seq_len": gr.Number(0, label="Sequence length"),
-              "embeddings": gr.Dropdown(list(EMBEDDINGS), value="preset", label="Embeddings",
-                                        allow_custom_value=True),
-              "sharding": gr.Dropdown(["auto", *SHARDINGS], value="auto",
-                                      label="State (auto: replicated while it fits, else FSDP)",
-                                      allow_custom_value=True),
-              "gpus_per_node": gr.Number(8, label="GPUs per node (GPUs above it: several nodes)")}
-    return c
-
-
-def _advanced_rows() -> dict[str, Component]:
-    """The planner's choices made by hand, what a run measures besides, a saved plan, checkpoints, autotune."""
-    with gr.Row():
-        c = {"remat": gr.Dropdown(["auto", *REMAT_NAMES], value="auto", label="Remat policy", allow_custom_value=True),
-             "precision": gr.Dropdown(["auto", *PRECISIONS], value="auto", label="Precision", allow_custom_value=True),
-             "accumulation": gr.Number(0, label="Accumulation steps (0: auto)"),
-             "granularity": gr.Dropdown(["multiple8", "pow2"], value="multiple8", label="Batch sizes",
-                                        allow_custom_value=True),
-             "learning_rate": gr.Number(3e-3, label="Learning rate")}
-    with gr.Row():
-        c |= {"compare_tpu": gr.Checkbox(False, label="Also run the TPU-style setup here (loss comparison)"),
-              "profile": gr.Checkbox(False, label="Capture a profile (3 extra steps under jax.profiler.trace)"),
-              "fp32_reference": gr.Checkbox(False, label="Also run an fp32 reference (numerics check)"),
-              "pmap_before": gr.Checkbox(False, label="Also run the TPU-era pmap step (before vs after: same loss, "
-                                                      "throughput of each)"),
-              "scaling": gr.Checkbox(False, label="Also measure scaling: both steps at 1, 2, 4, 8 devices"),
-              "plan_file": gr.File(label="…or run a saved plan (JSON from `python -m migration plan --json`)",
-                                   file_types=[".json"], type="filepath")}
-    with gr.Row():
-        c |= {"save_checkpoint": gr.Textbox("", label="Save a checkpoint after the run (folder)", max_lines=1,
-                                            placeholder="a name, like run-1"),
-              "restore_checkpoint": gr.Textbox("", label="Start from a checkpoint (folder)", max_lines=1,
-                                               placeholder="the name it was saved under")}
-    with gr.Row():
-        c |= {"autotune_top": gr.Number(3, label="Autotune: ranked choices to measure (1 to 10)"),
-              "autotune_steps": gr.Number(5, label="Autotune: timed steps each (after 2 warm-up steps)")}
-    return c
 
 
 def result_outputs() -> dict[str, Component]:

@@ -26,9 +26,11 @@ from migration.results import Plan
 from migration.running.runner import PlanError
 from migration.service.autotune import AutotuneResult, AutotuneSettings
 from migration.service.history import HistoryError
-from migration.service.jobs import Job, LimitError, NotYourJob
+from migration.service.job import Job, LimitError, NotYourJob
 from migration.service.orchestrate import MigrationResult, RunOptions, candidate_text
+from migration.config.fields import FIELD
 from ui.context import AppContext, refuse, user_of
+from ui.form import PLAN_FILE, takes_fields
 from ui.frames import (autotune_frame, before_after_frame, checklist_html, curve_frame, decisions_frame, loss_frame,
                        memory_frame, plan_markdown, ranked_frame, results_frame, run_headline, scaling_frame)
 from ui.streaming import cleared, follow, waiting_line
@@ -38,25 +40,19 @@ PROGRESS_EVERY_S = 0.5  # a job's progress line is sent to its page at most this
 
 
 class JobHandlers:
-    """Plan, Run, Autotune and Stop for the Migrate tab. The parameters of `do_plan` and `do_run` are named as
-    the form's inputs (`ui.migrate.form_inputs`); the API names its parameters after them. Every parameter of
-    `do_run` and `do_autotune` after the tab's states has a default only because a saved plan file may be left
-    out (a None default is how the API learns that); the other inputs default to their components' values."""
+    """Plan, Run, Autotune and Stop for the Migrate tab. Plan, Run and Autotune take the form's fields
+    (`ui.form.takes_fields`: the API names its parameters after them, with the field table's defaults) as one
+    dict, after the tab's states and a saved plan file."""
 
     def __init__(self, context: AppContext):
         self.context = context
 
-    async def do_plan(self, workload, preset, source, global_batch, per_core_batch, source_precision, target, gpus,
-                      memory_fraction, granularity, remat, precision, accumulation, n_layers, d_model, n_heads,
-                      n_kv_heads, d_ff, vocab_size, seq_len, embeddings, sharding, gpus_per_node, label,
-                      request: gr.Request):
-        form = (workload, preset, source, global_batch, per_core_batch, source_precision, target, gpus,
-                memory_fraction, granularity, remat, precision, accumulation, n_layers, d_model, n_heads, n_kv_heads,
-                d_ff, vocab_size, seq_len, embeddings, sharding, gpus_per_node)
+    @takes_fields("plan")
+    async def do_plan(self, values: dict[str, Any], request: gr.Request):
         service = self.context.service
         try:
-            req = forms.plan_request(*form)
-            label = forms.label_text(label)
+            req = forms.plan_request(**forms.of_fills(values, "plan"))
+            label = forms.parse(FIELD["label"], values["label"])
             # Submitting writes the history: off the event loop, which serves every other page meanwhile.
             job = await asyncio.to_thread(service.submit_plan, user_of(request), req, label=label)
         except (ConfigError, LimitError, HistoryError) as exc:
@@ -79,22 +75,12 @@ class JobHandlers:
                gr.update(value=ranked_frame(p), visible=True), gr.update(value=decisions_frame(p), visible=True),
                p.to_dict(), None)
 
-    async def do_run(self, plan_dict, code_state, plan_file=None, steps=None, learning_rate=None, compare_tpu=None,
-                     profile=None, fp32_reference=None, pmap_before=None, scaling=None, workload=None, preset=None,
-                     source=None, global_batch=None, per_core_batch=None, source_precision=None, target=None,
-                     gpus=None, memory_fraction=None, granularity=None, remat=None, precision=None, accumulation=None,
-                     n_layers=None, d_model=None, n_heads=None, n_kv_heads=None, d_ff=None, vocab_size=None,
-                     seq_len=None, embeddings=None, sharding=None, gpus_per_node=None, label=None,
-                     save_checkpoint=None, restore_checkpoint=None, request: gr.Request | None = None):
-        form = (workload, preset, source, global_batch, per_core_batch, source_precision, target, gpus,
-                memory_fraction, granularity, remat, precision, accumulation, n_layers, d_model, n_heads, n_kv_heads,
-                d_ff, vocab_size, seq_len, embeddings, sharding, gpus_per_node)
+    @takes_fields("run", leading=("plan_dict", "code_state", PLAN_FILE))
+    async def do_run(self, plan_dict: Any, code_state: Any, plan_file: Any, values: dict[str, Any],
+                     request: gr.Request | None):
         user = user_of(request)
-        options = RunOptions(fp32_reference=bool(fp32_reference), tpu_style=bool(compare_tpu), profile=bool(profile),
-                             pmap_before=bool(pmap_before), scaling=bool(scaling))
         try:
-            job = await self._submit_run(user, plan_dict, code_state, plan_file, form, options, steps, learning_rate,
-                                         label, save_checkpoint, restore_checkpoint)
+            job = await self._submit_run(user, plan_dict, code_state, plan_file, values)
         except (ConfigError, PlanError, LimitError, HistoryError, ValueError) as exc:
             raise refuse(exc)
         watch = RunWatch(note=f"Run job #{job.id}: {self.context.service.budget_line(user)}.\n\n")
@@ -109,14 +95,14 @@ class JobHandlers:
             return
         yield run_results(job, watch.note)
 
-    async def _submit_run(self, user: str, plan_dict: Any, code_state: Any, plan_file: Any, form: tuple[Any, ...],
-                          options: RunOptions, steps: Any, learning_rate: Any, label: Any, save_checkpoint: Any,
-                          restore_checkpoint: Any) -> Job:
+    async def _submit_run(self, user: str, plan_dict: Any, code_state: Any, plan_file: Any,
+                          values: dict[str, Any]) -> Job:
         """The run job, its every input checked first (ConfigError and the like otherwise): of the saved plan
         when one is given, else of the plan made in this tab for this form, else planned first in the job."""
         limits = self.context.settings.limits
-        steps, learning_rate, label = forms.run_settings(steps, learning_rate, label, max_steps=limits.max_steps)
-        req = forms.plan_request(*form)
+        config, options = forms.run_values(**forms.of_fills(values, "run", "options"), max_steps=limits.max_steps)
+        label = forms.parse(FIELD["label"], values["label"])
+        req = forms.plan_request(**forms.of_fills(values, "plan"))
         if plan_file:
             source: Plan | PlanRequest = read_plan_file(plan_file)
         elif plan_dict and same_job(plan_dict, req):
@@ -124,21 +110,20 @@ class JobHandlers:
         else:
             source = req  # planned first, in the job, and recorded
         save_to, restore_from = forms.checkpoint_folders(
-            save_checkpoint, restore_checkpoint,
+            values["save_checkpoint"], values["restore_checkpoint"],
             private_dir(self.context.checkpoint_root / forms.user_folder(user)))
-        base = RunConfig(memory_fraction=source.memory_fraction, steps=steps, learning_rate=learning_rate,
-                         warmup_steps=min(2, steps - 1), timeout_s=limits.max_run_s,
-                         save_checkpoint=save_to, restore_checkpoint=restore_from)
+        base = RunConfig(**config, memory_fraction=source.memory_fraction, warmup_steps=min(2, config["steps"] - 1),
+                         timeout_s=limits.max_run_s, save_checkpoint=save_to, restore_checkpoint=restore_from)
         code = CodeCheck.from_dict(code_state) if code_state else None
-        return await asyncio.to_thread(self.context.service.submit_run, user, source, base, options, code=code,
-                                       label=label)
+        return await asyncio.to_thread(self.context.service.submit_run, user, source, base, RunOptions(**options),
+                                       code=code, label=label)
 
-    async def do_autotune(self, plan_dict, plan_file=None, top=None, timed_steps=None, label=None,
-                          request: gr.Request | None = None):
+    @takes_fields("autotune", leading=("plan_dict", PLAN_FILE))
+    async def do_autotune(self, plan_dict: Any, plan_file: Any, values: dict[str, Any], request: gr.Request | None):
         """Measure the plan's top ranked choices on this machine (the plan made in this tab, or a saved one)."""
         user = user_of(request)
         try:
-            job = await self._submit_autotune(user, plan_dict, plan_file, top, timed_steps, label)
+            job = await self._submit_autotune(user, plan_dict, plan_file, values)
         except (ConfigError, PlanError, LimitError, HistoryError, ValueError) as exc:
             raise refuse(exc)
         yield (f"Autotune job #{job.id} submitted…", *cleared(2), job.id)
@@ -161,8 +146,7 @@ class JobHandlers:
             return
         yield self._autotune_results(job, user)
 
-    async def _submit_autotune(self, user: str, plan_dict: Any, plan_file: Any, top: Any, timed_steps: Any,
-                               label: Any) -> Job:
+    async def _submit_autotune(self, user: str, plan_dict: Any, plan_file: Any, values: dict[str, Any]) -> Job:
         limits = self.context.settings.limits
         if plan_file:
             p = read_plan_file(plan_file)
@@ -171,12 +155,11 @@ class JobHandlers:
         else:
             raise ConfigError("plan", "autotune measures a plan's ranked choices: press Plan first, or give a "
                                       "saved plan file (Advanced)")
-        top_n = forms.whole(top, "autotune_top", 1, 10)
-        timed = forms.whole(timed_steps, "autotune_steps", 1, max(1, limits.max_steps - 2))
-        label = forms.label_text(label)
+        settings = forms.autotune_values(**forms.of_fills(values, "autotune"), max_steps=limits.max_steps)
+        label = forms.parse(FIELD["label"], values["label"])
         base = RunConfig(memory_fraction=p.memory_fraction, timeout_s=limits.max_run_s)
-        return await asyncio.to_thread(self.context.service.submit_autotune, user, p,
-                                       AutotuneSettings(top=top_n, timed_steps=timed), base, label=label)
+        return await asyncio.to_thread(self.context.service.submit_autotune, user, p, AutotuneSettings(**settings),
+                                       base, label=label)
 
     def _autotune_results(self, job: Job, user: str) -> tuple[Any, ...]:
         """The last update of an autotune that ended: the verdict, the table and its CSV."""

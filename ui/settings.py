@@ -6,7 +6,7 @@ import dataclasses
 
 from migration.common import GiB
 from migration.running.worker_env import nvidia_gpus
-from migration.service.jobs import Limits
+from migration.service.job import Limits
 
 EXPORTS_MARKER = ".tpu-gpu-migration-exports"  # marks a folder as this app's exports (old files get deleted)
 

@@ -10,7 +10,8 @@ from typing import Any
 
 import gradio as gr
 
-from migration.service.jobs import Job, JobService
+from migration.service.job import Job
+from migration.service.jobs import JobService
 
 POLL_S = 0.25  # how often a watcher looks for a job's new events
 WAITING_REFRESH_S = 30.0  # a queued job's line is re-sent this often when its position has not changed

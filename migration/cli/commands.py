@@ -33,6 +33,7 @@ from migration.config.limits import ConfigError
 from migration.config.requests import PlanRequest, RunConfig
 from migration.grading.checklist import to_csv
 from migration.planning.planfile import read_plan
+from migration.results import Plan
 from migration.running.runner import PlanError, probe_environment, start_plan, start_run
 from migration.service.accounts import AccountsError, add_user
 from migration.service.autotune import AutotuneRefused, AutotuneSettings, start_autotune
@@ -79,13 +80,20 @@ def cmd_run(args: argparse.Namespace) -> int:
     return report_failure(report)
 
 
+def plan_flag(path: str) -> Plan | None:
+    """The plan file --plan names, checked; None (saying why) when it is not a readable plan."""
+    try:
+        return read_plan(Path(path).read_bytes(), where="--plan")
+    except (OSError, ValueError) as exc:
+        print(f"error: --plan {path}: not a readable plan ({exc})", file=sys.stderr)
+        return None
+
+
 def cmd_run_plan(args: argparse.Namespace, given: dict[str, Any], options: RunOptions) -> int:
     """`run --plan`: the same runs, history, exports and checklist as the app's Run button. Run
     settings come from the flags; the memory share defaults to the plan's."""
-    try:
-        saved = read_plan(Path(args.plan).read_bytes(), where="--plan")
-    except (OSError, ValueError) as exc:
-        print(f"error: --plan {args.plan}: not a readable plan ({exc})", file=sys.stderr)
+    saved = plan_flag(args.plan)
+    if saved is None:
         return 2
     try:
         code = check_paths(args.code) if args.code else None
@@ -230,10 +238,8 @@ AUTOTUNE_FLAGS = {"warmup_steps": "--warmup", "timeout_s": "--timeout", "memory_
 
 def cmd_autotune(args: argparse.Namespace) -> int:
     """`autotune`: measure a plan's top ranked choices here and pick the fastest measured."""
-    try:
-        saved = read_plan(Path(args.plan).read_bytes(), where="--plan")
-    except (OSError, ValueError) as exc:
-        print(f"error: --plan {args.plan}: not a readable plan ({exc})", file=sys.stderr)
+    saved = plan_flag(args.plan)
+    if saved is None:
         return 2
     try:
         chosen = {FIELD[name].target: forms.parse(FIELD[name], value)

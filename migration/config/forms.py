@@ -21,7 +21,7 @@ from typing import Any
 
 from migration.common import shown
 from migration.config.fields import AUTO, DIMENSIONS, FIELD, FIELDS, LABEL_MAX_CHARS, Field
-from migration.config.limits import LIMITS, ConfigError
+from migration.config.limits import ConfigError
 from migration.config.requests import CHECKPOINT_META_FILE, PlanRequest, validate_plan_request
 
 _WHOLE_TEXT = re.compile(r"[+-]?[0-9]+", re.ASCII)
@@ -251,15 +251,38 @@ def run_values(*values: Any, max_steps: int | None = None, **named: Any) -> tupl
     config: dict[str, Any] = {}
     options: dict[str, Any] = {}
     for f in RUN_FIELDS:
-        if f.name == "steps" and max_steps is not None and max_steps < LIMITS["steps"][1]:
-            value = parse(f, raw[f.name], hi=max_steps, note=" (this server's per-user limit)")
-        else:
-            value = parse(f, raw[f.name])
-        (config if f.fills == "run" else options)[f.target] = value
+        (config if f.fills == "run" else options)[f.target] = parse_steps(f, raw[f.name], max_steps)
     return config, options
 
 
+AUTOTUNE_FIELDS = tuple(f for f in FIELDS if f.fills == "autotune")
+
+
+def autotune_values(*values: Any, max_steps: int | None = None, **named: Any) -> dict[str, Any]:
+    """The autotune settings' fields from their raw values (as `run_values`)."""
+    raw = raw_values(AUTOTUNE_FIELDS, values, named)
+    return {f.target: parse_steps(f, raw[f.name], max_steps) for f in AUTOTUNE_FIELDS}
+
+
+# Fields counting steps -> the untimed steps a run adds to them, within a server's per-user limit.
+STEP_FIELDS = {"steps": 0, "timed_steps": 2}
+
+
+def parse_steps(f: Field, value: Any, max_steps: int | None) -> Any:
+    """`parse`, with a step count held within `max_steps` (a server's per-user limit) when it is lower."""
+    extra = STEP_FIELDS.get(f.name)
+    if extra is None or max_steps is None or max_steps - extra >= f.bounds()[1]:
+        return parse(f, value)
+    return parse(f, value, hi=max(1, max_steps - extra), note=" (this server's per-user limit)")
+
+
+def of_fills(values: dict[str, Any], *fills: str) -> dict[str, Any]:
+    """The values of the fields that fill `fills` ("plan", "run", ...), from a form's values by name."""
+    return {name: value for name, value in values.items() if FIELD[name].fills in fills}
+
+
 run_values.__signature__ = signature(RUN_FIELDS, max_steps=None)  # type: ignore[attr-defined]
+autotune_values.__signature__ = signature(AUTOTUNE_FIELDS, max_steps=None)  # type: ignore[attr-defined]
 
 
 def run_settings(steps: Any, learning_rate: Any, label: Any, max_steps: int | None = None) -> tuple[int, float, str]:
