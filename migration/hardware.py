@@ -30,7 +30,27 @@ MATMUL_UNITS: dict[str, str] = {
     "tf32": "TF32 tensor cores (XLA's default for fp32 products on compute capability 8.0+)",
     "bf16": "bf16 tensor cores",
     "fp16": "fp16 tensor cores",
+    "tf32x3": "three TF32 tensor-core passes per fp32 product (TF32_TF32_F32_X3)",
+    "bf16x3": "three bf16 tensor-core passes per fp32 product (BF16_BF16_F32_X3)",
+    "bf16x6": "six bf16 tensor-core passes per fp32 product (BF16_BF16_F32_X6)",
+    "bf16x9": "nine bf16 tensor-core passes per fp32 product (BF16_BF16_F32_X9)",
 }
+# Units that run each product as several passes of another: (that unit, passes). Their peak for the
+# model's FLOPs is the other unit's over the passes.
+MULTI_PASS: dict[str, tuple[str, int]] = {"tf32x3": ("tf32", 3), "bf16x3": ("bf16", 3), "bf16x6": ("bf16", 6),
+                                          "bf16x9": ("bf16", 9)}
+# jax_default_matmul_precision -> the unit fp32 products run in on a GPU with tensor cores for it (the
+# names not listed, and None, are XLA's default: TF32 from compute capability 8.0). The algorithm
+# names are JAX's DotAlgorithmPreset values.
+FP32_MATMUL_SETTINGS: dict[str, str] = {
+    "highest": "fp32", "float32": "fp32", "F32_F32_F32": "fp32", "F64_F64_F64": "fp32",
+    "TF32_TF32_F32": "tf32", "TF32_TF32_F32_X3": "tf32x3", "F16_F16_F32": "fp16",
+    "BF16_BF16_F32": "bf16", "BF16_BF16_F32_X3": "bf16x3", "BF16_BF16_F32_X6": "bf16x6",
+    "BF16_BF16_F32_X9": "bf16x9",
+}
+# The compute capability each unit's tensor cores need (fp32 runs anywhere, on CUDA cores).
+UNIT_MIN_CC = {"fp16": (7, 0), "tf32": (8, 0), "tf32x3": (8, 0), "bf16": (8, 0), "bf16x3": (8, 0),
+               "bf16x6": (8, 0), "bf16x9": (8, 0)}
 
 XLA_SPECS = "openxla/xla xla/backends/gpu/target_config/specs/"
 
@@ -55,8 +75,9 @@ class GpuSpec:
 
     def peak_flops(self, unit: str) -> float | None:
         """Dense peak FLOP/s of one device for a matmul unit (None: the unit does not exist here)."""
-        value = self.peak_tflops.get(unit)
-        return None if value is None else value * TFLOPS
+        base, passes = MULTI_PASS.get(unit, (unit, 1))
+        value = self.peak_tflops.get(base)
+        return None if value is None else value * TFLOPS / passes
 
 
 def _spec(key, name, kinds, cc, sms, memory, bandwidth, l2, clock, peaks, source) -> GpuSpec:
@@ -172,15 +193,18 @@ def compute_capability(device: object) -> tuple[int, int] | None:
 
 
 def fp32_matmul_precision(platform: str, compute_capability: tuple[int, int] | None, setting: str | None) -> str:
-    """What fp32 matrix products run as: "fp32" or "tf32".
+    """What fp32 matrix products run as: a MATMUL_UNITS key.
 
     `setting` is jax_default_matmul_precision. On NVIDIA GPUs XLA runs fp32 products as TF32 on
     compute capability 8.0+ unless the precision is "highest" ("float32"); "high" and "default"
-    ("tensorfloat32", "bfloat16", "fastest" and None) all allow TF32 there. CPUs compute fp32.
+    ("tensorfloat32", "bfloat16", "fastest" and None) all allow TF32 there. An algorithm name
+    (`FP32_MATMUL_SETTINGS`: F32_F32_F32, BF16_BF16_F32_X6, ...) names its unit and passes, where the
+    GPU has the tensor cores for it. CPUs compute fp32.
     """
-    if platform != "gpu" or setting in ("highest", "float32"):
+    if platform != "gpu" or compute_capability is None:
         return "fp32"
-    return "tf32" if compute_capability is not None and compute_capability >= (8, 0) else "fp32"
+    unit = FP32_MATMUL_SETTINGS.get(str(setting), "tf32")
+    return unit if compute_capability >= UNIT_MIN_CC.get(unit, (0, 0)) else "fp32"
 
 
 # -- CPU: measured once per machine ------------------------------------------------------------

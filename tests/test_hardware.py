@@ -76,3 +76,19 @@ def test_no_peak_where_the_unit_or_the_gpu_is_missing():
     assert peak is None and "no bf16 tensor cores" in source
     peak, source = peak_flops_for("gpu", types.SimpleNamespace(device_kind="NVIDIA L40S"), "bf16", "tf32", 1)
     assert peak is None and "unknown GPU" in source
+
+
+@pytest.mark.parametrize("setting,unit,a100_tflops", [
+    ("F32_F32_F32", "fp32", 19.5), ("F64_F64_F64", "fp32", 19.5), ("TF32_TF32_F32", "tf32", 156),
+    ("TF32_TF32_F32_X3", "tf32x3", 52), ("BF16_BF16_F32", "bf16", 312), ("BF16_BF16_F32_X3", "bf16x3", 104),
+    ("BF16_BF16_F32_X6", "bf16x6", 52), ("BF16_BF16_F32_X9", "bf16x9", 312 / 9), ("F16_F16_F32", "fp16", 312),
+    ("tensorfloat32", "tf32", 156), ("fastest", "tf32", 156),
+])
+def test_every_matmul_precision_name_maps_to_its_unit_and_peak(setting, unit, a100_tflops):
+    """JAX's algorithm names for fp32 products are not TF32: F32_F32_F32 on an A100 read as TF32 would
+    put MFU's peak 8x too high."""
+    assert fp32_matmul_precision("gpu", (8, 0), setting) == unit
+    assert GPU_SPECS["a100-40gb"].peak_flops(unit) == pytest.approx(a100_tflops * 1e12)
+    assert unit in MATMUL_UNITS
+    assert fp32_matmul_precision("gpu", (7, 0), setting) == ("fp16" if unit == "fp16" else "fp32")  # V100
+    assert fp32_matmul_precision("cpu", None, setting) == "fp32"
