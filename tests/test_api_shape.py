@@ -30,7 +30,7 @@ def test_the_form_parameters_keep_their_names_and_order(api):
     assert [p["parameter_name"] for p in api["/plan"]["parameters"]] == [*FORM, "label"]
     assert [p["parameter_name"] for p in api["/run"]["parameters"]] == [
         "plan_file", "steps", "learning_rate", "compare_tpu", "profile", "fp32_reference", "pmap_before", "scaling",
-        *FORM, "label", "save_checkpoint", "restore_checkpoint", "seed"]  # a field added to the table goes last
+        *FORM, "label", "save_checkpoint", "restore_checkpoint", "seed", "tpu_step_ms"]  # new fields go last
     assert [p["parameter_name"] for p in api["/autotune"]["parameters"]] == ["plan_file", "top", "timed_steps", "label"]
 
 

@@ -66,6 +66,31 @@ TPU_ENV = '''import os
 os.environ["JAX_PLATFORMS"] = "tpu"
 import jax
 '''
+NO_JAX = "x = 1\n"
+FRACTION_ONLY = '''import os
+os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] = "0.95"
+import jax
+'''
+COMPUTED = '''import os
+os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
+os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] = str(0.8)
+import jax
+'''
+SMALL_SHARE = '''import os
+os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
+os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] = "0.4"
+import jax
+'''
+ANNOTATED = '''import jax
+
+for step, batch in enumerate(data):
+    with jax.profiler.StepTraceAnnotation("train", step_num=step):
+        state = train_step(state, batch)
+'''
+TRACED = '''import jax
+
+jax.profiler.start_trace("/tmp/trace")
+'''
 
 
 def code(text: str):
@@ -98,6 +123,15 @@ def on_gpu(r, **change):
                                peak_memory_source="measured: memory_stats() peak_bytes_in_use", **change)
 
 
+def full(plan):
+    """The plan with its predicted peak at its whole budget: a smaller memory share cannot hold it."""
+    return dataclasses.replace(plan, predicted_peak_bytes=plan.budget_bytes)
+
+
+def gpus(plan, n, nodes=1):
+    return dataclasses.replace(plan, gpus=n, nodes=nodes, gpus_per_node=n // nodes)
+
+
 def infeasible(plan):
     return dataclasses.replace(plan, status="infeasible", message="does not fit even at batch 1 with remat full")
 
@@ -125,6 +159,7 @@ CASES = [
     ("apis", WARN, lambda w: Evidence(w["plan"], code=code(PMAP_ONLY)), "PMAP001"),
     ("apis", FAIL, lambda w: Evidence(w["plan"], code=code(TPU_ERA)), "REMOVED001"),
     ("apis", NOT_CHECKED, lambda w: Evidence(w["plan"]), "not checked"),
+    ("apis", NOT_CHECKED, lambda w: Evidence(w["plan"], code=code(NO_JAX)), "none of them uses JAX"),
     ("remat", PASS, lambda w: Evidence(w["plan"], on_gpu(w["run"])), "peaked at"),
     ("remat", WARN, lambda w: Evidence(w["plan"], w["run"]), "not yet measured on the target"),
     ("remat", WARN, lambda w: Evidence(dataclasses.replace(w["plan"], remat_chosen_by="override"), on_gpu(w["run"])),
@@ -132,21 +167,45 @@ CASES = [
     ("remat", WARN, lambda w: Evidence(dataclasses.replace(w["plan"], prediction_method="estimate"), on_gpu(w["run"])),
      "analytic estimate"),
     ("remat", NA, lambda w: Evidence(infeasible(w["plan"])), "no remat policy"),
-    ("scaling", PASS, lambda w: Evidence(w["plan"], on_gpu(w["run"]), scaling_runs=(
+    ("scaling", PASS, lambda w: Evidence(gpus(w["plan"], 2), on_gpu(w["run"]), scaling_runs=(
         on_gpu(w["run"], device_count=1, samples_per_s=100.0), on_gpu(w["two"], device_count=2, samples_per_s=190.0))),
      "2 device(s) 95.0"),
-    ("scaling", WARN, lambda w: Evidence(w["plan"], w["run"], scaling_runs=(w["run"], w["two"])), "share the host"),
-    ("scaling", NOT_CHECKED, lambda w: Evidence(w["plan"], w["run"], scaling_runs=(w["run"],)), "one device count"),
-    ("benchmark", PASS, lambda w: Evidence(w["plan"], on_gpu(w["run"], samples_per_s=200.0),
-                                           tpu_style_run=on_gpu(w["ref"], samples_per_s=100.0)), "2.00x"),
-    ("benchmark", WARN, lambda w: Evidence(w["plan"], w["run"], tpu_style_run=w["ref"]), "CPU backend"),
-    ("benchmark", WARN, lambda w: Evidence(w["plan"], w["run"]), "ESTIMATE"),
+    ("scaling", WARN, lambda w: Evidence(gpus(w["plan"], 2), w["run"], scaling_runs=(w["run"], w["two"])),
+     "share the host"),
+    # 1 and 2 GPUs measured, the plan spans two nodes: the count it runs at was never reached
+    ("scaling", WARN, lambda w: Evidence(gpus(w["plan"], 16, nodes=2), on_gpu(w["run"]), scaling_runs=(
+        on_gpu(w["run"], device_count=1, samples_per_s=100.0), on_gpu(w["two"], device_count=2, samples_per_s=190.0))),
+     "links between nodes not measured"),
+    ("scaling", NOT_CHECKED, lambda w: Evidence(gpus(w["plan"], 2), w["run"], scaling_runs=(w["run"],)),
+     "one device count"),
+    ("scaling", NA, lambda w: Evidence(w["plan"], w["run"], scaling_runs=(w["run"], w["two"])), "one A100"),
+    # the plan's requested global batch is 16: 160 ms per step on the TPU is 100 samples/s
+    ("benchmark", PASS, lambda w: Evidence(w["plan"], on_gpu(w["run"], samples_per_s=200.0), tpu_step_ms=160.0),
+     "2.00x"),
+    ("benchmark", WARN, lambda w: Evidence(w["plan"], on_gpu(w["run"], samples_per_s=50.0), tpu_step_ms=160.0),
+     "0.50x"),
+    ("benchmark", WARN, lambda w: Evidence(w["plan"], w["run"], tpu_step_ms=160.0), "CPU backend"),
+    ("benchmark", WARN, lambda w: Evidence(gpus(w["plan"], 8), on_gpu(w["run"], samples_per_s=50.0),
+                                           tpu_step_ms=160.0), "linear scaling 4.00x"),
+    # the TPU-style setup on the same GPU is not the user's TPU job: no pass from it
+    ("benchmark", NOT_CHECKED, lambda w: Evidence(w["plan"], on_gpu(w["run"], samples_per_s=200.0),
+                                                  tpu_style_run=on_gpu(w["ref"], samples_per_s=100.0)),
+     "no measured figure of your TPU job"),
+    ("benchmark", NOT_CHECKED, lambda w: Evidence(w["plan"], w["run"]), "ESTIMATE"),
     ("benchmark", NOT_CHECKED, lambda w: Evidence(w["plan"]), "no successful run"),
     ("monitoring", PASS, lambda w: Evidence(w["plan"], w["run"], code=code(CLEAN)), "memory_stats"),
     ("monitoring", WARN, lambda w: Evidence(w["plan"], w["run"], code=code(TPU_ERA)), "no memory_stats()"),
     ("monitoring", NOT_CHECKED, lambda w: Evidence(w["plan"], w["run"]), "not checked"),
-    ("deployment", PASS, lambda w: Evidence(w["plan"], code=code(CLEAN)), "XLA_PYTHON_CLIENT_MEM_FRACTION=0.8"),
-    ("deployment", WARN, lambda w: Evidence(w["plan"], code=code(PMAP_ONLY)), "sets none of"),
+    ("monitoring", NOT_CHECKED, lambda w: Evidence(w["plan"], w["run"], code=code(NO_JAX)), "none of them uses JAX"),
+    ("monitoring", WARN, lambda w: Evidence(w["plan"], w["run"], code=code(ANNOTATED)), "no memory_stats()"),
+    ("monitoring", WARN, lambda w: Evidence(w["plan"], w["run"], code=code(TRACED)), "captures profiler traces"),
+    ("deployment", PASS, lambda w: Evidence(w["plan"], code=code(CLEAN)),
+     "XLA_PYTHON_CLIENT_MEM_FRACTION: yours 0.8 (line 3), the plan's 0.80: as planned"),
+    ("deployment", WARN, lambda w: Evidence(w["plan"], code=code(PMAP_ONLY)), "XLA_PYTHON_CLIENT_PREALLOCATE: yours not set"),
+    ("deployment", WARN, lambda w: Evidence(w["plan"], code=code(FRACTION_ONLY)), "JAX preallocates by default"),
+    ("deployment", WARN, lambda w: Evidence(w["plan"], code=code(COMPUTED)), "cannot compare with the plan"),
+    ("deployment", FAIL, lambda w: Evidence(full(w["plan"]), code=code(SMALL_SHARE)), "under the plan's predicted peak"),
+    ("deployment", NOT_CHECKED, lambda w: Evidence(w["plan"], code=code(NO_JAX)), "no JAX and no environment"),
     ("deployment", FAIL, lambda w: Evidence(w["plan"], code=code(TPU_ERA)), "ENV001"),
     ("deployment", FAIL, lambda w: Evidence(w["plan"], code=code(TPU_ENV)), "JAX_PLATFORMS=tpu"),
     ("deployment", NOT_CHECKED, lambda w: Evidence(w["plan"]), "not checked"),
@@ -159,14 +218,26 @@ CASES = [
     ("host_sync", PASS, lambda w: Evidence(w["plan"], code=code(CLEAN)), "no host sync"),
     ("host_sync", WARN, lambda w: Evidence(w["plan"], code=code(TPU_ERA)), "SYNC001"),
     ("host_sync", NOT_CHECKED, lambda w: Evidence(w["plan"], w["run"]), "not checked"),
-    ("preallocation", PASS, lambda w: Evidence(w["plan"], code=code(CLEAN)), "XLA_PYTHON_CLIENT_PREALLOCATE=false"),
-    ("preallocation", WARN, lambda w: Evidence(w["plan"], code=code(PREALLOC_ON)), "turns preallocation on"),
-    ("preallocation", WARN, lambda w: Evidence(w["plan"], code=code(PMAP_ONLY)), "neither"),
+    ("host_sync", NOT_CHECKED, lambda w: Evidence(w["plan"], code=code(NO_JAX)), "none of them uses JAX"),
+    ("preallocation", PASS, lambda w: Evidence(w["plan"], code=code(CLEAN)),
+     "XLA_PYTHON_CLIENT_PREALLOCATE: yours false (line 2), the plan's false: as planned"),
+    ("preallocation", WARN, lambda w: Evidence(w["plan"], code=code(PREALLOC_ON)), "preallocation on"),
+    ("preallocation", WARN, lambda w: Evidence(w["plan"], code=code(PMAP_ONLY)), "JAX preallocates by default"),
+    # only the fraction set, at 0.95: preallocation stays on, at 95%, and the plan assumed 0.80
+    ("preallocation", WARN, lambda w: Evidence(w["plan"], code=code(FRACTION_ONLY)), "JAX preallocates by default"),
+    ("preallocation", WARN, lambda w: Evidence(w["plan"], code=code(FRACTION_ONLY)),
+     "0.95 lets the job take more of a shared GPU than the plan's 0.80"),
+    ("preallocation", WARN, lambda w: Evidence(w["plan"], code=code(COMPUTED)), "computed at run time"),
+    ("preallocation", FAIL, lambda w: Evidence(full(w["plan"]), code=code(SMALL_SHARE)),
+     "0.40 leaves"),
+    ("preallocation", NOT_CHECKED, lambda w: Evidence(w["plan"], code=code(NO_JAX)), "no JAX"),
     ("preallocation", FAIL, lambda w: Evidence(w["plan"], code=code(TPU_ERA)), "after `import jax`"),
     ("preallocation", NOT_CHECKED, lambda w: Evidence(w["plan"], w["run"]), "not checked"),
     ("numerics", PASS, lambda w: Evidence(w["plan"], on_gpu(w["run"], losses=[4.0, 3.0]),
                                           fp32_reference=on_gpu(w["ref"], losses=[4.0, 3.05])), "fp32 3.0500"),
     ("numerics", WARN, lambda w: Evidence(w["plan"], w["run"], fp32_reference=w["ref"]), "fp32"),
+    ("numerics", WARN, lambda w: Evidence(w["plan"], on_gpu(w["run"], losses=[4.0, 3.0]), fp32_reference=on_gpu(
+        w["ref"], losses=[4.0, 3.05], fp32_matmul_precision="tf32")), "computed its fp32 products as tf32"),
     ("numerics", WARN, lambda w: Evidence(w["plan"], on_gpu(w["run"], losses=[4.0, 2.0]),
                                           fp32_reference=on_gpu(w["ref"], losses=[4.0, 3.0])), "tolerance"),
     ("numerics", FAIL, lambda w: Evidence(w["plan"], on_gpu(w["run"], losses=[4.0, math.nan]),
@@ -176,8 +247,16 @@ CASES = [
     ("numerics", NOT_CHECKED, lambda w: Evidence(w["plan"], w["run"], fp32_reference=dataclasses.replace(
         w["ref"], losses=[4.0, None])), "no reference to compare"),
     ("pmap", PASS, lambda w: Evidence(w["plan"], on_gpu(w["run"], losses=[4.0, 3.0], samples_per_s=200.0),
-                                      pmap_run=on_gpu(w["run"], losses=[4.0, 3.0001], samples_per_s=160.0)), "1.25x"),
-    ("pmap", WARN, lambda w: Evidence(w["plan"], w["run"], pmap_run=w["run"]), "CPU backend"),
+                                      pmap_run=on_gpu(w["run"], losses=[4.0, 3.0001], samples_per_s=160.0),
+                                      code=code(CLEAN)), "1.25x"),
+    # equal losses on the target, but the user's code still calls jax.pmap
+    ("pmap", FAIL, lambda w: Evidence(w["plan"], on_gpu(w["run"], losses=[4.0, 3.0], samples_per_s=200.0),
+                                      pmap_run=on_gpu(w["run"], losses=[4.0, 3.0001], samples_per_s=160.0),
+                                      code=code(PMAP_ONLY)), "still uses pmap"),
+    ("pmap", WARN, lambda w: Evidence(w["plan"], on_gpu(w["run"], losses=[4.0, 3.0], samples_per_s=200.0),
+                                      pmap_run=on_gpu(w["run"], losses=[4.0, 3.0001], samples_per_s=160.0)),
+     "for pmap-era calls"),
+    ("pmap", WARN, lambda w: Evidence(w["plan"], w["run"], pmap_run=w["run"], code=code(CLEAN)), "CPU backend"),
     ("pmap", FAIL, lambda w: Evidence(w["plan"], on_gpu(w["run"], losses=[4.0, 3.0]),
                                       pmap_run=on_gpu(w["run"], losses=[4.0, 3.5])), "largest relative loss difference"),
     ("pmap", NOT_CHECKED, lambda w: Evidence(w["plan"], w["run"]), "was not run"),

@@ -68,3 +68,24 @@ def test_csv_neutralises_cells_a_spreadsheet_would_evaluate(tmp_path):
     frame = pd.read_csv(path)
     assert len(frame) == 2 and frame.loc[0, "message"] == "'=HYPERLINK(\"x\")"
     assert "step_ms_median" in frame.columns and "losses" not in frame.columns
+
+
+def test_the_fp32_reference_computes_fp32_products_in_fp32(tmp_path):
+    """The platform's default precision runs fp32 products as TF32 on compute capability 8.0+: the
+    fp32 reference asks for `highest`, its worker gets JAX_DEFAULT_MATMUL_PRECISION, and the run
+    records it."""
+    from migration.service.orchestrate import RunOptions, plan_runs
+    from migration.running.runner import run
+
+    cfg = RunConfig(workload="mlp", preset="tiny", precision="bf16", steps=3, warmup_steps=1, platform="cpu")
+    runs = dict(plan_runs(None, cfg, RunOptions(fp32_reference=True), tmp_path))
+    ref = runs["fp32 reference"]
+    assert (ref.precision, ref.matmul_precision) == ("fp32", "highest")
+    assert runs["migrated"].matmul_precision == "default"
+    assert worker_environment(ref, base={})["JAX_DEFAULT_MATMUL_PRECISION"] == "highest"
+    assert "JAX_DEFAULT_MATMUL_PRECISION" not in worker_environment(cfg, base={})
+    with pytest.raises(ConfigError, match="matmul_precision"):
+        validate(RunConfig(matmul_precision="tf32"))
+    report = run(ref)
+    assert report.ok, report.message
+    assert report.env.get("JAX_DEFAULT_MATMUL_PRECISION") == "highest" and report.fp32_matmul_precision == "fp32"

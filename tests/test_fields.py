@@ -77,7 +77,7 @@ def test_the_endpoints_take_their_fields_in_table_order_with_the_new_ones_last()
     assert [f.name for f in fields_of("plan")][-1] == "label"
     run = [f.name for f in fields_of("run")]
     assert run[:7] == ["steps", "learning_rate", "compare_tpu", "profile", "fp32_reference", "pmap_before", "scaling"]
-    assert run[-4:] == ["label", "save_checkpoint", "restore_checkpoint", "seed"]
+    assert run[-5:] == ["label", "save_checkpoint", "restore_checkpoint", "seed", "tpu_step_ms"]
     assert [f.name for f in fields_of("autotune")] == ["top", "timed_steps", "label"]
 
 
@@ -91,7 +91,7 @@ def test_run_values_put_each_field_where_it_belongs():
     config, options = forms.run_values(steps="7", seed=3, pmap_before=True)
     assert config == {"steps": 7, "learning_rate": 3e-3, "seed": 3}
     assert options == {"tpu_style": False, "profile": False, "fp32_reference": False, "pmap_before": True,
-                       "scaling": False}
+                       "scaling": False, "tpu_step_ms": 0.0}
     RunConfig(**config)
     RunOptions(**options)
     with pytest.raises(ConfigError, match="seed: must be a whole number from 0 to 2147483647; got -1"):

@@ -215,9 +215,12 @@ def test_cli_runs_a_saved_plan_on_the_local_devices(cli_plans, tmp_path):
     saved, _, out = cli_plan(cli_plans["tiny-a10"])
     report = tmp_path / "run.json"
     proc = subprocess.run([sys.executable, "-m", "migration", "run", "--plan", str(out), "--steps", "4",
-                           "--warmup", "1", "--quiet", "--json", str(report)],
+                           "--warmup", "1", "--quiet", "--json", str(report), "--tpu-step-ms", "250",
+                           "--checklist", str(tmp_path / "checklist.csv")],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr + proc.stdout
     assert "note: the plan was made for A10" in proc.stdout
+    # the benchmark item compares with the TPU figure given (32 samples in 250 ms: 128 samples/s)
+    assert "job 128.0 samples/s (250 ms per step at a global batch of 32" in (tmp_path / "checklist.csv").read_text()
     r = json.loads(report.read_text())
     assert r["status"] == "ok" and r["precision"] == saved["precision"] and r["global_batch"] == 32

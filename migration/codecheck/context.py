@@ -51,11 +51,13 @@ class Context:
                             for a in n.posonlyargs + n.args + n.kwonlyargs}
 
     def _read_uses(self) -> None:
-        """Whether the file uses pmap, shard_map (or xmap), and loss scaling anywhere."""
+        """Whether the file uses JAX at all, pmap, shard_map (or xmap), and loss scaling anywhere."""
         nodes = self.nodes
         refs = {self.resolve(n) for n in nodes if isinstance(n, (ast.Name, ast.Attribute))}
         self.uses_pmap = "jax.pmap" in refs
         self.uses_shard_map = any(r.endswith(("shard_map", "xmap")) for r in refs)
+        # JAX in the file: an import of it (or Flax, Optax, ...) or a name under jax (jnp, lax)
+        self.uses_jax = self.jax_import is not None or any(r.startswith("jax.") for r in refs)
         words = {w.lower() for n in nodes for w in (getattr(n, "id", None), getattr(n, "attr", None),
                                                     getattr(n, "name", None), getattr(n, "module", None))
                  if isinstance(w, str)}

@@ -30,6 +30,7 @@ class FileResult:
     findings: list[Finding]
     env: list[EnvSetting]
     monitoring: list[MonitoringUse]
+    uses_jax: bool = False
 
 
 def scope_findings(ctx: Context) -> list[RawFinding]:
@@ -86,8 +87,8 @@ def analyse_tree(tree: ast.Module, text: str, filename: str) -> FileResult:
     kept = apply_ignores(list(findings.values()), read_ignores(text), filename)
     env = [EnvSetting(filename, w.node.lineno, w.name, w.value, not ctx.after_jax_import(w.node.lineno))
            for w in writes if w.name.startswith(ENV_PREFIXES)]
-    monitoring = [MonitoringUse(filename, line, call) for line, call in monitoring_uses(ctx)]
-    return FileResult(sorted(kept, key=lambda f: (f.file, f.line, f.col, f.rule)), env, monitoring)
+    monitoring = [MonitoringUse(filename, line, call, kind) for line, call, kind in monitoring_uses(ctx)]
+    return FileResult(sorted(kept, key=lambda f: (f.file, f.line, f.col, f.rule)), env, monitoring, ctx.uses_jax)
 
 
 def check_source(text: str, filename: str = "<pasted>") -> list[Finding]:
@@ -101,7 +102,8 @@ def check_sources(sources: list[tuple[str, str]]) -> CodeCheck:
     return CodeCheck(files=tuple(name for name, _ in results),
                      findings=tuple(f for _, r in results for f in r.findings),
                      env_settings=tuple(e for _, r in results for e in r.env),
-                     monitoring=tuple(m for _, r in results for m in r.monitoring))
+                     monitoring=tuple(m for _, r in results for m in r.monitoring),
+                     jax_files=tuple(name for name, r in results if r.uses_jax))
 
 
 def check_paths(paths: Iterable[str | Path]) -> CodeCheck:

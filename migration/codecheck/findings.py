@@ -33,10 +33,11 @@ class EnvSetting:
 
 @dataclasses.dataclass(frozen=True)
 class MonitoringUse:
-    """One read of device memory or utilisation (or a profiler / monitoring hook)."""
+    """One read of device memory or utilisation, or a profiler trace."""
     file: str
     line: int
     call: str            # e.g. "memory_stats", "pynvml.nvmlDeviceGetMemoryInfo", "jax.profiler.trace", "nvidia-smi"
+    kind: str = "memory"  # "memory", "utilisation" or "trace" (codecheck/monitoring.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,9 +46,12 @@ class CodeCheck:
     findings: tuple[Finding, ...]
     env_settings: tuple[EnvSetting, ...]
     monitoring: tuple[MonitoringUse, ...]
+    # the files that use JAX (import it, Flax, Optax, ... or name jnp / lax); code items of the
+    # checklist grade only these: a file without JAX says nothing about a JAX job
+    jax_files: tuple[str, ...] = ()
 
     def to_dict(self) -> dict:
-        return {"files": list(self.files),
+        return {"files": list(self.files), "jax_files": list(self.jax_files),
                 "findings": [f.to_dict() for f in self.findings],
                 "env_settings": [dataclasses.asdict(e) for e in self.env_settings],
                 "monitoring": [dataclasses.asdict(m) for m in self.monitoring]}
@@ -57,7 +61,8 @@ class CodeCheck:
         return cls(files=tuple(d.get("files", ())),
                    findings=tuple(Finding(**f) for f in d.get("findings", ())),
                    env_settings=tuple(EnvSetting(**e) for e in d.get("env_settings", ())),
-                   monitoring=tuple(MonitoringUse(**m) for m in d.get("monitoring", ())))
+                   monitoring=tuple(MonitoringUse(**m) for m in d.get("monitoring", ())),
+                jax_files=tuple(d.get("jax_files", ())))
 
 
 class CodeCheckError(ValueError):

@@ -186,6 +186,10 @@ FIELDS: tuple[Field, ...] = (
     Field("plan_timeout_s", "float", "plan", 900.0, "", endpoints=(), limits=PLAN_LIMITS["timeout_s"], to="timeout_s",
           flag="timeout", help="seconds before planning is stopped"),
     Field("seed", "int", "run", 0, "Seed (initial parameters and data)", "choices", RUN, RUN, limits=LIMITS["seed"]),
+    Field("tpu_step_ms", "float", "options", 0.0, "Your TPU job's measured step time, ms (0: not given)", "choices",
+          RUN, RUN, limits=LIMITS["tpu_step_ms"], zero="not given", flag="tpu-step-ms",
+          help="with --plan: your TPU job's measured time per optimizer step (ms) at the plan's requested global "
+               "batch; the benchmark item compares the migrated run with it"),
 )
 FIELD = {f.name: f for f in FIELDS}
 

@@ -28,6 +28,11 @@ SHARDINGS: tuple[str, ...] = get_args(Sharding)
 StepStyle = Literal["jit", "pmap"]
 STEP_STYLES: tuple[str, ...] = get_args(StepStyle)
 
+# jax_default_matmul_precision of a run: "default" leaves the platform's (TF32 for fp32 products on
+# NVIDIA compute capability 8.0+), "highest" computes fp32 products in fp32 (the fp32 reference).
+MatmulPrecision = Literal["default", "highest"]
+MATMUL_PRECISIONS: tuple[str, ...] = get_args(MatmulPrecision)
+
 PRECISIONS: tuple[str, ...] = get_args(Precision)
 REMAT_NAMES: tuple[str, ...] = get_args(RematName)
 PLATFORMS: tuple[str, ...] = get_args(Platform)
@@ -40,6 +45,7 @@ LIMITS: dict[str, tuple[float, float]] = {
     "steps": (1, 100_000),
     "warmup_steps": (0, 99_999),
     "learning_rate": (1e-8, 1.0),
+    "tpu_step_ms": (0.001, 3_600_000.0),  # the user's measured TPU step time (0: not given)
     "seed": (0, 2**31 - 1),
     "timeout_s": (1, 7 * 24 * 3600),
     "silence_timeout_s": (2, 3600),

@@ -17,6 +17,7 @@ from migration.common import shown
 from migration.config.distributed import check_distributed
 from migration.config.limits import (
     LIMITS,
+    MATMUL_PRECISIONS,
     PLATFORMS,
     PRECISIONS,
     REMAT_NAMED,
@@ -27,6 +28,7 @@ from migration.config.limits import (
     PLAN_LIMITS,
     ConfigError,
     Granularity,
+    MatmulPrecision,
     Platform,
     Precision,
     RematName,
@@ -53,6 +55,7 @@ class RunConfig:
     step_style: StepStyle = "jit"
     precision: Precision = "fp32"
     remat: RematName = "none"
+    matmul_precision: MatmulPrecision = "default"  # "highest": fp32 products in fp32 (the fp32 reference)
     accumulation_steps: int = 1
     steps: int = 20
     warmup_steps: int = 2
@@ -168,6 +171,7 @@ def validate(cfg: RunConfig) -> RunConfig:
         _check_float(cfg, field)
     _check_choice(cfg, "precision", PRECISIONS)
     _check_choice(cfg, "remat", REMAT_NAMES)
+    _check_choice(cfg, "matmul_precision", MATMUL_PRECISIONS)
     check_remat_applies(cfg)
     _check_choice(cfg, "sharding", SHARDINGS)
     _check_choice(cfg, "step_style", STEP_STYLES)

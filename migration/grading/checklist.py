@@ -26,15 +26,17 @@ from pathlib import Path
 from migration.codecheck import CodeCheck
 from migration.common import fmt_gib, fmt_loss, write_csv
 from migration.hardware import TPU_SPECS, gpu_spec_for_device_kind
+from migration.grading import environment
 from migration.grading.scaling import loss_tolerance, max_loss_rel_diff
 from migration.results import Plan, RunReport
 
 PASS, WARN, FAIL, NA, NOT_CHECKED = "pass", "warn", "fail", "n/a", "not checked"
 NUMERICS_TOLERANCE = 0.05  # final loss within 5% of the fp32 reference over the same steps
 SCALING_EFFICIENCY = 0.8  # per-device throughput at N devices against 1, for a pass
-API_RULES = ("TPU001", "PMAP001", "PMAP002", "REMOVED001", "REMOVED002")
+BENCHMARK_RATIO = 0.9  # migrated throughput against the user's measured TPU job, for a pass
+PMAP_RULES = ("PMAP001", "PMAP002")
+API_RULES = ("TPU001", *PMAP_RULES, "REMOVED001", "REMOVED002")
 SHAPE_RULES = ("SHAPE001", "TRACE001")
-DEPLOY_VARS = ("XLA_PYTHON_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_PREALLOCATE", "CUDA_VISIBLE_DEVICES")
 MONITOR_HINT = "read memory_stats() (peak_bytes_in_use, bytes_limit) and NVML utilisation in the training job"
 
 
@@ -62,6 +64,7 @@ class Evidence:
     tpu_style_run: RunReport | None = None
     pmap_run: RunReport | None = None  # the TPU-era pmap step on the same config, devices and data
     scaling_runs: tuple[RunReport, ...] = ()
+    tpu_step_ms: float | None = None  # the user's measured TPU step time at the requested global batch
 
     @property
     def ran(self) -> bool:
@@ -113,6 +116,17 @@ def _code_scope(code: CodeCheck) -> str:
 
 NO_CODE = "your training code was not checked"
 CHECK_CODE = "check your training script (Code check tab, or python -m migration check train.py) and grade again"
+
+
+def no_jax_code(ev: Evidence, measured: str = "") -> Grade | None:
+    """`not checked` when there is no code check, or none of its files uses JAX (a file without JAX
+    says nothing about a JAX job); None when the code check can grade."""
+    if ev.code is None:
+        return NOT_CHECKED, NO_CODE + measured, CHECK_CODE
+    if not ev.code.jax_files:
+        return NOT_CHECKED, f"{_code_scope(ev.code)}: none of them uses JAX (no import of jax, flax, optax, ...)" \
+            + measured, "check the script that builds and runs your training step"
+    return None
 
 
 # -- the items ---------------------------------------------------------------------------------
@@ -169,8 +183,8 @@ def grade_batch(ev: Evidence) -> Grade:
 
 
 def grade_apis(ev: Evidence) -> Grade:
-    if ev.code is None:
-        return NOT_CHECKED, NO_CODE, CHECK_CODE
+    if (unchecked := no_jax_code(ev)) is not None:
+        return unchecked
     found = ev.findings(API_RULES)
     errors = [f for f in found if f.severity == "error"]
     scope = _code_scope(ev.code)
@@ -204,100 +218,134 @@ def grade_remat(ev: Evidence) -> Grade:
 
 
 def grade_scaling(ev: Evidence) -> Grade:
+    plan = ev.plan
+    if plan.gpus == 1:
+        return NA, f"the plan runs on one {plan.target_name}", "none"
     runs = [r for r in ev.scaling_runs if r.ok and r.device_count and r.samples_per_s]
     counts = sorted({r.device_count for r in runs})
+    spans = f"{plan.gpus} GPUs" + (f" over {plan.nodes} nodes" if plan.nodes > 1 else "")
     if len(counts) < 2:
         shown = f" ({ev.run.device_count})" if ev.run is not None and ev.run.device_count else ""
-        return NOT_CHECKED, f"runs of this configuration at only one device count{shown}", \
-            "run the plan at 1 and N devices and compare samples/s per device"
+        return NOT_CHECKED, f"runs of this configuration at only one device count{shown}; the plan uses {spans}", \
+            f"run the plan at 1 and {plan.gpus} devices and compare samples/s per device"
     per_device = {r.device_count: r.samples_per_s / r.device_count for r in runs}
     text = "samples/s per device: " + ", ".join(f"{n} device(s) {per_device[n]:,.1f}" for n in counts) + f"; {where(runs[0])}"
     if not all(ev.on_target(r) for r in runs):
         return WARN, f"{text}; {_elsewhere(ev, runs[0])}: XLA's CPU devices share the host's cores", \
-            f"measure on {ev.plan.gpus}+ x {ev.plan.target_name}"
+            f"measure on {plan.gpus} x {plan.target_name}"
     efficiency = per_device[counts[-1]] / per_device[counts[0]]
+    text += f"; efficiency {efficiency:.0%} from {counts[0]} to {counts[-1]}"
+    if counts[-1] < plan.gpus:
+        links = " and the links between nodes" if plan.nodes > 1 else ""
+        return WARN, f"{text}; the plan uses {spans}: the largest count{links} not measured", \
+            f"measure at {plan.gpus} GPUs" + (f" on {plan.nodes} nodes" if plan.nodes > 1 else "")
     if efficiency >= SCALING_EFFICIENCY:
-        return PASS, f"{text}; efficiency {efficiency:.0%}", "scale out while per-device throughput holds"
-    return WARN, f"{text}; efficiency {efficiency:.0%} (under {SCALING_EFFICIENCY:.0%})", \
+        return PASS, text, "scale out while per-device throughput holds"
+    return WARN, f"{text} (under {SCALING_EFFICIENCY:.0%})", \
         "overlap the all-reduce (latency-hiding scheduler) or raise the per-device batch"
 
 
 def grade_benchmark(ev: Evidence) -> Grade:
-    r, tpu = ev.run, ev.tpu_style_run
+    plan, r, tpu = ev.plan, ev.run, ev.tpu_style_run
     if not ev.ran:
         return NOT_CHECKED, "no successful run of the plan", "run the plan"
-    if tpu is not None and tpu.ok:
-        ratio = r.samples_per_s / tpu.samples_per_s
-        text = (f"migrated {r.samples_per_s:,.1f} samples/s vs the TPU-style setup {tpu.samples_per_s:,.1f} samples/s "
-                f"run here ({ratio:.2f}x); {where(r)}")
-        if not (ev.on_target(r) and ev.on_target(tpu)):
-            return WARN, f"{text}; {_elsewhere(ev, r)}", f"repeat the comparison on {ev.plan.target_name}"
-        if ratio >= 0.9:
-            return PASS, text, "keep the migrated setup"
-        return WARN, text, "the migrated setup is slower: check the ranking's next choice (remat, batch)"
-    src = TPU_SPECS[ev.plan.source]
-    tpu_peak = src.bf16_tflops_per_device * src.devices
-    estimate = r.samples_per_s * tpu_peak / r.peak_tflops if r.peak_tflops else None
-    failed = f"; the TPU-style setup run here {tpu.failure_kind}" if tpu is not None else ""
-    return WARN, (f"migrated {r.samples_per_s:,.1f} samples/s ({where(r)}); {src.name} peak-scaled ESTIMATE "
-                  + (f"{estimate:,.0f} samples/s" if estimate else "n/a")
-                  + f" (the same MFU on {tpu_peak:.0f} bf16 TFLOP/s; not a measurement){failed}"), \
-        "compare with the job's real TPU throughput, or run the TPU-style setup here too"
+    src = TPU_SPECS[plan.source]
+    here = ""
+    if tpu is not None and tpu.ok and tpu.samples_per_s:
+        here = (f"; the TPU-style setup run here: {tpu.samples_per_s:,.1f} samples/s "
+                f"({r.samples_per_s / tpu.samples_per_s:.2f}x; the same device, not your TPU job)")
+    elif tpu is not None:
+        here = f"; the TPU-style setup run here {tpu.failure_kind}"
+    migrated = f"migrated {r.samples_per_s:,.1f} samples/s on {r.device_count} device(s) ({where(r)})"
+    if not ev.tpu_step_ms:
+        tpu_peak = src.bf16_tflops_per_device * src.devices
+        estimate = r.samples_per_s * tpu_peak / r.peak_tflops if r.peak_tflops else None
+        guess = (f"; a {src.name} peak-scaled ESTIMATE " + (f"{estimate:,.0f} samples/s" if estimate else "n/a")
+                 + f" (the same MFU on {tpu_peak:.0f} bf16 TFLOP/s; not a measurement)")
+        return NOT_CHECKED, f"no measured figure of your TPU job; {migrated}{here}{guess}", \
+            (f"enter your TPU job's measured step time (ms per optimizer step at a global batch of "
+             f"{plan.requested_global_batch}) and run again")
+    tpu_rate = plan.requested_global_batch / (ev.tpu_step_ms / 1e3)
+    ratio = r.samples_per_s / tpu_rate
+    text = (f"{migrated} vs your {src.name} job {tpu_rate:,.1f} samples/s ({ev.tpu_step_ms:g} ms per step at a "
+            f"global batch of {plan.requested_global_batch}, as you measured it): {ratio:.2f}x{here}")
+    if not ev.on_target(r):
+        return WARN, f"{text}; {_elsewhere(ev, r)}", f"run the plan on {plan.gpus} x {plan.target_name}"
+    if (r.device_count or 1) < plan.gpus:
+        return WARN, (f"{text}; measured on {r.device_count} of the plan's {plan.gpus} GPUs: at linear scaling "
+                      f"{ratio * plan.gpus / (r.device_count or 1):.2f}x, an ESTIMATE"), \
+            f"run the plan on all {plan.gpus} GPUs"
+    if ratio >= BENCHMARK_RATIO:
+        return PASS, text, "keep the migrated setup"
+    return WARN, f"{text} (under {BENCHMARK_RATIO:.1f}x)", \
+        "the migrated job is slower than your TPU job: check the ranking's next choice (remat, batch, sharding)"
 
 
 def grade_monitoring(ev: Evidence) -> Grade:
     measured = (f"; this run's peak {fmt_gib(ev.run.peak_memory_bytes)} ({ev.run.peak_memory_source})"
                 if ev.ran else "")
-    if ev.code is None:
-        return NOT_CHECKED, NO_CODE + measured, CHECK_CODE
-    uses = ev.code.monitoring
-    if uses:
-        listed = ", ".join(f"{u.call} {Path(u.file).name}:{u.line}" for u in uses[:6])
+    if (unchecked := no_jax_code(ev, measured)) is not None:
+        return unchecked
+    reads = [u for u in ev.code.monitoring if u.kind in ("memory", "utilisation")]
+    traces = [u for u in ev.code.monitoring if u.kind == "trace"]
+    if reads:
+        listed = ", ".join(f"{u.call} {Path(u.file).name}:{u.line}" for u in reads[:6])
         return PASS, f"{_code_scope(ev.code)}: your code reads device memory or utilisation: {listed}{measured}", \
             "keep it, and alert on bytes_in_use near bytes_limit"
-    return WARN, f"{_code_scope(ev.code)}: no memory_stats(), NVML or profiler calls found{measured}", MONITOR_HINT
+    if traces:
+        listed = ", ".join(f"{u.call} {Path(u.file).name}:{u.line}" for u in traces[:6])
+        return WARN, (f"{_code_scope(ev.code)}: your code captures profiler traces ({listed}) but reads no memory or "
+                      f"utilisation figure a job can watch{measured}"), MONITOR_HINT
+    return WARN, f"{_code_scope(ev.code)}: no memory_stats(), NVML or nvidia-smi reads found{measured}", MONITOR_HINT
 
 
-def _env(ev: Evidence, name: str) -> list:
-    return [s for s in ev.code.env_settings if s.name == name]
+def _env_findings(checks: list[environment.EnvCheck]) -> str:
+    return "; ".join(c.text() for c in checks)
+
+
+def _env_grade(ev: Evidence, checks: list[environment.EnvCheck], scope: str, keep: str) -> Grade:
+    """The grade of the compared settings: any unsafe fails, any other difference warns, all as
+    planned passes."""
+    verdict = environment.worst(checks)
+    text = f"{scope}: {_env_findings(checks)}"
+    if verdict == environment.UNSAFE:
+        return FAIL, text, "set them to the plan's values (see the deployment snippet)"
+    if verdict != environment.SAME:
+        return WARN, text, "set them to the plan's values as literals, before importing jax or in the launcher"
+    return PASS, text, keep
 
 
 def grade_deployment(ev: Evidence) -> Grade:
     if ev.code is None:
         return NOT_CHECKED, NO_CODE, "download the deployment snippet and check your launcher with the code check"
+    scope = _code_scope(ev.code)
     late = ev.findings(("ENV001",))
     if late:
-        return FAIL, f"{_code_scope(ev.code)}: set after `import jax`, so JAX ignores them: {_lines(late)}", \
+        return FAIL, f"{scope}: set after `import jax`, so JAX ignores them: {_lines(late)}", \
             "set them before the first import of jax, or in the launching shell (see the deployment snippet)"
     tpu_env = [s for s in ev.code.env_settings if s.value and "tpu" in s.value.lower()]
     if tpu_env:
-        return FAIL, f"{_code_scope(ev.code)}: TPU-specific settings: " + ", ".join(
+        return FAIL, f"{scope}: TPU-specific settings: " + ", ".join(
             f"{s.name}={s.value} line {s.line}" for s in tpu_env), "remove them; use the deployment snippet's environment"
-    found = [s for s in ev.code.env_settings if s.name in DEPLOY_VARS and s.before_import]
-    if found:
-        return PASS, f"{_code_scope(ev.code)}: sets " + ", ".join(f"{s.name}={s.value} (line {s.line})" for s in found) \
-            + " before importing jax", "keep them in step with the plan's environment"
-    return WARN, f"{_code_scope(ev.code)}: sets none of {', '.join(DEPLOY_VARS)}", \
-        "set them in the launcher (the deployment snippet does), or before importing jax"
+    if not ev.code.env_settings and not ev.code.jax_files:
+        return NOT_CHECKED, f"{scope}: no JAX and no environment settings in them", \
+            "check the launcher or training script that sets the job's environment"
+    checks = environment.compare(ev.plan, ev.code.env_settings)
+    return _env_grade(ev, checks, f"{scope} against the plan's environment", "keep them in step with the plan")
 
 
 def grade_preallocation(ev: Evidence) -> Grade:
     if ev.code is None:
         return NOT_CHECKED, NO_CODE, CHECK_CODE
-    settings = _env(ev, "XLA_PYTHON_CLIENT_PREALLOCATE") + _env(ev, "XLA_PYTHON_CLIENT_MEM_FRACTION")
+    settings = [s for s in ev.code.env_settings if s.name in environment.MEMORY_VARS]
+    if not settings and not ev.code.jax_files:
+        return NOT_CHECKED, f"{_code_scope(ev.code)}: no JAX and no XLA_PYTHON_CLIENT_* settings in them", CHECK_CODE
     late = [s for s in settings if not s.before_import]
     if late:
         return FAIL, "set after `import jax` (ignored): " + ", ".join(f"{s.name} line {s.line}" for s in late), \
             "move them before the first import of jax"
-    on = [s for s in settings if s.name == "XLA_PYTHON_CLIENT_PREALLOCATE" and (s.value or "").lower() in ("true", "1")]
-    if on:
-        return WARN, f"your code turns preallocation on (line {on[0].line}): the job takes 75% of the card at start-up", \
-            "set XLA_PYTHON_CLIENT_PREALLOCATE=false on a shared GPU"
-    if settings:
-        return PASS, f"{_code_scope(ev.code)}: " + ", ".join(f"{s.name}={s.value} (line {s.line})" for s in settings), \
-            "keep preallocation off on a shared GPU"
-    return WARN, f"{_code_scope(ev.code)}: neither XLA_PYTHON_CLIENT_PREALLOCATE nor XLA_PYTHON_CLIENT_MEM_FRACTION is set", \
-        "set XLA_PYTHON_CLIENT_PREALLOCATE=false (or a memory fraction) before importing jax, or in the launcher"
+    checks = environment.compare(ev.plan, settings, environment.MEMORY_VARS)
+    return _env_grade(ev, checks, _code_scope(ev.code), "keep preallocation off on a shared GPU")
 
 
 def grade_recompilation(ev: Evidence) -> Grade:
@@ -307,8 +355,9 @@ def grade_recompilation(ev: Evidence) -> Grade:
     measured = f"{r.recompilations} XLA compile(s) after the first step (jax.monitoring); {where(r)}"
     if r.recompilations:
         return FAIL, measured, "fix shapes or dtypes that change between steps (weak types, the last batch)"
-    if ev.code is None:
-        return WARN, f"{measured}; {NO_CODE} for shapes that change between steps", CHECK_CODE
+    if ev.code is None or not ev.code.jax_files:
+        unchecked = NO_CODE if ev.code is None else f"{_code_scope(ev.code)}: none of them uses JAX, so"
+        return WARN, f"{measured}; {unchecked} for shapes that change between steps", CHECK_CODE
     found = ev.findings(SHAPE_RULES)
     if found:
         return WARN, f"{measured}; your code: {_lines(found)}", "drop or pad the last batch; use lax.cond for traced branches"
@@ -319,8 +368,8 @@ def grade_recompilation(ev: Evidence) -> Grade:
 
 
 def grade_host_sync(ev: Evidence) -> Grade:
-    if ev.code is None:
-        return NOT_CHECKED, NO_CODE, CHECK_CODE
+    if (unchecked := no_jax_code(ev)) is not None:
+        return unchecked
     found = ev.findings(("SYNC001",))
     if found:
         return WARN, f"{_code_scope(ev.code)}: {len(found)} host sync(s) in the step loop: {_lines(found)}", \
@@ -345,6 +394,9 @@ def grade_numerics(ev: Evidence) -> Grade:
     rel = abs(a - b) / max(abs(b), 1e-12)
     text = (f"loss after {n} steps: {r.precision} {a:.4f} vs fp32 {b:.4f} ({rel:.1%} apart; tolerance "
             f"{NUMERICS_TOLERANCE:.0%}); {where(r)}")
+    if ref.fp32_matmul_precision not in (None, "fp32"):
+        return WARN, f"{text}; the reference computed its fp32 products as {ref.fp32_matmul_precision}, not fp32", \
+            "run the fp32 reference at jax_default_matmul_precision='highest' (this tool's reference does)"
     if rel > NUMERICS_TOLERANCE:
         return WARN, text, "check loss scaling or use bf16; compare over more steps"
     if not ev.on_target(r):
@@ -370,6 +422,14 @@ def grade_pmap(ev: Evidence) -> Grade:
     text += f" (tolerance {loss_tolerance(r.precision):.0e} for {r.precision})"
     if worst > loss_tolerance(r.precision):
         return FAIL, text, "the migrated step does not compute what the pmap step did: compare their gradients"
+    if ev.code is None or not ev.code.jax_files:
+        unchecked = NO_CODE if ev.code is None else f"{_code_scope(ev.code)} found no JAX in them"
+        return WARN, f"{text}; this compares the tool's two steps: {unchecked} for pmap-era calls", CHECK_CODE
+    pmap_calls = ev.findings(PMAP_RULES)
+    if pmap_calls:
+        return FAIL, f"{text}; but your code still uses pmap: {_lines(pmap_calls)}", \
+            "replace pmap and its collectives with jit over a Mesh with NamedSharding (each finding's replacement)"
+    text += f"; {_code_scope(ev.code)}: no pmap-era calls"
     if not (ev.on_target(r) and ev.on_target(before)):
         return WARN, f"{text}; {_elsewhere(ev, r)}", f"compare the two steps' throughput on {ev.plan.target_name}"
     return PASS, text, "retire the pmap step; keep jit with NamedSharding"
@@ -388,7 +448,7 @@ ITEMS: dict[str, ItemSpec] = {
     "batch": ItemSpec("Batch sizes adjusted for GPU memory", (PASS, WARN, FAIL), grade_batch),
     "apis": ItemSpec("Accelerator-specific APIs replaced", (PASS, WARN, FAIL, NOT_CHECKED), grade_apis),
     "remat": ItemSpec("Gradient checkpointing", (PASS, WARN, NA), grade_remat),
-    "scaling": ItemSpec("Multi-GPU scaling tested", (PASS, WARN, NOT_CHECKED), grade_scaling),
+    "scaling": ItemSpec("Multi-GPU scaling tested", (PASS, WARN, NA, NOT_CHECKED), grade_scaling),
     "benchmark": ItemSpec("Benchmarked against the existing implementation", (PASS, WARN, NOT_CHECKED), grade_benchmark),
     "monitoring": ItemSpec("Monitoring of GPU memory and utilisation", (PASS, WARN, NOT_CHECKED), grade_monitoring),
     "deployment": ItemSpec("Deployment configuration updated", (PASS, WARN, FAIL, NOT_CHECKED), grade_deployment),

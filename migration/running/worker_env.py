@@ -104,6 +104,8 @@ def worker_environment(cfg: RunConfig, base: Mapping[str, str] | None = None) ->
     flags = " ".join(f for f in (env.get("XLA_FLAGS", ""), cfg.xla_flags) if f)
     if flags:
         env["XLA_FLAGS"] = flags
+    if cfg.matmul_precision == "highest":
+        env["JAX_DEFAULT_MATMUL_PRECISION"] = "highest"
     if platform == "cpu":
         env["JAX_PLATFORMS"] = "cpu"
         env["JAX_NUM_CPU_DEVICES"] = str(devices_per_process(cfg))

@@ -49,6 +49,7 @@ class RunOptions:
     profile: bool = False
     pmap_before: bool = False  # the TPU-era pmap step on the same devices and data: same loss, its throughput
     scaling: bool = False  # both steps at 1, 2, 4, 8 devices (as many as this machine has), per-device batch kept
+    tpu_step_ms: float = 0.0  # the user's measured TPU step time at the requested global batch (0: not given)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,7 +134,8 @@ def plan_runs(p: Plan, cfg: RunConfig, options: RunOptions, trace_dir: Path) -> 
     migrated = dataclasses.replace(cfg, profile_steps=3, profile_dir=str(trace_dir)) if options.profile else cfg
     runs = [("migrated", migrated)]
     if options.fp32_reference and cfg.precision != "fp32":
-        runs.append(("fp32 reference", dataclasses.replace(cfg, precision="fp32")))
+        # fp32 products in fp32: the platform's default would run them as TF32 on compute capability 8.0+
+        runs.append(("fp32 reference", dataclasses.replace(cfg, precision="fp32", matmul_precision="highest")))
     if options.pmap_before or options.scaling:
         runs.append(("pmap (before)", dataclasses.replace(cfg, step_style="pmap", sharding="replicated")))
     if options.scaling:
@@ -175,7 +177,7 @@ def run_plan(p: Plan, base: RunConfig, options: RunOptions, export_dir: Path, *,
     evidence = checklist.Evidence(
         plan=p, run=done[0][1], ran_plan=here.local_plan, code=code,
         fp32_reference=dict(done).get("fp32 reference"), tpu_style_run=dict(done).get("TPU-style"),
-        pmap_run=dict(done).get("pmap (before)"),
+        pmap_run=dict(done).get("pmap (before)"), tpu_step_ms=options.tpu_step_ms or None,
         scaling_runs=tuple(_recorded_scaling_runs(recorder, done[0][1])))
     items = checklist.evaluate(evidence)
     scaling = scaling_view(done)
