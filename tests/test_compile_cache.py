@@ -38,6 +38,13 @@ def test_the_fingerprint_is_part_of_every_cache_key(monkeypatch, tmp_path):
     before = predictor._key("bf16", "none", 8, 1, "replicated")
     monkeypatch.setattr(memory, "code_fingerprint", lambda root=PROJECT_ROOT: "a-different-code-version")
     assert predictor._key("bf16", "none", 8, 1, "replicated") != before
+    monkeypatch.undo()
+    installed = memory.package_versions()
+    assert {"jax", "jaxlib", "flax", "optax", "jax-cuda12-plugin"} <= {name for name, _ in installed}
+    for name, _ in installed:  # a new jaxlib, CUDA plugin, Flax or Optax: other compiles
+        newer = [(n, "999.0" if n == name else v) for n, v in installed]
+        monkeypatch.setattr(memory, "package_versions", lambda newer=newer: newer)
+        assert predictor._key("bf16", "none", 8, 1, "replicated") != before, name
 
 
 # -- JAX's persistent compilation cache in the worker ---------------------------------------------

@@ -89,3 +89,19 @@ def test_the_fp32_reference_computes_fp32_products_in_fp32(tmp_path):
     report = run(ref)
     assert report.ok, report.message
     assert report.env.get("JAX_DEFAULT_MATMUL_PRECISION") == "highest" and report.fp32_matmul_precision == "fp32"
+
+
+def test_fused_attention_is_refused_in_fp32_and_on_the_cpu_backend():
+    from migration.running.runner import start_run
+
+    cudnn = {"attention": "cudnn"}
+    with pytest.raises(ConfigError, match="attention: cudnn .* with precision fp32 use attention xla"):
+        validate(RunConfig(workload="transformer", preset="tiny", model=cudnn, precision="fp32"))
+    with pytest.raises(ConfigError, match="attention: cudnn .* needs an NVIDIA GPU"):
+        validate(RunConfig(workload="transformer", preset="tiny", model=cudnn, precision="bf16", platform="cpu"))
+    validate(RunConfig(workload="transformer", preset="tiny", model=cudnn, precision="bf16", platform="gpu"))
+    # "auto" resolves to the CPU on a machine without a GPU: refused before a worker starts
+    from migration.running.worker_env import resolve_platform
+    if resolve_platform("auto") == "cpu":
+        with pytest.raises(ConfigError, match="needs an NVIDIA GPU"):
+            start_run(RunConfig(workload="transformer", preset="tiny", model=cudnn, precision="bf16"))

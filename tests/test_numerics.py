@@ -9,6 +9,7 @@ Tolerances (float32 unless stated):
 - bf16 vs fp32: per-step loss within 3% relative over 8 steps (bf16 keeps 8 significant bits).
 """
 
+import dataclasses
 import functools
 
 import jax
@@ -201,6 +202,28 @@ def test_jax_nn_attention_matches_the_einsum_reference(dtype, tol):
         assert_trees_close(g_nn, g_ref, rtol=1e-4, atol=1e-5)
 
 
+def test_fp16_attention_scales_before_the_product_and_accumulates_in_float32():
+    """Queries and keys of magnitude 40 with 64-wide heads: q.k is 102,400, past fp16's 65,504, so
+    a product formed in fp16 before scaling is inf and the softmax NaN. Scaled first and accumulated
+    in float32, the fp16 attention matches the float32 one to fp16's precision, forward and backward."""
+    from workloads.transformer import _causal_attention
+
+    t, dh = 16, 64
+    kq, kk, kv = jax.random.split(jax.random.key(3), 3)
+    q = 40.0 + jax.random.uniform(kq, (1, t, 4, dh))  # every product positive: the sum is about 1e5
+    k = 40.0 + jax.random.uniform(kk, (1, t, 2, dh))
+    v = jax.random.normal(kv, (1, t, 2, dh))
+    assert float(jnp.einsum("d,d->", q[0, 0, 0].astype(jnp.float16), k[0, 0, 0].astype(jnp.float16))) == float("inf")
+    q, k, v = (x.astype(jnp.float16) for x in (q, k, v))  # the float32 reference takes the same rounded inputs
+    half = jax.jit(_causal_attention)(q, k, v)
+    assert half.dtype == jnp.float16 and bool(jnp.isfinite(half).all())
+    full = _causal_attention(*(x.astype(jnp.float32) for x in (q, k, v)))
+    np.testing.assert_allclose(np.asarray(half, np.float32), np.asarray(full), atol=2e-2, rtol=2e-2)
+    grads = jax.jit(jax.grad(lambda q, k, v: _causal_attention(q, k, v).astype(jnp.float32).sum(), argnums=(0, 1, 2)))(
+        q, k, v)
+    assert all(bool(jnp.isfinite(g).all()) for g in grads)
+
+
 def test_fp16_attention_takes_the_einsum_path_the_cpu_can_run():
     from workloads.transformer import TransformerConfig, _Attention
     from flax import nnx
@@ -247,3 +270,62 @@ def test_the_decoder_loss_is_chunked_and_equals_the_loss_of_its_logits():
     assert w.activation_profile(cfg).head_fp32 < 1.5 * cfg.seq_len * cfg.vocab_size  # planned as chunked
     np.testing.assert_allclose(float(w.loss(model, batch)), float(cross_entropy(model(tokens[:, :-1]), tokens[:, 1:])),
                                rtol=1e-6)
+
+
+# -- rotary positions and norms of the Llama presets ------------------------------------------------
+
+def _llama3_reference_frequencies(head_dim, theta, factor, low, high, context):
+    """Meta's reference (llama3 `apply_scaling`), one frequency at a time, in float64."""
+    import math
+
+    scaled = []
+    for i in range(0, head_dim, 2):
+        freq = theta ** (-i / head_dim)
+        wavelen = 2 * math.pi / freq
+        if wavelen < context / high:
+            scaled.append(freq)
+        elif wavelen > context / low:
+            scaled.append(freq / factor)
+        else:
+            smooth = (context / wavelen - low) / (high - low)
+            scaled.append((1 - smooth) * freq / factor + smooth * freq)
+    return np.array(scaled)
+
+
+@pytest.mark.parametrize("preset, factor", [("1b", 32.0), ("3b", 32.0), ("8b", 8.0)])
+def test_llama_presets_scale_rotary_frequencies_as_llama3_and_use_epsilon_1e_5(preset, factor):
+    from workloads.transformer import _rope_tables, rope_frequencies
+
+    llama = get_workload("llama")
+    cfg = llama.config(preset, {})
+    assert (cfg.rope_scaling, cfg.rope_low_freq_factor, cfg.rope_high_freq_factor, cfg.rope_original_context,
+            cfg.rope_theta, cfg.norm_eps) == (factor, 1.0, 4.0, 8192, 500000.0, 1e-5)
+    want = _llama3_reference_frequencies(cfg.head_dim, 500000.0, factor, 1.0, 4.0, 8192)
+    np.testing.assert_allclose(np.asarray(rope_frequencies(cfg)), want, rtol=2e-6)
+    # all three regimes occur: kept (short wavelengths), divided (long), blended (between)
+    plain = 500000.0 ** (-np.arange(0, cfg.head_dim, 2) / cfg.head_dim)
+    ratio = want / plain
+    assert np.isclose(ratio, 1).any() and np.isclose(ratio, 1 / factor).any()
+    assert ((ratio > 1 / factor + 1e-6) & (ratio < 1 - 1e-6)).any()
+    cos, sin = _rope_tables(cfg, 4096)
+    for position in (0, 1, 777, 4095):
+        np.testing.assert_allclose(np.asarray(cos[position]), np.cos(position * want), atol=2e-4)
+        np.testing.assert_allclose(np.asarray(sin[position]), np.sin(position * want), atol=2e-4)
+    from flax import nnx
+
+    small = dataclasses.replace(cfg, n_layers=1, d_model=64, n_heads=4, n_kv_heads=2, d_ff=64, vocab_size=64, seq_len=8)
+    model = llama.build(small, dtype=jnp.float32, block_wrap=lambda f: f, rngs=nnx.Rngs(0))
+    assert model.norm_f.epsilon == 1e-5
+
+
+def test_an_unscaled_rope_keeps_the_plain_frequencies_and_bad_scaling_is_refused():
+    from workloads.base import ModelConfigError
+    from workloads.transformer import rope_frequencies
+
+    llama = get_workload("llama")
+    tiny = llama.config("tiny", {})
+    np.testing.assert_allclose(np.asarray(rope_frequencies(tiny)),
+                               10000.0 ** (-np.arange(0, tiny.head_dim, 2) / tiny.head_dim), rtol=1e-6)
+    for bad in ({"rope_scaling": 0.5}, {"rope_high_freq_factor": 0.5}, {"norm_eps": -1.0}, {"rope_original_context": 0}):
+        with pytest.raises(ModelConfigError, match=next(iter(bad))):
+            llama.config("8b", bad)

@@ -241,3 +241,28 @@ def test_the_form_refuses_a_reference_as_workload(references, name):
         form_plan_request(workload=name)
     assert info.value.field == "workload" and "\n" not in str(info.value)
     assert name not in WORKLOADS
+
+
+def test_editing_a_registered_workloads_file_compiles_its_plan_anew(tmp_path):
+    """The planner's compile-figure cache keys on the workload's own source: the same plan twice is
+    served from the cache; after an edit to the team's model file it compiles again."""
+    team = tmp_path / "team"
+    shutil.copytree(TEAM, team)
+    env = env_with(team)
+    env["MIGRATION_CACHE_DIR"] = str(tmp_path / "cache")
+
+    def plan(name: str) -> dict:
+        out = tmp_path / f"{name}.json"
+        proc = subprocess.run([sys.executable, "-m", "migration", "plan", "--workload", "team-mlp", "--preset", "tiny",
+                               "--target", "t4", "--global-batch", "16", "--no-tpu-compile", "--quiet",
+                               "--json", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr + proc.stdout
+        return json.loads(out.read_text())
+
+    # `compiles` counts the compiles a plan made, `cache_hits` the figures the cache served
+    first, again = plan("first"), plan("again")
+    assert first["compiles"] > 0 and again["compiles"] == 0 and again["cache_hits"] > 0
+    model = team / "team_models" / "__init__.py"
+    model.write_text(model.read_text() + "\n# an edited line\n")
+    edited = plan("edited")
+    assert edited["compiles"] == first["compiles"], "an edited team model was served the old model's figures"

@@ -72,6 +72,13 @@ class TransformerConfig:
     positions: str = "learned"  # "learned": a position table; "rope": rotary on queries and keys
     bias: bool = True  # biases in the linear layers (GPT-2) or none (modern family)
     rope_theta: float = 500000.0
+    # Llama 3's frequency scaling of rotary positions ("llama3" rope_type): 1.0 is none; otherwise long
+    # wavelengths are divided by this factor, short ones kept, those between blended (`rope_frequencies`).
+    rope_scaling: float = 1.0
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    rope_original_context: int = 8192
+    norm_eps: float = 1e-5  # the norms' epsilon (GPT-2's layer_norm_epsilon, Llama 3's rms_norm_eps)
     noise: float = 0.05
     attention: str = "xla"  # jax.nn.dot_product_attention's implementation: "xla" (every backend) or "cudnn" (NVIDIA GPUs)
 
@@ -100,8 +107,18 @@ def check_config(cfg: TransformerConfig) -> TransformerConfig:
         raise ModelConfigError("n_heads", f"rotary positions need an even head size; d_model / n_heads = {cfg.head_dim}")
     if not (isinstance(cfg.noise, (int, float)) and 0 <= cfg.noise <= 0.5):
         raise ModelConfigError("noise", f"must be a number from 0 to 0.5; got {cfg.noise!r}")
-    if not (isinstance(cfg.rope_theta, (int, float)) and 1 <= cfg.rope_theta <= 1e9):
-        raise ModelConfigError("rope_theta", f"must be a number from 1 to 1e9; got {cfg.rope_theta!r}")
+    for name, lo, hi in (("rope_theta", 1, 1e9), ("rope_scaling", 1, 1024), ("rope_low_freq_factor", 0.01, 1000),
+                         ("rope_high_freq_factor", 0.01, 1000), ("norm_eps", 1e-12, 0.1)):
+        value = getattr(cfg, name)
+        if isinstance(value, bool) or not (isinstance(value, (int, float)) and lo <= value <= hi):
+            raise ModelConfigError(name, f"must be a number from {lo:g} to {hi:g}; got {value!r}")
+    if cfg.rope_high_freq_factor <= cfg.rope_low_freq_factor:
+        raise ModelConfigError("rope_high_freq_factor", f"must be above rope_low_freq_factor "
+                                                        f"({cfg.rope_low_freq_factor:g}); got {cfg.rope_high_freq_factor!r}")
+    if isinstance(cfg.rope_original_context, bool) or not (
+            isinstance(cfg.rope_original_context, int) and 1 <= cfg.rope_original_context <= 1_048_576):
+        raise ModelConfigError("rope_original_context", f"must be an integer from 1 to 1048576; "
+                                                        f"got {cfg.rope_original_context!r}")
     return cfg
 
 
@@ -114,8 +131,8 @@ def _linear(cfg: TransformerConfig, d_in: int, d_out: int, *, dtype, rngs: nnx.R
 
 def _norm(cfg: TransformerConfig, *, dtype, rngs: nnx.Rngs) -> nnx.Module:
     if cfg.norm == "rmsnorm":
-        return nnx.RMSNorm(cfg.d_model, dtype=dtype, param_dtype=jnp.float32, rngs=rngs)
-    return nnx.LayerNorm(cfg.d_model, dtype=dtype, param_dtype=jnp.float32, rngs=rngs)
+        return nnx.RMSNorm(cfg.d_model, epsilon=cfg.norm_eps, dtype=dtype, param_dtype=jnp.float32, rngs=rngs)
+    return nnx.LayerNorm(cfg.d_model, epsilon=cfg.norm_eps, dtype=dtype, param_dtype=jnp.float32, rngs=rngs)
 
 
 class _Attention(nnx.Module):
@@ -142,10 +159,24 @@ class _Attention(nnx.Module):
         return checkpoint_name(self.out(y), "attention_proj")
 
 
-def _rope_tables(seq_len: int, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
+def rope_frequencies(cfg: TransformerConfig) -> jax.Array:
+    """The rotary angular frequencies, (Dh/2,) in float32: theta^(-2i/Dh), with Llama 3's scaling
+    where `rope_scaling` > 1. Measured against the original context, a wavelength longer than
+    context / low_freq_factor is divided by the factor, one shorter than context / high_freq_factor is
+    kept, and those between are blended linearly in context / wavelength."""
+    dh = cfg.head_dim
+    freq = cfg.rope_theta ** (-jnp.arange(0, dh, 2, dtype=jnp.float32) / dh)
+    if cfg.rope_scaling == 1:
+        return freq
+    ratio = cfg.rope_original_context * freq / (2 * math.pi)  # context / wavelength
+    low, high = cfg.rope_low_freq_factor, cfg.rope_high_freq_factor
+    keep = jnp.clip((ratio - low) / (high - low), 0.0, 1.0)  # 0: divided by the factor, 1: kept
+    return (1 - keep) * freq / cfg.rope_scaling + keep * freq
+
+
+def _rope_tables(cfg: TransformerConfig, seq_len: int) -> tuple[jax.Array, jax.Array]:
     """cos and sin of the rotary angles, (T, Dh/2) in float32."""
-    freq = theta ** (-jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim)
-    angles = jnp.arange(seq_len, dtype=jnp.float32)[:, None] * freq[None]
+    angles = jnp.arange(seq_len, dtype=jnp.float32)[:, None] * rope_frequencies(cfg)[None]
     return jnp.cos(angles), jnp.sin(angles)
 
 
@@ -157,17 +188,20 @@ def _rotate(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
 
 
 def _causal_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
-    """Causal attention with grouped heads written out as einsums: scores in the compute dtype, softmax
-    in float32. The fp16 path (jax.nn's XLA version asks for float32 accumulation of fp16 products,
-    which the CPU backend rejects) and the reference the jax.nn paths are tested against."""
+    """Causal attention with grouped heads written out as einsums: the query scaled by 1/sqrt(Dh)
+    before the product, both products accumulated in float32, the softmax in float32. In fp16 the
+    unscaled q.k overflows past 65,504 (inf, then NaN, which loss scaling cannot rescue). The fp16
+    path (jax.nn's XLA version asks for float32 accumulation of fp16 products in a form the CPU
+    backend rejects) and the reference the jax.nn paths are tested against."""
     b, t, h, dh = q.shape
     kv_heads = k.shape[2]
-    q = q.reshape(b, t, kv_heads, h // kv_heads, dh)  # (B, T, K, G, Dh)
-    scores = jnp.einsum("bqkgd,bskd->bkgqs", q, k) / jnp.sqrt(dh).astype(q.dtype)  # (B, K, G, T, T)
+    q = (q * (1.0 / math.sqrt(dh))).astype(k.dtype).reshape(b, t, kv_heads, h // kv_heads, dh)  # (B, T, K, G, Dh)
+    scores = jnp.einsum("bqkgd,bskd->bkgqs", q, k, preferred_element_type=jnp.float32)  # (B, K, G, T, T)
     causal = jnp.tril(jnp.ones((t, t), dtype=bool))
-    scores = jnp.where(causal, scores.astype(jnp.float32), jnp.finfo(jnp.float32).min)
+    scores = jnp.where(causal, scores, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    return jnp.einsum("bkgqs,bskd->bqkgd", probs, v).reshape(b, t, h, dh)  # (B, T, H, Dh)
+    out = jnp.einsum("bkgqs,bskd->bqkgd", probs, v, preferred_element_type=jnp.float32)
+    return out.astype(v.dtype).reshape(b, t, h, dh)  # (B, T, H, Dh)
 
 
 class _Mlp(nnx.Module):
@@ -232,7 +266,7 @@ class Decoder(nnx.Module):
         if cfg.positions == "learned":
             x = x + self.positions(jnp.arange(t))[None]
         else:
-            rope = _rope_tables(t, cfg.head_dim, cfg.rope_theta)
+            rope = _rope_tables(cfg, t)
         graphdef, layers = nnx.split(self.blocks)
 
         def layer(x: jax.Array, params: Any) -> tuple[jax.Array, None]:
@@ -248,10 +282,10 @@ def _gpt2(vocab: int, seq: int, d: int, layers: int, heads: int) -> TransformerC
 
 
 def _modern(vocab: int, seq: int, d: int, layers: int, heads: int, kv_heads: int, d_ff: int, tied: bool,
-            theta: float = 500000.0) -> TransformerConfig:
+            theta: float = 500000.0, rope_scaling: float = 1.0) -> TransformerConfig:
     return TransformerConfig(vocab_size=vocab, seq_len=seq, d_model=d, n_layers=layers, n_heads=heads,
                              n_kv_heads=kv_heads, d_ff=d_ff, tied_embeddings=tied, norm="rmsnorm", mlp="swiglu",
-                             positions="rope", bias=False, rope_theta=theta)
+                             positions="rope", bias=False, rope_theta=theta, rope_scaling=rope_scaling)
 
 
 class _DecoderWorkload(Workload):
@@ -373,9 +407,11 @@ class LlamaWorkload(_DecoderWorkload):
                    "presets with the published dimensions of Llama 3.2 1B and 3B and Llama 3.1 8B")
     presets = {
         "tiny": _modern(256, 64, 64, 2, 4, 2, 128, True, theta=10000.0),
-        "1b": _modern(128256, 2048, 2048, 16, 32, 8, 8192, True),
-        "3b": _modern(128256, 2048, 3072, 28, 24, 8, 8192, True),
-        "8b": _modern(128256, 2048, 4096, 32, 32, 8, 14336, False),
+        # Llama 3.2 scales rotary frequencies by 32, Llama 3.1 by 8 (low 1, high 4, original context
+        # 8,192); both use RMSNorm epsilon 1e-5 (their published configs).
+        "1b": _modern(128256, 2048, 2048, 16, 32, 8, 8192, True, rope_scaling=32.0),
+        "3b": _modern(128256, 2048, 3072, 28, 24, 8, 8192, True, rope_scaling=32.0),
+        "8b": _modern(128256, 2048, 4096, 32, 32, 8, 14336, False, rope_scaling=8.0),
     }
     default_preset = "tiny"
     custom_base = "8b"

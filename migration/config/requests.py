@@ -145,6 +145,19 @@ def check_model(obj: Any) -> Any:
         raise ConfigError(exc.field, str(exc).split(": ", 1)[1]) from None
 
 
+def check_attention(cfg: Any, model_cfg: Any, platform: str) -> None:
+    """cuDNN's fused attention exists on NVIDIA GPUs only, in bf16 or fp16: refused on the CPU
+    backend (`platform` as resolved, where the caller can) and in fp32, naming what runs instead."""
+    if getattr(model_cfg, "attention", None) != "cudnn":
+        return
+    if cfg.precision == "fp32":
+        raise ConfigError("attention", "cudnn (the fused kernel) computes in bf16 or fp16 only; with precision fp32 "
+                                       "use attention xla")
+    if platform == "cpu":
+        raise ConfigError("attention", "cudnn (the fused kernel) needs an NVIDIA GPU; on the CPU backend use "
+                                       "attention xla")
+
+
 def remat_applies(workload: Any, remat: str) -> bool:
     """Whether `remat` means something for `workload`: a named policy needs the model to tag the
     activations it saves."""
@@ -164,7 +177,7 @@ def check_remat_applies(obj: Any) -> None:
 
 def validate(cfg: RunConfig) -> RunConfig:
     """Return `cfg` unchanged if valid; raise ConfigError naming the first bad field otherwise."""
-    check_model(cfg)
+    check_attention(cfg, check_model(cfg), cfg.platform)
     for field in ("per_device_batch", "devices", "accumulation_steps", "steps", "warmup_steps", "seed", "profile_steps"):
         check_int(cfg, field)
     for field in ("learning_rate", "timeout_s", "silence_timeout_s", "memory_fraction"):

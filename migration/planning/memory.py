@@ -14,6 +14,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import importlib.metadata
+import inspect
 import json
 import multiprocessing
 import os
@@ -71,6 +73,43 @@ def code_fingerprint(root: Path = PROJECT_ROOT) -> str:
         for path in sorted(root.glob(pattern)):
             digest.update(path.relative_to(root).as_posix().encode())
             digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+# The packages whose versions change a compile: JAX and its compiler, the CUDA plugin, the model and
+# optimizer libraries.
+COMPILE_PACKAGES = ("jax", "jaxlib", "jax-cuda12-plugin", "jax-cuda12-pjrt", "jax-cuda13-plugin", "jax-cuda13-pjrt",
+                    "flax", "optax")
+
+
+def package_versions() -> list[tuple[str, str | None]]:
+    found = []
+    for name in COMPILE_PACKAGES:
+        try:
+            found.append((name, importlib.metadata.version(name)))
+        except importlib.metadata.PackageNotFoundError:
+            found.append((name, None))
+    return found
+
+
+def workload_fingerprint(workload: Any) -> str:
+    """sha256 over the source of the module that defines `workload`'s class and the Python files beside
+    it (a team's model is often split over a package): an edited team model compiles anew, whether
+    registered through an entry point or named as module:OBJECT. Read each time: a file edited while
+    the server runs must not keep its old figures."""
+    digest = hashlib.sha256()
+    try:
+        source = inspect.getsourcefile(type(workload))
+    except TypeError:
+        source = None
+    if source is None:
+        return "no-source"
+    here = Path(source)
+    for path in [here] + sorted(p for p in here.parent.glob("*.py") if p != here):
+        try:
+            digest.update(path.name.encode() + b"\0" + path.read_bytes())
+        except OSError:
+            continue
     return digest.hexdigest()[:16]
 
 
@@ -275,7 +314,8 @@ class MemoryPredictor:
                 mesh, hashlib.sha256((text + topology).encode()).hexdigest()[:16])
 
     def _key(self, precision: str, remat: str, batch: int, accum: int, sharding: str) -> str:
-        parts = [jax.__version__, code_fingerprint(), self.method, self.target_id, self.req.workload, self.req.preset,
+        parts = [package_versions(), code_fingerprint(), workload_fingerprint(get_workload(self.req.workload)),
+                 self.method, self.target_id, self.req.workload, self.req.preset,
                  sorted(self.model.items()), precision, remat, batch, accum, self.req.gpus, sharding,
                  os.environ.get("XLA_FLAGS", "")]
         return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()

@@ -29,11 +29,11 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from migration.common import PROJECT_ROOT
-from migration.config.requests import PlanRequest, RunConfig, validate, validate_plan_request
+from migration.config.requests import PlanRequest, RunConfig, check_attention, check_model, validate, validate_plan_request
 from migration.results import Plan
 from migration.results import RunReport
 from migration.running.worker import TERMINAL_EVENTS
-from migration.running.worker_env import without_secrets
+from migration.running.worker_env import resolve_platform, without_secrets
 
 STDERR_TAIL_CHARS = 4000
 Outcome = tuple[str, str | None, str]  # (status, failure kind, message) of a finished worker
@@ -346,8 +346,10 @@ class PlanHandle(PlanWaiter, WorkerProcess):
 
 
 def start_run(cfg: RunConfig) -> RunHandle:
-    """Validate (raises ConfigError before any process starts), then start the worker."""
-    return RunHandle(validate(cfg))
+    """Validate (raises ConfigError before any process starts), then start the worker. The platform
+    "auto" is resolved here (NVML), so a fused-attention model is refused on a machine without a GPU."""
+    check_attention(cfg, check_model(validate(cfg)), resolve_platform(cfg.platform))
+    return RunHandle(cfg)
 
 
 def run(cfg: RunConfig, on_event: Callable[[dict[str, Any]], None] | None = None) -> RunReport:
