@@ -88,7 +88,10 @@ class MLPWorkload(Workload):
                                  head_fp32=3 * cfg.num_classes + cfg.in_features)
 
     def flops_per_example(self, cfg: MLPConfig) -> float:
-        return 3.0 * sum(2.0 * i * o for i, o in cfg.layer_sizes)
+        # Per layer: the forward product and the weight gradient, 2 x in x out each, and the input
+        # gradient except for the first layer (its input is the data: no gradient is needed).
+        products = [2.0 * i * o for i, o in cfg.layer_sizes]
+        return 3.0 * sum(products) - products[0]
 
 
 WORKLOAD = MLPWorkload()
