@@ -11,7 +11,7 @@ echo
 echo "== gpt2-small on the local GPU"
 python3 bench/gpu_check.py "$@" || status=1
 echo
-echo "== planner: predicted vs measured peak memory on the local GPU"
+echo "== planner: predicted vs measured peak memory and step time on the local GPU"
 python3 bench/planner_gpu_check.py || status=1
 echo
 echo "== llama 1b planned for the local GPU, replicated vs FSDP over one device"

@@ -1,5 +1,6 @@
 """Planner GPU check: plan gpt2-small and gpt2-medium for the local NVIDIA GPU, run each plan and
-compare predicted with measured peak memory (target: within 10%). Beside the on-device
+compare predicted with measured peak memory (target: within 10%) and predicted with measured step
+time (the compiled program's roofline, planning/steptime.py; its expected error is printed). Beside the on-device
 prediction it prints the deviceless prediction for the catalog H200 (the CPU machine's method),
 made here for the same configuration.
 
@@ -24,6 +25,10 @@ from migration.running.runner import plan, run  # noqa: E402
 from migration.common import GiB  # noqa: E402
 
 
+def _ms(seconds: float | None) -> str:
+    return "n/a" if seconds is None else f"{seconds * 1e3:.1f} ms"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=10)
@@ -37,7 +42,8 @@ def main() -> int:
         print("refused: no NVIDIA GPU here (NVML found none), so nothing can be measured on a GPU; "
               "predicted-vs-measured is only reported for runs on a GPU")
         return 2
-    print(f"{'preset':<12} {'plan':<26} {'pred local':>10} {'pred deviceless':>15} {'measured':>9} {'meas/pred':>9}")
+    print(f"{'preset':<12} {'plan':<26} {'pred local':>10} {'pred deviceless':>15} {'measured':>9} {'meas/pred':>9} "
+          f"{'step pred local':>15} {'step pred deviceless':>20} {'step measured':>13}")
     bad = 0
     for preset in args.presets.split(","):
         local = plan(PlanRequest(workload="transformer", preset=preset, target="local", global_batch=args.global_batch,
@@ -58,12 +64,16 @@ def main() -> int:
         ratio = measured / local.predicted_peak_bytes if measured else None
         print(f"{preset:<12} {desc:<26} {local.predicted_peak_bytes / GiB:>10.2f} "
               f"{deviceless.predicted_peak_bytes / GiB:>15.2f} "
-              f"{(measured or 0) / GiB:>9.2f} {ratio if ratio else float('nan'):>9.3f}  "
+              f"{(measured or 0) / GiB:>9.2f} {ratio if ratio else float('nan'):>9.3f} "
+              f"{_ms(local.predicted_step_s):>15} {_ms(deviceless.predicted_step_s):>20} "
+              f"{_ms(report.step_ms_median / 1e3 if report.ok else None):>13}  "
               f"({local.prediction_method} / {deviceless.prediction_method}; run {report.status})", flush=True)
         if not report.ok or abs(ratio - 1) > 0.10:
             bad += 1
             print(f"  outside 10% or failed: {report.failure_kind} {report.message}")
     print("pred = compiled memory_analysis per GPU; measured = memory_stats peak_bytes_in_use (includes the data pool)")
+    print(f"step pred = the plan's predicted_step_s ({local.step_time.get('source')}: expected error "
+          f"{local.step_time.get('expected_error')}); step measured = the run's median step")
     return 1 if bad else 0
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+from typing import Any
 from pathlib import Path
 
 from migration.common import GiB, cache_dir, read_json, write_json_atomic
@@ -158,11 +159,17 @@ def host_link_bandwidth(compute_capability: tuple[int, int] | None) -> float | N
     return HOST_LINK_BYTES_PER_S.get(compute_capability[0]) if compute_capability else None
 
 
-def link_bandwidth(key: str, nodes: int) -> tuple[float | None, str]:
-    """Bytes/s per GPU of the slowest link a collective over the target's GPUs crosses, and why."""
+def link_bandwidth(key: str, nodes: int, gpus_per_node: int = 8) -> tuple[float | None, str]:
+    """Bytes/s per GPU of a collective over the target's GPUs, and why.
+
+    In one node: the GPU's own link. Across nodes NCCL runs one ring per NIC, each carrying a
+    1/gpus_per_node share of the data over its GPU's NIC, so a GPU's collectives move at most its
+    NIC's bandwidth times the GPUs in a node, and never more than its link inside the node."""
     link, note = LINK_BYTES_PER_S.get(key, (None, "unknown interconnect"))
     if nodes > 1:
-        return min(link or INTER_NODE_BYTES_PER_S, INTER_NODE_BYTES_PER_S), INTER_NODE_NOTE
+        rings = INTER_NODE_BYTES_PER_S * max(1, gpus_per_node)
+        return min(link or rings, rings), (f"{INTER_NODE_NOTE}: {max(1, gpus_per_node)} rings, one per NIC, "
+                                           f"{min(link or rings, rings) / 1e9:,.0f} GB/s per GPU at most")
     return link, note
 
 
@@ -359,3 +366,44 @@ dnn_version_info {{ major: {dnn[0]} minor: {dnn[1]} }}
 runtime_version {{ major: {cuda[0]} minor: {cuda[1]} }}
 device_description_str: "{spec.name}"
 """
+
+
+# -- NVIDIA GPUs present: NVML, which never touches a CUDA context ---------------------------
+
+def nvidia_gpus() -> list[dict[str, Any]]:
+    """NVIDIA GPUs seen by NVML, with memory in use by other processes. Empty without a driver."""
+    try:
+        import pynvml  # reason: optional (nvidia-ml-py); absent on machines without the driver's library
+    except ImportError:
+        return []
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return []
+    try:
+        gpus = []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            mem = pynvml.nvmlDeviceGetMemoryInfo(h)
+            try:
+                procs = pynvml.nvmlDeviceGetComputeRunningProcesses(h)
+            except pynvml.NVMLError:
+                procs = []
+            others = [
+                {"pid": p.pid, "used_bytes": p.usedGpuMemory}
+                for p in procs
+                if p.pid != os.getpid()
+            ]
+            name = pynvml.nvmlDeviceGetName(h)
+            gpus.append({
+                "index": i,
+                "name": name.decode() if isinstance(name, bytes) else name,
+                "total_bytes": mem.total,
+                "used_bytes": mem.used,
+                "free_bytes": mem.free,
+                "other_processes": others,
+                "used_by_other_processes_bytes": sum(p["used_bytes"] or 0 for p in others),
+            })
+        return gpus
+    finally:
+        pynvml.nvmlShutdown()

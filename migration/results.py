@@ -245,6 +245,8 @@ class Plan(JsonExport):
     state: dict[str, Any] = dataclasses.field(default_factory=dict)  # state bytes per GPU: compiled vs arithmetic
     ruled_out_by_bound: int = 0  # candidates not compiled: their analytic lower bound exceeded the budget
     parallel_compiles: int = 0  # of `compiles`, those that ran in a compile worker beside the search
+    # the predicted step time's method and parts (planning/steptime.py): compiled program or analytic
+    step_time: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Plan":

@@ -11,7 +11,7 @@ from typing import Any
 import pandas as pd
 
 from migration.codecheck import Finding
-from migration.common import GiB, fmt_gib, fmt_model
+from migration.common import GiB, fmt_gib, model_name
 from migration.grading import checklist
 from migration.results import Plan, RunReport
 from migration.service.orchestrate import MigrationResult
@@ -25,12 +25,11 @@ def gib(n: Any) -> str:
 
 def plan_markdown(p: Plan) -> str:
     where = f"{p.nodes} nodes × {p.gpus_per_node}" if p.nodes > 1 else f"{p.gpus}"
-    dims = f" ({fmt_model(p.model)})" if p.model else ""
     sj = p.source_job
     source_job = (f"The TPU job: {sj['devices']} devices of {gib(sj['hbm_bytes_per_device'])}, "
                   f"state **{sj['sharding']}** "
                   f"({gib(sj['state_bytes_per_device'])} per device: {sj['why']}).\n\n" if sj else "")
-    head = (f"### {p.workload}/{p.preset}{dims}: {p.source_name} → {where} × {p.target_name}\n"
+    head = (f"### {model_name(p.workload, p.preset, p.model)}: {p.source_name} → {where} × {p.target_name}\n"
             f"{p.param_count:,} parameters. " + source_job +
             f"Prediction: **{p.prediction_method}** — {p.prediction_note}. Budget per GPU {gib(p.budget_bytes)} "
             f"({p.memory_fraction:.0%} of {gib(p.device_memory_bytes)} minus a {p.safety_margin:.0%} margin; device "

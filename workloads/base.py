@@ -102,6 +102,7 @@ class Workload(abc.ABC):
     # The preset that dimensions given without a preset start from (its layout: tied or not, etc.).
     custom_base: ClassVar[str] = "tiny"
     # Config fields a user may override (each checked by `check`); none unless a workload says so.
+    convolutional: ClassVar[bool] = False  # its products are convolutions (not dots): remat policies differ
     free_dimensions: ClassVar[tuple[str, ...]] = ()
     # Activations the model tags with `jax.ad_checkpoint.checkpoint_name`: the named remat policies
     # (save or offload these, recompute the rest) apply only to a workload that names theirs.

@@ -82,6 +82,7 @@ class ResNet(nnx.Module):
 class CNNWorkload(Workload):
     name = "cnn"
     description = "ResNet-style classifier on 32x32x3 images (CIFAR-shaped), BatchNorm synced across devices"
+    convolutional = True  # its products are convolutions, which JAX's dot remat policies never save
     presets = {
         "tiny": CNNConfig(stage_widths=(8, 16), blocks_per_stage=1),
         "small": CNNConfig(stage_widths=(32, 64, 128), blocks_per_stage=2),

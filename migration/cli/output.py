@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from migration.common import fmt_gib, fmt_loss, fmt_model
+from migration.common import fmt_gib, fmt_loss, model_name
 from migration.results import write_csv as write_report_csv
 from migration.service.orchestrate import describe
 
@@ -101,7 +101,7 @@ def print_checklist(items: list[Any]) -> None:
 def print_plan(plan: Any) -> None:
     """A plan: the setup, the budget, the decisions with their reasons, the search."""
     where = (f"{plan.nodes} nodes x {plan.gpus_per_node}" if plan.nodes > 1 else f"{plan.gpus}")
-    print(f"\n{plan.workload}/{plan.preset}{' (' + fmt_model(plan.model) + ')' if plan.model else ''}: "
+    print(f"\n{model_name(plan.workload, plan.preset, plan.model)}: "
           f"{plan.param_count:,} parameters")
     print(f"{plan.source_name} (global batch {plan.requested_global_batch}, {plan.source_per_core_batch} per core, "
           f"{plan.source_precision}) -> {where} x {plan.target_name}")
@@ -165,7 +165,7 @@ def print_ranked(plan: Any) -> None:
 
 def print_autotune(result: Any) -> None:
     """The measured candidates beside their predictions, and the verdict."""
-    print(f"\nautotune of {result.workload}/{result.preset} for {result.gpus} x {result.target_name}, global batch "
+    print(f"\nautotune of {model_name(result.workload, result.preset, getattr(result, 'model', {}))} for {result.gpus} x {result.target_name}, global batch "
           f"{result.requested_global_batch}: {result.warmup_steps} warm-up + {result.timed_steps} timed step(s) each")
     print(f"timings: {result.measured_on}")
     if result.prediction != "seconds":

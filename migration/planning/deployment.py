@@ -18,6 +18,7 @@ import re
 import shlex
 from typing import Any
 
+from migration.common import model_name
 from migration.hardware import GPU_SPECS, gpu_spec_for_device_kind
 
 DEFAULT_PORT = 1234  # in the launch scripts: any port free on the coordinator's host
@@ -131,7 +132,7 @@ def export_lines(plan: Any, skip: tuple[str, ...] = ()) -> list[str]:
 def deployment_snippet(plan: Any, command: str = RUN_COMMAND) -> str:
     """A shell snippet that sets the target's environment and starts the job."""
     lines = ["#!/usr/bin/env bash",
-             one_line(f"# Environment for {plan.workload}/{plan.preset} on {plan.gpus} x {plan.target_name}:"),
+             one_line(f"# Environment for {model_name(plan.workload, plan.preset, plan.model)} on {plan.gpus} x {plan.target_name}:"),
              one_line(f"# {plan.per_device_batch} per GPU x {plan.accumulation_steps} accumulation = global batch "
                       f"{plan.global_batch}, {plan.precision}, remat {plan.remat}."),
              "set -euo pipefail", *export_lines(plan)]

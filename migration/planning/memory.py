@@ -32,6 +32,7 @@ from migration.common import PROJECT_ROOT, cache_dir, compiled_peak_bytes, first
 from migration.config.limits import REMAT_NAMED
 from migration.config.requests import PlanRequest, RunConfig
 from migration.hardware import (
+    nvidia_gpus,
     GPU_SPECS,
     GpuSpec,
     compute_capability,
@@ -41,6 +42,8 @@ from migration.hardware import (
     link_bandwidth,
     matmul_unit,
 )
+from migration.planning.deployment import block_params
+from migration.planning.hlo_cost import Kernel, pack, read_program, unpack
 from migration.planning.search import ROWS_PER_SM_TO_FILL
 from migration.step.train import TrainProgram, abstract_batch, abstract_state, jit_step, make_data_mesh
 from workloads import get_workload
@@ -48,7 +51,7 @@ from workloads import get_workload
 Emit = Callable[..., None]
 # The code that shapes a compile: a change to any of it invalidates cached figures.
 COMPILE_SOURCES = ("workloads/*.py", "migration/step/train.py", "migration/step/policies.py", "migration/planning/memory.py",
-                   "migration/config/requests.py", "migration/common.py")
+                   "migration/planning/hlo_cost.py", "migration/config/requests.py", "migration/common.py")
 # float32 parameters, gradients and AdamW's two moments, all live during the update
 STATE_BYTES_PER_PARAM = 16
 # Named activations each policy keeps for the backward pass, at the least: without remat, the q, k,
@@ -113,16 +116,20 @@ def workload_fingerprint(workload: Any) -> str:
     return digest.hexdigest()[:16]
 
 
-def compile_memory(program: TrainProgram, mesh: Any) -> dict[str, int | None]:
+def compile_memory(program: TrainProgram, mesh: Any, kernels: bool = False) -> dict[str, Any]:
     """Peak bytes per device of the real train step compiled on abstract inputs for `mesh`'s devices,
     and the bytes of its state arguments per device (allocates nothing; raises what XLA raises,
-    e.g. when even the compiler finds it cannot fit)."""
+    e.g. when even the compiler finds it cannot fit). With `kernels`, the program's kernels and
+    collectives too (hlo_cost.pack), for the step-time prediction of a GPU target."""
     lowered = jit_step(program, mesh).lower(abstract_state(program, mesh), abstract_batch(program, mesh))
     compiled = lowered.compile()
     stats = compiled.memory_analysis()
     batch_bytes = sum(s.size * s.dtype.itemsize for s in program.batch_shapes().values()) // mesh.size
     state = None if stats is None else int(stats.argument_size_in_bytes) - batch_bytes
-    return {"peak_bytes": compiled_peak_bytes(compiled), "state_bytes": state}
+    found: dict[str, Any] = {"peak_bytes": compiled_peak_bytes(compiled), "state_bytes": state}
+    if kernels:
+        found["kernels"] = pack(read_program(compiled.as_text()))
+    return found
 
 
 def compile_peak(program: TrainProgram, mesh: Any) -> int | None:
@@ -203,7 +210,7 @@ class Target:
 def resolve_target(req: PlanRequest) -> Target:
     if req.target != "local":
         spec = GPU_SPECS[req.target]
-        link, link_note = link_bandwidth(spec.key, req.nodes)
+        link, link_note = link_bandwidth(spec.key, req.nodes, min(req.gpus, req.gpus_per_node))
         return Target(spec.name, spec, spec.memory_bytes, _budget(spec.memory_bytes * req.memory_fraction, req),
                       f"{fmt_gib(spec.memory_bytes)} from {spec.source}", spec.bf16_native, spec.compute_capability,
                       "gpu", spec.sm_count * ROWS_PER_SM_TO_FILL, None, link, link_note)
@@ -232,10 +239,33 @@ def _local_gpu_target(device: Any, name: str, req: PlanRequest) -> Target:
         share, source = int(total * req.memory_fraction), f"{fmt_gib(total)} from {spec.source} (the device reported no limit)"
     else:
         raise CompileFailed(f"{device.device_kind} reports no memory limit and is not in the catalog")
+    share, source = free_share(share, source, nvidia_gpus(), nvml_index(device))
     sms = spec.sm_count if spec else int(getattr(device, "core_count", 0) or 100)
     link, link_note = link_bandwidth(spec.key, 1) if spec else (None, "unknown interconnect")
     return Target(name, spec, total, _budget(share, req), source, cc >= (8, 0), cc, "gpu",
                   sms * ROWS_PER_SM_TO_FILL, device.device_kind, link, link_note)
+
+
+def nvml_index(device: Any) -> int:
+    """NVML's index of a local JAX GPU: its ordinal through CUDA_VISIBLE_DEVICES when that lists indices."""
+    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    local = int(getattr(device, "local_hardware_id", None) or getattr(device, "id", 0) or 0)
+    if visible and all(v.isdigit() for v in visible) and local < len(visible):
+        return int(visible[local])
+    return local
+
+
+def free_share(share: int, source: str, gpus: list[dict[str, Any]], index: int) -> tuple[int, str]:
+    """The job's share capped by what NVML reports free on its GPU: on a shared GPU other processes
+    already hold memory, and a plan that fits the share alone can run out of memory beside them."""
+    gpu = next((g for g in gpus if g.get("index") == index), None)
+    if gpu is None or gpu.get("free_bytes") is None:
+        return share, source + "; free memory not known (no NVML): other processes' use not subtracted"
+    free = int(gpu["free_bytes"])
+    if free < share:
+        return free, (f"{source}, capped at the {fmt_gib(free)} NVML reports free on GPU {index} (other processes "
+                      f"hold {fmt_gib(gpu.get('used_by_other_processes_bytes') or gpu['used_bytes'])})")
+    return share, f"{source}; {fmt_gib(free)} free on GPU {index} (NVML)"
 
 
 def _budget(share: float, req: PlanRequest) -> int:
@@ -261,6 +291,8 @@ class MemoryPredictor:
         self.model = dict(req.model if model is None else model)  # the dimension overrides compiled
         self.emit = emit
         self.state_bytes: dict[tuple[str, str, int, int, str], int | None] = {}
+        # The kernels of each compiled candidate (a GPU compile only): what its step time is read from.
+        self.programs: dict[tuple[str, str, int, int, str], list[Kernel]] = {}
         self.cache = cache or CompileCache()
         self.compiles = 0
         self.cache_hits = 0
@@ -281,6 +313,9 @@ class MemoryPredictor:
                 "estimate", f"analytic estimate: {estimate_because}", None, f"estimate:{req.target}")
         else:
             self.method, self.note, self.mesh, self.target_id = self._setup()
+        # A GPU program's kernels are read for its step time; a CPU-backend program says nothing of a GPU's.
+        self.reads_kernels = self.method == "compiled-for-target" or (
+            self.method == "compiled-local" and jax.default_backend() == "gpu")
 
     # -- where we compile ------------------------------------------------------------------
     def _setup(self) -> tuple[str, str, Any, str]:
@@ -348,6 +383,8 @@ class MemoryPredictor:
                 self.cache.put(key, found)
         peak = found["peak_bytes"]
         self.state_bytes[(sharding, remat, batch, accum, precision)] = found.get("state_bytes")
+        if found.get("kernels") is not None:
+            self.programs[(sharding, remat, batch, accum, precision)] = unpack(found["kernels"])
         if record:
             row = {"sharding": sharding, "per_device_batch": batch, "remat": remat, "precision": precision,
                    "accumulation_steps": accum, "predicted_bytes": peak, "state_bytes": found.get("state_bytes"),
@@ -408,7 +445,7 @@ class MemoryPredictor:
                         sharding=sharding)
         self.compiles += 1
         try:
-            return compile_memory(TrainProgram.from_config(cfg), self.mesh)
+            return compile_memory(TrainProgram.from_config(cfg), self.mesh, kernels=self.reads_kernels)
         except Exception as exc:  # noqa: BLE001 - XLA raises several types; memory is told apart by its message
             if is_oom(str(exc)):
                 return {"peak_bytes": None, "state_bytes": None}
@@ -440,7 +477,23 @@ class MemoryPredictor:
                 "dots_no_batch": 0.45 * prof.n_blocks * prof.per_block,
                 }.get(remat, prof.n_blocks * (prof.block_input + named) + prof.per_block)
         activations = batch * (kept * elem + prof.head_fp32 * 4)
-        return int(state + activations)
+        return int(state + activations + self.gathered_weights(precision, remat, sharding))
+
+    def gathered_weights(self, precision: str, remat: str, sharding: str) -> float:
+        """Bytes of FSDP's gathered weights per device, in the compute dtype: with remat `none` the
+        backward pass reads every block's gathered copy from the forward (all of them are live, about
+        14 GB for an 8B model in bf16); another policy gathers them again block by block (two blocks
+        live: the one computing and the next arriving). Weights outside the blocks (embeddings, a
+        head) are gathered whole. Nothing under replicated state."""
+        if sharding != "fsdp" or self.req.gpus == 1:
+            return 0.0
+        w = get_workload(self.req.workload)
+        cfg = self._model_cfg()
+        elem = 4 if precision == "fp32" else 2
+        blocks = w.activation_profile(cfg).n_blocks
+        per_block = block_params(w, cfg)
+        outside = max(0, w.param_count(cfg) - blocks * per_block)
+        return elem * ((blocks if remat == "none" else min(2, blocks)) * per_block + outside)
 
     def lower_bound(self, precision: str, remat: str, batch: int, sharding: str = "replicated") -> int:
         """Bytes per device the step needs at the least: the float32 parameters and AdamW moments

@@ -26,6 +26,7 @@ from migration.hardware import MATMUL_UNITS, TPU_SPECS, fp32_matmul_precision, h
 from migration.planning.memory import STATE_BYTES_PER_PARAM, CompileFailed, MemoryPredictor, Target, resolve_target
 from migration.results import Decision, Plan
 from migration.planning.source import compile_for_source_tpu, source_sharding, tpu_setup_on_target
+from migration.planning import steptime
 from migration.planning.search import (
     RECOMPUTE_NOTE,
     REMAT_ORDER,
@@ -108,12 +109,20 @@ class _Planner:
         self.params = w.param_count(cfg)
         self.precision = precision
         elem = 4 if precision == "fp32" else 2
-        comm = Communication(self.params, req.gpus, elem, target.link_bytes_per_s)
+        # The analytic model ranks the choices: FLOPs at the calibrated share of the peak, collectives at
+        # the calibrated share of the link (planning/steptime.py); the chosen step is then timed from
+        # its compiled program where there is one (`_step_time`).
+        cal = steptime.CALIBRATION
+        link = target.link_bytes_per_s * cal.link if target.link_bytes_per_s else None
+        comm = Communication(self.params, req.gpus, elem, link)
         prof = w.activation_profile(cfg)
         offloaded = prof.n_blocks * sum(prof.named.get(n, 0.0) for n in REMAT_NAMED["offload_dot_except_mlp"]) * elem
+        peak = target.peak_flops(self.precision)
+        factors = recompute_factors(w.forward_flops_by_part(cfg), w.flops_per_example(cfg),
+                                    fused_attention=getattr(cfg, "attention", "") == "cudnn",
+                                    convolutional=getattr(w, "convolutional", False))
         self.cost = StepCostModel(w.flops_per_example(cfg), w.rows_per_example(cfg), target.fill_rows,
-                                  target.peak_flops(self.precision), w.matmul_width(cfg), comm,
-                                  recompute_factors(w.forward_flops_by_part(cfg), w.flops_per_example(cfg)),
+                                  peak * cal.matmul if peak else None, w.matmul_width(cfg), comm, factors,
                                   offloaded, host_link_bandwidth(target.compute_capability))
         # Policies that apply: the named ones only to a model that names their activations.
         self.policies = [r for r in REMAT_ORDER if remat_applies(w, r)]
@@ -178,7 +187,8 @@ class _Planner:
         Per sharding, policies go from least to most recompute; each search starts from the batch
         the previous policy reached (a policy that keeps less never needs more memory). With
         `prune`, a pair is skipped (and remembered in `self.skipped`) when even a perfectly filled
-        device under it is slower than the best choice found so far that keeps the global batch.
+        device under it is slower than the best verified choice found so far that keeps the global
+        batch (compiled with its accumulation and within the budget, `_verified_best`).
         """
         found: dict[Key, int] = {}
         best = math.inf
@@ -198,10 +208,22 @@ class _Planner:
             found[(mode, remat)] = largest_fitting(self.candidates, measure, self.target.budget_bytes,
                                                    known_fit=kept, first_guess=guess)
             known[mode] = max(kept, found[(mode, remat)])
-            exact = [c for c in self.rank({(mode, remat): found[(mode, remat)]}) if c.exact]
-            if exact:
-                best = min(best, exact[0].step_cost)
+            best = min(best, self._verified_best(mode, remat, found[(mode, remat)], best))
         return found
+
+    def _verified_best(self, mode: str, remat: str, top: int, best: float) -> float:
+        """The fastest choice under (mode, remat) that keeps the global batch and fits once compiled
+        with its accumulation, when faster than `best`; else `best`. Policies are pruned only against
+        such a verified choice: one that fits at accumulation 1 may not with its accumulation, and a
+        policy pruned against it would be lost (`verify` finds the compile in the cache)."""
+        for c in (c for c in self.rank({(mode, remat): top}) if c.exact):
+            if c.step_cost >= best:
+                break
+            peak = self.predictor.predict(self.precision, remat, c.per_device_batch, c.accumulation_steps,
+                                          sharding=mode)
+            if peak is not None and peak <= self.target.budget_bytes:
+                return c.step_cost
+        return best
 
     def verify(self, ranked: list[Choice]) -> tuple[Choice | None, int | None, list[dict[str, Any]]]:
         """The first ranked choice whose compile with its accumulation fits the budget. A choice is
@@ -295,9 +317,9 @@ class _Planner:
                        f"{other.per_device_batch} per GPU x {other.accumulation_steps})")
         comm = self.cost.communication
         if comm and self.req.gpus > 1:
-            moved = comm.bytes_per_micro_batch(chosen.sharding)
+            moved = comm.bytes_per_micro_batch(chosen.sharding, chosen.remat)
             why += (f"; collectives move {fmt_gib(moved)} per GPU per micro-batch"
-                    + (f", {self._step_text(self.cost.comm_seconds(chosen.sharding, chosen.accumulation_steps))} "
+                    + (f", {self._step_text(self.cost.comm_seconds(chosen.sharding, chosen.accumulation_steps, chosen.remat))} "
                        f"per step over {self.target.link_note}" if self.target.link_bytes_per_s else "")
                     + " (predicted; overlapped with compute by XLA's latency-hiding scheduler)")
         return why
@@ -330,6 +352,32 @@ class _Planner:
                f"sharded over the slice's {src.devices} chips")
         return {"devices": src.devices, "hbm_bytes_per_device": src.hbm_bytes_per_device, "sharding": sharding,
                 "state_bytes_per_device": int(per_chip), "why": why, "pod_slice": src.is_pod_slice}
+
+    def _step_time(self, chosen: Choice) -> dict[str, Any]:
+        """The chosen step's predicted time: from its compiled program where the planner compiled it
+        for a GPU (steptime.py), else the analytic model's (FLOPs at the calibrated share of the peak,
+        collectives over the link), saying which and how far off it is expected to be."""
+        analytic = chosen.step_cost if self.cost.peak_flops else None
+        kernels = self.predictor.programs.get((chosen.sharding, chosen.remat, chosen.per_device_batch,
+                                               chosen.accumulation_steps, self.precision))
+        spec = self.target.spec
+        if kernels and spec is not None:
+            p = steptime.predict(kernels, spec, self.target.link_bytes_per_s)
+            model = get_workload(self.req.workload).config(self.req.preset, self.predictor.model)
+            error = (steptime.EXPECTED_ERROR_XLA_ATTENTION if getattr(model, "attention", "") == "xla"
+                     and getattr(model, "seq_len", 0) >= 1024 else steptime.EXPECTED_ERROR)
+            return {"seconds": p.seconds, "method": p.method(spec, self.target.link_note or "no link", error),
+                    "source": "compiled program", "expected_error": error, "compute_s": p.compute_s,
+                    "matmul_s": p.matmul_s, "memory_bound_s": p.memory_s, "communication_s": p.communication_s,
+                    "exposed_communication_s": p.exposed_communication_s, "compiled_flops": p.flops,
+                    "kernels": p.kernels, "analytic_s": analytic}
+        if analytic is None:
+            return {"seconds": None, "method": "no step time: this device has no known peak", "source": "none",
+                    "expected_error": None, "analytic_s": None}
+        return {"seconds": analytic, "source": "analytic", "expected_error": None, "analytic_s": analytic,
+                "method": (f"analytic: the model's FLOPs at {steptime.CALIBRATION.matmul:.0%} of the dense peak, scaled "
+                           f"by the device fill and the policy's recompute, collectives over the link; not checked "
+                           f"against a compiled program ({self.predictor.method})")}
 
     def _step_text(self, seconds: float | None) -> str:
         return "n/a (no peak for this device)" if seconds is None or not self.cost.peak_flops else f"{seconds * 1e3:.1f} ms"
@@ -392,10 +440,12 @@ class _Planner:
                 f"cross nodes over {self.target.link_note}")))
         tpu_setup = tpu_setup_on_target(req, self.predictor, self.target.budget_bytes, chosen.sharding)
         source_compile = compile_for_source_tpu(req) if req.compile_for_tpu else {"status": "not requested"}
+        step = self._step_time(chosen)
+        d.append(Decision("step_time", None if step["seconds"] is None else round(step["seconds"], 6), step["method"]))
         return Plan(status="ok", per_device_batch=chosen.per_device_batch, accumulation_steps=chosen.accumulation_steps,
                     global_batch=chosen.global_batch, global_batch_exact=chosen.exact, remat=chosen.remat,
                     remat_chosen_by="override" if req.remat else "search", predicted_peak_bytes=peak,
-                    predicted_step_s=chosen.step_cost if self.cost.peak_flops else None,
+                    predicted_step_s=step["seconds"], step_time=step,
                     tpu_setup_on_target=tpu_setup, source_tpu_compile=source_compile, decisions=d,
                     state=self._state(chosen), **self._common(max_batch, ranked, rejected, chosen.sharding))
 

@@ -38,16 +38,31 @@ RECOMPUTE_NOTE = {
     "save_dot_except_mlp": "recomputes the MLP's matmuls and elementwise work; the attention side is kept",
     "save_qkv": "keeps the q, k, v projections; recomputes attention, its projection and the MLP",
     "offload_dot_except_mlp": "recomputes the MLP; the attention side's outputs wait in host memory (PCIe copies)",
-    "full": "recomputes each block's forward pass",
+    "full": "recomputes each block's forward pass and its elementwise work",
 }
 
 
-def recompute_factors(forward_by_part: dict[str, float], step_flops: float) -> dict[str, float]:
+def recompute_factors(forward_by_part: dict[str, float], step_flops: float, *, fused_attention: bool = False,
+                      convolutional: bool = False) -> dict[str, float]:
     """Compute of a training step under each policy relative to no remat: 1 + the recomputed
-    forward FLOPs (per example, by part) over the step's FLOPs (forward + backward, per example)."""
+    forward FLOPs (per example, by part) over the step's FLOPs (forward + backward, per example),
+    + the elementwise share where the policy recomputes elementwise work.
+
+    Corrections by the model's kind of work: cuDNN's fused attention is a custom call, not a dot,
+    and its backward needs the forward's softmax statistics, which only `none` keeps: every other
+    policy re-runs the attention forward (three fused-attention calls in the compiled program for
+    two). JAX's dot policies save dot_general outputs, never convolutions: for a convolutional model
+    `dots` and `dots_no_batch` recompute the whole block."""
     block = sum(forward_by_part.values())
     out = {}
     for name, parts in RECOMPUTES.items():
+        parts = set(parts)
+        if fused_attention and name != "none":
+            parts.add("attention")
+        if convolutional and name in ("dots", "dots_no_batch"):
+            parts = {"block"}
+        if "block" in parts:
+            parts = {"block", "elementwise"}
         extra = sum(block if p == "block" else forward_by_part.get(p, 0.0) for p in parts if p != "elementwise")
         out[name] = 1.0 + extra / step_flops + (ELEMENTWISE_SHARE if "elementwise" in parts else 0.0)
     return out
@@ -185,18 +200,20 @@ class Communication:
     compute_bytes: int  # bytes per element of the compute dtype
     link_bytes_per_s: float | None  # None: unknown (a CPU target): no communication term
 
-    def bytes_per_micro_batch(self, sharding: str) -> float:
+    def bytes_per_micro_batch(self, sharding: str, remat: str = "full") -> float:
+        """FSDP gathers the weights again for the backward pass unless the policy keeps the forward's
+        gathered copies (`none` keeps every residual): two transfers then, else three."""
         if self.devices == 1:
             return 0.0
         share = (self.devices - 1) / self.devices
         if sharding == "fsdp":
-            return 3 * share * self.param_count * self.compute_bytes
+            return (2 if remat == "none" else 3) * share * self.param_count * self.compute_bytes
         return 2 * share * self.param_count * 4
 
-    def seconds(self, sharding: str, accumulation: int) -> float:
+    def seconds(self, sharding: str, accumulation: int, remat: str = "full") -> float:
         if not self.link_bytes_per_s:
             return 0.0
-        return accumulation * self.bytes_per_micro_batch(sharding) / self.link_bytes_per_s
+        return accumulation * self.bytes_per_micro_batch(sharding, remat) / self.link_bytes_per_s
 
 
 @dataclasses.dataclass(frozen=True)
@@ -236,11 +253,12 @@ class StepCostModel:
             return 0.0
         return 2 * examples * self.offload_bytes_per_example / self.host_link_bytes_per_s
 
-    def comm_seconds(self, sharding: str, accumulation: int) -> float:
-        return self.communication.seconds(sharding, accumulation) if self.communication and self.peak_flops else 0.0
+    def comm_seconds(self, sharding: str, accumulation: int, remat: str = "full") -> float:
+        return self.communication.seconds(sharding, accumulation, remat) if self.communication and self.peak_flops \
+            else 0.0
 
     def step_seconds(self, remat: str, batch: int, accumulation: int, sharding: str = "replicated") -> float:
-        return max(self.compute_seconds(remat, batch, accumulation), self.comm_seconds(sharding, accumulation),
+        return max(self.compute_seconds(remat, batch, accumulation), self.comm_seconds(sharding, accumulation, remat),
                    self.offload_seconds(remat, batch * accumulation))
 
     def best_possible(self, remat: str, examples_per_device: int, sharding: str = "replicated",
@@ -251,7 +269,7 @@ class StepCostModel:
         largest = min(examples_per_device, max_batch or examples_per_device)
         compute = (self.flops_per_example * examples_per_device * self.recompute[remat]
                    / ((self.peak_flops or 1.0) * self.fill(largest)))
-        return max(compute, self.comm_seconds(sharding, math.ceil(examples_per_device / largest)),
+        return max(compute, self.comm_seconds(sharding, math.ceil(examples_per_device / largest), remat),
                    self.offload_seconds(remat, examples_per_device))
 
 
@@ -273,7 +291,7 @@ class Choice:
                 "predicted_step_s": self.step_cost if model.peak_flops else None,
                 "compute_s": model.compute_seconds(self.remat, self.per_device_batch, self.accumulation_steps)
                 if model.peak_flops else None,
-                "communication_s": model.comm_seconds(self.sharding, self.accumulation_steps)
+                "communication_s": model.comm_seconds(self.sharding, self.accumulation_steps, self.remat)
                 if model.peak_flops else None,
                 "relative_cost": self.step_cost}
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 import glob
 import os
 from collections.abc import Mapping
-from typing import Any
 
 from migration.config.requests import PlanRequest, RunConfig
 from migration.config.distributed import devices_per_process
+from migration.hardware import nvidia_gpus
 
 # Variables that change what JAX/XLA do; reported by `env` and recorded with every run.
 JAX_ENV_VARS = (
@@ -44,45 +44,6 @@ def without_secrets(env: Mapping[str, str]) -> dict[str, str]:
     """`env` less the server's secrets and anything whose name says it is one."""
     return {k: v for k, v in env.items()
             if k not in SECRET_VARIABLES and not any(m in k.upper() for m in SECRET_MARKERS)}
-
-
-def nvidia_gpus() -> list[dict[str, Any]]:
-    """NVIDIA GPUs seen by NVML, with memory in use by other processes. Empty without a driver."""
-    try:
-        import pynvml
-    except ImportError:
-        return []
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError:
-        return []
-    try:
-        gpus = []
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            mem = pynvml.nvmlDeviceGetMemoryInfo(h)
-            try:
-                procs = pynvml.nvmlDeviceGetComputeRunningProcesses(h)
-            except pynvml.NVMLError:
-                procs = []
-            others = [
-                {"pid": p.pid, "used_bytes": p.usedGpuMemory}
-                for p in procs
-                if p.pid != os.getpid()
-            ]
-            name = pynvml.nvmlDeviceGetName(h)
-            gpus.append({
-                "index": i,
-                "name": name.decode() if isinstance(name, bytes) else name,
-                "total_bytes": mem.total,
-                "used_bytes": mem.used,
-                "free_bytes": mem.free,
-                "other_processes": others,
-                "used_by_other_processes_bytes": sum(p["used_bytes"] or 0 for p in others),
-            })
-        return gpus
-    finally:
-        pynvml.nvmlShutdown()
 
 
 def resolve_platform(platform: str) -> str:

@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 from migration.service.autotune import AutotuneSettings, autotuned_plan, check_target_here, start_autotune
 from migration.codecheck import CodeCheck
-from migration.common import first_line, fmt_model
+from migration.common import first_line, model_name
 from migration.config.limits import ConfigError
 from migration.config.requests import PlanRequest, RunConfig, check_model, validate, validate_plan_request
 from migration.service.history import History, HistoryError
@@ -81,8 +81,7 @@ class JobService:
         req = validate_plan_request(dataclasses.replace(
             req, timeout_s=min(req.timeout_s, self.limits.max_run_s), silence_timeout_s=self.limits.silence_s))
         lane = self._plan_lane(req)
-        dims = f" ({fmt_model(req.model)})" if req.model else ""
-        summary = f"plan {req.workload}/{req.preset}{dims} {req.source} → {req.gpus} × {req.target}"
+        summary = f"plan {model_name(req.workload, req.preset, req.model)} {req.source} → {req.gpus} × {req.target}"
         payload = {"config": {"global_batch": req.global_batch, "devices": req.gpus, "target": req.target},
                    "request": req.to_dict(), "message": "queued"}
         return self._submit("plan", user, label, lane, summary, req.workload, req.preset, payload,
@@ -161,7 +160,7 @@ class JobService:
         base = validate(dataclasses.replace(base, silence_timeout_s=self.limits.silence_s))
         payload = {"config": {"global_batch": plan.global_batch, "devices": plan.gpus, "top": settings.top},
                    "message": "queued", "target": plan.target_name}
-        summary = f"autotune {plan.workload}/{plan.preset} ({plan.target_name}), top {settings.top}"
+        summary = f"autotune {model_name(plan.workload, plan.preset, plan.model)} ({plan.target_name}), top {settings.top}"
         return self._submit("plan", user, label, self._host_gpu_lane, summary, plan.workload, plan.preset, payload,
                             lambda job: self._autotune_job(job, plan, settings, base))
 

@@ -1,0 +1,225 @@
+"""Predicted step time against published measurements of JAX/XLA training on NVIDIA GPUs.
+
+For every entry of bench/published.json (model, GPUs, batch, sequence, precision, remat, measured
+step time, sequences/s or TFLOP/s per device, with its source): compile this product's train step
+for that configuration and target without the devices (the planner's deviceless XLA GPU compile),
+read the program (migration/planning/hlo_cost.py), predict its step time
+(migration/planning/steptime.py) and print it beside the published figure, with the error of each
+and the worst. Each entry says how its stated setup maps onto this product's (`MAPPING`): remat
+policy, attention kernel, how the state is held.
+
+The calibration (steptime.CALIBRATION) is fitted on the entries marked "tune" (`--fit` searches a
+grid for the least root-mean-square log error and prints the best); the entries marked "held-out" were frozen before any fit and are scored
+apart, never used to choose a constant.
+
+    python bench/published_check.py            # the table (compiles cached under the cache folder)
+    python bench/published_check.py --fit      # search the calibration on the tuning entries
+    python bench/published_check.py --only ID  # one entry
+
+Compiles take 5-60 s each on two cores (the first run); later runs read them from the cache.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_disable_hlo_passes=rematerialization").strip()
+
+import argparse  # noqa: E402
+import dataclasses  # noqa: E402
+import hashlib  # noqa: E402
+import itertools  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from migration.common import cache_dir, read_json, write_json_atomic  # noqa: E402
+from migration.hardware import GPU_SPECS, link_bandwidth  # noqa: E402
+from migration.planning import steptime  # noqa: E402
+from migration.planning.hlo_cost import Kernel  # noqa: E402
+
+PUBLISHED = Path(__file__).with_name("published.json")
+
+# How each published setup runs as this product's step: remat policy (ours closest to theirs),
+# attention kernel, state sharding, and whether the entry tunes the calibration or is held out.
+# MaxText's minimal_flash saves the dots without batch dimensions (and the flash output): ours
+# dots_no_batch. Pax SAVE_DOT_WITH_NO_BATCH_DIM is dots_no_batch, SAVE_NOTHING full, SAVE_DOT_ONLY
+# dots; MaxText's save_qkv_proj and the custom qkv policy are save_qkv. Flash / TE attention is
+# cuDNN's fused attention; Pax's 126M ran without it. DP-only jobs hold the state replicated; FSDP
+# (and FSDP within nodes with data parallelism between them, which this product runs as FSDP over
+# every GPU) is fsdp.
+MAPPING = {
+    "jaxtoolbox-maxtext-llama2-7b-8xh100-bf16": ("dots_no_batch", "cudnn", "fsdp", "tune"),
+    "maxtext-a3-llama2-7b-1node-h100-bf16": ("dots_no_batch", "cudnn", "fsdp", "tune"),
+    "maxtext-a3-llama2-7b-2node-h100-bf16": ("dots_no_batch", "cudnn", "fsdp", "tune"),
+    "maxtext-a3-llama2-7b-16node-h100-bf16": ("dots_no_batch", "cudnn", "fsdp", "held-out"),
+    "pax-gpt126m-64xa100-bf16": ("none", "xla", "replicated", "tune"),
+    "pax-gpt5b-256xa100-bf16": ("dots_no_batch", "cudnn", "fsdp", "tune"),
+    "pax-gpt175b-256xa100-tebf16": ("full", "cudnn", "fsdp", "held-out"),
+    "pax-gpt126m-64xh100-tebf16": ("none", "xla", "replicated", "held-out"),
+    "pax-gpt5b-256xh100-tebf16": ("dots_no_batch", "cudnn", "fsdp", "held-out"),
+    "pax-gpt175b-256xh100-tebf16": ("full", "cudnn", "fsdp", "held-out"),
+    "pax-llama2-7b-sft-16xh100-bf16": ("dots_no_batch", "cudnn", "fsdp", "held-out"),
+    "dgxc-paxml-gpt5b-16xh100-bf16": ("dots", "cudnn", "fsdp", "tune"),
+    "dgxc-maxtext-llama2-70b-64xh100-bf16": ("save_qkv", "cudnn", "fsdp", "tune"),
+    "dgxc-maxtext-llama3-70b-128xh100-bf16": ("save_qkv", "cudnn", "fsdp", "held-out"),
+}
+
+
+def run_config(entry: dict):
+    from migration.config.requests import RunConfig
+
+    remat, attention, sharding, _ = MAPPING[entry["id"]]
+    m = entry["model"]
+    swiglu = m["mlp"] == "swiglu"
+    model = {"n_layers": m["n_layers"], "d_model": m["d_model"], "n_heads": m["n_heads"], "n_kv_heads": m["n_kv_heads"],
+             "d_ff": m["d_ff"], "vocab_size": m["vocab_size"], "seq_len": m["seq_len"], "attention": attention,
+             "tied_embeddings": m["tied_embeddings"]}
+    if swiglu:
+        model["rope_scaling"] = 1.0  # Llama 2 and Llama 3 70B (3.0): no frequency scaling
+    return RunConfig(workload="llama" if swiglu else "transformer", preset="8b" if swiglu else "gpt2-small",
+                     model=model, per_device_batch=entry["per_device_batch"], devices=entry["gpus"],
+                     precision="bf16", remat=remat, sharding=sharding)
+
+
+def _key(entry: dict) -> str:
+    from migration.planning.memory import code_fingerprint, package_versions
+
+    cfg = run_config(entry)
+    parts = [cfg.to_dict(), entry["gpu"], entry["nodes"], code_fingerprint(), package_versions(), os.environ["XLA_FLAGS"],
+             (ROOT / "migration/planning/hlo_cost.py").read_text()]
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def compile_kernels(entry: dict) -> tuple[list[Kernel], float]:
+    """The kernels of this product's step for the entry, compiled for its target without the devices."""
+    from jax.experimental import topologies
+
+    from migration.hardware import gpu_target_config
+    from migration.planning.hlo_cost import read_program
+    from migration.step.train import TrainProgram, abstract_batch, abstract_state, jit_step, make_data_mesh
+
+    spec = GPU_SPECS[entry["gpu"]]
+    per_node = entry["gpus"] // entry["nodes"]
+    topo = topologies.get_topology_desc(platform="cuda", target_config=gpu_target_config(spec),
+                                        topology=f"1x{entry['nodes']}x{per_node}")
+    mesh = make_data_mesh(topo.devices)
+    program = TrainProgram.from_config(run_config(entry))
+    t0 = time.perf_counter()
+    compiled = jit_step(program, mesh).lower(abstract_state(program, mesh), abstract_batch(program, mesh)).compile()
+    return read_program(compiled.as_text()), time.perf_counter() - t0
+
+
+def kernels_for(entry: dict, cache: dict) -> list[Kernel]:
+    key = _key(entry)
+    if key not in cache:
+        kernels, seconds = compile_kernels(entry)
+        cache[key] = [dataclasses.asdict(k) for k in kernels]
+        write_json_atomic(cache_dir() / "published_programs.json", cache)
+        print(f"  compiled {entry['id']} in {seconds:.0f} s", file=sys.stderr)
+    return [Kernel(**k) for k in cache[key]]
+
+
+def source_flops_per_device(entry: dict) -> float:
+    """The FLOPs per device per step by the source's own definition (entries that print TFLOP/s)."""
+    m, b = entry["model"], entry["per_device_batch"]
+    d, s, layers, heads = m["d_model"], m["seq_len"], m["n_layers"], m["n_heads"]
+    dh = d // heads
+    kv = m["n_kv_heads"] * dh
+    mlp = (3 if m["mlp"] == "swiglu" else 2) * d * m["d_ff"]
+    block = 2 * d * d + 2 * d * kv + mlp
+    if "WITHOUT causal halving" in (entry.get("tflops_definition") or ""):
+        attention = 12 * heads * layers * dh * s * s * b  # no causal halving
+        return 6 * (layers * block + m["vocab_size"] * d) * s * b + attention
+    params = layers * block + m["vocab_size"] * d * (1 if m["tied_embeddings"] else 2)
+    return 6 * params * s * b + 12 * heads * layers * dh * s * s * b / 2
+
+
+def published_step(entry: dict) -> tuple[float, str]:
+    measured = entry["measured"]
+    if measured.get("step_time_s"):
+        return measured["step_time_s"], "step time as published"
+    if measured.get("sequences_per_s_total"):
+        return entry["global_batch"] / measured["sequences_per_s_total"], \
+            f"global batch {entry['global_batch']} / {measured['sequences_per_s_total']} sequences/s"
+    tflops = measured["tflops_per_device"]
+    return source_flops_per_device(entry) / (tflops * 1e12), f"the source's FLOPs per device / {tflops} TFLOP/s"
+
+
+def predict(entry: dict, kernels: list[Kernel], cal: steptime.Calibration) -> steptime.StepPrediction:
+    spec = GPU_SPECS[entry["gpu"]]
+    link, _ = link_bandwidth(spec.key, entry["nodes"], entry["gpus"] // entry["nodes"])
+    return steptime.predict(kernels, spec, link, cal)
+
+
+def error(predicted: float, published: float) -> float:
+    return predicted / published - 1
+
+
+def table(entries: list[dict], programs: dict[str, list[Kernel]], cal: steptime.Calibration) -> dict[str, float]:
+    from workloads import get_workload
+
+    print(f"{'entry':<42} {'split':<8} {'GPUs':>9} {'batch':>9} {'published':>10} {'predicted':>10} {'error':>7} "
+          f"{'TFLOP/s/GPU pub':>15} {'pred':>6}  exposed comm")
+    worst: dict[str, float] = {}
+    for e in entries:
+        published, how = published_step(e)
+        p = predict(e, programs[e["id"]], cal)
+        err = error(p.seconds, published)
+        split = MAPPING[e["id"]][3]
+        for group in (f"{split} entries", f"entries with {MAPPING[e['id']][1]} attention"):
+            worst[group] = max(worst.get(group, 0.0), abs(err))
+        cfg = run_config(e)
+        w = get_workload(cfg.workload)
+        model_flops = w.flops_per_example(w.config(cfg.preset, cfg.model)) * e["per_device_batch"]
+        print(f"{e['id']:<42} {split:<8} {e['gpus']:>4}x{e['gpu']:<4.4} {e['global_batch']:>4}/{e['per_device_batch']:<4} "
+              f"{published:>9.3f}s {p.seconds:>9.3f}s {err:>+7.1%} {model_flops / published / 1e12:>15.0f} "
+              f"{model_flops / p.seconds / 1e12:>6.0f}  {p.exposed_communication_s * 1e3:,.0f} ms")
+    print("\nTFLOP/s per GPU: this product's model FLOPs (workload.flops_per_example, PaLM's convention: no remat, "
+          "full attention) over the published and the predicted step time.")
+    for group, value in sorted(worst.items()):
+        print(f"worst error, {group}: {value:.1%}")
+    return worst
+
+
+def fit(entries: list[dict], programs: dict[str, list[Kernel]]) -> steptime.Calibration:
+    tune = [e for e in entries if MAPPING[e["id"]][3] == "tune"]
+    grid = itertools.product((0.55, 0.6, 0.65, 0.7, 0.75, 0.8), (0.35, 0.45, 0.55, 0.65), (0.6, 0.7, 0.8, 0.9),
+                             (2e-6, 4e-6, 8e-6), (0.6, 0.7, 0.8, 0.9))
+    best, best_cal = math.inf, steptime.CALIBRATION
+    for mm, att, mem, launch, link in grid:
+        cal = steptime.Calibration(mm, att, mem, launch, link, steptime.CALIBRATION.collective_s)
+        logs = [math.log(predict(e, programs[e["id"]], cal).seconds / published_step(e)[0]) for e in tune]
+        rms = math.sqrt(sum(x * x for x in logs) / len(logs))
+        if rms < best:
+            best, best_cal = rms, cal
+    print(f"best on {len(tune)} tuning entries (least root-mean-square log error): {best_cal} "
+          f"(rms {math.exp(best) - 1:.1%})")
+    return best_cal
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--fit", action="store_true", help="search the calibration on the tuning entries")
+    parser.add_argument("--only", help="one entry by id")
+    args = parser.parse_args(argv)
+    entries = [e for e in json.loads(PUBLISHED.read_text()) if not args.only or e["id"] == args.only]
+    cache = read_json(cache_dir() / "published_programs.json", {})
+    programs = {e["id"]: kernels_for(e, cache) for e in entries}
+    cal = fit(entries, programs) if args.fit else steptime.CALIBRATION
+    print(f"calibration: {cal}\n")
+    table(entries, programs, cal)
+    for e in entries:
+        print(f"  {e['id']}: {published_step(e)[1]}; {e['source_url']}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

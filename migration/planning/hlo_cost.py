@@ -1,0 +1,370 @@
+"""What a compiled step does, read from its optimized HLO text (`compiled.as_text()`): the kernels it
+launches with their FLOPs and HBM bytes, and the collectives with the bytes each moves.
+
+JAX 0.10's `cost_analysis()` answers None for a deviceless GPU compile, so the figures come from the
+program text XLA prints after optimisation, read the way XLA's own GPU cost model reads it:
+
+- a kernel is a top-level instruction of the entry computation (or of a loop body, counted as many
+  times as the loop's known trip count; a called computation is inlined; a conditional counts its
+  costliest branch); a fusion is one kernel;
+- FLOPs: 2 x output elements x contracted size for every dot (inside fusions too, and cuBLAS
+  custom-calls with their dimension numbers), 2 x output x filter / output channels for
+  convolutions, and for cuDNN's fused attention 4 x query elements x key length forward (half of it
+  under a causal mask, which the kernel skips), 2.5 times that backward (five products for two);
+- bytes: what a kernel reads and writes in HBM: its operands and results, except that an operand
+  only sliced inside a fusion costs the slices, and a fusion that updates a slice in place writes
+  only the update (a layer of a scanned stack, not the stack);
+- collectives: the bytes of each all-gather, reduce-scatter, all-reduce, all-to-all and
+  collective-permute, the size of its replica group, and whether it runs asynchronously (the
+  latency-hiding scheduler's start/done pairs).
+
+Pure text: no JAX here, so it is tested on any program text and runs where JAX is absent.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+from typing import Any
+
+DTYPE_BYTES = {"pred": 1, "s4": 0.5, "u4": 0.5, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "s32": 4, "u32": 4, "s64": 8,
+               "u64": 8, "f16": 2, "bf16": 2, "f32": 4, "f64": 8, "c64": 8, "c128": 16,
+               "f8e4m3fn": 1, "f8e5m2": 1, "f8e4m3fnuz": 1, "f8e5m2fnuz": 1, "f8e4m3": 1, "f8e3m4": 1}
+ARRAY = re.compile(r"\b(" + "|".join(sorted(DTYPE_BYTES, key=len, reverse=True)) + r")\[([0-9,]*)\]")
+INSTRUCTION = re.compile(r"^\s*(ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*?)\s+([a-z][\w\-]*)\((.*)$")
+COMPUTATION = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s*\(.*\)\s*->\s*.*\{\s*$")
+COLLECTIVES = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute", "ragged-all-to-all")
+FREE = {"parameter", "get-tuple-element", "tuple", "bitcast", "constant", "after-all", "partition-id", "replica-id",
+        "opt-barrier", "add-dependency", "copy-done", "send-done", "recv-done", "iota"}
+SLICES = ("dynamic-slice", "slice", "gather")
+BACKWARD_ATTENTION = 2.5  # five products backward (S recomputed, dP, dV, dQ, dK) for the forward's two
+DEFAULT_UNIT = {"bf16": "bf16", "f16": "fp16", "f32": "fp32", "f64": "fp32"}
+
+
+@dataclasses.dataclass
+class Instruction:
+    name: str
+    shape: str  # the result type text
+    opcode: str
+    operands: list[str]
+    attrs: str  # everything after the operand list
+    args: str = ""  # the operand list as written (a parameter's number)
+
+    def attr(self, key: str) -> str | None:
+        m = re.search(rf"\b{re.escape(key)}=%?([\w.\-]+)", self.attrs)
+        return m.group(1) if m else None
+
+
+@dataclasses.dataclass
+class Kernel:
+    """One launched kernel (or a collective): its work, summed over the loop trips that run it."""
+
+    name: str
+    kind: str  # "matmul", "attention", "convolution", "memory" or a collective's opcode
+    flops: float
+    bytes: float
+    unit: str | None  # the matmul unit of its products ("bf16", "fp16", "fp32": an fp32 product)
+    count: float  # launches per step
+    group: int = 1  # collectives: devices in the replica group
+    asynchronous: bool = False
+
+
+def arrays(shape_text: str) -> list[tuple[str, list[int]]]:
+    """(dtype, dims) of every array in a type text (a tuple lists several)."""
+    return [(m.group(1), [int(d) for d in m.group(2).split(",") if d]) for m in ARRAY.finditer(shape_text)]
+
+
+def nbytes(shape_text: str) -> float:
+    return sum(DTYPE_BYTES[t] * math.prod(dims) for t, dims in arrays(shape_text))
+
+
+def _split_operands(text: str) -> tuple[list[str], str, str]:
+    """The operand names of `a, b, c), attrs...`, what follows the closing parenthesis, and the
+    operand list as written."""
+    depth, end = 1, len(text)
+    for i, ch in enumerate(text):
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+            if depth == 0:
+                end = i
+                break
+    names = re.findall(r"%([\w.\-]+)", text[:end])
+    return names, text[end + 1:], text[:end]
+
+
+def parse(text: str) -> tuple[dict[str, list[Instruction]], str]:
+    """Computations by name (their instructions in order) and the entry computation's name."""
+    computations: dict[str, list[Instruction]] = {}
+    entry, current = "", None
+    for line in text.splitlines():
+        head = COMPUTATION.match(line)
+        if head and not line.startswith(" "):
+            current = head.group(2)
+            computations[current] = []
+            if head.group(1):
+                entry = current
+            continue
+        if current is None or line.strip() == "}":
+            continue
+        m = INSTRUCTION.match(line)
+        if m:
+            operands, attrs, args = _split_operands(m.group(5))
+            computations[current].append(Instruction(m.group(2), m.group(3), m.group(4), operands, attrs, args))
+    return computations, entry
+
+
+class ProgramReader:
+    """Kernels of one optimized HLO module (see the module docstring)."""
+
+    def __init__(self, text: str, fp32_unit: str = "tf32"):
+        self.computations, self.entry = parse(text)
+        self.fp32_unit = fp32_unit  # the unit fp32 products run on (the platform's default precision)
+        self.kernels: list[Kernel] = []
+
+    def read(self) -> list[Kernel]:
+        self._walk(self.entry, 1.0, set())
+        return self.kernels
+
+    # -- walking ---------------------------------------------------------------------------
+    def _walk(self, computation: str, times: float, seen: set[str]) -> None:
+        if computation in seen or computation not in self.computations:
+            return
+        seen = seen | {computation}
+        shapes = {i.name: i.shape for i in self.computations[computation]}
+        for ins in self.computations[computation]:
+            op = ins.opcode
+            if op in FREE or op.endswith("-done"):
+                continue
+            if op == "while":
+                body = ins.attr("body")
+                trips = re.search(r'"known_trip_count":\{"n":"(\d+)"', ins.attrs)
+                self._walk(body, times * (int(trips.group(1)) if trips else 1), seen)
+            elif op in ("call", "async-start") and ins.attr("calls") and not self._is_collective(ins):
+                self._walk(ins.attr("calls"), times, seen)
+            elif op == "conditional":
+                self._walk_costliest(ins, times, seen)
+            elif self._is_collective(ins):
+                self.kernels.append(self._collective(ins, shapes, times))
+            else:
+                self.kernels.append(self._kernel(ins, shapes, times))
+
+    def _walk_costliest(self, ins: Instruction, times: float, seen: set[str]) -> None:
+        branches = re.findall(r"%([\w.\-]+)", (re.search(r"branch_computations=\{([^}]*)\}", ins.attrs) or
+                                              re.search(r"(true_computation=%[\w.\-]+, false_computation=%[\w.\-]+)",
+                                                        ins.attrs) or ["", ""])[1] if ins.attrs else "")
+        best: list[Kernel] = []
+        for branch in branches:
+            sub = ProgramReader.__new__(ProgramReader)
+            sub.computations, sub.entry, sub.fp32_unit, sub.kernels = self.computations, branch, self.fp32_unit, []
+            sub._walk(branch, times, seen)
+            if sum(k.flops + k.bytes for k in sub.kernels) > sum(k.flops + k.bytes for k in best):
+                best = sub.kernels
+        self.kernels += best
+
+    @staticmethod
+    def _is_collective(ins: Instruction) -> bool:
+        return ins.opcode.removesuffix("-start") in COLLECTIVES
+
+    # -- one kernel ------------------------------------------------------------------------
+    def _kernel(self, ins: Instruction, shapes: dict[str, str], times: float) -> Kernel:
+        flops, unit, kind = 0.0, None, "memory"
+        read = [nbytes(shapes.get(o, "")) for o in ins.operands]
+        written = nbytes(ins.shape)
+        if ins.opcode == "fusion" and ins.attr("calls"):
+            flops, unit, kind, read, written = self._fusion(ins, read, written)
+        elif ins.opcode == "custom-call":
+            flops, unit, kind, written = self._custom_call(ins, shapes, written)
+        elif ins.opcode == "dot":
+            flops, unit = self._dot(ins, shapes)
+            kind = "matmul"
+        elif ins.opcode == "convolution":
+            flops, unit = self._convolution(ins, [shapes.get(o, "") for o in ins.operands]), self._unit(ins.shape)
+            kind = "convolution"
+        elif ins.opcode == "dynamic-update-slice" and len(ins.operands) > 1:
+            read, written = read[1:2], read[1] if len(read) > 1 else written
+        return Kernel(ins.name, kind, flops * times, (sum(read) + written) * times, unit, times)
+
+    def _fusion(self, ins: Instruction, read: list[float], written: float):
+        body = self.computations.get(ins.attr("calls"), [])
+        inner = {i.name: i.shape for i in body}
+        params = {int(i.args): i.name for i in body if i.opcode == "parameter" and i.args.strip().isdigit()}
+        users: dict[str, list[Instruction]] = {}
+        for i in body:
+            for o in i.operands:
+                users.setdefault(o, []).append(i)
+        for index, name in params.items():  # an operand only sliced costs its slices
+            used = users.get(name, [])
+            if used and index < len(read) and all(u.opcode in SLICES and u.operands[0] == name for u in used):
+                read[index] = sum(nbytes(u.shape) for u in used)
+        root = body[-1] if body else None
+        updates = [i for i in body if i.opcode == "dynamic-update-slice"]
+        if updates and root is not None and root.opcode in ("dynamic-update-slice", "tuple", "bitcast"):
+            written = sum(nbytes(inner.get(u.operands[1], "")) for u in updates if len(u.operands) > 1)
+            for u in updates:  # the buffer updated in place is not read either
+                target = u.operands[0]
+                for index, name in params.items():
+                    if name == target and index < len(read):
+                        read[index] = 0.0
+        flops, units, kind = 0.0, [], "memory"
+        for i in body:
+            if i.opcode == "dot":
+                f, u = self._dot(i, inner)
+                flops, kind = flops + f, "matmul"
+                units.append(u)
+            elif i.opcode == "convolution":
+                flops += self._convolution(i, [inner.get(o, "") for o in i.operands])
+                kind = "convolution"
+                units.append(self._unit(inner.get(i.operands[0], i.shape)))
+        return flops, (units[0] if units else None), kind, read, written
+
+    def _custom_call(self, ins: Instruction, shapes: dict[str, str], written: float):
+        target = re.search(r'custom_call_target="([^"]+)"', ins.attrs)
+        target = target.group(1) if target else ""
+        results = arrays(ins.shape)
+        if "workspace" in ins.attrs or (len(results) > 1 and results[-1][0] in ("s8", "u8")):
+            written -= DTYPE_BYTES[results[-1][0]] * math.prod(results[-1][1])  # scratch, not HBM traffic
+        operands = [shapes.get(o, "") for o in ins.operands]
+        if "cublas" in target or "gemm" in target.lower():
+            return self._gemm(ins, operands), self._unit(operands[0] if operands else ins.shape), "matmul", written
+        if "fmha" in target or "dot_product_attention" in target:
+            return self._attention(ins, operands, backward="Backward" in target), self._unit(
+                operands[0] if operands else ins.shape), "attention", written
+        if "conv" in target.lower():
+            return self._convolution(ins, operands), self._unit(operands[0] if operands else ins.shape), \
+                "convolution", written
+        return 0.0, None, "memory", written
+
+    # -- FLOPs -----------------------------------------------------------------------------
+    def _unit(self, shape_text: str) -> str | None:
+        found = arrays(shape_text)
+        if not found:
+            return None
+        unit = DEFAULT_UNIT.get(found[0][0], "bf16")
+        return self.fp32_unit if unit == "fp32" else unit
+
+    def _dot(self, ins: Instruction, shapes: dict[str, str]) -> tuple[float, str | None]:
+        lhs = arrays(shapes.get(ins.operands[0], "")) if ins.operands else []
+        dims = re.search(r"lhs_contracting_dims=\{([0-9,]*)\}", ins.attrs)
+        contracted = math.prod(lhs[0][1][int(d)] for d in dims.group(1).split(",") if d) if (lhs and dims) else 1
+        out = arrays(ins.shape)
+        unit = self._unit(shapes.get(ins.operands[0], "")) if ins.operands else None
+        if "HIGHEST" in ins.attrs and unit == self.fp32_unit:
+            unit = "fp32"
+        return 2.0 * (math.prod(out[0][1]) if out else 0) * contracted, unit
+
+    def _gemm(self, ins: Instruction, operands: list[str]) -> float:
+        lhs = arrays(operands[0]) if operands else []
+        config = _backend_config(ins.attrs).get("gemm_backend_config", {})
+        dims = config.get("dot_dimension_numbers", {}).get("lhs_contracting_dimensions", [])
+        contracted = math.prod(lhs[0][1][int(d)] for d in dims) if lhs and dims else 1
+        out = arrays(ins.shape)
+        return 2.0 * (math.prod(out[0][1]) if out else 0) * contracted
+
+    def _attention(self, ins: Instruction, operands: list[str], backward: bool) -> float:
+        q = arrays(operands[0]) if operands else []
+        config = _backend_config(ins.attrs).get("cudnn_fmha_backend_config", {})
+        scores = [int(d) for d in config.get("intermediate_tensor_shape", {}).get("dimensions", [])]
+        if not q or len(scores) < 4:
+            return 0.0
+        forward = 4.0 * math.prod(q[0][1]) * scores[-1]
+        if config.get("mask_type") == "CAUSAL":
+            forward /= 2
+        return forward * (BACKWARD_ATTENTION if backward else 1.0)
+
+    def _convolution(self, ins: Instruction, operands: list[str]) -> float:
+        labels = re.search(r"dim_labels=(\w+)_(\w+)->(\w+)", ins.attrs)
+        tensors = [arrays(s)[0][1] for s in operands[:2] if arrays(s)] + [d for _, d in arrays(ins.shape)[:1]]
+        if not labels or len(tensors) < 3:
+            return 0.0
+        lhs, rhs, out = tensors[0], tensors[1], tensors[2]
+        filter_labels = labels.group(2)
+        if "o" not in filter_labels or len(filter_labels) != len(rhs):
+            return 0.0
+        out_channels = rhs[filter_labels.index("o")]
+        biggest = max(math.prod(lhs), math.prod(out))  # the output (or its gradient) at the largest resolution
+        return 2.0 * biggest * math.prod(rhs) / max(1, out_channels)
+
+    # -- collectives -----------------------------------------------------------------------
+    def _collective(self, ins: Instruction, shapes: dict[str, str], times: float) -> Kernel:
+        kind = ins.opcode.removesuffix("-start")
+        operand_bytes = sum(nbytes(shapes.get(o, "")) for o in ins.operands)
+        result = ins.shape
+        if ins.opcode.endswith("-start") and result.startswith("("):  # (operands, results[, scratch])
+            inner = _tuple_parts(result)
+            result = inner[1] if len(inner) > 1 else result
+        moved = {"all-gather": nbytes(result), "reduce-scatter": operand_bytes}.get(kind, operand_bytes)
+        return Kernel(ins.name, kind, 0.0, moved * times, None, times, group=_group_size(ins.attrs),
+                      asynchronous=ins.opcode.endswith("-start"))
+
+
+def _tuple_parts(text: str) -> list[str]:
+    """The top-level elements of a tuple type text `(a, (b, c), d)`."""
+    text = text.strip()
+    if not text.startswith("("):
+        return [text]
+    parts, depth, start = [], 0, 1
+    for i, ch in enumerate(text):
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+            if depth == 0:
+                parts.append(text[start:i])
+                break
+        elif ch == "," and depth == 1:
+            parts.append(text[start:i])
+            start = i + 1
+    return [p.strip() for p in parts if p.strip()]
+
+
+def _group_size(attrs: str) -> int:
+    """Devices in each replica group: `mesh['a'=8,'b'=1] {'a'}`, `[G,S]<=[N]` or `{{0,1,...},...}`."""
+    mesh = re.search(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}", attrs)
+    if mesh:
+        sizes = {k: int(v) for k, v in re.findall(r"'([^']+)'=(\d+)", mesh.group(1))}
+        return math.prod(sizes.get(a, 1) for a in re.findall(r"'([^']+)'", mesh.group(2))) or 1
+    iota = re.search(r"replica_groups=\[(\d+),(\d+)\]<=", attrs)
+    if iota:
+        return int(iota.group(2))
+    listed = re.search(r"replica_groups=\{\{([0-9,]*)\}", attrs)
+    if listed:
+        return len([d for d in listed.group(1).split(",") if d]) or 1
+    pairs = re.search(r"source_target_pairs=\{([^}]*)\}", attrs)
+    return 2 if pairs else 1
+
+
+def _backend_config(attrs: str) -> dict[str, Any]:
+    start = attrs.find("backend_config=")
+    if start < 0:
+        return {}
+    text = attrs[start + len("backend_config="):]
+    try:
+        return json.JSONDecoder().raw_decode(text)[0]
+    except ValueError:
+        return {}
+
+
+def read_program(text: str, fp32_unit: str = "tf32") -> list[Kernel]:
+    """The kernels and collectives of an optimized HLO module's text."""
+    return ProgramReader(text, fp32_unit).read()
+
+
+def pack(kernels: list[Kernel]) -> list[list[Any]]:
+    """Kernels as compact rows for a JSON cache, alike ones merged (their launches added):
+    [kind, flops per launch, bytes per launch, unit, launches, group, asynchronous]."""
+    merged: dict[tuple, float] = {}
+    for k in kernels:
+        per = max(k.count, 1e-12)
+        key = (k.kind, round(k.flops / per), round(k.bytes / per), k.unit, k.group, k.asynchronous)
+        merged[key] = merged.get(key, 0.0) + k.count
+    return [[kind, flops, size, unit, count, group, asynchronous]
+            for (kind, flops, size, unit, group, asynchronous), count in merged.items()]
+
+
+def unpack(rows: list[list[Any]]) -> list[Kernel]:
+    return [Kernel(f"{kind}#{i}", kind, flops * count, size * count, unit, count, group, asynchronous)
+            for i, (kind, flops, size, unit, count, group, asynchronous) in enumerate(rows)]
