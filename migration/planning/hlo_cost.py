@@ -80,18 +80,26 @@ def nbytes(shape_text: str) -> float:
     return sum(DTYPE_BYTES[t] * math.prod(dims) for t, dims in arrays(shape_text))
 
 
-def _split_operands(text: str) -> tuple[list[str], str, str]:
-    """The operand names of `a, b, c), attrs...`, what follows the closing parenthesis, and the
-    operand list as written."""
-    depth, end = 1, len(text)
+def _top_level(text: str, depth: int) -> tuple[list[int], int]:
+    """Positions of the commas at depth 1 of `text` (brackets of any kind nest), and where the
+    bracket open at depth 1 closes (len(text) if it does not); `depth`: how many are open at its start."""
+    commas = []
     for i, ch in enumerate(text):
         if ch in "([{":
             depth += 1
         elif ch in ")]}":
             depth -= 1
             if depth == 0:
-                end = i
-                break
+                return commas, i
+        elif ch == "," and depth == 1:
+            commas.append(i)
+    return commas, len(text)
+
+
+def _split_operands(text: str) -> tuple[list[str], str, str]:
+    """The operand names of `a, b, c), attrs...`, what follows the closing parenthesis, and the
+    operand list as written."""
+    _, end = _top_level(text, 1)
     names = re.findall(r"%([\w.\-]+)", text[:end])
     return names, text[end + 1:], text[:end]
 
@@ -306,18 +314,9 @@ def _tuple_parts(text: str) -> list[str]:
     text = text.strip()
     if not text.startswith("("):
         return [text]
-    parts, depth, start = [], 0, 1
-    for i, ch in enumerate(text):
-        if ch in "([{":
-            depth += 1
-        elif ch in ")]}":
-            depth -= 1
-            if depth == 0:
-                parts.append(text[start:i])
-                break
-        elif ch == "," and depth == 1:
-            parts.append(text[start:i])
-            start = i + 1
+    commas, end = _top_level(text[1:], 1)
+    bounds = [-1, *commas, end]
+    parts = [text[1:][a + 1:b] for a, b in zip(bounds, bounds[1:])]
     return [p.strip() for p in parts if p.strip()]
 
 
