@@ -152,6 +152,23 @@ def test_plans_choose_the_fastest_fitting_choice_and_show_the_ranking():
     assert "fastest predicted step" in p.reasons["remat"]
 
 
+def test_a_policy_is_pruned_only_against_a_choice_verified_with_its_accumulation():
+    """Global batch 512 at most 32 per GPU: every choice accumulates. A policy may be skipped (slower
+    even on a full GPU than the best so far) only once that best choice was compiled with its
+    accumulation and fitted; pruning against a compile at accumulation 1 alone could lose the
+    policy that fits when the best does not."""
+    events = []
+    p = plan_migration(tiny(target="h100-sxm", global_batch=512, max_per_device_batch=32),
+                       lambda event, **fields: events.append((event, fields)))
+    assert p.ok
+    skips = [i for i, (event, _) in enumerate(events) if event == "skip_policy"]
+    assert skips, "the tiny model's slower policies are pruned"
+    for i in skips:
+        verified = [f for event, f in events[:i] if event == "candidate" and f["accumulation_steps"] > 1
+                    and f["predicted_bytes"] is not None and f["predicted_bytes"] <= p.budget_bytes]
+        assert verified, f"{events[i][1]} was pruned against a choice never compiled with its accumulation"
+
+
 def test_the_local_budget_comes_from_what_this_machine_reports():
     p = plan_migration(tiny(target="local", global_batch=8), noop)
     assert p.ok and "host memory" in p.budget_source and p.planned_device_kind == "cpu"

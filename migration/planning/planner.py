@@ -197,7 +197,7 @@ class _Planner:
             bound = self.cost.best_possible(remat, self.needed, mode, self.limit)
             if prune and bound >= best:
                 self.skipped[(mode, remat)] = bound
-                self.emit("skip_policy", remat=remat, sharding=mode, reason="cannot beat the best choice found so far")
+                self.emit("skip_policy", remat=remat, sharding=mode, reason="cannot beat the best verified choice found so far")
                 continue
             measure = lambda b, r=remat, m=mode: self.predictor.predict(self.precision, r, b, sharding=m)
             kept = known.get(mode, 0)
