@@ -269,6 +269,16 @@ class Plan(JsonExport):
     def ok(self) -> bool:
         return self.status == "ok"
 
+    def step_label(self) -> str:
+        """The predicted step time with where it comes from and its expected error, e.g.
+        "537.0 ms (compiled program, expected error ±25%)"; "" without a prediction."""
+        if self.predicted_step_s is None:
+            return ""
+        st = self.step_time or {}
+        error = st.get("expected_error")
+        how = ", ".join(x for x in (st.get("source"), f"expected error ±{error:.0%}" if error else "") if x)
+        return f"{self.predicted_step_s * 1e3:,.1f} ms" + (f" ({how})" if how else "")
+
     @property
     def reasons(self) -> dict[str, str]:
         return {d.decision: d.reason for d in self.decisions}

@@ -226,6 +226,7 @@ def test_a_plan_for_a_catalog_gpu_times_its_chosen_step_from_the_compiled_progra
     assert step["kernels"] > 0 and step["compiled_flops"] > 0 and step["analytic_s"] > 0
     assert {d.decision: d.value for d in plan.decisions}["step_time"] == pytest.approx(step["seconds"], rel=1e-3)
     assert math.isfinite(step["seconds"])
+    assert plan.step_label() == f"{step['seconds'] * 1e3:,.1f} ms (compiled program, expected error ±25%)"
 
 
 def test_a_model_given_by_its_dimensions_is_not_named_as_its_preset():

@@ -52,7 +52,7 @@ def plan_markdown(p: Plan) -> str:
             f"{p.accumulation_steps} accumulation = "
             f"global batch {p.global_batch}{exact}, **{p.precision}**, remat **{p.remat}**; predicted peak "
             f"{gib(p.predicted_peak_bytes)} per GPU"
-            + (f", predicted step {p.predicted_step_s * 1e3:.1f} ms" if p.predicted_step_s else "")
+            + (f", predicted step {p.step_label()}" if p.predicted_step_s else "")
             + ". The table below ranks every choice that fits by predicted step time.\n\n" + state_line +
             f"TPU-style setup on this target: {p.tpu_setup_on_target.get('summary', 'n/a')}.\n\n"
             f"Guide's rule of thumb: batch **{p.rule_of_thumb_batch}** vs the compiler's **{p.per_device_batch}** "

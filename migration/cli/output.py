@@ -119,7 +119,8 @@ def print_plan(plan: Any) -> None:
     print(f"\nplan: {plan.sharding} state, {plan.per_device_batch} per GPU x {plan.gpus} GPU(s) x "
           f"{plan.accumulation_steps} accumulation "
           f"= global batch {plan.global_batch}{'' if plan.global_batch_exact else ' (NOT the requested ' + str(plan.requested_global_batch) + ')'}, "
-          f"{plan.precision}, remat {plan.remat}; predicted peak {fmt_bytes(plan.predicted_peak_bytes)} per GPU")
+          f"{plan.precision}, remat {plan.remat}; predicted peak {fmt_bytes(plan.predicted_peak_bytes)} per GPU"
+          + (f", predicted step {plan.step_label()}" if plan.predicted_step_s else ""))
     for d in plan.decisions:
         print(f"  {d.decision:<20} {str(d.value):<14} {d.reason}")
     for mode, found in (plan.max_batch_by_sharding or {plan.sharding: plan.max_batch_by_remat}).items():
