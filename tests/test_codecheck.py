@@ -27,6 +27,8 @@ CORPUS = {
                    "import jax\nfrom jax.sharding import NamedSharding, PartitionSpec as P\ny = jax.device_put(x, NamedSharding(mesh, P()))\n"),
     "REMOVED002": ("import jax\njax.clear_backends()\n",
                    "import jax\njax.clear_caches()\n"),
+    "PJIT001": ("from jax.experimental.pjit import pjit\nstep = pjit(f, in_axis_resources=None)\n",
+                "import jax\nstep = jax.jit(f, in_shardings=None, out_shardings=None)\n"),
     "ENV001": ("import os\nimport jax\nos.environ['XLA_FLAGS'] = '--xla_dump_to=/tmp'\n",
                "import os\nos.environ['XLA_FLAGS'] = '--xla_dump_to=/tmp'\nimport jax\n"),
     "SYNC001": ("for batch in data:\n    state, loss = train_step(state, batch)\n    print(float(loss))\n",
@@ -386,3 +388,53 @@ def test_every_rule_has_its_metadata_and_its_example_triggers_it(rule_id):
     assert "\n" not in rule.title
     found = check_source(rule.example, f"<{rule_id} example>")
     assert rule_id in {f.rule for f in found}, found
+
+
+PJIT_ERA = """\
+import functools
+import jax
+from jax.experimental import pjit as pjit_lib
+from jax.experimental.pjit import pjit
+
+p_step = pjit(train_step, in_axis_resources=(state_spec, P("data")), out_axis_resources=state_spec)
+p_eval = pjit_lib.pjit(eval_step, in_axis_resources=None)
+jitted = functools.partial(jax.jit, out_axis_resources=None)
+fine = jax.jit(train_step, in_shardings=None)
+other = some_library.compile(train_step, in_axis_resources=None)
+"""
+
+
+def test_pjit_keywords_are_found_on_pjit_jit_and_partial_only():
+    found = [(f.line, f.rule) for f in check_source(PJIT_ERA) if f.rule == "PJIT001"]
+    assert found == [(6, "PJIT001"), (6, "PJIT001"), (7, "PJIT001"), (8, "PJIT001")]
+    first = next(f for f in check_source(PJIT_ERA) if f.rule == "PJIT001")
+    assert "in_shardings=" in first.replacement and "TypeError" in first.message
+
+
+def test_every_name_the_removed_list_holds_is_really_gone_from_the_installed_jax_and_flax():
+    """REMOVED001 says "removed": each listed name must be absent (not importable, or the attribute
+    missing) in the JAX and Flax installed here."""
+    import importlib
+
+    from migration.codecheck.vocabulary import REMOVED
+
+    def present(name):
+        parts = name.split(".")
+        for i in range(len(parts), 0, -1):
+            try:
+                obj = importlib.import_module(".".join(parts[:i]))
+            except ImportError:
+                continue
+            for attr in parts[i:]:
+                if not hasattr(obj, attr):
+                    return False
+                obj = getattr(obj, attr)
+            return True
+        return False
+
+    assert [name for name in REMOVED if present(name)] == []
+
+
+def test_flax_names_are_said_to_be_removed_from_flax():
+    found = check_source("import flax.optim\nfrom flax import nn\n")
+    assert found and all("removed from Flax" in f.message for f in found)

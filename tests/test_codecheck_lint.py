@@ -111,15 +111,20 @@ def test_github_annotations_escape_what_the_format_reserves(tmp_path):
     assert "a%2Cb%3Ac.py" in lines[0] and ",line=2,col=" in lines[0] and "title=REMOVED001 " in lines[0]
 
 
-def test_the_fixture_corpus_is_checked_without_jax_and_finds_what_the_app_finds():
+def test_the_fixture_corpus_is_checked_without_jax_and_finds_what_the_app_finds(tmp_path):
+    import shutil
+
     from migration.codecheck import check_paths
 
-    done = lint(str(FIXTURES), "--format", "json")
+    files = sorted(FIXTURES.glob("*.py"))  # the labelled corpus (the real scripts have their own test)
+    for path in files:
+        shutil.copy(path, tmp_path / path.name)
+    done = lint(str(tmp_path), "--format", "json")
     assert done.returncode in (0, 1), done.stderr
     found = json.loads(done.stdout)
-    files = sorted(p for p in FIXTURES.rglob("*.py") if not any(part.startswith(".") for part in p.parts))
-    assert [(f["file"], f["line"], f["rule"]) for f in found] == \
-        [(f.file, f.line, f.rule) for f in check_paths(files).findings]
+    assert len(found) > 50
+    assert sorted((Path(f["file"]).name, f["line"], f["rule"]) for f in found) == \
+        sorted((Path(f.file).name, f.line, f.rule) for f in check_paths(files).findings)
 
 
 def _copy_project(dest: Path) -> Path:

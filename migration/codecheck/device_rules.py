@@ -9,8 +9,8 @@ from migration.codecheck.ast_helpers import assigned_pairs, const_str, dotted, l
 from migration.codecheck.context import Context
 from migration.codecheck.family import RawFinding, RuleFamily
 from migration.codecheck.transforms import Transform
-from migration.codecheck.vocabulary import (COLLECTIVES, CONFIG_TOKENS, DEVICE_QUERIES, PLATFORM_ATTRS, PLATFORM_KEYS,
-                                            REMOVED, removed_key)
+from migration.codecheck.vocabulary import (COLLECTIVES, CONFIG_TOKENS, DEVICE_QUERIES, PJIT_KEYWORDS, PLATFORM_ATTRS,
+                                            PLATFORM_KEYS, REMOVED, removed_from, removed_key)
 
 
 class DeviceRules(RuleFamily):
@@ -28,7 +28,8 @@ class DeviceRules(RuleFamily):
         for full in names:
             key = removed_key(full)
             if key:
-                self.add(node, "REMOVED001", f"`{full}` is imported: it was removed from JAX", REMOVED[key])
+                self.add(node, "REMOVED001", f"`{full}` is imported: it was removed from {removed_from(key)}",
+                         REMOVED[key])
                 return
 
     def name_use(self, node: ast.Name | ast.Attribute) -> None:
@@ -38,7 +39,7 @@ class DeviceRules(RuleFamily):
             self.add(node, "PMAP001", "pmap is in maintenance mode; it replicates by hand what jit + sharding does")
         key = removed_key(full)
         if key and root not in self.ctx.removed_bindings:
-            self.add(node, "REMOVED001", f"`{full}` was removed from JAX", REMOVED[key])
+            self.add(node, "REMOVED001", f"`{full}` was removed from {removed_from(key)}", REMOVED[key])
 
     # functions (PMAP002 context) -----------------------------------------------------------
     def enter_function(self, transforms: list[Transform]) -> bool:
@@ -53,6 +54,7 @@ class DeviceRules(RuleFamily):
     # calls ---------------------------------------------------------------------------------
     def call(self, node: ast.Call, name: str, last: str) -> None:
         self._tpu_call(node, name, last)
+        self._pjit_keywords(node, name, last)
         self._collective(node, name, last)
         if last in ("device_put_replicated", "device_put_sharded") and self.ctx.is_bare(node.func):
             self.add(node, "REMOVED001", f"`{name or last}` was removed in JAX 0.10", REMOVED[f"jax.{last}"])
@@ -73,6 +75,19 @@ class DeviceRules(RuleFamily):
             value = const_str(node.args[1]) or ""
             if "tpu" in value.lower().split(","):
                 self.add(node, "TPU001", f"`{const_str(node.args[0])}` is set to {value!r}: JAX then looks for a TPU")
+
+    def _pjit_keywords(self, node: ast.Call, name: str, last: str) -> None:
+        """PJIT001: pjit (or jit, or a functools.partial of either) given the removed keywords."""
+        target = name
+        if name in ("functools.partial", "partial") and node.args:
+            target = self.ctx.resolve(node.args[0])
+        if not (target.startswith("jax.") and target.rsplit(".", 1)[-1] in ("pjit", "jit")
+                or self.ctx.is_bare(node.func) and last == "pjit"):
+            return
+        for kw in node.keywords:
+            if kw.arg in PJIT_KEYWORDS:
+                self.add(kw.value, "PJIT001", f"`{kw.arg}=` was removed from pjit: the call raises a TypeError",
+                         f"{PJIT_KEYWORDS[kw.arg]}= (and jax.jit in place of pjit)")
 
     def _collective(self, node: ast.Call, name: str, last: str) -> None:
         if last in COLLECTIVES and name.startswith("jax.lax.") and \

@@ -50,12 +50,22 @@ RULES: dict[str, Rule] = {r.id: r for r in [
          replacement="the replacement the finding names; for device_put_replicated / device_put_sharded: "
                      "jax.device_put(x, NamedSharding(mesh, P())) to replicate, NamedSharding(mesh, P('data')) to "
                      "shard",
-         rationale="Finds APIs removed from JAX, at the import or the use: `device_put_replicated` / "
+         rationale="Finds APIs removed from JAX (and Flax), at the import or the use: `device_put_replicated` / "
                    "`device_put_sharded`, `jax.experimental.maps`, `jax.tree_map` and the other `jax.tree_*` "
-                   "aliases, `jax.experimental.optimizers`, `jax.ops.index_update` and more. A GPU machine gets a "
+                   "aliases, `jax.experimental.optimizers`, `jax.ops.index_update`, `jax.ShapedArray`, "
+                   "`jax.spmd_mode`, the old compilation cache's `initialize_cache`, `flax.optim`, `flax.nn` and "
+                   "more. A GPU machine gets a "
                    "current JAX, where the script fails at the import or the first call; each finding names the "
                    "current replacement.",
          example="import jax\nparams = jax.device_put_replicated(params, jax.devices())\n"),
+    Rule("PJIT001", "error", "pjit's removed keywords in_axis_resources / out_axis_resources",
+         replacement="in_shardings= / out_shardings= (NamedSharding or PartitionSpec), and jax.jit in place of pjit",
+         rationale="Finds `in_axis_resources=` and `out_axis_resources=` given to `pjit` or `jax.jit` (called, or "
+                   "through `functools.partial`). The keywords were renamed to `in_shardings` / `out_shardings` and "
+                   "then removed: on current JAX the call raises a TypeError before anything compiles, in every "
+                   "pjit-era training script.",
+         example="from jax.experimental.pjit import pjit\nstep = pjit(train_step, in_axis_resources=None, "
+                 "out_axis_resources=None)\n"),
     Rule("REMOVED002", "error", "jax.clear_backends was removed",
          replacement="jax.clear_caches() for compiled functions; to give GPU memory back, end the process (run each "
                      "job in its own)",

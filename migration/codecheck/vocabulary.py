@@ -77,7 +77,19 @@ REMOVED = {
     "jax.abstract_arrays": "jax.core.ShapedArray", "jax.lax.tie_in": "nothing: drop the call (a no-op since 2020)",
     "jax.experimental.gda_serialization": "orbax.checkpoint", "jax.experimental.enable_x64":
         "jax.config.update('jax_enable_x64', True)",
+    "jax.ShapedArray": "jax.core.ShapedArray (or jax.ShapeDtypeStruct for a shape and dtype)",
+    "jax.spmd_mode": "nothing: drop the `with jax.spmd_mode(...)` block's wrapper (jit over sharded arrays needs no mode)",
+    "jax.experimental.compilation_cache.compilation_cache.initialize_cache":
+        "jax.config.update('jax_compilation_cache_dir', path)",
+    "flax.nn": "flax.linen (or flax.nnx)",
 }
+# pjit's keyword arguments that were renamed, then removed: passing them raises a TypeError.
+PJIT_KEYWORDS = {"in_axis_resources": "in_shardings", "out_axis_resources": "out_shardings"}
+
+
+def removed_from(key: str) -> str:
+    """The library a REMOVED entry was removed from: Flax for flax.*, else JAX."""
+    return "Flax" if key.startswith("flax.") else "JAX"
 
 
 def removed_key(full: str) -> str | None:
