@@ -84,10 +84,10 @@ class DeviceRules(RuleFamily):
         if not (target.startswith("jax.") and target.rsplit(".", 1)[-1] in ("pjit", "jit")
                 or self.ctx.is_bare(node.func) and last == "pjit"):
             return
-        for kw in node.keywords:
-            if kw.arg in PJIT_KEYWORDS:
-                self.add(kw.value, "PJIT001", f"`{kw.arg}=` was removed from pjit: the call raises a TypeError",
-                         f"{PJIT_KEYWORDS[kw.arg]}= (and jax.jit in place of pjit)")
+        old = [kw.arg for kw in node.keywords if kw.arg in PJIT_KEYWORDS]
+        if old:  # one finding per call, at the call: one change fixes it
+            self.add(node, "PJIT001", " and ".join(f"`{k}=`" for k in old) + " removed from pjit: the call raises a "
+                     "TypeError", " and ".join(f"{PJIT_KEYWORDS[k]}=" for k in old) + " (and jax.jit in place of pjit)")
 
     def _collective(self, node: ast.Call, name: str, last: str) -> None:
         if last in COLLECTIVES and name.startswith("jax.lax.") and \
