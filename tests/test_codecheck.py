@@ -27,6 +27,9 @@ CORPUS = {
                    "import jax\nfrom jax.sharding import NamedSharding, PartitionSpec as P\ny = jax.device_put(x, NamedSharding(mesh, P()))\n"),
     "REMOVED002": ("import jax\njax.clear_backends()\n",
                    "import jax\njax.clear_caches()\n"),
+    "PMAP003": ("from flax import jax_utils\nstate = jax_utils.replicate(state)\n",
+                "import jax\nfrom jax.sharding import NamedSharding, PartitionSpec as P\n"
+                "state = jax.device_put(state, NamedSharding(mesh, P()))\n"),
     "PJIT001": ("from jax.experimental.pjit import pjit\nstep = pjit(f, in_axis_resources=None)\n",
                 "import jax\nstep = jax.jit(f, in_shardings=None, out_shardings=None)\n"),
     "ENV001": ("import os\nimport jax\nos.environ['XLA_FLAGS'] = '--xla_dump_to=/tmp'\n",

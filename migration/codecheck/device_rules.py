@@ -9,8 +9,8 @@ from migration.codecheck.ast_helpers import assigned_pairs, const_str, dotted, l
 from migration.codecheck.context import Context
 from migration.codecheck.family import RawFinding, RuleFamily
 from migration.codecheck.transforms import Transform
-from migration.codecheck.vocabulary import (COLLECTIVES, CONFIG_TOKENS, DEVICE_QUERIES, PJIT_KEYWORDS, PLATFORM_ATTRS,
-                                            PLATFORM_KEYS, REMOVED, removed_from, removed_key)
+from migration.codecheck.vocabulary import (COLLECTIVES, CONFIG_TOKENS, DEVICE_QUERIES, PJIT_KEYWORDS, PLACEMENT_HELPERS,
+                                            PLATFORM_ATTRS, PLATFORM_KEYS, REMOVED, removed_from, removed_key)
 
 
 class DeviceRules(RuleFamily):
@@ -55,6 +55,9 @@ class DeviceRules(RuleFamily):
     def call(self, node: ast.Call, name: str, last: str) -> None:
         self._tpu_call(node, name, last)
         self._pjit_keywords(node, name, last)
+        if name in PLACEMENT_HELPERS:
+            self.add(node, "PMAP003", f"`{name.rsplit('.', 1)[-1]}` places data by hand for pmap (a leading device "
+                                      "axis, a copy per device)", PLACEMENT_HELPERS[name])
         self._collective(node, name, last)
         if last in ("device_put_replicated", "device_put_sharded") and self.ctx.is_bare(node.func):
             self.add(node, "REMOVED001", f"`{name or last}` was removed in JAX 0.10", REMOVED[f"jax.{last}"])

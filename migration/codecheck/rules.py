@@ -46,6 +46,15 @@ RULES: dict[str, Rule] = {r.id: r for r in [
                    "axis name.",
          example="import jax\nfrom jax import lax\n\n@jax.pmap\ndef mean_grads(g):\n"
                  "    return lax.pmean(g, \"batch\")\n"),
+    Rule("PMAP003", "warning", "pmap-era placement helpers",
+         replacement="jax.device_put with a NamedSharding over the mesh (P() to replicate, P('data') to split a "
+                     "batch), or nothing: a sharded jax.Array is one array",
+         rationale="Finds calls of the helpers that place data by hand for pmap: Flax's `jax_utils.replicate`, "
+                   "`unreplicate`, `prefetch_to_device`, `pad_shard_unpad`, `common_utils.shard` and "
+                   "`shard_prng_key`, jaxline's `bcast_local_devices`. They add or remove a leading device axis "
+                   "and copy state to every local device; once the step is jit with shardings they must go with "
+                   "pmap, or the batch arrives with an extra axis and the state as one copy per GPU.",
+         example="from flax import jax_utils\nstate = jax_utils.replicate(state)\n"),
     Rule("REMOVED001", "error", "removed from JAX (absent in JAX 0.10)",
          replacement="the replacement the finding names; for device_put_replicated / device_put_sharded: "
                      "jax.device_put(x, NamedSharding(mesh, P())) to replicate, NamedSharding(mesh, P('data')) to "

@@ -83,6 +83,18 @@ REMOVED = {
         "jax.config.update('jax_compilation_cache_dir', path)",
     "flax.nn": "flax.linen (or flax.nnx)",
 }
+# The pmap era's placement helpers: they copy state to every local device, split a batch into a
+# leading device axis, or gather it back, by hand, for pmap. Under jit with shardings each becomes a
+# device_put with a NamedSharding (or nothing at all).
+PLACEMENT_HELPERS = {
+    "flax.jax_utils.replicate": "jax.device_put(x, NamedSharding(mesh, P())) (or keep the state sharded)",
+    "flax.jax_utils.unreplicate": "nothing: a replicated or sharded jax.Array is already one array",
+    "flax.jax_utils.prefetch_to_device": "jax.device_put(batch, NamedSharding(mesh, P('data'))) ahead of the step",
+    "flax.jax_utils.pad_shard_unpad": "jit with a batch sharded over the mesh (pad the last batch yourself if needed)",
+    "flax.training.common_utils.shard": "jax.device_put(batch, NamedSharding(mesh, P('data'))): no leading device axis",
+    "flax.training.common_utils.shard_prng_key": "one key: jit splits the work, not the key",
+    "jaxline.utils.bcast_local_devices": "jax.device_put(x, NamedSharding(mesh, P()))",
+}
 # pjit's keyword arguments that were renamed, then removed: passing them raises a TypeError.
 PJIT_KEYWORDS = {"in_axis_resources": "in_shardings", "out_axis_resources": "out_shardings"}
 
