@@ -276,7 +276,9 @@ class Plan(JsonExport):
             return ""
         st = self.step_time or {}
         error = st.get("expected_error")
-        how = ", ".join(x for x in (st.get("source"), f"expected error ±{error:.0%}" if error else "") if x)
+        error = error if isinstance(error, (int, float)) and not isinstance(error, bool) else None
+        source = st.get("source") if isinstance(st.get("source"), str) else None
+        how = ", ".join(x for x in (source, f"expected error ±{error:.0%}" if error else "") if x)
         return f"{self.predicted_step_s * 1e3:,.1f} ms" + (f" ({how})" if how else "")
 
     @property

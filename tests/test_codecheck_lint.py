@@ -83,6 +83,11 @@ def test_the_pyproject_table_configures_the_check_and_flags_win(files):
     assert {f["rule"] for f in again} == {"PMAP001"}  # --ignore replaces the table's list
     (files / "pyproject.toml").write_text("[tool.migration-check\n")
     assert lint(".", cwd=files).returncode == 2
+    for table, message in (('select = "PMAP"', "select must be a list of strings"),
+                           ('selct = ["PMAP"]', "has no key 'selct'; the keys are select, ignore, exclude")):
+        (files / "pyproject.toml").write_text(f"[tool.migration-check]\n{table}\n")
+        done = lint(".", cwd=files)
+        assert done.returncode == 2 and message in done.stderr and done.stdout == "", done.stderr
 
 
 def test_sarif_is_version_2_1_0_with_the_rule_table_and_a_result_per_finding(files, tmp_path):

@@ -123,6 +123,10 @@ def test_the_environment_field_of_a_file_is_never_used(plans, tmp_path):
     ("decisions", [{"decision": "x"}], "plan.decisions: must be"),
     ("ranked", [[[[[[[[[[1]]]]]]]]]], "plan.ranked: must be"),
     ("table", [{"x": "y" * 10_000}], "plan.table: must be"),
+    ("step_time", {"source": "<img src=x onerror=alert(1)>", "seconds": 1.0}, "plan.step_time.source: must be one of"),
+    ("step_time", {"source": "analytic", "expected_error": "±0%"}, "plan.step_time.expected_error: must be a number"),
+    ("step_time", {"source": "analytic", "seconds": -1.0}, "plan.step_time.seconds: must be a number"),
+    ("predicted_step_s", -5.0, "plan.predicted_step_s: must be from 0"),
 ])
 def test_a_bad_field_is_refused_naming_it(plans, field, value, message):
     data = json.loads(json.dumps(plans["one"].to_dict()))

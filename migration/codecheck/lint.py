@@ -77,9 +77,26 @@ def read_config(start: Path) -> dict[str, list[str]]:
                 table = tomllib.loads(candidate.read_text(encoding="utf-8")).get("tool", {}).get(CONFIG_TABLE, {})
             except (tomllib.TOMLDecodeError, OSError, UnicodeDecodeError) as exc:
                 raise CodeCheckError(f"{candidate}: cannot read [tool.{CONFIG_TABLE}] ({exc})") from None
-            return {k: [str(v) for v in table.get(k, [])] for k in ("select", "ignore", "exclude")
-                    if isinstance(table.get(k, []), list)}
+            return _checked_table(table, candidate)
     return {}
+
+
+CONFIG_KEYS = ("select", "ignore", "exclude")
+
+
+def _checked_table(table: object, where: Path) -> dict[str, list[str]]:
+    """The table's lists of strings; CodeCheckError naming a key that is unknown or not a list of strings."""
+    if not isinstance(table, dict):
+        raise CodeCheckError(f"{where}: [tool.{CONFIG_TABLE}] must be a table")
+    unknown = sorted(set(table) - set(CONFIG_KEYS))
+    if unknown:
+        raise CodeCheckError(f"{where}: [tool.{CONFIG_TABLE}] has no key {unknown[0]!r}; the keys are "
+                             f"{', '.join(CONFIG_KEYS)}")
+    for key, value in table.items():
+        if not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
+            raise CodeCheckError(f"{where}: [tool.{CONFIG_TABLE}] {key} must be a list of strings, e.g. "
+                                 f"{key} = [\"PMAP\"]; got {value!r}"[:300])
+    return {k: list(v) for k, v in table.items()}
 
 
 def check(files: Sequence[Path], rules: set[str]) -> tuple[list[Finding], list[str]]:

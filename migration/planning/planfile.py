@@ -128,6 +128,26 @@ def _texts(value: Any) -> Any:
     return value
 
 
+STEP_TIME_SOURCES = ("compiled program", "analytic", "none")
+
+
+def _check_step_time(plan: Plan) -> None:
+    """The predicted step time's record as the planner writes it: a known source, an expected error
+    and every figure a finite number from 0 (the app shows them; a file says nothing else there)."""
+    st = plan.step_time
+    if st and st.get("source") not in STEP_TIME_SOURCES:
+        raise ConfigError("plan.step_time.source", f"must be one of {', '.join(STEP_TIME_SOURCES)}; "
+                                                   f"got {_shown(st.get('source'))}")
+    for key, value in st.items():
+        if key in ("source", "method"):
+            continue
+        if value is not None and not (isinstance(value, (int, float)) and not isinstance(value, bool)
+                                      and math.isfinite(value) and 0 <= value < 1e15):
+            raise ConfigError(f"plan.step_time.{key}", f"must be a number from 0 or null; got {_shown(value)}")
+    if plan.predicted_step_s is not None and not 0 <= plan.predicted_step_s < 1e9:
+        raise ConfigError("plan.predicted_step_s", f"must be from 0 seconds; got {plan.predicted_step_s}")
+
+
 def _within(field: str, value: int, lo: float, hi: float) -> None:
     if not lo <= value <= hi:
         raise ConfigError(f"plan.{field}", f"must be from {lo:g} to {hi:g}; got {value}")
@@ -158,6 +178,7 @@ def checked_plan(data: Any, where: str = "plan") -> Plan:
         target=plan.target, gpus=plan.gpus, gpus_per_node=plan.gpus_per_node,
         memory_fraction=plan.memory_fraction, safety_margin=plan.safety_margin, model=model,
         precision=plan.precision, remat=plan.remat, sharding=plan.sharding))
+    _check_step_time(plan)
     if plan.nodes != max(1, -(-plan.gpus // plan.gpus_per_node)):
         raise ConfigError("plan.nodes", f"must be GPUs over GPUs per node ({plan.gpus} / {plan.gpus_per_node}); "
                                         f"got {plan.nodes}")
