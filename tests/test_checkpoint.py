@@ -126,7 +126,7 @@ def test_a_checkpoint_of_another_model_is_refused_naming_what_differs(saved_afte
     with pytest.raises(ConfigError) as info:
         checkpoint.restore(folder, cfg, program, mesh)
     assert str(info.value) == (
-        f"restore_checkpoint: the checkpoint is mlp/tiny (hidden [128]), the run is mlp/small (hidden [1024, 1024]); a checkpoint "
+        "restore_checkpoint: the checkpoint is mlp/tiny (hidden [128]), the run is mlp/small (hidden [1024, 1024]); a checkpoint "
         "restores only into the model it was saved from (same workload and dimensions): choose that model, or leave "
         "restore_checkpoint empty to start fresh")
     other = dataclasses.replace(TPU_STYLE, workload="transformer")

@@ -61,8 +61,8 @@ def read_source(path: str | Path) -> tuple[str, str]:
         raise CodeCheckError(f"{p}: only .py files are checked")
     if p.stat().st_size > MAX_BYTES:
         raise CodeCheckError(f"{p}: {p.stat().st_size:,} bytes; the limit is {MAX_BYTES:,} bytes per file")
-    try:
-        return str(p), p.read_text(encoding="utf-8")
+    try:  # bytes decoded as they are: --fix writes back the same line endings
+        return str(p), p.read_bytes().decode("utf-8")
     except UnicodeDecodeError:
         raise CodeCheckError(f"{p}: not UTF-8 text; only Python source is checked")
 

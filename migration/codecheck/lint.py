@@ -9,10 +9,14 @@ runs in a pre-commit hook or a CI job where JAX is not installed).
   ruff takes them; also read from `[tool.migration-check]` (`select`, `ignore`, `exclude` lists) in
   the nearest `pyproject.toml` above the working folder; flags win.
 - `--fail-on`: the least severity that fails the check (`error` by default; `warning`, `info`).
+- `--fix`: rewrite in place what is mechanical and safe (REMOVED001 aliases with a drop-in successor,
+  PJIT001 keywords, ENV001 settings moved before the JAX import; codecheck/fix.py, needs LibCST),
+  then report what is left; `--diff`: print those rewrites as a unified diff and change nothing.
 
-Exit codes: 0 no finding at or above `--fail-on`; 1 such findings; 2 a path could not be read or
-checked (too large, not Python, not UTF-8) or the command line is wrong (the other files are still
-checked and reported).
+Exit codes: 0 no finding at or above `--fail-on`; 1 such findings (with `--diff`: 1 when there is
+something to fix); 2 a path could not be read or checked (too large, not Python, not UTF-8), the
+command line is wrong, or `--fix` / `--diff` without LibCST (the other files are still checked and
+reported).
 """
 
 from __future__ import annotations
@@ -22,10 +26,12 @@ import json
 import os
 import sys
 import tomllib
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from migration.codecheck.engine import analyse
+from migration.codecheck.fix import FixResult, fix_source
 from migration.codecheck.findings import CodeCheckError, Finding
 from migration.codecheck.inputs import read_source
 from migration.codecheck.rules import RULES, SEVERITIES
@@ -168,7 +174,36 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--ignore", default=None, help="comma-separated rule ids or prefixes not to check")
     p.add_argument("--fail-on", choices=SEVERITIES, default="error",
                    help="the least severity that makes the exit status 1 (default: error)")
+    how = p.add_mutually_exclusive_group()
+    how.add_argument("--fix", action="store_true", help="rewrite the mechanical fixes in place, then report the rest")
+    how.add_argument("--diff", action="store_true", help="print the mechanical fixes as a diff; change nothing")
     return p
+
+
+def apply_fixes(files: Sequence[Path], rules: set[str], write: bool) -> tuple[list[FixResult], list[str]]:
+    """Fix every file (written back when `write`); the results that changed something, and problems."""
+    changed, problems = [], []
+    for path in files:
+        try:
+            name, text = read_source(path)
+            result = fix_source(text, name, rules)
+        except (CodeCheckError, OSError, SyntaxError) as exc:
+            problems.append(str(exc))
+            if "LibCST" in str(exc):
+                break
+            continue
+        if result.changed:
+            changed.append(result)
+            if write:
+                path.write_bytes(result.after.encode("utf-8"))
+    return changed, problems
+
+
+def fix_summary(results: Sequence[FixResult], write: bool) -> str:
+    counts = sum((r.fixed for r in results), Counter())
+    verb = "fixed" if write else "would fix"
+    per_rule = ", ".join(f"{rule} {n}" for rule, n in sorted(counts.items()))
+    return f"{verb} {sum(counts.values())} finding(s) in {len(results)} file(s)" + (f": {per_rule}" if per_rule else "")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -186,7 +221,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: no rule matches {', '.join(unknown)}; the rules are {', '.join(sorted(RULES))}", file=sys.stderr)
         return 2
     files, missing = python_files(args.paths, config.get("exclude", []))
-    findings, problems = check(files, chosen_rules(select, ignore))
+    rules = chosen_rules(select, ignore)
+    fix_problems: list[str] = []
+    if args.fix or args.diff:
+        fixed, fix_problems = apply_fixes(files, rules, write=args.fix)
+        print(fix_summary(fixed, args.fix), file=sys.stderr)
+        if args.diff:
+            sys.stdout.write("".join(r.diff() for r in fixed))
+            for problem in [f"{m}: no such file or folder" for m in missing] + fix_problems:
+                print(f"error: {problem}", file=sys.stderr)
+            return 2 if missing or fix_problems else int(bool(fixed))
+    findings, problems = check(files, rules)
+    problems = list(dict.fromkeys(fix_problems + problems))
     report = WRITERS[args.format](findings, len(files))
     if args.output:
         Path(args.output).write_text(report, encoding="utf-8")
