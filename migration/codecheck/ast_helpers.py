@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import ast
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from migration.codecheck.vocabulary import (DTYPE_NAMES, MUTATORS, NOT_SIZE_TOKENS, NOT_STEP_PREFIXES, SCOPES,
                                             SIZE_TOKENS, STATIC_ATTRS, STATIC_FUNCS, STEP_FN_SUFFIXES, STEP_TOKENS)
@@ -113,14 +113,30 @@ def stmt_writes(stmt: ast.AST) -> list[tuple[list[str], ast.AST]]:
     return [(target_names(t), v) for t, v in assigned_pairs(stmt)] + [([c], v) for c, v in mutations(stmt)]
 
 
-def iterated_values(target: ast.AST, it: ast.AST) -> list[str]:
+def iterated_values(target: ast.AST, it: ast.AST, body: Sequence[ast.AST] = ()) -> list[str]:
     """The names of a loop target that receive the iterated values: `v` in `for k, v in d.items()`,
-    `x` in `for i, x in enumerate(xs)`, nothing in `for k in d.keys()`, every name otherwise."""
+    `x` in `for i, x in enumerate(xs)`, nothing in `for k in d.keys()`, nor `k` in
+    `for k in d: ... d[k]` (a key of what is iterated, when `body` indexes it so); every name otherwise."""
     kind = last_name(it.func) if isinstance(it, ast.Call) else ""
     pair = isinstance(target, ast.Tuple) and len(target.elts) == 2
     if kind in ("items", "enumerate") and pair:
         return target_names(target.elts[1])
-    return [] if kind == "keys" else target_names(target)
+    if kind == "keys":
+        return []
+    container = _container_text(it)
+    keys = {n.slice.id for root in body for n in ast.walk(root) if isinstance(n, ast.Subscript)
+            and isinstance(n.slice, ast.Name) and _container_text(n.value) == container}
+    return [n for n in target_names(target) if n not in keys]
+
+
+def _container_text(node: ast.AST) -> str:
+    """`d["a"]` for `d.get("a", [])` and `d.get("a")`, `d` for `d.keys()`, the source text otherwise."""
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("get", "keys"):
+        if node.func.attr == "keys" and not node.args:
+            return ast.unparse(node.func.value)
+        if node.func.attr == "get" and node.args:
+            return ast.unparse(ast.Subscript(node.func.value, node.args[0]))
+    return ast.unparse(node)
 
 
 def scope_nodes(scope: ast.AST) -> Iterator[ast.AST]:
@@ -183,4 +199,14 @@ def is_batch_size_name(name: str) -> bool:
         return False
     i = sizes[0]
     return not (i > 0 and tokens[i - 1] == "per" and tokens[i] == "batch")
+
+
+def bind_arguments(fn: ast.FunctionDef | ast.AsyncFunctionDef, call: ast.Call) -> dict[str, ast.AST]:
+    """Parameter name -> argument expression for a call of `fn` (`self` skipped for `self.method(...)`)."""
+    params = [a.arg for a in fn.args.posonlyargs + fn.args.args]
+    if isinstance(call.func, ast.Attribute) and params[:1] in (["self"], ["cls"]):
+        params = params[1:]
+    bound = dict(zip(params, (a for a in call.args if not isinstance(a, ast.Starred))))
+    bound.update({k.arg: k.value for k in call.keywords if k.arg})
+    return bound
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 import ast
 import dataclasses
 
-from migration.codecheck.ast_helpers import dotted, is_step_name, last_name, scope_nodes, target_names
+from migration.codecheck.ast_helpers import dotted, is_step_name, last_name, name_tokens, scope_nodes, target_names
 from migration.codecheck.transforms import Transform, int_set, str_set
 from migration.codecheck.vocabulary import (APPLY_METHODS, BARE_TRANSFORMS, COMPILE_TRANSFORMS, CONTROL_FLOW,
-                                            DEFAULT_ALIASES, GRAD_TRANSFORMS, HOST_BUILTINS, HOST_JAX,
+                                            DEFAULT_ALIASES, GRAD_TRANSFORMS, HOST_BUILTINS, HOST_IO_TOKENS, HOST_JAX,
                                             HOST_NAMESPACES, JAX_IMPORTERS, LOG_METHODS, LOSS_SCALING_HINTS,
                                             NOT_LOGGERS, SYNC_METHODS, removed_key)
 
@@ -35,6 +35,7 @@ class Context:
         self._jax_work: dict[int, bool] = {}
         self._defs_in: dict[int, dict[str, ast.FunctionDef | ast.AsyncFunctionDef]] = {}  # scope -> its functions
         self.compiled: dict[str, str] = {}  # name bound to a transformed function -> the function's name
+        self.summaries: dict[tuple, object] = {}  # (id(FunctionDef), seed) -> values.Summary, on first use
         for node in self.nodes:
             self._read_transforms(node)
         self._read_uses()
@@ -47,6 +48,8 @@ class Context:
             self.functions.setdefault(node.name, []).append(node)
         self.bound_here = {n.id for n in nodes if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
         self.bound_here |= set(self.functions)
+        classes = [n for n in nodes if isinstance(n, ast.ClassDef)]
+        self.classes = {c.name: c for c in classes if sum(o.name == c.name for o in classes) == 1}
         self.bound_here |= {a.arg for n in nodes if isinstance(n, ast.arguments)
                             for a in n.posonlyargs + n.args + n.kwonlyargs}
 
@@ -202,6 +205,8 @@ class Context:
         name = last_name(call.func)
         if not (is_step_name(name) or is_step_name(self.compiled.get(name, ""))):
             return False
+        if name == "update" and isinstance(call.func, ast.Attribute) and len(args) == 1 and self.callee(call) is None:
+            return False  # `metrics.update(other)`: a dict merging another, not an update step
         fn = self.callee(call)
         return fn is None or self._does_jax_work(fn)
 
@@ -219,7 +224,8 @@ class Context:
         """A call whose result lives on the host: conversions, numpy, time, device_get, len, print."""
         name = self.resolve(call.func)
         return (name in HOST_BUILTINS or name in HOST_JAX or name.startswith(HOST_NAMESPACES)
-                or isinstance(call.func, ast.Attribute) and call.func.attr in SYNC_METHODS)
+                or isinstance(call.func, ast.Attribute) and call.func.attr in SYNC_METHODS
+                or bool(set(name_tokens(last_name(call.func))) & HOST_IO_TOKENS))
 
     def is_logger_call(self, call: ast.Call) -> bool:
         name = self.resolve(call.func)
@@ -227,14 +233,28 @@ class Context:
                 and name.split(".")[0] not in NOT_LOGGERS)
 
     def callee(self, call: ast.Call) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
-        """The one function of this file that `f(...)` or `self.f(...)` calls (not a transformed one)."""
+        """The one function of this file that `f(...)` or `self.f(...)` calls, or `obj.f(...)` where `obj`
+        was last made by a class of this file (`obj = Trainer(...)`); not a transformed one."""
         func = call.func
         if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id in ("self", "cls"):
             name = func.attr
+        elif isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
+            method = self._method_of_instance(func.value.id, func.attr, call.lineno)
+            return method if method is not None and id(method) not in self.transforms else None
         else:
             name = func.id if isinstance(func, ast.Name) else ""
         defs = self.functions.get(name, [])
         return defs[0] if len(defs) == 1 and id(defs[0]) not in self.transforms else None
+
+    def _method_of_instance(self, name: str, method: str, line: int) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
+        made = [(n.lineno, n.value.func.id) for n in self.nodes if isinstance(n, ast.Assign) and n.lineno < line
+                and isinstance(n.value, ast.Call) and isinstance(n.value.func, ast.Name)
+                and any(isinstance(t, ast.Name) and t.id == name for t in n.targets)]
+        if not made:
+            return None
+        cls = self.classes.get(max(made)[1])
+        return next((m for m in cls.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))
+                     and m.name == method), None) if cls is not None else None
 
     def is_bare(self, node: ast.AST) -> bool:
         """A name neither imported nor bound in the file (`pmap` in a pasted snippet)."""

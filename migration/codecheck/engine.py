@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import sys
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -34,7 +35,11 @@ class FileResult:
 
 
 def scope_findings(ctx: Context) -> list[RawFinding]:
-    """SYNC001 and TIME001: per scope (the module and each function)."""
+    """SYNC001 and TIME001: per scope (the module and each function); none in a file that imports other
+    libraries but no JAX (its steps run somewhere else, its values are not device arrays). A snippet
+    importing only the standard library, or nothing, is read as JAX code."""
+    if not ctx.uses_jax and third_party_imports(ctx.tree):
+        return []
     found = []
     scopes = [ctx.tree] + [n for n in ctx.nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
     for scope in scopes:
@@ -47,11 +52,20 @@ def scope_findings(ctx: Context) -> list[RawFinding]:
         for loop in loops:
             found += [(node, "SYNC001", f"{message} in the step loop at line {loop.lineno}: the host waits for the "
                                         "device every step", None)
-                      for node, message in step_loop_syncs(ctx, values, loop)]
+                      for node, message in step_loop_syncs(ctx, values, loop,
+                                                                  not direct_step_call(ctx, loop, training=True))]
         if starts:
             timing = Timing(ctx, values, scope, starts, nodes)
             found += [(node, "TIME001", message, None) for node, message in timing.found]
     return found
+
+
+def third_party_imports(tree: ast.Module) -> set[str]:
+    """Top-level packages a file imports from outside the standard library."""
+    roots = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    roots |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module
+              and not n.level}
+    return roots - set(sys.stdlib_module_names) - {"__future__"}
 
 
 def analyse(text: str, filename: str) -> FileResult:

@@ -5,23 +5,30 @@ from __future__ import annotations
 
 import ast
 
-from migration.codecheck.ast_helpers import (assigned_pairs, child_blocks, iterated_values, mutations, stmt_writes,
-                                             target_names)
+from migration.codecheck.ast_helpers import (assigned_pairs, bind_arguments, child_blocks, iterated_values, last_name, mutations,
+                                             name_tokens, stmt_writes, target_names)
 from migration.codecheck.context import Context
-from migration.codecheck.values import Values
-from migration.codecheck.vocabulary import LOOPS, SCOPES
+from migration.codecheck.values import Values, host_targets, step_state_names, summary
+from migration.codecheck.vocabulary import EVAL_TOKENS, LOOPS, SCOPES
 
 
-def direct_step_call(ctx: Context, loop: ast.AST) -> bool:
-    """Whether the loop body runs a step itself (not only inside a nested loop)."""
+def direct_step_call(ctx: Context, loop: ast.AST, training: bool = False) -> bool:
+    """Whether the loop body runs a step itself (not only inside a nested loop); with `training`, a
+    step that trains (not only `eval_step`, `p_generate_step`, ...)."""
     stack = list(loop.body)
     while stack:
         node = stack.pop()
-        if isinstance(node, ast.Call) and ctx.is_step_call(node):
+        if isinstance(node, ast.Call) and ctx.is_step_call(node) and not (training and is_eval_step(ctx, node)):
             return True
         if not isinstance(node, (*LOOPS, *SCOPES)):
             stack.extend(ast.iter_child_nodes(node))
     return False
+
+
+def is_eval_step(ctx: Context, call: ast.Call) -> bool:
+    """A step that only evaluates, predicts or generates (`p_eval_step`, `generate_step`)."""
+    name = last_name(call.func)
+    return bool((set(name_tokens(name)) | set(name_tokens(ctx.compiled.get(name, "")))) & EVAL_TOKENS)
 
 
 class SyncWalk:
@@ -31,8 +38,10 @@ class SyncWalk:
     dispatched, waits for the device. Branches under `if step % N == 0:` are the remedy. A
     function of this file called with fresh values is walked too (one level deep)."""
 
-    def __init__(self, ctx: Context, values: Values, counters: set[str], gate_source: ast.AST, depth: int = 0):
+    def __init__(self, ctx: Context, values: Values, counters: set[str], gate_source: ast.AST, depth: int = 0,
+                 eval_only: bool = False):
         self.ctx, self.values, self.counters, self.depth = ctx, values, counters, depth
+        self.eval_only = eval_only  # an evaluation loop: fetching its outputs to the host is its purpose
         self.gate_names: set[str] = set()
         self.gate_names = {n for s in ast.walk(gate_source) if isinstance(s, ast.Assign)
                            and self._gate(s.value) == "gate" for t in s.targets for n in target_names(t)}
@@ -100,7 +109,7 @@ class SyncWalk:
             self._test(loop.test, loop)
         else:
             self._exprs([loop.iter])
-            values = iterated_values(loop.target, loop.iter)
+            values = iterated_values(loop.target, loop.iter, loop.body)
             for name in target_names(loop.target):
                 self._set(name, loop.iter if name in values else ast.Constant(0))
         self._block(loop.body)
@@ -112,27 +121,40 @@ class SyncWalk:
             self._flag(stmt, "a branch on a device value converts it to a Python bool")
 
     def _exprs(self, nodes: list[ast.AST]) -> None:
-        for root in nodes:
+        for root in nodes:  # one finding a statement: the first wait in it is the one that costs
+            if self.eval_only and self._collects_outputs(root):
+                continue
             live = self.values.comprehension_names(root, self._live())
+            flagged = False
             for node in ast.walk(root):
-                if isinstance(node, ast.IfExp) and self.values.is_device(node.test, live):
-                    self._flag(node, "a conditional expression on a device value converts it to a Python bool")
-                message = self.values.sync_message(node, live)
-                if message:
+                message = "a conditional expression on a device value converts it to a Python bool" \
+                    if isinstance(node, ast.IfExp) and self.values.is_device(node.test, live) \
+                    else self.values.sync_message(node, live)
+                if message and not flagged:
                     self._flag(node, message)
+                    flagged = True
                 if isinstance(node, ast.Call) and self.depth == 0 and self.report and not self.gated:
                     self._callee(node, live)
 
+    def _collects_outputs(self, stmt: ast.AST) -> bool:
+        """`preds.extend(jax.device_get(ids))`, `outputs.append(np.asarray(logits))`: outputs copied out
+        whole to be kept on the host (an evaluation's predictions), not a value read to decide or log."""
+        fetches = [v for _, v in mutations(stmt) if isinstance(v, ast.Call)
+                   and (self.ctx.resolve(v.func) == "jax.device_get" or self.ctx.resolve(v.func).startswith("numpy."))]
+        return bool(fetches)
+
     def _callee(self, call: ast.Call, live: set[str]) -> None:
-        """Syncs inside a function of this file that the step loop calls with this step's values."""
+        """Syncs inside a function of this file that the step loop calls: with this step's values, or
+        a step function of this file itself (`def train_step(...): ... return np.array(loss).mean()`)."""
         fn = self.ctx.callee(call)
-        if fn is None or self.ctx.is_step_call(call):
+        if fn is None:
             return
         args = bind_arguments(fn, call)
         seeds = {p for p, arg in args.items() if self.values.is_device(arg, live)}
-        if not seeds:
-            return
         values = Values(self.ctx, fn, seed=seeds)
+        members = any(n.startswith("self.") for n in values.names)  # `self.state` a step of the class set
+        if not seeds and not members and not self.ctx.is_step_call(call):
+            return
         params = {a.arg for a in fn.args.posonlyargs + fn.args.args + fn.args.kwonlyargs}
         inner = SyncWalk(self.ctx, values, params - seeds, fn, depth=1)
         inner.scan(fn.body, fresh=values.names, prior=set(), dispatched=True, report=True)
@@ -141,13 +163,16 @@ class SyncWalk:
 
     def _assign(self, stmt: ast.stmt) -> None:
         for target, value in assigned_pairs(stmt):
+            host = host_targets(self.ctx, target, value)
             for name in target_names(target):
-                self._set(name, value)
+                self._set(name, ast.Constant(0) if name in host else value)
         for container, value in mutations(stmt):
             if self._is_fresh(value) or self.values.is_device(value, self._all()):
                 (self.fresh if self._is_fresh(value) else self.prior).add(container)
         if self._has_step(stmt):
             self.dispatched = True
+            self.fresh |= {n for c in ast.walk(stmt) if isinstance(c, ast.Call) and self.ctx.is_step_call(c)
+                           for n in step_state_names(c)}
 
     def _set(self, name: str, value: ast.AST) -> None:
         fresh = self._is_fresh(value)
@@ -160,7 +185,11 @@ class SyncWalk:
         return self.fresh | self.prior | self.values.names
 
     def _is_fresh(self, value: ast.AST) -> bool:
-        return self.values.is_device(value, self.fresh) or self._has_step(value)
+        """This step's device result: from a step call (not one of this file's that hands back host
+        values), or computed from one."""
+        steps = [n for n in ast.walk(value) if isinstance(n, ast.Call) and self.ctx.is_step_call(n)]
+        device = any((fn := self.ctx.callee(n)) is None or not summary(self.ctx, fn).returns_host for n in steps)
+        return self.values.is_device(value, self.fresh) or device
 
     def _has_step(self, node: ast.AST) -> bool:
         return any(isinstance(n, ast.Call) and self.ctx.is_step_call(n) for n in ast.walk(node))
@@ -198,20 +227,10 @@ def loop_counters(loop: ast.For | ast.AsyncFor | ast.While) -> set[str]:
     return counters | {n for s in ast.walk(loop) if isinstance(s, ast.AugAssign) for n in target_names(s.target)}
 
 
-def step_loop_syncs(ctx: Context, values: Values, loop: ast.For | ast.AsyncFor | ast.While) -> list:
+def step_loop_syncs(ctx: Context, values: Values, loop: ast.For | ast.AsyncFor | ast.While,
+                    eval_only: bool = False) -> list:
     """SYNC001 in one loop that runs a step: a first pass learns what an iteration leaves behind."""
-    walk = SyncWalk(ctx, values, loop_counters(loop), loop)
+    walk = SyncWalk(ctx, values, loop_counters(loop), loop, eval_only=eval_only)
     walk.scan(loop.body, fresh=set(), prior=set(), dispatched=False, report=False)
     walk.scan(loop.body, fresh=set(), prior=walk.fresh | walk.prior, dispatched=False, report=True)
     return walk.found
-
-
-def bind_arguments(fn: ast.FunctionDef | ast.AsyncFunctionDef, call: ast.Call) -> dict[str, ast.AST]:
-    """Parameter name -> argument expression for a call of `fn` (`self` skipped for `self.method(...)`)."""
-    params = [a.arg for a in fn.args.posonlyargs + fn.args.args]
-    if isinstance(call.func, ast.Attribute) and params[:1] in (["self"], ["cls"]):
-        params = params[1:]
-    bound = dict(zip(params, (a for a in call.args if not isinstance(a, ast.Starred))))
-    bound.update({k.arg: k.value for k in call.keywords if k.arg})
-    return bound
-

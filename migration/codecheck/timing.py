@@ -6,10 +6,10 @@ from __future__ import annotations
 import ast
 import builtins
 
-from migration.codecheck.ast_helpers import child_blocks, last_name, scope_nodes, target_names
+from migration.codecheck.ast_helpers import bind_arguments, child_blocks, last_name, scope_nodes, target_names
 from migration.codecheck.context import Context
-from migration.codecheck.values import Values
-from migration.codecheck.vocabulary import CLOCKS, LOOPS, SCOPES, WAIT_METHODS
+from migration.codecheck.values import Values, summary
+from migration.codecheck.vocabulary import CLOCKS, LOOPS, SAVE_METHODS, SCOPES, WAIT_METHODS
 
 
 class Timing:
@@ -24,8 +24,8 @@ class Timing:
         self._index(scope.body, [])
         self.found: list[tuple[ast.AST, str]] = []
         reads = {id(s): s for s in (self._read_stmt(n) for n in nodes) if s is not None}
-        for stmt, start in reads.values():
-            if self._pending(start, stmt):
+        for stmt, start, name in reads.values():
+            if self._pending(start, stmt, name):
                 self.found.append((stmt, "the clock is read after a JAX call without waiting for it: this "
                                          "measures dispatch, not the computation"))
 
@@ -57,8 +57,8 @@ class Timing:
         earlier = [s for s in self.starts.get(name, []) if s.lineno <= before]
         return max(earlier, key=lambda s: s.lineno, default=None)
 
-    def _read_stmt(self, node: ast.AST) -> tuple[ast.stmt, ast.stmt] | None:
-        """(the statement that reads the clock, the statement that started it) for `... - t0`."""
+    def _read_stmt(self, node: ast.AST) -> tuple[ast.stmt, ast.stmt, str] | None:
+        """(the statement that reads the clock, the statement that started it, the start's name) for `... - t0`."""
         if not (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Sub) and isinstance(node.right, ast.Name)):
             return None
         stmt = self.stmt_of.get(id(node))
@@ -69,7 +69,7 @@ class Timing:
         elif not is_clock(self.ctx, node.left):
             return None
         start = self._latest(node.right.id, stmt.lineno - 1) if stmt is not None else None
-        return (stmt, start) if start is not None and start is not stmt else None
+        return (stmt, start, node.right.id) if start is not None and start is not stmt else None
 
     def _between(self, start: ast.stmt, end: ast.stmt) -> list[ast.stmt] | None:
         """Statements run after `start` and before `end` (a loop around `end` adds its earlier iterations)."""
@@ -91,37 +91,59 @@ class Timing:
             stmts += block[:i]
         return stmts
 
-    def _pending(self, start: ast.stmt, end: ast.stmt) -> bool:
+    def _pending(self, start: ast.stmt, end: ast.stmt, name: str) -> bool:
         between = self._between(start, end)
-        if not between:
+        if not between or self._carried_over_waiting_loop(end, name):
             return False
         pending = False
         for event in (e for s in between for e in self._events(s)):
             pending = event == "jax"
         return pending
 
+    def _carried_over_waiting_loop(self, end: ast.stmt, name: str) -> bool:
+        """`t = time.time()` ... `for ...: step(); ...; now = time.time(); rate = n / (now - t); t = now`:
+        the start is set again after the read inside the loop around it, and each iteration waits somewhere,
+        so from one read to the next the interval holds a whole iteration's work."""
+        path = self.paths.get(id(end), [])
+        loops = [block[i] for block, i in path if isinstance(block[i], LOOPS)]
+        if not loops:
+            return False
+        loop = loops[-1]
+        resets = any(name in target_names(t) for s in ast.walk(loop) if isinstance(s, (ast.Assign, ast.AnnAssign))
+                     and s.lineno >= end.lineno for t in getattr(s, "targets", [getattr(s, "target", None)]))
+        return resets and "sync" in (e for s in loop.body for e in self._events(s))
+
     def _events(self, root: ast.AST) -> list[str]:
         """'jax' for work dispatched to the device, 'sync' for a wait, in evaluation order (children first)."""
         events, stack = [], [(root, False)]
+        live = self.values.comprehension_names(root, self.values.names)
         while stack:
             node, expanded = stack.pop()
             if isinstance(node, SCOPES):
                 continue
             if expanded:
-                events += [kind] if (kind := self._event(node)) else []
+                events += [kind] if (kind := self._event(node, live)) else []
                 continue
             stack.append((node, True))
             stack.extend((child, False) for child in reversed(list(ast.iter_child_nodes(node))))
         return events
 
-    def _event(self, node: ast.AST) -> str | None:
+    def _event(self, node: ast.AST, live: set[str]) -> str | None:
         if isinstance(node, ast.JoinedStr):
-            return "sync" if self.values.sync_message(node, self.values.names) else None
+            return "sync" if self.values.sync_message(node, live) else None
         if not isinstance(node, ast.Call):
             return None
         if last_name(node.func) in WAIT_METHODS or self.ctx.resolve(node.func) == "jax.device_get":
             return "sync"
-        if self.values.sync_message(node, self.values.names):
+        if last_name(node.func) in SAVE_METHODS and any(self.values.is_device(a, self.values.names) for a in node.args):
+            return "sync"  # a checkpoint save copies the device values to the host first
+        callee = self.ctx.callee(node)
+        if callee is not None:  # a function of this file that waits for what it dispatched or was given
+            seed = frozenset(p for p, arg in bind_arguments(callee, node).items()
+                             if self.values.is_device(arg, self.values.names))
+            if summary(self.ctx, callee, seed).waits:
+                return "sync"
+        if self.values.sync_message(node, live):
             return "sync"
         if isinstance(node.func, ast.Name) and hasattr(builtins, node.func.id):
             return None  # min(), sum() and friends dispatch nothing themselves

@@ -4,25 +4,32 @@ value to the host (and so wait for the device)."""
 from __future__ import annotations
 
 import ast
+import dataclasses
 
-from migration.codecheck.ast_helpers import const_str, dotted, iterated_values, last_name, scope_nodes, stmt_writes
+from migration.codecheck.ast_helpers import (assigned_pairs, const_str, dotted, iterated_values, last_name,
+                                             mutations, scope_nodes, target_names)
 from migration.codecheck.context import Context
-from migration.codecheck.vocabulary import AOT_METHODS, COMPUTE_NAMESPACES, CONVERSIONS, STATIC_ATTRS, SYNC_METHODS
+from migration.codecheck.vocabulary import (AOT_METHODS, COMPUTE_NAMESPACES, CONVERSIONS, OPTAX_ARRAY_NAMESPACES,
+                                            OPTAX_ARRAYS, STATE_ATTRS, STATIC_ATTRS, SYNC_METHODS, WAIT_METHODS)
 
 
 class Values:
     """Which names of one scope hold device arrays: results of jitted or step calls, of jnp/lax
     operations, and of calls and expressions on those. Host conversions end the chain."""
 
-    def __init__(self, ctx: Context, scope: ast.AST, seed: set[str] = frozenset()):
+    def __init__(self, ctx: Context, scope: ast.AST, seed: set[str] = frozenset(), members: bool = True):
         self.ctx = ctx
-        self.names: set[str] = set(seed)
-        writes = [w for n in scope_nodes(scope) for w in stmt_writes(n)]
+        self.names: set[str] = set(seed) | state_of_step_arguments(ctx, scope)
+        if members:  # `self.state` set to a device value by another method of the class
+            self.names |= class_device_attributes(ctx, scope)
+        writes = [(set(names) - host_targets(ctx, target, value), value) for n in scope_nodes(scope)
+                  for target, value in assigned_pairs(n) for names in [target_names(target)]]
+        writes += [({c}, v) for n in scope_nodes(scope) for c, v in mutations(n)]
         changed = True
         while changed:
             changed = False
             for names, value in writes:
-                new = set(names) - self.names if self.is_device(value, self.names) else set()
+                new = names - self.names if self.is_device(value, self.names) else set()
                 self.names |= new
                 changed |= bool(new)
 
@@ -65,7 +72,7 @@ class Values:
         names = set(known)
         for gen in (n for n in ast.walk(node) if isinstance(n, ast.comprehension)):
             if self.is_device(gen.iter, names):
-                names |= set(iterated_values(gen.target, gen.iter))
+                names |= set(iterated_values(gen.target, gen.iter, [node]))
         return names
 
     def _look_call(self, call: ast.Call, known: set[str]) -> tuple[bool, list[tuple[ast.AST, set[str]]]]:
@@ -75,8 +82,13 @@ class Values:
         if isinstance(call.func, ast.Call) and ctx.transform_kind(call.func.func):
             return True, []  # jax.grad(loss)(params)
         name = ctx.resolve(call.func)
+        callee = ctx.callee(call)
+        if callee is not None and summary(ctx, callee).returns_host:
+            return False, []  # a function of this file that hands back host values (`np.array(loss).mean()`)
         if ctx.is_step_call(call) or last_name(call.func) in ctx.compiled or name.startswith(COMPUTE_NAMESPACES):
             return True, []
+        if name.startswith("optax."):  # transformations and schedules are host objects; a few calls compute
+            return name in OPTAX_ARRAYS or name.startswith(OPTAX_ARRAY_NAMESPACES), []
         parts = [call.func.value] if isinstance(call.func, ast.Attribute) else []
         return False, [(a, known) for a in parts + call.args + [k.value for k in call.keywords]]
 
@@ -108,3 +120,69 @@ class Values:
             return "`str.format` formats a device array"
         return None
 
+
+
+@dataclasses.dataclass(frozen=True)
+class Summary:
+    """What calling a function of this file does: hands back only host values, waits for the device;
+    and which places of the tuple it returns hold host values in every return."""
+    returns_host: bool
+    waits: bool
+    host_places: frozenset[int] = frozenset()
+
+
+def host_targets(ctx: Context, target: ast.AST, value: ast.AST) -> set[str]:
+    """Names of `a, b = f(...)` that receive a host value: `b` when this file's `f` returns
+    `state, float(loss)` everywhere."""
+    if not (isinstance(target, ast.Tuple) and isinstance(value, ast.Call)):
+        return set()
+    fn = ctx.callee(value)
+    if fn is None:
+        return set()
+    places = summary(ctx, fn).host_places
+    return {n for i, elt in enumerate(target.elts) if i in places for n in target_names(elt)}
+
+
+def summary(ctx: Context, fn: ast.FunctionDef | ast.AsyncFunctionDef, seed: frozenset[str] = frozenset()) -> Summary:
+    """Read once per function (and parameters holding device values, `seed`): its returns are host
+    values when none is a device value by its own tracking; it waits when it copies a device value
+    to the host, blocks or calls `device_get`."""
+    cache, key = ctx.summaries, (id(fn), seed)
+    if key not in cache:
+        cache[key] = Summary(False, False)  # a recursive call reads as neither while this one is read
+        values = Values(ctx, fn, seed=set(seed))
+        nodes = list(scope_nodes(fn))
+        returns = [n.value for n in nodes if isinstance(n, ast.Return) and n.value is not None]
+        waits = any(isinstance(n, ast.Call) and (last_name(n.func) in WAIT_METHODS
+                                                 or ctx.resolve(n.func) == "jax.device_get")
+                    or values.sync_message(n, values.names) for n in nodes)
+        host = [not values.is_device(r, values.names) for r in returns]
+        places = [{i for i, e in enumerate(r.elts) if not values.is_device(e, values.names)}
+                  if isinstance(r, ast.Tuple) else None for r in returns]
+        common = frozenset.intersection(*map(frozenset, places)) if places and None not in places else frozenset()
+        cache[key] = Summary(bool(returns) and all(host), waits, common)
+    return cache[key]
+
+
+def state_of_step_arguments(ctx: Context, scope: ast.AST) -> set[str]:
+    """`network.state`, `trainer.params`, ...: the state attributes of each object a step is called
+    with, or called on (`network.train(batch)`), in this scope."""
+    return {n for call in scope_nodes(scope) if isinstance(call, ast.Call) and ctx.is_step_call(call)
+            for n in step_state_names(call)}
+
+
+def step_state_names(call: ast.Call) -> set[str]:
+    """`network.state`, `network.params`, ... for each plain name a step call is given or made on."""
+    holders = call.args + [k.value for k in call.keywords]
+    holders += [call.func.value] if isinstance(call.func, ast.Attribute) else []
+    return {f"{h.id}.{attr}" for h in holders if isinstance(h, ast.Name) and h.id not in ("self", "cls")
+            for attr in STATE_ATTRS}
+
+
+def class_device_attributes(ctx: Context, scope: ast.AST) -> set[str]:
+    """For a method: the `self.<attr>` names that any method of its class assigns a device value."""
+    cls = ctx.parents.get(scope)
+    if not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)) or not isinstance(cls, ast.ClassDef):
+        return set()
+    methods = [m for m in cls.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    return {n for m in methods for n in Values(ctx, m, members=False).names if n.startswith("self.")}

@@ -17,7 +17,19 @@ CONTROL_FLOW = {"scan", "fori_loop", "while_loop", "cond", "switch", "map", "ass
 BARE_TRANSFORMS = {"jit", "pjit", "pmap", "xmap", "vmap", "grad", "value_and_grad", "shard_map"}
 COLLECTIVES = {"pmean", "psum", "pmax", "pmin", "all_gather", "ppermute", "all_to_all", "psum_scatter"}
 STEP_TOKENS = {"step", "train", "update"}
-COMPUTE_NAMESPACES = ("jax.numpy.", "jax.lax.", "jax.random.", "jax.nn.", "jax.scipy.", "jax.image.", "optax.",
+# optax builds transformations and schedules (host objects); these of its calls compute arrays
+OPTAX_ARRAYS = {"optax.apply_updates", "optax.global_norm", "optax.incremental_update", "optax.periodic_update",
+                "optax.safe_norm", "optax.safe_root_mean_squares", "optax.l2_loss", "optax.huber_loss",
+                "optax.softmax_cross_entropy", "optax.softmax_cross_entropy_with_integer_labels",
+                "optax.sigmoid_binary_cross_entropy", "optax.cosine_similarity", "optax.cosine_distance",
+                "optax.kl_divergence", "optax.log_cosh", "optax.smooth_labels", "optax.squared_error"}
+OPTAX_ARRAY_NAMESPACES = ("optax.losses.", "optax.tree_utils.", "optax.tree.", "optax.projections.")
+# a loop whose steps only evaluate, predict or generate is not the training loop SYNC001 is about
+EVAL_TOKENS = {"eval", "evaluate", "evaluation", "predict", "prediction", "generate", "generation", "test",
+               "valid", "validation", "val", "sample", "infer", "inference", "decode"}
+# attributes that hold a training state on an object handed to a step (`trainer.state`, `model.params`)
+STATE_ATTRS = {"state", "params", "opt_state", "train_state", "variables"}
+COMPUTE_NAMESPACES = ("jax.numpy.", "jax.lax.", "jax.random.", "jax.nn.", "jax.scipy.", "jax.image.",
                       "jax.device_put")
 HOST_BUILTINS = {"float", "int", "bool", "str", "repr", "complex", "format", "round", "len", "range", "enumerate",
                  "zip", "print", "isinstance", "issubclass", "hasattr", "type", "id", "hash", "open", "sorted"}
@@ -26,7 +38,11 @@ HOST_JAX = {"jax.device_get", "jax.devices", "jax.local_devices", "jax.device_co
             "jax.process_index", "jax.process_count", "jax.default_backend"}
 CONVERSIONS = {"float", "int", "bool", "str", "repr", "complex", "format", "round"}
 SYNC_METHODS = {"item", "tolist"}
-WAIT_METHODS = {"block_until_ready", "wait_until_finished"}
+WAIT_METHODS = {"block_until_ready", "wait_until_finished", "result"}  # `future.result()` blocks too
+# saving a checkpoint copies the device values it is given to the host before it returns
+SAVE_METHODS = {"save", "save_checkpoint", "save_state", "save_params"}
+# calls that read files or checkpoints: host I/O, not work dispatched to the device (`read_ckpt(...)`)
+HOST_IO_TOKENS = {"load", "read", "restore"}
 AOT_METHODS = {"lower", "compile", "trace", "eval_shape", "cost_analysis", "memory_analysis", "as_text"}
 LOG_METHODS = {"info", "debug", "warning", "warn", "error", "critical", "log", "scalar", "scalars", "add_scalar",
                "add_scalars", "write_scalars", "log_metrics", "set_postfix", "set_description"}
