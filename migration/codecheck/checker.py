@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 
 from migration.codecheck.ast_helpers import last_name
+from migration.codecheck.cloud_rules import CloudRules
 from migration.codecheck.context import Context
 from migration.codecheck.device_rules import DeviceRules
 from migration.codecheck.family import RawFinding
@@ -23,14 +24,17 @@ class Checker(ast.NodeVisitor):
         self.device = DeviceRules(ctx, self.found)
         self.shape = ShapeRules(ctx, self.found)
         self.settings = SettingsRules(ctx, self.found)
+        self.cloud = CloudRules(ctx, self.found)
 
     # imports and names ---------------------------------------------------------------------
     def visit_Import(self, node: ast.Import) -> None:
         self.device.removed_import(node, [a.name for a in node.names])
+        self.cloud.imports(node, [a.name for a in node.names])
 
     def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
         if node.module and not node.level:
             self.device.removed_import(node, [f"{node.module}.{a.name}" for a in node.names])
+            self.cloud.imports(node, [f"{node.module}.{a.name}" for a in node.names])
 
     def visit_Attribute(self, node: ast.Attribute) -> None:
         if not isinstance(self.ctx.parents.get(node), ast.Attribute):
@@ -84,7 +88,20 @@ class Checker(ast.NodeVisitor):
         self.shape.call(node, last)
         self.settings.batch_call(node, name, last)
         self.settings.precision(node, name)
+        self.cloud.call(node, name)
         self.generic_visit(node)
+
+    def visit_Subscript(self, node: ast.Subscript) -> None:
+        self.cloud.subscript(node)
+        self.generic_visit(node)
+
+    def visit_JoinedStr(self, node: ast.JoinedStr) -> None:
+        self.cloud.string(node)
+        for value in node.values:  # its literal parts are not Cloud Storage paths of their own
+            if isinstance(value, ast.Constant):
+                self.settings.constant(value)
+            else:
+                self.visit(value)
 
     def visit_Assign(self, node: ast.Assign) -> None:
         self.settings.assign(node)
@@ -100,6 +117,7 @@ class Checker(ast.NodeVisitor):
 
     def visit_Constant(self, node: ast.Constant) -> None:
         self.settings.constant(node)
+        self.cloud.string(node)
 
     def visit_Compare(self, node: ast.Compare) -> None:
         self.device.compare(node)

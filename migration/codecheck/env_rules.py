@@ -8,6 +8,7 @@ import ast
 import dataclasses
 
 from migration.codecheck.ast_helpers import const_str
+from migration.codecheck.cloud_rules import is_tpu_env
 from migration.codecheck.context import Context
 from migration.codecheck.family import RawFinding
 from migration.codecheck.vocabulary import ENV_PREFIXES, LOW_PRECISION, PLATFORM_ENV
@@ -57,6 +58,8 @@ def env_findings(ctx: Context, writes: list[EnvWrite]) -> list[RawFinding]:
             found.append((w.node, "ENV001", f"`{w.name}` is set after `import {module}` (line {line}){via}", None))
         if w.name in PLATFORM_ENV and "tpu" in (w.value or "").lower().split(","):
             found.append((w.node, "TPU001", f"`{w.name}={w.value}` makes JAX look for a TPU", None))
+        if is_tpu_env(w.name):
+            found.append((w.node, "TPUENV001", f"`{w.name}` is set: only the TPU runtime reads it", None))
         if w.name == "JAX_DEFAULT_MATMUL_PRECISION" and (w.value or "").lower() in LOW_PRECISION:
             found.append((w.node, "PREC001", f"`{w.name}={w.value}`: TPU and GPU run it differently", None))
     return found

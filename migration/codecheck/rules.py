@@ -67,6 +67,22 @@ RULES: dict[str, Rule] = {r.id: r for r in [
                    "current JAX, where the script fails at the import or the first call; each finding names the "
                    "current replacement.",
          example="import jax\nparams = jax.device_put_replicated(params, jax.devices())\n"),
+    Rule("TPUENV001", "warning", "TPU-only environment variables",
+         replacement="drop LIBTPU_*/TPU_* settings on GPUs; their GPU counterparts are XLA_FLAGS (--xla_gpu_*), "
+                     "NCCL_* and XLA_PYTHON_CLIENT_* set before `import jax`",
+         rationale="Finds `LIBTPU_INIT_ARGS`, `TPU_*`, `XRT_TPU_*`, `JAX_USE_PJRT_C_API_ON_TPU` and the like, set or "
+                   "read. Only libtpu and TPU VMs use them: on a GPU machine the TPU tuning they carry (scheduler "
+                   "and collective flags) silently does nothing, and code that reads them gets nothing back.",
+         example="import os\nos.environ[\"LIBTPU_INIT_ARGS\"] = \"--xla_tpu_enable_latency_hiding_scheduler=true\"\n"),
+    Rule("GCS001", "warning", "Google Cloud Storage paths and clients",
+         replacement="take paths from configuration; read and write through fsspec or etils.epath (gs:// still works "
+                     "with credentials), or a path the GPU cluster mounts; Orbax checkpoints accept any epath",
+         rationale="Finds `gs://` paths, `tf.io.gfile` calls and `google.cloud.storage` clients. TPU jobs keep data "
+                   "and checkpoints in buckets next to the TPU; a GPU box or cluster elsewhere needs credentials, "
+                   "pays egress and latency on every read, or has no route at all: the job fails at its first "
+                   "checkpoint or batch, not at start-up.",
+         example="import tensorflow as tf\nwith tf.io.gfile.GFile(\"gs://bucket/run/results.json\", \"w\") as f:\n"  # migration: ignore[GCS001] the rule's own example
+                 "    f.write(\"{}\")\n"),
     Rule("PJIT001", "error", "pjit's removed keywords in_axis_resources / out_axis_resources",
          replacement="in_shardings= / out_shardings= (NamedSharding or PartitionSpec), and jax.jit in place of pjit",
          rationale="Finds `in_axis_resources=` and `out_axis_resources=` given to `pjit` or `jax.jit` (called, or "
