@@ -146,3 +146,19 @@ def test_results_carry_what_github_code_scanning_needs(corpus_log):
             assert region.get("startColumn", 1) >= 1, result
     assert {r["locations"][0]["physicalLocation"]["artifactLocation"]["uri"] for r in results} <= {
         path.relative_to(ROOT).as_posix() for path in REAL.glob("*.py")}
+
+
+def test_a_path_with_spaces_is_a_valid_relative_uri_and_one_outside_an_absolute_file_uri(validator, tmp_path):
+    inside = tmp_path / "repo" / "my scripts"
+    inside.mkdir(parents=True)
+    (inside / "train step.py").write_text("import jax\nx = jax.tree_map(f, y)\n")
+    outside = tmp_path / "elsewhere.py"
+    outside.write_text("import jax\nx = jax.tree_map(f, y)\n")
+    out = subprocess.run([sys.executable, "-m", "migration.codecheck", "--format", "sarif", "my scripts", str(outside)],
+                         capture_output=True, text=True, cwd=inside.parent, env={"PYTHONPATH": str(ROOT)})
+    log = json.loads(out.stdout)
+    assert schema_errors(validator, log) == []
+    locations = [r["locations"][0]["physicalLocation"]["artifactLocation"] for r in log["runs"][0]["results"]]
+    assert {"uri": "my%20scripts/train%20step.py", "uriBaseId": "SRCROOT"} in locations
+    assert {"uri": outside.resolve().as_uri()} in locations
+    assert log["runs"][0]["originalUriBaseIds"]["SRCROOT"]["uri"] == inside.parent.resolve().as_uri() + "/"

@@ -196,3 +196,42 @@ def main(batches):
 """
     assert rules(src, "SYNC001") == [] and rules(src, "TIME001") == []
     assert rules("import jax\n" + src, "SYNC001") == [10]
+
+
+def test_calls_that_run_many_steps_are_not_steps():
+    src = """import time
+import jax
+
+def bench(config, workdir):
+    start = time.time()
+    train_and_evaluate(config, workdir)
+    return time.time() - start
+
+def main(state, epochs):
+    for epoch in range(epochs):
+        state, metrics = train_epoch(state, epoch)
+        print(f"epoch {epoch}: {metrics['loss']}")
+"""
+    assert rules(src, "TIME001") == [] and rules(src, "SYNC001") == []
+    per_step = src.replace("train_epoch(state, epoch)", "train_step(state, epoch)")
+    assert rules(per_step, "SYNC001") == [12]
+
+
+def test_a_prediction_loop_may_bring_its_outputs_home_through_a_helper():
+    src = """import jax
+import numpy as np
+
+def tohost(x):
+    return np.array(x).reshape((-1,) + x.shape[2:])
+
+def predict(params, batches):
+    out = []
+    for batch in batches:
+        predicted = p_pred_step(batch, params)
+        predicted = tohost(predicted)
+        out.extend(predicted)
+    return out
+"""
+    assert rules(src, "SYNC001") == []
+    training = src.replace("p_pred_step", "p_train_step")
+    assert rules(training, "SYNC001") == [5]  # in a training loop the same copy waits every step

@@ -7,7 +7,7 @@ import ast
 import re
 from collections.abc import Iterator, Sequence
 
-from migration.codecheck.vocabulary import (DTYPE_NAMES, MUTATORS, NOT_SIZE_TOKENS, NOT_STEP_PREFIXES, SCOPES,
+from migration.codecheck.vocabulary import (DTYPE_NAMES, MANY_STEPS_TOKENS, MUTATORS, NOT_SIZE_TOKENS, NOT_STEP_PREFIXES, SCOPES,
                                             SIZE_TOKENS, STATIC_ATTRS, STATIC_FUNCS, STEP_FN_SUFFIXES, STEP_TOKENS)
 
 MAX_FOLDED_BITS = 4096  # integer constants folded beyond this are treated as unknown (`2**64**64**64` is)
@@ -182,9 +182,11 @@ def is_dtype(node: ast.AST) -> bool:
 
 def is_step_name(name: str) -> bool:
     """`train_step`, `p_update`, `step_fn`, `train_on_batch`: yes. Classes (`TrainStep`), predicates and
-    builders (`is_step`, `make_train_step`), other helpers (`update_metrics`, `count_steps`): no."""
+    builders (`is_step`, `make_train_step`), other helpers (`update_metrics`, `count_steps`), and calls
+    that run many steps (`train_epoch`, `train_and_evaluate`, `train_loop`): no."""
     tokens = name_tokens(name)
-    if not tokens or name.lstrip("_")[:1].isupper() or tokens[0] in NOT_STEP_PREFIXES:
+    if not tokens or name.lstrip("_")[:1].isupper() or tokens[0] in NOT_STEP_PREFIXES \
+            or MANY_STEPS_TOKENS & set(tokens):
         return False
     core = tokens[:-1] if tokens[-1] in STEP_FN_SUFFIXES else tokens
     return bool(core) and (core[-1] in STEP_TOKENS or core[0] == "train")

@@ -26,6 +26,7 @@ import json
 import os
 import sys
 import tomllib
+import urllib.parse
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -150,15 +151,27 @@ def as_sarif(findings: Sequence[Finding], files: int) -> str:
               "fullDescription": {"text": RULES[r].rationale}, "help": {"text": RULES[r].replacement},
               "defaultConfiguration": {"level": SARIF_LEVEL[RULES[r].severity]}} for r in ids]
     results = [{"ruleId": f.rule, "ruleIndex": ids.index(f.rule), "level": SARIF_LEVEL[f.severity],
-                "message": {"text": f"{f.message} Write instead: {f.replacement}"},
+                "message": {"text": f"{f.message}. Write instead: {f.replacement}"},
                 "locations": [{"physicalLocation": {
-                    "artifactLocation": {"uri": Path(f.file).as_posix()},
+                    "artifactLocation": sarif_location(f.file),
                     "region": {"startLine": max(1, f.line), "startColumn": max(1, f.col)}}}]}
                for f in findings]
     log = {"$schema": SARIF_SCHEMA, "version": "2.1.0",
            "runs": [{"tool": {"driver": {"name": TOOL_NAME, "rules": rules}},
+                     "originalUriBaseIds": {"SRCROOT": {"uri": Path.cwd().resolve().as_uri() + "/"}},
                      "results": results}]}
     return json.dumps(log, indent=2) + "\n"
+
+
+def sarif_location(file: str) -> dict[str, str]:
+    """A file under the working folder as a percent-encoded URI relative to it (SRCROOT, so that code
+    scanning maps it to the repository); any other as an absolute file:// URI."""
+    path = Path(file).resolve()
+    try:
+        relative = path.relative_to(Path.cwd().resolve())
+    except ValueError:
+        return {"uri": path.as_uri()}
+    return {"uri": urllib.parse.quote(relative.as_posix(), safe="/"), "uriBaseId": "SRCROOT"}
 
 
 WRITERS = {"text": as_text, "json": as_json, "sarif": as_sarif, "github": as_github}

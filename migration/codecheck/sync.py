@@ -137,11 +137,17 @@ class SyncWalk:
                     self._callee(node, live)
 
     def _collects_outputs(self, stmt: ast.AST) -> bool:
-        """`preds.extend(jax.device_get(ids))`, `outputs.append(np.asarray(logits))`: outputs copied out
-        whole to be kept on the host (an evaluation's predictions), not a value read to decide or log."""
-        fetches = [v for _, v in mutations(stmt) if isinstance(v, ast.Call)
-                   and (self.ctx.resolve(v.func) == "jax.device_get" or self.ctx.resolve(v.func).startswith("numpy."))]
-        return bool(fetches)
+        """`preds.extend(jax.device_get(ids))`, `outputs.append(np.asarray(logits))`, `predicted =
+        tohost(predicted)`: outputs copied out whole to be kept on the host (an evaluation's predictions),
+        not a value read to decide or log."""
+        values = [v for _, v in mutations(stmt)] + [v for _, v in assigned_pairs(stmt)]
+        return any(isinstance(v, ast.Call) and self._fetches(v) for v in values)
+
+    def _fetches(self, call: ast.Call) -> bool:
+        name = self.ctx.resolve(call.func)
+        fn = self.ctx.callee(call)
+        return name == "jax.device_get" or name.startswith("numpy.") \
+            or fn is not None and not self.ctx.is_step_call(call) and summary(self.ctx, fn).returns_host
 
     def _callee(self, call: ast.Call, live: set[str]) -> None:
         """Syncs inside a function of this file that the step loop calls: with this step's values, or

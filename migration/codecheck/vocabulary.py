@@ -25,7 +25,7 @@ OPTAX_ARRAYS = {"optax.apply_updates", "optax.global_norm", "optax.incremental_u
                 "optax.kl_divergence", "optax.log_cosh", "optax.smooth_labels", "optax.squared_error"}
 OPTAX_ARRAY_NAMESPACES = ("optax.losses.", "optax.tree_utils.", "optax.tree.", "optax.projections.")
 # a loop whose steps only evaluate, predict or generate is not the training loop SYNC001 is about
-EVAL_TOKENS = {"eval", "evaluate", "evaluation", "predict", "prediction", "generate", "generation", "test",
+EVAL_TOKENS = {"eval", "evaluate", "evaluation", "predict", "prediction", "pred", "generate", "generation", "test",
                "valid", "validation", "val", "sample", "infer", "inference", "decode"}
 # attributes that hold a training state on an object handed to a step (`trainer.state`, `model.params`)
 STATE_ATTRS = {"state", "params", "opt_state", "train_state", "variables"}
@@ -62,6 +62,8 @@ NOT_SIZE_TOKENS = {"num", "n", "nb", "count", "cnt", "idx", "index", "id", "ids"
                    "freq", "interval", "no", "max", "min", "limit", "cap", "threshold"}
 NOT_STEP_PREFIXES = {"is", "has", "should", "can", "make", "build", "create", "get"}
 STEP_FN_SUFFIXES = {"fn", "func", "function", "impl"}
+# a call that runs many steps, a whole epoch or the whole training: `train_epoch`, `train_and_evaluate`
+MANY_STEPS_TOKENS = {"epoch", "epochs", "loop", "and"}
 HALF_DTYPES = {"jax.numpy.float16", "numpy.float16", "jax.numpy.half", "numpy.half"}
 DTYPE_NAMES = {"float16", "float32", "float64", "bfloat16", "half", "single", "double", "int8", "int16", "int32",
                "int64", "uint8", "uint16", "uint32", "uint64", "bool_", "complex64", "complex128"}
