@@ -35,7 +35,13 @@ RENAMES |= {"jax.tree_multimap": "jax.tree.map", "jax.tree_util.tree_multimap": 
             "jax.experimental.PartitionSpec": "jax.sharding.PartitionSpec",
             "jax.experimental.pjit.PartitionSpec": "jax.sharding.PartitionSpec",
             "jax.experimental.pjit.with_sharding_constraint": "jax.lax.with_sharding_constraint",
-            "jax.experimental.maps.Mesh": "jax.sharding.Mesh"}
+            "jax.experimental.maps.Mesh": "jax.sharding.Mesh", "jax.interpreters.pxla.Mesh": "jax.sharding.Mesh",
+            "jax.interpreters.pxla.PartitionSpec": "jax.sharding.PartitionSpec",
+            "jax.experimental.pjit.NamedSharding": "jax.sharding.NamedSharding",
+            "jax.numpy.round_": "jax.numpy.round", "jax.numpy.product": "jax.numpy.prod",
+            "jax.numpy.alltrue": "jax.numpy.all", "jax.numpy.sometrue": "jax.numpy.any",
+            "jax.numpy.cumproduct": "jax.numpy.cumprod", "jax.numpy.row_stack": "jax.numpy.vstack",
+            "jax.treedef_is_leaf": "jax.tree_util.treedef_is_leaf"}
 RENAMES |= dict.fromkeys(("jax.numpy.DeviceArray", "jax.random.KeyArray", "jax.random.PRNGKeyArray",
                           "jax.interpreters.xla.DeviceArray", "jax.interpreters.pxla.ShardedDeviceArray"), "jax.Array")
 # what `from <module> import <name>` of a removed name imports instead: (module, name), the local name kept

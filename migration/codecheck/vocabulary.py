@@ -100,6 +100,25 @@ REMOVED = {
     "jax.experimental.compilation_cache.compilation_cache.initialize_cache":
         "jax.config.update('jax_compilation_cache_dir', path)",
     "flax.nn": "flax.linen (or flax.nnx)",
+    # from JAX's changelog (bench/removed_api_candidates.py lists the candidates; each checked absent)
+    "jax.experimental.compilation_cache.initialize_cache": "jax.config.update('jax_compilation_cache_dir', path)",
+    "jax.interpreters.pxla.Mesh": "jax.sharding.Mesh", "jax.interpreters.pxla.PartitionSpec": "jax.sharding.PartitionSpec",
+    "jax.experimental.pjit.NamedSharding": "jax.sharding.NamedSharding",
+    "jax.sharding.PmapSharding": "NamedSharding(mesh, P(...)) under jit",
+    "jax.sharding.XLACompatibleSharding": "jax.sharding.Sharding",
+    "jax.lax.infeed": "arguments to the jitted function (TPU infeed has no GPU counterpart)",
+    "jax.lax.outfeed": "results of the jitted function, or jax.debug.callback",
+    "jax.random.shuffle": "jax.random.permutation(key, x, independent=True)",
+    "jax.numpy.round_": "jax.numpy.round", "jax.numpy.product": "jax.numpy.prod", "jax.numpy.alltrue": "jax.numpy.all",
+    "jax.numpy.sometrue": "jax.numpy.any", "jax.numpy.cumproduct": "jax.numpy.cumprod",
+    "jax.numpy.row_stack": "jax.numpy.vstack", "jax.numpy.trapz": "jax.scipy.integrate.trapezoid",
+    "jax.numpy.in1d": "jax.numpy.isin(x, values).ravel()", "jax.numpy.msort": "jax.numpy.sort(x, axis=0)",
+    "jax.numpy.NINF": "-jax.numpy.inf", "jax.numpy.PINF": "jax.numpy.inf", "jax.numpy.NZERO": "-0.0",
+    "jax.lib.xla_client": "jax.extend or the public jax APIs", "jax.lib.xla_extension": "jax.extend",
+    "jax.linear_util": "jax.extend.linear_util", "jax.prng": "jax.extend.random", "jax.util": "your own helper",
+    "jax.curry": "functools.partial", "jax.partial_eval": "jax.extend or jax.interpreters.partial_eval",
+    "jax.pxla": "jax.sharding", "jax.xla": "jax.extend", "jax.experimental.export": "jax.export",
+    "jax.treedef_is_leaf": "jax.tree_util.treedef_is_leaf",
 }
 # The pmap era's placement helpers: they copy state to every local device, split a batch into a
 # leading device axis, or gather it back, by hand, for pmap. Under jit with shardings each becomes a
