@@ -12,6 +12,7 @@ from migration.codecheck.device_rules import DeviceRules
 from migration.codecheck.family import RawFinding
 from migration.codecheck.settings_rules import SettingsRules
 from migration.codecheck.shape_rules import ShapeRules
+from migration.codecheck.topology_rules import TopologyRules
 
 
 class Checker(ast.NodeVisitor):
@@ -25,6 +26,7 @@ class Checker(ast.NodeVisitor):
         self.shape = ShapeRules(ctx, self.found)
         self.settings = SettingsRules(ctx, self.found)
         self.cloud = CloudRules(ctx, self.found)
+        self.topology = TopologyRules(ctx, self.found)
 
     # imports and names ---------------------------------------------------------------------
     def visit_Import(self, node: ast.Import) -> None:
@@ -89,6 +91,7 @@ class Checker(ast.NodeVisitor):
         self.settings.batch_call(node, name, last)
         self.settings.precision(node, name)
         self.cloud.call(node, name)
+        self.topology.call(node, last)
         self.generic_visit(node)
 
     def visit_Subscript(self, node: ast.Subscript) -> None:
@@ -105,10 +108,12 @@ class Checker(ast.NodeVisitor):
 
     def visit_Assign(self, node: ast.Assign) -> None:
         self.settings.assign(node)
+        self.topology.assign(node)
         self.generic_visit(node)
 
     def visit_AnnAssign(self, node: ast.AnnAssign) -> None:
         self.settings.ann_assign(node)
+        self.topology.assign(node)
         self.generic_visit(node)
 
     def visit_Dict(self, node: ast.Dict) -> None:
@@ -121,4 +126,5 @@ class Checker(ast.NodeVisitor):
 
     def visit_Compare(self, node: ast.Compare) -> None:
         self.device.compare(node)
+        self.topology.compare(node)
         self.generic_visit(node)

@@ -65,6 +65,8 @@ class DeviceRules(RuleFamily):
             self.add(node, "REMOVED002", f"`{name or last}` no longer exists")
 
     def _tpu_call(self, node: ast.Call, name: str, last: str) -> None:
+        if name.startswith("jax.tools.colab_tpu"):
+            self.add(node, "TPU001", f"`{last}()` connects a Colab runtime to its TPU: there is none on a GPU machine")
         backend = next((const_str(k.value) for k in node.keywords if k.arg == "backend"), None)
         arg = const_str(node.args[0]) if node.args and last in DEVICE_QUERIES else None
         if any(v and v.lower() == "tpu" for v in (backend, arg)):

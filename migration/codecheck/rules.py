@@ -83,6 +83,25 @@ RULES: dict[str, Rule] = {r.id: r for r in [
                    "checkpoint or batch, not at start-up.",
          example="import tensorflow as tf\nwith tf.io.gfile.GFile(\"gs://bucket/run/results.json\", \"w\") as f:\n"  # migration: ignore[GCS001] the rule's own example
                  "    f.write(\"{}\")\n"),
+    Rule("TOPO001", "warning", "a TPU slice's device count or mesh shape written as numbers",
+         replacement="derive the mesh from what is there: jax.make_mesh((jax.device_count() // model, model), "
+                     "(\"data\", \"model\")), with the model axis read from configuration",
+         rationale="Finds mesh shapes given as literals (`create_device_mesh((4, 2))`, `make_mesh((8, 4), ...)`), "
+                   "device lists reshaped to fixed shapes, and device or core counts compared with a number "
+                   "(`assert jax.device_count() == 8`, `assert cores_per_replica <= 8`). They encode a TPU slice: 8 "
+                   "cores a host on v2/v3, 4 chips on v4/v5p. A GPU box has 1, 2, 4 or 8 GPUs and a cluster "
+                   "multiples of its node: the reshape fails, the assertion stops the job, or the model axis spans "
+                   "nodes over the slow network.",
+         example="import jax\nfrom jax.experimental import mesh_utils\n"
+                 "devices = mesh_utils.create_device_mesh((4, 2))\n"),
+    Rule("BF16OPT001", "warning", "optimizer state or gradient accumulators in 16 bits",
+         replacement="keep optimizer moments and accumulated gradients in float32 (optax's default: leave mu_dtype "
+                     "unset) and cast only the forward and backward pass to bfloat16 or float16",
+         rationale="Finds optax's `mu_dtype` / `nu_dtype` (and the like) set to bfloat16 or float16, and gradient "
+                   "accumulators created or cast in those types. Adding many small updates in 16 bits loses them "
+                   "(bfloat16 keeps 8 bits of mantissa), and float16, the type GPUs without bfloat16 use, "
+                   "overflows: the loss stalls or becomes NaN after a migration that changed nothing else.",
+         example="import optax\nimport jax.numpy as jnp\ntx = optax.adam(1e-3, mu_dtype=jnp.bfloat16)\n"),
     Rule("PJIT001", "error", "pjit's removed keywords in_axis_resources / out_axis_resources",
          replacement="in_shardings= / out_shardings= (NamedSharding or PartitionSpec), and jax.jit in place of pjit",
          rationale="Finds `in_axis_resources=` and `out_axis_resources=` given to `pjit` or `jax.jit` (called, or "

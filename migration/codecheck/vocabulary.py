@@ -15,7 +15,8 @@ COMPILE_TRANSFORMS = {"jit", "pjit", "pmap", "xmap", "shard_map", "vmap", "check
 GRAD_TRANSFORMS = {"grad", "value_and_grad", "jacfwd", "jacrev", "hessian"}
 CONTROL_FLOW = {"scan", "fori_loop", "while_loop", "cond", "switch", "map", "associative_scan"}
 BARE_TRANSFORMS = {"jit", "pjit", "pmap", "xmap", "vmap", "grad", "value_and_grad", "shard_map"}
-COLLECTIVES = {"pmean", "psum", "pmax", "pmin", "all_gather", "ppermute", "all_to_all", "psum_scatter"}
+COLLECTIVES = {"pmean", "psum", "pmax", "pmin", "all_gather", "ppermute", "all_to_all", "psum_scatter",
+               "axis_index"}
 STEP_TOKENS = {"step", "train", "update"}
 # optax builds transformations and schedules (host objects); these of its calls compute arrays
 OPTAX_ARRAYS = {"optax.apply_updates", "optax.global_norm", "optax.incremental_update", "optax.periodic_update",
@@ -119,6 +120,7 @@ REMOVED = {
     "jax.curry": "functools.partial", "jax.partial_eval": "jax.extend or jax.interpreters.partial_eval",
     "jax.pxla": "jax.sharding", "jax.xla": "jax.extend", "jax.experimental.export": "jax.export",
     "jax.treedef_is_leaf": "jax.tree_util.treedef_is_leaf",
+    "jax.tools.colab_tpu": "nothing: delete the setup call (JAX finds the local GPUs itself)",
 }
 # The pmap era's placement helpers: they copy state to every local device, split a batch into a
 # leading device axis, or gather it back, by hand, for pmap. Under jit with shardings each becomes a
