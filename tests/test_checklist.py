@@ -67,6 +67,11 @@ os.environ["JAX_PLATFORMS"] = "tpu"
 import jax
 '''
 NO_JAX = "x = 1\n"
+# the clean script plus what only a TPU job needs: libtpu's variables, a fixed slice shape, bf16 optimizer state
+LIBTPU_TUNED = CLEAN.replace("import jax\n", "import jax\nimport optax\n", 1) \
+    + 'os.environ.get("LIBTPU_INIT_ARGS", "")\n'
+SLICE_SHAPED = CLEAN + "assert jax.device_count() == 8\n"
+BF16_STATE = CLEAN + "import optax\ntx = optax.adam(1e-3, mu_dtype=jnp.bfloat16)\n"
 FRACTION_ONLY = '''import os
 os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] = "0.95"
 import jax
@@ -158,6 +163,7 @@ CASES = [
     ("apis", PASS, lambda w: Evidence(w["plan"], code=code(CLEAN)), "no TPU-only"),
     ("apis", WARN, lambda w: Evidence(w["plan"], code=code(PMAP_ONLY)), "PMAP001"),
     ("apis", FAIL, lambda w: Evidence(w["plan"], code=code(TPU_ERA)), "REMOVED001"),
+    ("apis", WARN, lambda w: Evidence(w["plan"], code=code(SLICE_SHAPED)), "TOPO001"),
     ("apis", NOT_CHECKED, lambda w: Evidence(w["plan"]), "not checked"),
     ("apis", NOT_CHECKED, lambda w: Evidence(w["plan"], code=code(NO_JAX)), "none of them uses JAX"),
     ("remat", PASS, lambda w: Evidence(w["plan"], on_gpu(w["run"])), "peaked at"),
@@ -208,6 +214,7 @@ CASES = [
     ("deployment", NOT_CHECKED, lambda w: Evidence(w["plan"], code=code(NO_JAX)), "no JAX and no environment"),
     ("deployment", FAIL, lambda w: Evidence(w["plan"], code=code(TPU_ERA)), "ENV001"),
     ("deployment", FAIL, lambda w: Evidence(w["plan"], code=code(TPU_ENV)), "JAX_PLATFORMS=tpu"),
+    ("deployment", WARN, lambda w: Evidence(w["plan"], code=code(LIBTPU_TUNED)), "TPU-only variables"),
     ("deployment", NOT_CHECKED, lambda w: Evidence(w["plan"]), "not checked"),
     ("recompilation", PASS, lambda w: Evidence(w["plan"], on_gpu(w["run"]), code=code(CLEAN)), "0 XLA compile(s)"),
     ("recompilation", WARN, lambda w: Evidence(w["plan"], w["run"]), "not checked"),
@@ -244,6 +251,8 @@ CASES = [
                                           fp32_reference=w["ref"]), "nan"),
     ("numerics", NA, lambda w: Evidence(w["plan"], dataclasses.replace(w["run"], precision="fp32")), "fp32"),
     ("numerics", NOT_CHECKED, lambda w: Evidence(w["plan"], w["run"]), "no fp32 reference"),
+    ("numerics", WARN, lambda w: Evidence(w["plan"], on_gpu(w["run"], losses=[4.0, 3.0]), code=code(BF16_STATE),
+                                          fp32_reference=on_gpu(w["ref"], losses=[4.0, 3.05])), "BF16OPT001"),
     ("numerics", NOT_CHECKED, lambda w: Evidence(w["plan"], w["run"], fp32_reference=dataclasses.replace(
         w["ref"], losses=[4.0, None])), "no reference to compare"),
     ("pmap", PASS, lambda w: Evidence(w["plan"], on_gpu(w["run"], losses=[4.0, 3.0], samples_per_s=200.0),

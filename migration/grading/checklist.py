@@ -35,7 +35,7 @@ NUMERICS_TOLERANCE = 0.05  # final loss within 5% of the fp32 reference over the
 SCALING_EFFICIENCY = 0.8  # per-device throughput at N devices against 1, for a pass
 BENCHMARK_RATIO = 0.9  # migrated throughput against the user's measured TPU job, for a pass
 PMAP_RULES = ("PMAP001", "PMAP002", "PMAP003")
-API_RULES = ("TPU001", *PMAP_RULES, "REMOVED001", "REMOVED002")
+API_RULES = ("TPU001", *PMAP_RULES, "REMOVED001", "REMOVED002", "TOPO001", "GCS001")
 SHAPE_RULES = ("SHAPE001", "TRACE001")
 MONITOR_HINT = "read memory_stats() (peak_bytes_in_use, bytes_limit) and NVML utilisation in the training job"
 
@@ -192,7 +192,8 @@ def grade_apis(ev: Evidence) -> Grade:
         return FAIL, f"{scope}: {len(errors)} TPU-only or removed API call(s): {_lines(errors)}", "apply each finding's replacement"
     if found:
         return WARN, f"{scope}: {len(found)} outdated API use(s): {_lines(found)}", "apply each finding's replacement"
-    return PASS, f"{scope}: no TPU-only, pmap-era or removed APIs ({', '.join(API_RULES)})", "nothing to replace"
+    return PASS, f"{scope}: no TPU-only, pmap-era or removed APIs, fixed slice shapes or Cloud Storage paths " \
+                 f"({', '.join(API_RULES)})", "nothing to replace"
 
 
 def grade_remat(ev: Evidence) -> Grade:
@@ -331,7 +332,17 @@ def grade_deployment(ev: Evidence) -> Grade:
         return NOT_CHECKED, f"{scope}: no JAX and no environment settings in them", \
             "check the launcher or training script that sets the job's environment"
     checks = environment.compare(ev.plan, ev.code.env_settings)
-    return _env_grade(ev, checks, f"{scope} against the plan's environment", "keep them in step with the plan")
+    grade = _env_grade(ev, checks, f"{scope} against the plan's environment", "keep them in step with the plan")
+    return _unless_code_says(ev, grade, "TPUENV001", "TPU-only variables that do nothing on GPUs",
+                             "drop them; carry their tuning over as GPU flags in XLA_FLAGS")
+
+
+def _unless_code_says(ev: Evidence, grade: Grade, rule: str, what: str, action: str) -> Grade:
+    """`grade`, or a warning naming `rule`'s findings in the user's code when it would pass without them."""
+    found = ev.findings((rule,)) if ev.code is not None else []
+    if grade[0] != PASS or not found:
+        return grade
+    return WARN, f"{grade[1]}; but {what}: {_lines(found)}", action
 
 
 def grade_preallocation(ev: Evidence) -> Grade:
@@ -402,7 +413,9 @@ def grade_numerics(ev: Evidence) -> Grade:
     if not ev.on_target(r):
         return WARN, f"{text}; {_elsewhere(ev, r)}: GPU kernels round differently", \
             f"repeat the comparison on {ev.plan.target_name}"
-    return PASS, text, "none"
+    return _unless_code_says(ev, (PASS, text, "none"), "BF16OPT001",
+                             "your code keeps optimizer state or accumulators in 16 bits, which this run does not",
+                             "keep optimizer moments and accumulators in float32")
 
 
 def grade_pmap(ev: Evidence) -> Grade:
