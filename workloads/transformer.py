@@ -159,6 +159,39 @@ class _Attention(nnx.Module):
         return checkpoint_name(self.out(y), "attention_proj")
 
 
+    def extend(self, x: jax.Array, rope: tuple[jax.Array, jax.Array] | None, start: jax.Array,
+               cache: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+        """Attention of the new tokens `x` (B, S, D), at positions start..start+S-1 of each row (start
+        (B,) int), over the KV cache (two (B, M, K, Dh) arrays): their keys and values are written into
+        it, and each attends to the cache's positions up to its own. Grouped-query heads are cached
+        once (K of them), as the model computes them."""
+        b, s, _ = x.shape
+        q = self.q(x).reshape(b, s, self.n_heads, -1)
+        kv = self.kv(x).reshape(b, s, 2, self.n_kv_heads, q.shape[-1])
+        k, v = kv[:, :, 0], kv[:, :, 1]
+        if rope is not None:
+            q, k = _rotate(q, *rope), _rotate(k, *rope)
+        write = jax.vmap(lambda c, new, at: jax.lax.dynamic_update_slice_in_dim(c, new, at, axis=0))
+        cache_k, cache_v = write(cache[0], k.astype(cache[0].dtype), start), write(cache[1], v.astype(cache[1].dtype), start)
+        y = _cached_attention(q, cache_k, cache_v, start)
+        return self.out(y.reshape(b, s, -1)), (cache_k, cache_v)
+
+
+def _cached_attention(q: jax.Array, k: jax.Array, v: jax.Array, start: jax.Array) -> jax.Array:
+    """Queries (B, S, H, Dh) at positions start + i against cached keys and values (B, M, K, Dh):
+    query i of row b sees cache positions 0..start[b] + i. Arithmetic as in `_causal_attention`
+    (query scaled first, products accumulated and softmax taken in float32)."""
+    b, s, h, dh = q.shape
+    m, kv_heads = k.shape[1], k.shape[2]
+    q = (q * (1.0 / math.sqrt(dh))).astype(k.dtype).reshape(b, s, kv_heads, h // kv_heads, dh)
+    scores = jnp.einsum("bqkgd,bskd->bkgqs", q, k, preferred_element_type=jnp.float32)  # (B, K, G, S, M)
+    visible = jnp.arange(m)[None, None, :] <= (start[:, None] + jnp.arange(s)[None, :])[:, :, None]  # (B, S, M)
+    scores = jnp.where(visible[:, None, None], scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    out = jnp.einsum("bkgqs,bskd->bqkgd", probs, v, preferred_element_type=jnp.float32)
+    return out.astype(v.dtype).reshape(b, s, h, dh)
+
+
 def rope_frequencies(cfg: TransformerConfig) -> jax.Array:
     """The rotary angular frequencies, (Dh/2,) in float32: theta^(-2i/Dh), with Llama 3's scaling
     where `rope_scaling` > 1. Measured against the original context, a wavelength longer than
@@ -180,10 +213,17 @@ def _rope_tables(cfg: TransformerConfig, seq_len: int) -> tuple[jax.Array, jax.A
     return jnp.cos(angles), jnp.sin(angles)
 
 
+def _rope_at(cfg: TransformerConfig, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """cos and sin of the rotary angles at `positions` (B, T) int: (B, T, Dh/2) in float32."""
+    angles = positions.astype(jnp.float32)[..., None] * rope_frequencies(cfg)
+    return jnp.cos(angles), jnp.sin(angles)
+
+
 def _rotate(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
-    """Rotary positions on (B, T, heads, Dh), the two halves of each head as (real, imaginary)."""
+    """Rotary positions on (B, T, heads, Dh), the two halves of each head as (real, imaginary); cos
+    and sin (T, Dh/2) for every row alike, or (B, T, Dh/2) per row."""
     x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
-    c, s = cos[None, :, None], sin[None, :, None]
+    c, s = (cos[None, :, None], sin[None, :, None]) if cos.ndim == 2 else (cos[:, :, None], sin[:, :, None])
     return jnp.concatenate([x1 * c - x2 * s, x1 * s + x2 * c], axis=-1).astype(x.dtype)
 
 
@@ -230,6 +270,11 @@ class _Block(nnx.Module):
         x = x + self.attn(self.norm1(x), rope)
         return x + self.mlp(self.norm2(x))
 
+    def extend(self, x: jax.Array, rope, start: jax.Array, cache):
+        y, cache = self.attn.extend(self.norm1(x), rope, start, cache)
+        x = x + y
+        return x + self.mlp(self.norm2(x)), cache
+
 
 class Decoder(nnx.Module):
     def __init__(self, cfg: TransformerConfig, *, dtype, block_wrap: BlockWrap, rngs: nnx.Rngs):
@@ -274,6 +319,42 @@ class Decoder(nnx.Module):
 
         x, _ = jax.lax.scan(layer, x, layers)
         return self.norm_f(x)
+
+
+    def extend(self, tokens: jax.Array, start: jax.Array, cache: dict[str, jax.Array]
+               ) -> tuple[jax.Array, dict[str, jax.Array]]:
+        """The decode path: logits (B, S, V) of `tokens` (B, S) placed at positions start..start+S-1
+        of each row (start (B,) int32), given the keys and values of the positions before them in
+        `cache` ({"k", "v"}: (n_layers, B, M, K, Dh) each, M the longest sequence served); returns the
+        cache with these tokens' keys and values written in. A prompt is one call with start 0 (the
+        prefill), then one token a call; every position must stay below M (and below `seq_len` with
+        learned positions)."""
+        cfg = self.cfg
+        positions = start[:, None] + jnp.arange(tokens.shape[1], dtype=start.dtype)[None]  # (B, S)
+        x = self.embed(tokens)
+        rope = None
+        if cfg.positions == "learned":
+            x = x + self.positions(positions)
+        else:
+            rope = _rope_at(cfg, positions)
+        graphdef, layers = nnx.split(self.blocks)
+
+        def layer(x: jax.Array, xs: Any) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+            params, k, v = xs
+            return nnx.merge(graphdef, params).extend(x, rope, start, (k, v))
+
+        x, (k, v) = jax.lax.scan(layer, x, (layers, cache["k"], cache["v"]))
+        return self.project(self.norm_f(x)), {"k": k, "v": v}
+
+
+def cache_shape(cfg: TransformerConfig, batch: int, max_len: int) -> tuple[int, ...]:
+    """The shape of each of the KV cache's two arrays: (n_layers, batch, max_len, kv heads, head size)."""
+    return (cfg.n_layers, batch, max_len, cfg.n_kv_heads, cfg.head_dim)
+
+
+def empty_cache(cfg: TransformerConfig, batch: int, max_len: int, dtype) -> dict[str, jax.Array]:
+    shape = cache_shape(cfg, batch, max_len)
+    return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
 
 
 def _gpt2(vocab: int, seq: int, d: int, layers: int, heads: int) -> TransformerConfig:
