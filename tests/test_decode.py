@@ -42,6 +42,12 @@ def compiled(model: Decoder, donate: bool = False):
     return (lambda *a: extend(state, *a)), (lambda tokens: forward(state, tokens)), extend
 
 
+def compiled_prefill(model: Decoder):
+    graphdef, state = nnx.split(model)
+    fn = jax.jit(lambda st, tokens, last, cache: nnx.merge(graphdef, st).prefill(tokens, last, cache))
+    return lambda *a: fn(state, *a)
+
+
 def tokens_of(cfg, batch: int, length: int) -> jax.Array:
     return jax.random.randint(jax.random.key(1), (batch, length), 0, cfg.vocab_size, dtype=jnp.int32)
 
@@ -57,6 +63,7 @@ def close(a, b, dtype) -> float:
 def test_prefill_then_decode_gives_the_full_forward_logits_at_every_position(family, dtype):
     cfg = FAMILIES[family]
     extend, forward, _ = compiled(model_of(cfg, dtype))
+    prefill = compiled_prefill(model_of(cfg, dtype))
     tokens = tokens_of(cfg, 2, 24)
     full = forward(tokens)  # (B, T, V)
     prompt = 9
@@ -64,6 +71,9 @@ def test_prefill_then_decode_gives_the_full_forward_logits_at_every_position(fam
     start = jnp.zeros((2,), jnp.int32)
     logits, cache = extend(tokens[:, :prompt], start, cache)
     errors = [close(logits, full[:, :prompt], dtype)]
+    first, filled = prefill(tokens[:, :prompt], jnp.full((2,), prompt - 1, jnp.int32), empty_cache(cfg, 2, 24, dtype))
+    errors.append(close(first[:, 0], full[:, prompt - 1], dtype))  # the prefill program: last position only
+    errors.append(close(filled["k"], cache["k"], dtype))
     for i in range(prompt, 24):
         step, cache = extend(tokens[:, i:i + 1], jnp.full((2,), i, jnp.int32), cache)
         errors.append(close(step[:, 0], full[:, i], dtype))
@@ -81,14 +91,14 @@ def test_prompts_of_different_lengths_share_one_padded_batch(family):
     lengths = jnp.array([3, 7, 12], jnp.int32)
     padded = jnp.where(jnp.arange(16)[None] < lengths[:, None], seqs, 0)  # right-padded to the bucket
     cache = empty_cache(cfg, 3, 16, jnp.float32)
-    logits, cache = extend(padded[:, :12], jnp.zeros((3,), jnp.int32), cache)
+    logits, cache = compiled_prefill(model)(padded[:, :12], lengths - 1, cache)  # (B, 1, V): each row's last
     # the next token of each row goes at its own length, over what the padding wrote there
     nxt = seqs[jnp.arange(3), lengths]
     step, cache = extend(nxt[:, None], lengths, cache)
     for row in range(3):
         n = int(lengths[row])
         own = model(seqs[row:row + 1, :n + 1])
-        assert close(logits[row, n - 1], own[0, n - 1], jnp.float32) <= TOLERANCE[jnp.float32]
+        assert close(logits[row, 0], own[0, n - 1], jnp.float32) <= TOLERANCE[jnp.float32]
         assert close(step[row, 0], own[0, n], jnp.float32) <= TOLERANCE[jnp.float32]
 
 

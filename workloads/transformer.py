@@ -151,29 +151,35 @@ class _Attention(nnx.Module):
         k, v = kv[:, :, 0], kv[:, :, 1]
         if rope is not None:
             q, k = _rotate(q, *rope), _rotate(k, *rope)
-        if self.implementation == "xla" and q.dtype == jnp.float16:
-            y = _causal_attention(q, k, v)  # the CPU backend rejects jax.nn's fp16 version (float32 accumulation)
-        else:  # K < H heads are taken as they are (grouped-query attention)
-            y = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=self.implementation)
-        y = checkpoint_name(y.reshape(b, t, -1), "attention_out")
+        y = checkpoint_name(self._causal(q, k, v).reshape(b, t, -1), "attention_out")
         return checkpoint_name(self.out(y), "attention_proj")
 
 
+    def _causal(self, q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+        if self.implementation == "xla" and q.dtype == jnp.float16:
+            return _causal_attention(q, k, v)  # the CPU backend rejects jax.nn's fp16 version (float32 accumulation)
+        # K < H heads are taken as they are (grouped-query attention)
+        return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=self.implementation)
+
     def extend(self, x: jax.Array, rope: tuple[jax.Array, jax.Array] | None, start: jax.Array,
-               cache: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+               cache: tuple[jax.Array, jax.Array], layer: jax.Array, prefill: bool = False
+               ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
         """Attention of the new tokens `x` (B, S, D), at positions start..start+S-1 of each row (start
-        (B,) int), over the KV cache (two (B, M, K, Dh) arrays): their keys and values are written into
-        it, and each attends to the cache's positions up to its own. Grouped-query heads are cached
-        once (K of them), as the model computes them."""
+        (B,) int), over layer `layer` of the KV cache (two (n_layers, B, M, K, Dh) arrays): their keys
+        and values are written into it in place, and each attends to the cache's positions up to its
+        own. Grouped-query heads are cached once (K of them), as the model computes them. With
+        `prefill` (every row starts at 0) the tokens attend among themselves, with the training
+        forward's attention (fused where it is), not over the whole cache."""
         b, s, _ = x.shape
         q = self.q(x).reshape(b, s, self.n_heads, -1)
         kv = self.kv(x).reshape(b, s, 2, self.n_kv_heads, q.shape[-1])
         k, v = kv[:, :, 0], kv[:, :, 1]
         if rope is not None:
             q, k = _rotate(q, *rope), _rotate(k, *rope)
-        write = jax.vmap(lambda c, new, at: jax.lax.dynamic_update_slice_in_dim(c, new, at, axis=0))
-        cache_k, cache_v = write(cache[0], k.astype(cache[0].dtype), start), write(cache[1], v.astype(cache[1].dtype), start)
-        y = _cached_attention(q, cache_k, cache_v, start)
+        rows, cols = jnp.arange(b)[:, None], start[:, None] + jnp.arange(s)[None, :]  # (B, 1), (B, S)
+        cache_k = cache[0].at[layer, rows, cols].set(k.astype(cache[0].dtype), mode="drop")
+        cache_v = cache[1].at[layer, rows, cols].set(v.astype(cache[1].dtype), mode="drop")
+        y = self._causal(q, k, v) if prefill else _cached_attention(q, cache_k[layer], cache_v[layer], start)
         return self.out(y.reshape(b, s, -1)), (cache_k, cache_v)
 
 
@@ -270,8 +276,8 @@ class _Block(nnx.Module):
         x = x + self.attn(self.norm1(x), rope)
         return x + self.mlp(self.norm2(x))
 
-    def extend(self, x: jax.Array, rope, start: jax.Array, cache):
-        y, cache = self.attn.extend(self.norm1(x), rope, start, cache)
+    def extend(self, x: jax.Array, rope, start: jax.Array, cache, layer: jax.Array, prefill: bool = False):
+        y, cache = self.attn.extend(self.norm1(x), rope, start, cache, layer, prefill)
         x = x + y
         return x + self.mlp(self.norm2(x)), cache
 
@@ -321,14 +327,22 @@ class Decoder(nnx.Module):
         return self.norm_f(x)
 
 
-    def extend(self, tokens: jax.Array, start: jax.Array, cache: dict[str, jax.Array]
-               ) -> tuple[jax.Array, dict[str, jax.Array]]:
+    def prefill(self, tokens: jax.Array, last: jax.Array, cache: dict[str, jax.Array]
+                ) -> tuple[jax.Array, dict[str, jax.Array]]:
+        """A batch of prompts (B, P), right-padded, each row's last prompt token at `last` (B,): the
+        logits (B, 1, V) of those positions and the cache filled from position 0. The prompt attends
+        among itself as in training (fused attention where the model uses it)."""
+        return self.extend(tokens, jnp.zeros_like(last), cache, last, prefill=True)
+
+    def extend(self, tokens: jax.Array, start: jax.Array, cache: dict[str, jax.Array],
+               last: jax.Array | None = None, prefill: bool = False) -> tuple[jax.Array, dict[str, jax.Array]]:
         """The decode path: logits (B, S, V) of `tokens` (B, S) placed at positions start..start+S-1
         of each row (start (B,) int32), given the keys and values of the positions before them in
         `cache` ({"k", "v"}: (n_layers, B, M, K, Dh) each, M the longest sequence served); returns the
-        cache with these tokens' keys and values written in. A prompt is one call with start 0 (the
-        prefill), then one token a call; every position must stay below M (and below `seq_len` with
-        learned positions)."""
+        cache with these tokens' keys and values written in (in place when the cache is donated). A
+        prompt is one call with start 0 (the prefill; with `last` (B,), the position of each row's
+        last prompt token, only those logits, (B, 1, V)), then one token a call. Positions past M are
+        dropped; every position must stay below `seq_len` with learned positions."""
         cfg = self.cfg
         positions = start[:, None] + jnp.arange(tokens.shape[1], dtype=start.dtype)[None]  # (B, S)
         x = self.embed(tokens)
@@ -339,12 +353,17 @@ class Decoder(nnx.Module):
             rope = _rope_at(cfg, positions)
         graphdef, layers = nnx.split(self.blocks)
 
-        def layer(x: jax.Array, xs: Any) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
-            params, k, v = xs
-            return nnx.merge(graphdef, params).extend(x, rope, start, (k, v))
+        def layer(carry: tuple[jax.Array, Any], xs: Any) -> tuple[tuple[jax.Array, Any], None]:
+            x, kv = carry  # the whole cache rides in the loop's carry: each layer writes its slice in place
+            params, index = xs
+            return nnx.merge(graphdef, params).extend(x, rope, start, kv, index, prefill), None
 
-        x, (k, v) = jax.lax.scan(layer, x, (layers, cache["k"], cache["v"]))
-        return self.project(self.norm_f(x)), {"k": k, "v": v}
+        index = jnp.arange(cfg.n_layers, dtype=jnp.int32)
+        (x, (k, v)), _ = jax.lax.scan(layer, (x, (cache["k"], cache["v"])), (layers, index))
+        x = self.norm_f(x)
+        if last is not None:  # the prefill needs only each row's last prompt position
+            x = jnp.take_along_axis(x, (last - start)[:, None, None], axis=1)
+        return self.project(x), {"k": k, "v": v}
 
 
 def cache_shape(cfg: TransformerConfig, batch: int, max_len: int) -> tuple[int, ...]:
