@@ -237,3 +237,42 @@ def test_a_model_given_by_its_dimensions_is_not_named_as_its_preset():
     custom = model_name("llama", "8b", {"n_layers": 80, "d_model": 8192, "attention": "cudnn"})
     assert custom == "llama custom (attention=cudnn d_model=8192 n_layers=80; from 8b)"
     assert "llama/8b" not in custom
+
+
+SCATTER_PROGRAM = """\
+HloModule decode
+
+%scatter_fusion (p0: bf16[16,8,1280,8,64], p1: s32[8,1,3], p2: bf16[8,1,8,64]) -> bf16[16,8,1280,8,64] {
+  %p0 = bf16[16,8,1280,8,64]{4,3,2,1,0} parameter(0)
+  %p1 = s32[8,1,3]{2,1,0} parameter(1)
+  %p2 = bf16[8,1,8,64]{3,2,1,0} parameter(2)
+  ROOT %s = bf16[16,8,1280,8,64]{4,3,2,1,0} scatter(%p0, %p1, %p2), update_window_dims={2,3}, inserted_window_dims={0,1,2}, scatter_dims_to_operand_dims={0,1,2}, index_vector_dim=2, to_apply=%assign
+}
+
+%zeros_scatter (p0: s32[8,1,1], p1: f32[8,1,64]) -> f32[1000,64] {
+  %p0 = s32[8,1,1]{2,1,0} parameter(0)
+  %p1 = f32[8,1,64]{2,1,0} parameter(1)
+  %z = f32[] constant(0)
+  %b = f32[1000,64]{1,0} broadcast(%z), dimensions={}
+  ROOT %s = f32[1000,64]{1,0} scatter(%b, %p0, %p1), update_window_dims={2}, inserted_window_dims={0}, scatter_dims_to_operand_dims={0}, index_vector_dim=2, to_apply=%add
+}
+
+ENTRY %main (cache: bf16[16,8,1280,8,64], idx: s32[8,1,3], new: bf16[8,1,8,64], ids: s32[8,1,1], g: f32[8,1,64]) -> bf16[16,8,1280,8,64] {
+  %cache = bf16[16,8,1280,8,64]{4,3,2,1,0} parameter(0)
+  %idx = s32[8,1,3]{2,1,0} parameter(1)
+  %new = bf16[8,1,8,64]{3,2,1,0} parameter(2)
+  %ids = s32[8,1,1]{2,1,0} parameter(3)
+  %g = f32[8,1,64]{2,1,0} parameter(4)
+  %update = bf16[16,8,1280,8,64]{4,3,2,1,0} fusion(%cache, %idx, %new), kind=kLoop, calls=%scatter_fusion
+  %grad = f32[1000,64]{1,0} fusion(%ids, %g), kind=kLoop, calls=%zeros_scatter
+  ROOT %r = bf16[16,8,1280,8,64]{4,3,2,1,0} copy(%update)
+}
+"""
+
+
+def test_a_scatter_into_a_buffer_from_outside_costs_its_updates_and_one_made_inside_costs_it_whole():
+    kernels = {k.name: k for k in read_program(SCATTER_PROGRAM)}
+    # a decode step writing one token's keys into the KV cache: the indices and the update, not the cache
+    assert kernels["update"].bytes == 8 * 3 * 4 + 2 * (8 * 8 * 64) * 2
+    # an embedding gradient scattered into zeros made in the fusion: the whole table is written
+    assert kernels["grad"].bytes == 8 * 4 + 8 * 64 * 4 + 1000 * 64 * 4

@@ -359,7 +359,7 @@ class Decoder(nnx.Module):
             return nnx.merge(graphdef, params).extend(x, rope, start, kv, index, prefill), None
 
         index = jnp.arange(cfg.n_layers, dtype=jnp.int32)
-        (x, (k, v)), _ = jax.lax.scan(layer, (x, (cache["k"], cache["v"])), (layers, index))
+        (x, (k, v)), _ = jax.lax.scan(layer, (x, (cache["k"], cache["v"])), (layers, index), unroll=True)
         x = self.norm_f(x)
         if last is not None:  # the prefill needs only each row's last prompt position
             x = jnp.take_along_axis(x, (last - start)[:, None, None], axis=1)

@@ -8,6 +8,7 @@ import argparse
 import dataclasses
 import getpass
 import json
+import os
 import sqlite3
 import sys
 from pathlib import Path
@@ -19,6 +20,7 @@ from migration.cli.output import (
     print_autotune,
     print_checklist,
     print_plan,
+    print_serve_plan,
     print_summary,
     progress_printer,
     report_failure,
@@ -31,10 +33,12 @@ from migration.config import forms
 from migration.config.fields import DIMENSIONS, FIELD, flags_of
 from migration.config.limits import ConfigError
 from migration.config.requests import PlanRequest, RunConfig
+from migration.config.serving import serve_request
 from migration.grading.checklist import to_csv
 from migration.planning.planfile import read_plan
 from migration.results import Plan
 from migration.running.runner import PlanError, probe_environment, start_plan, start_run
+from migration.running.worker_env import compile_environment
 from migration.service.accounts import AccountsError, add_user
 from migration.service.autotune import AutotuneRefused, AutotuneSettings, start_autotune
 from migration.service.history import History, HistoryError
@@ -316,6 +320,30 @@ def cmd_add_user(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve_plan(args: argparse.Namespace) -> int:
+    """`serve-plan`: the serving plan, compiled here for the target without the device."""
+    # JAX reads its platform and XLA flags once, at import: a deviceless compile's before anything imports it
+    os.environ.update(compile_environment())
+    try:
+        req = serve_request(workload=args.workload, preset=args.preset, target=args.target, prompt_len=args.prompt_len,
+                            gen_len=args.gen_len, precision=args.precision, batches=args.batches, gpus=args.gpus,
+                            memory_fraction=args.memory_fraction)
+    except ConfigError as exc:
+        print(f"error: invalid serving request: {exc}", file=sys.stderr)
+        return 2
+    from migration.planning.serving import serve_plan  # reason: imports JAX, once the environment is set
+
+    plan = serve_plan(req)
+    print_serve_plan(plan)
+    if args.json:
+        Path(args.json).write_text(json.dumps(plan, indent=2))
+        print(f"wrote {args.json}")
+    if args.csv:
+        write_csv(plan["rows"], path=args.csv)
+        print(f"wrote {args.csv}")
+    return 0 if plan["largest_batch"] else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if getattr(args, "workload", None) and ":" in args.workload:
@@ -324,4 +352,5 @@ def main(argv: list[str] | None = None) -> int:
 
         allow_references()  # `--workload package.module:NAME`: the command line may import a team's model
     return {"run": cmd_run, "env": cmd_env, "plan": cmd_plan, "check": cmd_check,
-            "autotune": cmd_autotune, "add-user": cmd_add_user, "prune-history": cmd_prune_history}[args.command](args)
+            "autotune": cmd_autotune, "add-user": cmd_add_user, "prune-history": cmd_prune_history,
+            "serve-plan": cmd_serve_plan}[args.command](args)

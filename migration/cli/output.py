@@ -215,3 +215,24 @@ def plan_progress(ev: dict[str, Any]) -> None:
             fit = f"at least {fit} (lower bound over the budget: not compiled)"
         print(f"  batch {ev['per_device_batch']:>5} remat {ev['remat']:<22} x{ev['accumulation_steps']} accum: "
               f"{fit}{' (cached)' if ev['cached'] else ''}  [{ev['seconds']:.1f} s]", flush=True)
+
+
+def print_serve_plan(plan: dict[str, Any]) -> None:
+    """The serving plan's table: one row per batch (GB are 10^9 bytes; times predicted from the programs
+    compiled for the target)."""
+    req = plan["request"]
+    print(f"Serving {model_name(req['workload'], req['preset'], req['model'])} on 1 x {plan['target']} in "
+          f"{req['precision']}: prompt {req['prompt_len']:,}, generation {req['gen_len']:,} tokens "
+          f"({plan['attention']} attention in the prefill)")
+    print(f"{'batch':>5} {'weights GB':>10} {'KV GB':>7} {'KV compiled':>11} {'peak GB':>8} {'fits':>5} "
+          f"{'TTFT ms':>8} {'TPOT ms':>8} {'limit ms':>8} {'tokens/s':>9}")
+    for r in plan["rows"]:
+        print(f"{r['batch']:>5} {r['weights_bytes'] / 1e9:>10.2f} {r['kv_cache_bytes'] / 1e9:>7.2f} "
+              f"{r['kv_cache_bytes_compiled'] / 1e9:>11.2f} {r['predicted_peak_bytes'] / 1e9:>8.2f} "
+              f"{'yes' if r['fits'] else 'no':>5} {r['predicted_ttft_s'] * 1e3:>8.1f} {r['predicted_tpot_s'] * 1e3:>8.2f} "
+              f"{r['bandwidth_limit_tpot_s'] * 1e3:>8.2f} {r['tokens_per_s_per_gpu']:>9,.0f}")
+    largest = plan["largest_batch"]
+    print(f"largest batch that fits in {plan['budget_bytes'] / 1e9:.1f} GB: {largest}" if largest else
+          f"nothing fits in {plan['budget_bytes'] / 1e9:.1f} GB, not even one sequence")
+    print("TTFT: the batch's prompts prefilled together; TPOT: one decode step of the whole batch; limit: the "
+          "weights and the whole KV cache read once from memory, which no decode step can beat")

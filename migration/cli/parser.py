@@ -14,7 +14,8 @@ from migration.config import forms
 from migration.config.fields import DIMENSIONS, FIELD, FIELDS, Field, flags_of
 from migration.config.limits import LIMITS, PLATFORMS, PRECISIONS, REMAT_NAMES, SHARDINGS, STEP_STYLES
 from migration.config.requests import RunConfig
-from migration.hardware import TPU_SPECS
+from migration.config.serving import DECODER_WORKLOADS, MEMORY_FRACTION, SERVE_PRECISIONS
+from migration.hardware import GPU_SPECS, TPU_SPECS
 from migration.service.autotune import AutotuneSettings
 
 PROG = "python -m migration"
@@ -128,6 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                "accumulation, environment"))
     add_autotune_flags(sub.add_parser("autotune", help="measure the plan's fastest predicted fitting choices on "
                                                        "its target and pick the fastest measured"))
+    add_serve_plan_flags(sub.add_parser("serve-plan", help="plan serving a decoder model on a GPU without it: "
+                                                           "memory, largest batch, time to first token and per token"))
     add_admin_commands(sub)
     return parser
 
@@ -214,6 +217,23 @@ def add_autotune_flags(at: argparse.ArgumentParser) -> None:
     at.add_argument("--json", metavar="PATH", help="write the result (rows, verdict, run reports) as JSON")
     at.add_argument("--csv", metavar="PATH", help="write the table as CSV, one row per choice")
     at.add_argument("--quiet", action="store_true", help="no per-step progress")
+
+
+def add_serve_plan_flags(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("--workload", default="llama", choices=DECODER_WORKLOADS, help="a decoder family (default llama)")
+    sp.add_argument("--preset", required=True, help="its size preset (llama: tiny, 1b, 3b, 8b; transformer: tiny, "
+                                                     "small, gpt2-small ... gpt2-xl)")
+    sp.add_argument("--target", default="h100-sxm", metavar="GPU", help=f"the GPU: {', '.join(GPU_SPECS)}")
+    sp.add_argument("--gpus", default=1, metavar="N", help="GPUs (1 so far)")
+    sp.add_argument("--precision", default="bf16", choices=SERVE_PRECISIONS, help="weights, cache and compute")
+    sp.add_argument("--prompt-len", dest="prompt_len", required=True, metavar="N", help="prompt tokens")
+    sp.add_argument("--gen-len", dest="gen_len", required=True, metavar="N", help="generated tokens per request")
+    sp.add_argument("--batches", default="", metavar="LIST",
+                    help="batch sizes, e.g. 1,8,32 (default: 1, 2, 4, ... up to the largest that fits, and that one)")
+    sp.add_argument("--mem-fraction", dest="memory_fraction", default=MEMORY_FRACTION, metavar="F",
+                    help=f"share of the GPU's memory the server may use (default {MEMORY_FRACTION})")
+    sp.add_argument("--json", metavar="PATH", help="write the plan as JSON (one row per batch)")
+    sp.add_argument("--csv", metavar="PATH", help="write the rows as CSV")
 
 
 def add_admin_commands(sub: Any) -> None:

@@ -12,8 +12,9 @@ program text XLA prints after optimisation, read the way XLA's own GPU cost mode
   convolutions, and for cuDNN's fused attention 4 x query elements x key length forward (half of it
   under a causal mask, which the kernel skips), 2.5 times that backward (five products for two);
 - bytes: what a kernel reads and writes in HBM: its operands and results, except that an operand
-  only sliced inside a fusion costs the slices, and a fusion that updates a slice in place writes
-  only the update (a layer of a scanned stack, not the stack);
+  only sliced inside a fusion costs the slices, and a dynamic-update-slice or scatter of a buffer
+  from outside writes only the update (a layer of a scanned stack, not the stack; a decode step's
+  new keys and values, not the KV cache);
 - collectives: the bytes of each all-gather, reduce-scatter, all-reduce, all-to-all and
   collective-permute, the size of its replica group, and whether it runs asynchronously (the
   latency-hiding scheduler's start/done pairs).
@@ -194,6 +195,8 @@ class ProgramReader:
             kind = "convolution"
         elif ins.opcode == "dynamic-update-slice" and len(ins.operands) > 1:
             read, written = read[1:2], read[1] if len(read) > 1 else written
+        elif ins.opcode == "scatter" and len(ins.operands) > 2:  # in place: indices and updates read, updates written
+            read, written = read[1:3], read[2]
         return Kernel(ins.name, kind, flops * times, (sum(read) + written) * times, unit, times)
 
     def _fusion(self, ins: Instruction, read: list[float], written: float):
@@ -209,14 +212,17 @@ class ProgramReader:
             if used and index < len(read) and all(u.opcode in SLICES and u.operands[0] == name for u in used):
                 read[index] = sum(nbytes(u.shape) for u in used)
         root = body[-1] if body else None
-        updates = [i for i in body if i.opcode == "dynamic-update-slice"]
-        if updates and root is not None and root.opcode in ("dynamic-update-slice", "tuple", "bitcast"):
-            written = sum(nbytes(inner.get(u.operands[1], "")) for u in updates if len(u.operands) > 1)
-            for u in updates:  # the buffer updated in place is not read either
-                target = u.operands[0]
-                for index, name in params.items():
-                    if name == target and index < len(read):
-                        read[index] = 0.0
+        updates = [i for i in body if i.opcode in ("dynamic-update-slice", "scatter")]
+        if updates and root is not None and root.opcode in ("dynamic-update-slice", "scatter", "tuple", "bitcast"):
+            written = 0.0
+            for u in updates:  # only the update is written, and the buffer updated in place is not read
+                index = next((i for i, n in params.items() if n == u.operands[0]), None)
+                if u.opcode == "scatter" and (index is None or len(u.operands) < 3):
+                    written += nbytes(u.shape)  # a scatter into a buffer made inside the fusion writes it whole
+                    continue
+                written += nbytes(inner.get(u.operands[1 if u.opcode == "dynamic-update-slice" else -1], ""))
+                if index is not None and index < len(read):
+                    read[index] = 0.0
         flops, units, kind = 0.0, [], "memory"
         for i in body:
             if i.opcode == "dot":

@@ -282,6 +282,16 @@ def _host_memory() -> int:
     return 16 * 2**30
 
 
+def deviceless_mesh(spec: GpuSpec, nodes: int, per_node: int) -> Any:
+    """A data mesh over `nodes` x `per_node` devices of `spec` described without the devices (the CUDA
+    plugin's topology for a deviceless compile); raises what the plugin raises where it cannot."""
+    from jax.experimental import topologies  # reason: a JAX module read only where a target is planned
+
+    topo = topologies.get_topology_desc(platform="cuda", target_config=gpu_target_config(spec),
+                                        topology=f"1x{nodes}x{per_node}")
+    return make_data_mesh(topo.devices)
+
+
 class MemoryPredictor:
     """Per-device peak bytes of the train step for (precision, remat, batch, accumulation)."""
 
@@ -336,10 +346,7 @@ class MemoryPredictor:
         per_node = req.gpus if req.nodes == 1 else req.gpus_per_node
         topology = f"1x{req.nodes}x{per_node}"
         try:
-            from jax.experimental import topologies
-
-            topo = topologies.get_topology_desc(platform="cuda", target_config=text, topology=topology)
-            mesh = make_data_mesh(topo.devices)
+            mesh = deviceless_mesh(spec, req.nodes, per_node)
         except Exception as exc:  # noqa: BLE001 - plugin missing or unable to describe the target: estimate instead
             return ("estimate", f"analytic estimate: no compile for {spec.name} was possible here ({first_line(exc)})",
                     None, f"estimate:{spec.key}")

@@ -82,6 +82,20 @@ def worker_environment(cfg: RunConfig, base: Mapping[str, str] | None = None) ->
 DISABLE_XLA_REMAT = "--xla_disable_hlo_passes=rematerialization"
 
 
+def compile_environment(base: Mapping[str, str] | None = None, platform: str = "cpu") -> dict[str, str]:
+    """The environment of a process that compiles to read programs, not to run them: no preallocation,
+    XLA's own rematerialisation off, and (platform "cpu") deviceless GPU compiles through the CUDA
+    plugin. A planner worker's, and the `serve-plan` command's before it imports JAX."""
+    env = without_secrets(os.environ if base is None else base)
+    flags = [f for f in (env.get("XLA_FLAGS", ""),) if f] + [DISABLE_XLA_REMAT]
+    env["XLA_FLAGS"] = " ".join(flags)
+    env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
+    env["JAX_SKIP_CUDA_CONSTRAINTS_CHECK"] = "1"
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+    env["JAX_PLATFORMS"] = platform
+    return env
+
+
 def planner_environment(req: PlanRequest, base: Mapping[str, str] | None = None) -> dict[str, str]:
     """Environment of a planner worker. Compiles never allocate, and XLA's automatic
     rematerialisation is disabled so that a predicted fit never hides recomputation.
@@ -89,14 +103,8 @@ def planner_environment(req: PlanRequest, base: Mapping[str, str] | None = None)
     A catalog target compiles deviceless on the CPU backend (the CUDA plugin still compiles for
     the described GPU). "local" compiles for this machine's devices without preallocating, with
     the request's memory share, so that the limit the device reports is the job's budget."""
-    env = without_secrets(os.environ if base is None else base)
-    flags = [f for f in (env.get("XLA_FLAGS", ""),) if f] + [DISABLE_XLA_REMAT]
-    env["XLA_FLAGS"] = " ".join(flags)
-    env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
-    env["JAX_SKIP_CUDA_CONSTRAINTS_CHECK"] = "1"
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     on_cpu = req.target != "local" or resolve_platform("auto") == "cpu"
-    env["JAX_PLATFORMS"] = "cpu" if on_cpu else "cuda"
+    env = compile_environment(base, "cpu" if on_cpu else "cuda")
     if req.target == "local":
         env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{req.memory_fraction:.3g}"
         if on_cpu:

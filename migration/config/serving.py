@@ -1,0 +1,83 @@
+"""A serving request: which model, on which GPU, for which requests (prompt and generation lengths,
+batch sizes), checked once here. Refusals are one-line `ConfigError`s naming the field and what is
+allowed; the command line (`serve-plan`) builds its request with `serve_request`."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from migration.config.forms import choice, number, whole
+from migration.config.limits import ConfigError
+from migration.hardware import GPU_SPECS
+
+SERVE_PRECISIONS = ("bf16", "fp16", "fp32")
+DECODER_WORKLOADS = ("transformer", "llama")  # the families with a decode path (Decoder.extend)
+SERVE_LIMITS = {"prompt_len": (1, 131072), "gen_len": (1, 131072), "batch": (1, 4096), "gpus": (1, 1)}
+MAX_BATCHES = 16  # batch sizes listed in one request
+MEMORY_FRACTION = 0.9  # of the device's memory a server may use
+
+
+@dataclasses.dataclass(frozen=True)
+class ServeRequest:
+    workload: str  # a decoder family: "transformer" (GPT-2 layout) or "llama"
+    preset: str
+    target: str  # a catalog GPU key (hardware.GPU_SPECS): planned without the device
+    prompt_len: int
+    gen_len: int
+    precision: str = "bf16"
+    model: dict[str, Any] = dataclasses.field(default_factory=dict)
+    batches: tuple[int, ...] = ()  # (): 1, 2, 4, ... up to the largest batch that fits, and that one
+    gpus: int = 1
+    memory_fraction: float = MEMORY_FRACTION
+
+
+def batch_list(value: Any) -> tuple[int, ...]:
+    """"1,4,16" (or a list) as batch sizes, each 1 to 4,096, at most 16 of them; "" for the default."""
+    if value in (None, "", ()):
+        return ()
+    parts = value.split(",") if isinstance(value, str) else list(value)
+    if len(parts) > MAX_BATCHES:
+        raise ConfigError("batches", f"at most {MAX_BATCHES} batch sizes; got {len(parts)}")
+    lo, hi = SERVE_LIMITS["batch"]
+    out = []
+    for part in parts:
+        try:
+            out.append(whole(part, "batches", lo, hi))
+        except ConfigError:
+            raise ConfigError("batches", f"each batch size must be a whole number from {lo} to {hi:,}, comma-separated "
+                                         f"(e.g. 1,8,32); got {str(part)[:40]!r}") from None
+    return tuple(sorted(set(out)))
+
+
+def serve_request(*, workload: Any, preset: Any, target: Any, prompt_len: Any, gen_len: Any, precision: Any = "bf16",
+                  model: dict[str, Any] | None = None, batches: Any = (), gpus: Any = 1,
+                  memory_fraction: Any = MEMORY_FRACTION) -> ServeRequest:
+    """A checked ServeRequest from raw values, or ConfigError naming the field."""
+    # reason: the workloads import JAX; only a serving request that is being checked needs them
+    from workloads import WORKLOADS, WorkloadError
+
+    workload = choice(workload, "workload", list(WORKLOADS))
+    if workload not in DECODER_WORKLOADS:
+        raise ConfigError("workload", f"{workload} has no decode path; serving is planned for the decoder families "
+                                      f"({', '.join(DECODER_WORKLOADS)})")
+    preset = choice(preset, "preset", list(WORKLOADS[workload].presets))
+    target = choice(target, "target", list(GPU_SPECS))
+    precision = choice(precision, "precision", list(SERVE_PRECISIONS))
+    lengths = {name: whole(value, name, *SERVE_LIMITS[name]) for name, value in
+               (("prompt_len", prompt_len), ("gen_len", gen_len))}
+    gpus = whole(gpus, "gpus", 1, 256)
+    if gpus > 1:
+        raise ConfigError("gpus", f"serving plans are for one GPU so far (tensor parallelism over a node's GPUs is "
+                                  f"not planned yet); got {gpus}")
+    fraction = number(memory_fraction, "memory_fraction", 0.05, 1.0)
+    try:
+        cfg = WORKLOADS[workload].config(preset, dict(model or {}))
+    except (WorkloadError, ValueError) as exc:
+        raise ConfigError(getattr(exc, "field", "model"), str(exc)) from None
+    total = lengths["prompt_len"] + lengths["gen_len"]
+    if total > cfg.seq_len:
+        raise ConfigError("gen_len", f"prompt ({lengths['prompt_len']:,}) + generation ({lengths['gen_len']:,}) = "
+                                     f"{total:,} tokens exceed the model's context of {cfg.seq_len:,} (seq_len)")
+    return ServeRequest(workload, preset, target, lengths["prompt_len"], lengths["gen_len"], precision,
+                        dict(model or {}), batch_list(batches), gpus, fraction)

@@ -1,0 +1,157 @@
+"""Serving plans: a decoder model served on a GPU it may not have. For each batch of concurrent
+requests (prompt `prompt_len` tokens, `gen_len` generated), the two programs a server runs, the
+prefill of the batch's prompts and one decode step over the KV cache, are compiled for the target
+without the device (a deviceless XLA GPU compile, as the training planner does), and read for:
+
+- memory: peak bytes of each program (weights, KV cache, workspace), the KV cache as compiled (the
+  donated bytes the decode step updates in place) beside the arithmetic 2 x layers x kv heads x head
+  size x tokens x batch x bytes, and whether the larger peak fits the target's budget;
+- time: the predicted time to first token (the prefill program) and per output token (the decode
+  program) from their kernels against the target's peak and bandwidth (planning/steptime.py), beside
+  the bandwidth limit no decode step can beat: the weights and the whole cache read once per token.
+
+The batch is static: its prompts are prefilled together, then decoded together; the cache holds
+prompt + generation positions per request. One GPU for now (tensor parallelism is not planned yet).
+Needs the planner's environment (running/worker_env.planner_environment) when it compiles.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from migration.common import compiled_peak_bytes
+from migration.config.serving import SERVE_LIMITS, ServeRequest
+from migration.hardware import GPU_SPECS, GpuSpec
+from migration.planning.hlo_cost import read_program
+from migration.planning.memory import deviceless_mesh
+from migration.planning.steptime import predict
+from workloads import get_workload
+from workloads.base import no_wrap
+from workloads.transformer import CUDNN_HEAD_DIM_MAX, Decoder, TransformerConfig, cache_shape
+
+DTYPES = {"bf16": jnp.bfloat16, "fp16": jnp.float16, "fp32": jnp.float32}
+MAX_BATCH = SERVE_LIMITS["batch"][1]
+
+
+def kv_cache_bytes(cfg: TransformerConfig, batch: int, tokens: int, itemsize: int) -> int:
+    """Keys and values of every layer: 2 x layers x kv heads x head size x tokens x batch x bytes."""
+    return 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * tokens * batch * itemsize
+
+
+def serving_config(req: ServeRequest, spec: GpuSpec) -> TransformerConfig:
+    """The model as served: the request's dimensions (`req` checked by config.serving.serve_request),
+    and cuDNN's fused attention for the prefill where
+    the target runs it (compute capability 8.0+, bf16 or fp16, head size a multiple of 8 up to 128)."""
+    cfg = get_workload(req.workload).config(req.preset, req.model)  # a checked request (config/serving.py)
+    fused = (spec.compute_capability >= (8, 0) and req.precision in ("bf16", "fp16") and cfg.head_dim % 8 == 0
+             and cfg.head_dim <= CUDNN_HEAD_DIM_MAX and "attention" not in req.model)
+    return dataclasses.replace(cfg, attention="cudnn" if fused else cfg.attention)
+
+
+def _abstract_state(cfg: TransformerConfig, dtype, sharding) -> tuple[Any, Any]:
+    """The model's graph and its state as abstract arrays, floating ones stored in the serving dtype."""
+    graphdef, state = nnx.split(nnx.eval_shape(lambda: Decoder(cfg, dtype=dtype, block_wrap=no_wrap,
+                                                               rngs=nnx.Rngs(0))))
+    cast = lambda s: jax.ShapeDtypeStruct(  # noqa: E731
+        s.shape, dtype if jnp.issubdtype(s.dtype, jnp.floating) else s.dtype, sharding=sharding)
+    return graphdef, jax.tree.map(cast, state)
+
+
+def compile_programs(cfg: TransformerConfig, dtype, batch: int, prompt_len: int, max_len: int, mesh: Any
+                     ) -> dict[str, Any]:
+    """The prefill and decode-step programs of `batch` sequences, compiled for `mesh`'s devices."""
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    graphdef, state = _abstract_state(cfg, dtype, replicated)
+    cache_part = jax.ShapeDtypeStruct(cache_shape(cfg, batch, max_len), dtype, sharding=replicated)
+    cache = {"k": cache_part, "v": cache_part}
+    ints = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=replicated)  # noqa: E731
+
+    def prefill(st, tokens, last, cache):
+        return nnx.merge(graphdef, st).prefill(tokens, last, cache)
+
+    def decode(st, token, start, cache):
+        return nnx.merge(graphdef, st).extend(token, start, cache)
+
+    out = (replicated, {"k": replicated, "v": replicated})
+    compiled = {
+        "prefill": jax.jit(prefill, donate_argnums=3, out_shardings=out).lower(
+            state, ints(batch, prompt_len), ints(batch), cache).compile(),
+        "decode": jax.jit(decode, donate_argnums=3, out_shardings=out).lower(
+            state, ints(batch, 1), ints(batch), cache).compile(),
+    }
+    weights = sum(math.prod(s.shape) * s.dtype.itemsize for s in jax.tree.leaves(state))
+    return {"programs": compiled, "weights_bytes": weights}
+
+
+def program_figures(compiled: Any, spec: GpuSpec) -> dict[str, Any]:
+    stats = compiled.memory_analysis()
+    timing = predict(read_program(compiled.as_text()), spec, None)
+    return {"peak_bytes": compiled_peak_bytes(compiled), "donated_bytes": int(stats.alias_size_in_bytes),
+            "temp_bytes": int(stats.temp_size_in_bytes), "seconds": timing.seconds, "flops": timing.flops}
+
+
+def serve_row(req: ServeRequest, cfg: TransformerConfig, spec: GpuSpec, mesh: Any, batch: int) -> dict[str, Any]:
+    """One batch size's figures (see the module's docstring)."""
+    dtype = DTYPES[req.precision]
+    itemsize = jnp.dtype(dtype).itemsize
+    max_len = req.prompt_len + req.gen_len
+    made = compile_programs(cfg, dtype, batch, req.prompt_len, max_len, mesh)
+    prefill = program_figures(made["programs"]["prefill"], spec)
+    decode = program_figures(made["programs"]["decode"], spec)
+    kv = kv_cache_bytes(cfg, batch, max_len, itemsize)
+    peak = max(prefill["peak_bytes"] or 0, decode["peak_bytes"] or 0)
+    budget = int(spec.memory_bytes * req.memory_fraction)
+    limit = (made["weights_bytes"] + kv) / spec.bandwidth_bytes_per_s  # read once per token, at best
+    return {"batch": batch, "weights_bytes": made["weights_bytes"], "kv_cache_bytes": kv,
+            "kv_cache_bytes_compiled": decode["donated_bytes"], "prefill_peak_bytes": prefill["peak_bytes"],
+            "decode_peak_bytes": decode["peak_bytes"], "predicted_peak_bytes": peak, "budget_bytes": budget,
+            "fits": peak <= budget, "predicted_ttft_s": prefill["seconds"], "predicted_tpot_s": decode["seconds"],
+            "bandwidth_limit_tpot_s": limit, "tokens_per_s_per_gpu": batch / decode["seconds"],
+            "tpot_over_limit": decode["seconds"] / limit}
+
+
+def serve_plan(req: ServeRequest) -> dict[str, Any]:
+    """The serving plan's rows (one per batch, in order) and the largest batch that fits."""
+    spec = GPU_SPECS[req.target]
+    cfg = serving_config(req, spec)
+    mesh = deviceless_mesh(spec, 1, 1)
+    rows: dict[int, dict[str, Any]] = {}
+
+    def row(batch: int) -> dict[str, Any]:
+        if batch not in rows:
+            rows[batch] = serve_row(req, cfg, spec, mesh, batch)
+        return rows[batch]
+
+    if req.batches:
+        for b in req.batches:
+            row(b)
+    largest = _largest_fitting(row)
+    if not req.batches:  # the table: powers of two up to the largest that fits, and that one
+        b = 1
+        while largest and b <= largest:
+            row(b)
+            b *= 2
+    shown = [b for b in sorted(rows) if b <= largest or b in req.batches]
+    return {"request": dataclasses.asdict(req), "model": dataclasses.asdict(cfg), "target": spec.name,
+            "attention": cfg.attention, "budget_bytes": int(spec.memory_bytes * req.memory_fraction),
+            "largest_batch": largest, "compiled_batches": len(rows), "rows": [rows[b] for b in shown]}
+
+
+def _largest_fitting(row) -> int:
+    """The largest batch whose programs fit: doubling to the first that does not, then bisection."""
+    if not row(1)["fits"]:
+        return 0
+    lo, hi = 1, 2
+    while hi <= MAX_BATCH and row(hi)["fits"]:
+        lo, hi = hi, hi * 2
+    hi = min(hi, MAX_BATCH + 1)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if row(mid)["fits"] else (lo, mid)
+    return lo

@@ -1,0 +1,101 @@
+"""Serving plans (migration/planning/serving.py): the prefill and decode-step programs compiled for a
+GPU without the device, per batch: KV-cache bytes compiled against arithmetic, peaks that grow with
+the batch, the largest batch that fits, decode time above the bandwidth limit, and refusals."""
+
+from __future__ import annotations
+
+import pytest
+
+from migration.config.limits import ConfigError
+from migration.config.serving import ServeRequest, serve_request
+from migration.hardware import GPU_SPECS
+from migration.planning.serving import kv_cache_bytes, serve_plan, serving_config
+
+
+@pytest.fixture(scope="module")
+def tiny_plan():
+    return serve_plan(ServeRequest("llama", "tiny", "h100-sxm", prompt_len=32, gen_len=16, batches=(1, 4, 16)))
+
+
+def test_the_compiled_kv_cache_is_the_arithmetic_one(tiny_plan):
+    for row in tiny_plan["rows"]:
+        assert row["kv_cache_bytes"] == 2 * 2 * 2 * 16 * 48 * row["batch"] * 2  # layers, kv heads, head size
+        assert abs(row["kv_cache_bytes_compiled"] - row["kv_cache_bytes"]) <= 0.05 * row["kv_cache_bytes"]
+
+
+def test_peaks_grow_with_the_batch_and_hold_weights_and_cache(tiny_plan):
+    rows = {r["batch"]: r for r in tiny_plan["rows"]}
+    assert rows[1]["decode_peak_bytes"] < rows[4]["decode_peak_bytes"] < rows[16]["decode_peak_bytes"]
+    for r in rows.values():
+        assert r["decode_peak_bytes"] >= r["weights_bytes"] + r["kv_cache_bytes"]
+        assert r["predicted_tpot_s"] >= r["bandwidth_limit_tpot_s"] > 0  # no step beats reading its bytes once
+        assert r["tokens_per_s_per_gpu"] == pytest.approx(r["batch"] / r["predicted_tpot_s"])
+
+
+def test_the_largest_batch_is_the_edge_of_the_budget():
+    req = ServeRequest("llama", "tiny", "l4", prompt_len=32, gen_len=32, memory_fraction=0.0005)
+    plan = serve_plan(req)
+    largest = plan["largest_batch"]
+    budget = GPU_SPECS["l4"].memory_bytes * 0.0005
+    assert largest >= 1
+    assert all(r["fits"] == (r["predicted_peak_bytes"] <= budget) for r in plan["rows"])
+    over = serve_plan(ServeRequest("llama", "tiny", "l4", prompt_len=32, gen_len=32, memory_fraction=0.0005,
+                                   batches=(largest + 1,)))
+    assert not next(r for r in over["rows"] if r["batch"] == largest + 1)["fits"]
+
+
+def test_the_fused_attention_is_planned_where_the_target_runs_it():
+    req = ServeRequest("llama", "1b", "h100-sxm", prompt_len=1024, gen_len=256)
+    assert serving_config(req, GPU_SPECS["h100-sxm"]).attention == "cudnn"
+    assert serving_config(ServeRequest("llama", "1b", "v100-32gb", 1024, 256, precision="fp16"),
+                          GPU_SPECS["v100-32gb"]).attention == "xla"
+
+
+@pytest.mark.parametrize("values,field,words", [
+    (dict(workload="transformer", preset="tiny", prompt_len=60, gen_len=10), "gen_len", "exceed the model's context"),
+    (dict(workload="mlp", preset="tiny"), "workload", "has no decode path"),
+    (dict(batches="0,4"), "batches", "from 1 to 4,096"),
+    (dict(batches="1,two"), "batches", "comma-separated"),
+    (dict(prompt_len=0), "prompt_len", "from 1"),
+    (dict(precision="int8"), "precision", "bf16"),
+    (dict(target="local"), "target", "h100-sxm"),
+    (dict(gpus=2), "gpus", "one GPU so far"),
+    (dict(preset="70b"), "preset", "tiny"),
+])
+def test_refused_serving_requests_name_the_field(values, field, words):
+    given = dict(workload="llama", preset="tiny", target="h100-sxm", prompt_len=16, gen_len=16) | values
+    with pytest.raises(ConfigError) as info:
+        serve_request(**given)
+    assert info.value.field == field and words in str(info.value), str(info.value)
+
+
+def test_a_checked_request_keeps_its_values():
+    req = serve_request(workload="llama", preset="1b", target="l4", prompt_len="1024", gen_len=256, batches="16,1,4")
+    assert (req.prompt_len, req.gen_len, req.batches, req.precision) == (1024, 256, (1, 4, 16), "bf16")
+
+
+def test_kv_cache_arithmetic_for_llama_8b():
+    cfg = serving_config(ServeRequest("llama", "8b", "h100-sxm", 1024, 256), GPU_SPECS["h100-sxm"])
+    # 32 layers x 8 kv heads x 128 x 1,280 tokens x 2 (k, v) x 2 bytes = 167,772,160 bytes a sequence
+    assert kv_cache_bytes(cfg, 1, 1280, 2) == 167_772_160
+
+
+def test_the_command_line_writes_one_row_per_batch_with_its_kv_cache_and_peak(tmp_path):
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = tmp_path / "serve.json"
+    proc = subprocess.run([sys.executable, "-m", "migration", "serve-plan", "--workload", "llama", "--preset", "tiny",
+                           "--target", "l4", "--prompt-len", "32", "--gen-len", "16", "--batches", "1,8",
+                           "--json", str(out), "--csv", str(tmp_path / "serve.csv")],
+                          capture_output=True, text=True, timeout=600, cwd=Path(__file__).resolve().parent.parent)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    plan = json.loads(out.read_text())
+    assert {1, 8} <= {r["batch"] for r in plan["rows"]}
+    assert all(r["kv_cache_bytes"] > 0 and r["predicted_peak_bytes"] > r["kv_cache_bytes"] for r in plan["rows"])
+    assert "largest batch that fits" in proc.stdout and "Traceback" not in proc.stderr
+    bad = subprocess.run([sys.executable, "-m", "migration", "serve-plan", "--preset", "tiny", "--prompt-len", "60",
+                          "--gen-len", "10"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "gen_len" in bad.stderr and "Traceback" not in bad.stderr
