@@ -21,6 +21,7 @@ from migration.cli.output import (
     print_checklist,
     print_plan,
     print_serve_plan,
+    print_serve_run,
     print_summary,
     progress_printer,
     report_failure,
@@ -33,12 +34,12 @@ from migration.config import forms
 from migration.config.fields import DIMENSIONS, FIELD, flags_of
 from migration.config.limits import ConfigError
 from migration.config.requests import PlanRequest, RunConfig
-from migration.config.serving import serve_request
+from migration.config.serving import serve_request, serve_run_request
 from migration.grading.checklist import to_csv
 from migration.planning.planfile import read_plan
 from migration.results import Plan
 from migration.running.runner import PlanError, probe_environment, start_plan, start_run
-from migration.running.worker_env import compile_environment
+from migration.running.worker_env import compile_environment, resolve_platform
 from migration.service.accounts import AccountsError, add_user
 from migration.service.autotune import AutotuneRefused, AutotuneSettings, start_autotune
 from migration.service.history import History, HistoryError
@@ -344,6 +345,28 @@ def cmd_serve_plan(args: argparse.Namespace) -> int:
     return 0 if plan["largest_batch"] else 1
 
 
+def cmd_serve_run(args: argparse.Namespace) -> int:
+    """`serve-run`: a measured stream of requests on this machine's first device."""
+    # the platform this machine has, named before anything imports JAX (no CUDA probe without a GPU)
+    os.environ.setdefault("JAX_PLATFORMS", "cuda" if resolve_platform("auto") == "gpu" else "cpu")
+    try:
+        req = serve_run_request(workload=args.workload, preset=args.preset, precision=args.precision,
+                                requests=args.requests, batch=args.batch, prompt_min=args.prompt_min,
+                                prompt_max=args.prompt_max, gen_min=args.gen_min, gen_max=args.gen_max,
+                                temperature=args.temperature, seed=args.seed)
+    except ConfigError as exc:
+        print(f"error: invalid serving run: {exc}", file=sys.stderr)
+        return 2
+    from migration.running.serving import serve_run  # reason: imports JAX, only for this command
+
+    result = serve_run(req)
+    print_serve_run(result)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2, default=str))
+        print(f"wrote {args.json}")
+    return 0 if result["recompiles"] == 0 else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if getattr(args, "workload", None) and ":" in args.workload:
@@ -353,4 +376,4 @@ def main(argv: list[str] | None = None) -> int:
         allow_references()  # `--workload package.module:NAME`: the command line may import a team's model
     return {"run": cmd_run, "env": cmd_env, "plan": cmd_plan, "check": cmd_check,
             "autotune": cmd_autotune, "add-user": cmd_add_user, "prune-history": cmd_prune_history,
-            "serve-plan": cmd_serve_plan}[args.command](args)
+            "serve-plan": cmd_serve_plan, "serve-run": cmd_serve_run}[args.command](args)

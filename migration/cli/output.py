@@ -231,8 +231,26 @@ def print_serve_plan(plan: dict[str, Any]) -> None:
               f"{r['kv_cache_bytes_compiled'] / 1e9:>11.2f} {r['predicted_peak_bytes'] / 1e9:>8.2f} "
               f"{'yes' if r['fits'] else 'no':>5} {r['predicted_ttft_s'] * 1e3:>8.1f} {r['predicted_tpot_s'] * 1e3:>8.2f} "
               f"{r['bandwidth_limit_tpot_s'] * 1e3:>8.2f} {r['tokens_per_s_per_gpu']:>9,.0f}")
-    largest = plan["largest_batch"]
-    print(f"largest batch that fits in {plan['budget_bytes'] / 1e9:.1f} GB: {largest}" if largest else
-          f"nothing fits in {plan['budget_bytes'] / 1e9:.1f} GB, not even one sequence")
+    largest, budget = plan["largest_batch"], plan["budget_bytes"] / 1e9
+    if not largest:
+        print(f"nothing fits in {budget:.1f} GB, not even one sequence")
+    else:
+        edge = f"at least {largest:,} (the search stops there)" if largest >= plan["search_limit"] else f"{largest:,}"
+        print(f"largest batch that fits in {budget:.1f} GB: {edge}")
     print("TTFT: the batch's prompts prefilled together; TPOT: one decode step of the whole batch; limit: the "
           "weights and the whole KV cache read once from memory, which no decode step can beat")
+
+
+def print_serve_run(r: dict[str, Any]) -> None:
+    req = r["request"]
+    where = f"{r['backend']} backend ({r['device_kind']})"
+    print(f"Served {r['requests']} requests of {model_name(req['workload'], req['preset'], req['model'])} in "
+          f"{req['precision']}, {r['batches']} batches of {req['batch']}, on this machine's {where}"
+          + ("; CPU figures, not a GPU's" if r["backend"] == "cpu" else ""))
+    print(f"  prompts {req['prompt_range'][0]}-{req['prompt_range'][1]} tokens (buckets {r['buckets']}), generation "
+          f"{req['gen_range'][0]}-{req['gen_range'][1]}; warm-up {r['warmup_s']:.1f} s compiled "
+          f"{r['programs_compiled']} programs; compiles after the warm-up: {r['recompiles']}")
+    print(f"  TTFT p50 {r['ttft_p50_s'] * 1e3:.1f} ms, p90 {r['ttft_p90_s'] * 1e3:.1f} ms; TPOT p50 "
+          f"{r['tpot_p50_s'] * 1e3:.2f} ms, p90 {r['tpot_p90_s'] * 1e3:.2f} ms; {r['tokens_per_s']:,.0f} tokens/s "
+          f"({r['generated_tokens']:,} generated)")
+    print(f"  peak memory: {fmt_gib(r['peak_memory_bytes'])} ({r['peak_memory_source']})")

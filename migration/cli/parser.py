@@ -131,6 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                        "its target and pick the fastest measured"))
     add_serve_plan_flags(sub.add_parser("serve-plan", help="plan serving a decoder model on a GPU without it: "
                                                            "memory, largest batch, time to first token and per token"))
+    add_serve_run_flags(sub.add_parser("serve-run", help="measure serving here: a stream of mixed-length requests "
+                                                         "(TTFT, TPOT, tokens/s, recompiles)"))
     add_admin_commands(sub)
     return parser
 
@@ -234,6 +236,20 @@ def add_serve_plan_flags(sp: argparse.ArgumentParser) -> None:
                     help=f"share of the GPU's memory the server may use (default {MEMORY_FRACTION})")
     sp.add_argument("--json", metavar="PATH", help="write the plan as JSON (one row per batch)")
     sp.add_argument("--csv", metavar="PATH", help="write the rows as CSV")
+
+
+def add_serve_run_flags(sr: argparse.ArgumentParser) -> None:
+    sr.add_argument("--workload", default="llama", choices=DECODER_WORKLOADS, help="a decoder family (default llama)")
+    sr.add_argument("--preset", required=True, help="its size preset (llama tiny, transformer gpt2-small, ...)")
+    sr.add_argument("--precision", default="fp32", choices=SERVE_PRECISIONS, help="default fp32 (the CPU's)")
+    for name, default, what in (("requests", 50, "requests in the stream"), ("batch", 4, "requests served together"),
+                                ("prompt-min", 4, "shortest prompt"), ("prompt-max", 32, "longest prompt"),
+                                ("gen-min", 4, "fewest tokens generated"), ("gen-max", 24, "most tokens generated"),
+                                ("seed", 0, "the model's and the stream's seed")):
+        sr.add_argument(f"--{name}", dest=name.replace("-", "_"), default=default, metavar="N",
+                        help=f"{what} (default {default})")
+    sr.add_argument("--temperature", default=0.0, metavar="T", help="sampling temperature (default 0: greedy)")
+    sr.add_argument("--json", metavar="PATH", help="write the result as JSON")
 
 
 def add_admin_commands(sub: Any) -> None:

@@ -81,3 +81,52 @@ def serve_request(*, workload: Any, preset: Any, target: Any, prompt_len: Any, g
                                      f"{total:,} tokens exceed the model's context of {cfg.seq_len:,} (seq_len)")
     return ServeRequest(workload, preset, target, lengths["prompt_len"], lengths["gen_len"], precision,
                         dict(model or {}), batch_list(batches), gpus, fraction)
+
+
+@dataclasses.dataclass(frozen=True)
+class ServeRunRequest:
+    """A measured serving stream on this machine (running/serving.py)."""
+    workload: str
+    preset: str
+    precision: str = "fp32"
+    requests: int = 50
+    batch: int = 4
+    prompt_range: tuple[int, int] = (4, 32)
+    gen_range: tuple[int, int] = (4, 24)
+    temperature: float = 0.0  # 0: greedy
+    seed: int = 0
+    model: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+RUN_LIMITS = {"requests": (1, 1000), "batch": (1, 256), "seed": (0, 2**31 - 1)}
+
+
+def serve_run_request(*, workload: Any, preset: Any, precision: Any = "fp32", requests: Any = 50, batch: Any = 4,
+                      prompt_min: Any = 4, prompt_max: Any = 32, gen_min: Any = 4, gen_max: Any = 24,
+                      temperature: Any = 0.0, seed: Any = 0) -> ServeRunRequest:
+    """A checked ServeRunRequest from raw values, or ConfigError naming the field."""
+    # reason: the workloads import JAX; only a serving request that is being checked needs them
+    from workloads import WORKLOADS
+
+    workload = choice(workload, "workload", list(WORKLOADS))
+    if workload not in DECODER_WORKLOADS:
+        raise ConfigError("workload", f"{workload} has no decode path; serving runs are for the decoder families "
+                                      f"({', '.join(DECODER_WORKLOADS)})")
+    preset = choice(preset, "preset", list(WORKLOADS[workload].presets))
+    precision = choice(precision, "precision", list(SERVE_PRECISIONS))
+    counts = {name: whole(value, name, *RUN_LIMITS[name]) for name, value in
+              (("requests", requests), ("batch", batch), ("seed", seed))}
+    ranges = {}
+    for name, lo_value, hi_value in (("prompt_len", prompt_min, prompt_max), ("gen_len", gen_min, gen_max)):
+        lo = whole(lo_value, name.replace("_len", "_min"), *SERVE_LIMITS[name])
+        hi = whole(hi_value, name.replace("_len", "_max"), *SERVE_LIMITS[name])
+        if lo > hi:
+            raise ConfigError(name.replace("_len", "_min"), f"must be at most {name.replace('_len', '_max')} ({hi}); "
+                                                            f"got {lo}")
+        ranges[name] = (lo, hi)
+    context = WORKLOADS[workload].config(preset, {}).seq_len
+    if ranges["prompt_len"][1] + ranges["gen_len"][1] > context:
+        raise ConfigError("gen_max", f"the longest prompt ({ranges['prompt_len'][1]}) and generation "
+                                     f"({ranges['gen_len'][1]}) exceed the model's context of {context} (seq_len)")
+    return ServeRunRequest(workload, preset, precision, counts["requests"], counts["batch"], ranges["prompt_len"],
+                           ranges["gen_len"], number(temperature, "temperature", 0.0, 10.0), counts["seed"])

@@ -140,7 +140,8 @@ def serve_plan(req: ServeRequest) -> dict[str, Any]:
     shown = [b for b in sorted(rows) if b <= largest or b in req.batches]
     return {"request": dataclasses.asdict(req), "model": dataclasses.asdict(cfg), "target": spec.name,
             "attention": cfg.attention, "budget_bytes": int(spec.memory_bytes * req.memory_fraction),
-            "largest_batch": largest, "compiled_batches": len(rows), "rows": [rows[b] for b in shown]}
+            "largest_batch": largest, "search_limit": MAX_BATCH, "compiled_batches": len(rows),
+            "rows": [rows[b] for b in shown]}
 
 
 def _largest_fitting(row) -> int:

@@ -1,0 +1,141 @@
+"""Measured serving on this machine's first device: a stream of requests of mixed prompt and
+generation lengths, served in static batches by the decode path (workloads/transformer.py
+`Decoder.prefill` / `extend`), with the work waited for before every clock read.
+
+- Prompts are padded to a bucket (a power of two from 16, at most the cache's length: the longest
+  prompt plus the longest generation), so a stream compiles one prefill program
+  per bucket and one decode-step program, all before the timed stream (the warm-up); compiles during
+  the stream are counted (`recompiles`) and should be 0.
+- TTFT: from a batch's start to its first tokens on the host; TPOT: each decode step of the batch,
+  its tokens on the host (the one copy a server needs per token). Greedy or temperature sampling.
+- The figures say where they were measured (backend and device kind): on the CPU backend they are
+  CPU figures, not a GPU's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import resource
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from migration.config.serving import ServeRunRequest
+from workloads import get_workload
+from workloads.base import no_wrap
+from workloads.transformer import Decoder, TransformerConfig, empty_cache
+
+DTYPES = {"bf16": jnp.bfloat16, "fp16": jnp.float16, "fp32": jnp.float32}
+MIN_BUCKET = 16
+
+
+def bucket(n: int, cap: int) -> int:
+    """The prompt length `n` padded to: the next power of two from MIN_BUCKET, at most `cap`."""
+    return min(cap, max(MIN_BUCKET, 1 << max(0, n - 1).bit_length()))
+
+
+class Server:
+    """A model, its compiled prefill programs (one per bucket) and decode step, for batches of `batch`."""
+
+    def __init__(self, cfg: TransformerConfig, dtype, batch: int, max_len: int, temperature: float, seed: int):
+        self.cfg, self.dtype, self.batch, self.max_len = cfg, dtype, batch, max_len
+        model = Decoder(cfg, dtype=dtype, block_wrap=no_wrap, rngs=nnx.Rngs(seed))
+        graphdef, state = nnx.split(model)
+        self.state = jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, state)
+
+        def pick(logits: jax.Array, key: jax.Array) -> jax.Array:
+            if temperature <= 0:
+                return jnp.argmax(logits[:, -1], axis=-1).astype(jnp.int32)
+            return jax.random.categorical(key, logits[:, -1].astype(jnp.float32) / temperature).astype(jnp.int32)
+
+        def prefill(st, tokens, last, cache, key):
+            logits, cache = nnx.merge(graphdef, st).prefill(tokens, last, cache)
+            return pick(logits, key), cache
+
+        def decode(st, token, start, cache, key):
+            logits, cache = nnx.merge(graphdef, st).extend(token[:, None], start, cache)
+            return pick(logits, key), cache
+
+        self.prefill = jax.jit(prefill, donate_argnums=3)
+        self.decode = jax.jit(decode, donate_argnums=3)
+        self.key = jax.random.key(seed)
+
+    def compiled(self) -> int:
+        return self.prefill._cache_size() + self.decode._cache_size()
+
+    def serve(self, prompts: list[list[int]], gens: list[int]) -> dict[str, Any]:
+        """One static batch (rows beyond the requests are padding): timings and the generated tokens."""
+        b = self.batch
+        lengths = [len(p) for p in prompts] + [1] * (b - len(prompts))
+        width = bucket(max(lengths), self.max_len)
+        tokens = np.zeros((b, width), np.int32)
+        for row, p in enumerate(prompts):
+            tokens[row, :len(p)] = p
+        last = jnp.asarray(np.array(lengths, np.int32) - 1)
+        cache = empty_cache(self.cfg, b, self.max_len, self.dtype)
+        self.key, sub = jax.random.split(self.key)
+        t0 = time.perf_counter()
+        token, cache = self.prefill(self.state, jnp.asarray(tokens), last, cache, sub)
+        out = [np.asarray(token)]  # the first tokens on the host: the wait is the prefill
+        ttft = time.perf_counter() - t0
+        steps = []
+        position = last + 1
+        for _ in range(max(gens) - 1):
+            self.key, sub = jax.random.split(self.key)
+            t = time.perf_counter()
+            token, cache = self.decode(self.state, token, position, cache, sub)
+            out.append(np.asarray(token))  # this step's tokens on the host
+            steps.append(time.perf_counter() - t)
+            position = position + 1
+        generated = np.stack(out, axis=1)
+        return {"ttft_s": ttft, "tpot_s": steps, "tokens": [generated[r, :g].tolist() for r, g in enumerate(gens)]}
+
+
+def requests_of(req: ServeRunRequest, vocab: int) -> list[tuple[list[int], int]]:
+    """The stream: prompt and generation lengths drawn uniformly from their ranges, random tokens."""
+    rng = np.random.default_rng(req.seed)
+    out = []
+    for _ in range(req.requests):
+        n = int(rng.integers(req.prompt_range[0], req.prompt_range[1] + 1))
+        out.append((rng.integers(0, vocab, n).tolist(), int(rng.integers(req.gen_range[0], req.gen_range[1] + 1))))
+    return out
+
+
+def serve_run(req: ServeRunRequest) -> dict[str, Any]:
+    """The measured stream (see the module's docstring)."""
+    cfg = get_workload(req.workload).config(req.preset, req.model)
+    max_len = req.prompt_range[1] + req.gen_range[1]  # the cache: the longest prompt and generation (checked)
+    server = Server(cfg, DTYPES[req.precision], req.batch, max_len, req.temperature, req.seed)
+    stream = requests_of(req, cfg.vocab_size)
+    t0 = time.perf_counter()
+    widths = sorted({bucket(n, max_len) for n in range(req.prompt_range[0], req.prompt_range[1] + 1)})
+    for width in widths:  # warm-up: every bucket's prefill and the decode step, once each
+        server.serve([[0] * width], [2])
+    warmup_s, compiled = time.perf_counter() - t0, server.compiled()
+    ttft, tpot, generated = [], [], 0
+    t0 = time.perf_counter()
+    for i in range(0, len(stream), req.batch):
+        chunk = stream[i:i + req.batch]
+        result = server.serve([p for p, _ in chunk], [g for _, g in chunk])
+        ttft.append(result["ttft_s"])
+        tpot += result["tpot_s"]
+        generated += sum(len(t) for t in result["tokens"])
+    wall = time.perf_counter() - t0
+    device = jax.devices()[0]
+    pct = lambda xs, q: float(np.percentile(xs, q)) if xs else math.nan  # noqa: E731
+    stats = device.memory_stats() or {}
+    peak, source = stats.get("peak_bytes_in_use"), "device memory_stats"
+    if peak is None:  # the CPU backend keeps its arrays in this process's memory
+        peak, source = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "process peak RSS (host memory)"
+    return {"request": dataclasses.asdict(req), "backend": jax.default_backend(), "device_kind": device.device_kind,
+            "buckets": widths, "warmup_s": warmup_s, "programs_compiled": compiled,
+            "recompiles": server.compiled() - compiled, "requests": len(stream), "batches": len(ttft),
+            "ttft_p50_s": pct(ttft, 50), "ttft_p90_s": pct(ttft, 90), "tpot_p50_s": pct(tpot, 50),
+            "tpot_p90_s": pct(tpot, 90), "tokens_per_s": generated / wall, "generated_tokens": generated,
+            "peak_memory_bytes": peak, "peak_memory_source": source}
+
