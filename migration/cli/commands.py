@@ -321,24 +321,35 @@ def cmd_add_user(args: argparse.Namespace) -> int:
     return 0
 
 
+def checked(what: str, build: Any) -> Any:
+    """`build()`, or None after printing its ConfigError as one line."""
+    try:
+        return build()
+    except ConfigError as exc:
+        print(f"error: invalid {what}: {exc}", file=sys.stderr)
+        return None
+
+
+def write_json(path: str | None, data: Any) -> None:
+    if path:
+        Path(path).write_text(json.dumps(data, indent=2, default=str))
+        print(f"wrote {path}")
+
+
 def cmd_serve_plan(args: argparse.Namespace) -> int:
     """`serve-plan`: the serving plan, compiled here for the target without the device."""
     # JAX reads its platform and XLA flags once, at import: a deviceless compile's before anything imports it
     os.environ.update(compile_environment())
-    try:
-        req = serve_request(workload=args.workload, preset=args.preset, target=args.target, prompt_len=args.prompt_len,
-                            gen_len=args.gen_len, precision=args.precision, batches=args.batches, gpus=args.gpus,
-                            memory_fraction=args.memory_fraction)
-    except ConfigError as exc:
-        print(f"error: invalid serving request: {exc}", file=sys.stderr)
+    req = checked("serving request", lambda: serve_request(
+        workload=args.workload, preset=args.preset, target=args.target, prompt_len=args.prompt_len, gen_len=args.gen_len,
+        precision=args.precision, batches=args.batches, gpus=args.gpus, memory_fraction=args.memory_fraction))
+    if req is None:
         return 2
     from migration.planning.serving import serve_plan  # reason: imports JAX, once the environment is set
 
     plan = serve_plan(req)
     print_serve_plan(plan)
-    if args.json:
-        Path(args.json).write_text(json.dumps(plan, indent=2))
-        print(f"wrote {args.json}")
+    write_json(args.json, plan)
     if args.csv:
         write_csv(plan["rows"], path=args.csv)
         print(f"wrote {args.csv}")
@@ -349,21 +360,17 @@ def cmd_serve_run(args: argparse.Namespace) -> int:
     """`serve-run`: a measured stream of requests on this machine's first device."""
     # the platform this machine has, named before anything imports JAX (no CUDA probe without a GPU)
     os.environ.setdefault("JAX_PLATFORMS", "cuda" if resolve_platform("auto") == "gpu" else "cpu")
-    try:
-        req = serve_run_request(workload=args.workload, preset=args.preset, precision=args.precision,
-                                requests=args.requests, batch=args.batch, prompt_min=args.prompt_min,
-                                prompt_max=args.prompt_max, gen_min=args.gen_min, gen_max=args.gen_max,
-                                temperature=args.temperature, seed=args.seed)
-    except ConfigError as exc:
-        print(f"error: invalid serving run: {exc}", file=sys.stderr)
+    req = checked("serving run", lambda: serve_run_request(
+        workload=args.workload, preset=args.preset, precision=args.precision, requests=args.requests, batch=args.batch,
+        prompt_min=args.prompt_min, prompt_max=args.prompt_max, gen_min=args.gen_min, gen_max=args.gen_max,
+        temperature=args.temperature, seed=args.seed))
+    if req is None:
         return 2
     from migration.running.serving import serve_run  # reason: imports JAX, only for this command
 
     result = serve_run(req)
     print_serve_run(result)
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2, default=str))
-        print(f"wrote {args.json}")
+    write_json(args.json, result)
     return 0 if result["recompiles"] == 0 else 1
 
 

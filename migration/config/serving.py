@@ -50,6 +50,19 @@ def batch_list(value: Any) -> tuple[int, ...]:
     return tuple(sorted(set(out)))
 
 
+def decoder_choices(workload: Any, preset: Any, precision: Any) -> tuple[str, str, str]:
+    """A decoder family with a decode path, one of its presets and a serving precision, or ConfigError."""
+    # reason: the workloads import JAX; only a serving request that is being checked needs them
+    from workloads import WORKLOADS
+
+    workload = choice(workload, "workload", list(WORKLOADS))
+    if workload not in DECODER_WORKLOADS:
+        raise ConfigError("workload", f"{workload} has no decode path; serving is for the decoder families "
+                                      f"({', '.join(DECODER_WORKLOADS)})")
+    return (workload, choice(preset, "preset", list(WORKLOADS[workload].presets)),
+            choice(precision, "precision", list(SERVE_PRECISIONS)))
+
+
 def serve_request(*, workload: Any, preset: Any, target: Any, prompt_len: Any, gen_len: Any, precision: Any = "bf16",
                   model: dict[str, Any] | None = None, batches: Any = (), gpus: Any = 1,
                   memory_fraction: Any = MEMORY_FRACTION) -> ServeRequest:
@@ -57,13 +70,8 @@ def serve_request(*, workload: Any, preset: Any, target: Any, prompt_len: Any, g
     # reason: the workloads import JAX; only a serving request that is being checked needs them
     from workloads import WORKLOADS, WorkloadError
 
-    workload = choice(workload, "workload", list(WORKLOADS))
-    if workload not in DECODER_WORKLOADS:
-        raise ConfigError("workload", f"{workload} has no decode path; serving is planned for the decoder families "
-                                      f"({', '.join(DECODER_WORKLOADS)})")
-    preset = choice(preset, "preset", list(WORKLOADS[workload].presets))
+    workload, preset, precision = decoder_choices(workload, preset, precision)
     target = choice(target, "target", list(GPU_SPECS))
-    precision = choice(precision, "precision", list(SERVE_PRECISIONS))
     lengths = {name: whole(value, name, *SERVE_LIMITS[name]) for name, value in
                (("prompt_len", prompt_len), ("gen_len", gen_len))}
     gpus = whole(gpus, "gpus", 1, 256)
@@ -108,12 +116,7 @@ def serve_run_request(*, workload: Any, preset: Any, precision: Any = "fp32", re
     # reason: the workloads import JAX; only a serving request that is being checked needs them
     from workloads import WORKLOADS
 
-    workload = choice(workload, "workload", list(WORKLOADS))
-    if workload not in DECODER_WORKLOADS:
-        raise ConfigError("workload", f"{workload} has no decode path; serving runs are for the decoder families "
-                                      f"({', '.join(DECODER_WORKLOADS)})")
-    preset = choice(preset, "preset", list(WORKLOADS[workload].presets))
-    precision = choice(precision, "precision", list(SERVE_PRECISIONS))
+    workload, preset, precision = decoder_choices(workload, preset, precision)
     counts = {name: whole(value, name, *RUN_LIMITS[name]) for name, value in
               (("requests", requests), ("batch", batch), ("seed", seed))}
     ranges = {}
