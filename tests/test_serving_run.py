@@ -57,6 +57,7 @@ def test_refused_serving_runs_name_the_field(values, field):
     assert info.value.field == field, str(info.value)
 
 
+@pytest.mark.slow
 def test_the_command_line_measures_a_stream_and_says_where(tmp_path):
     import json
     import subprocess
