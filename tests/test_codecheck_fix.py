@@ -220,3 +220,23 @@ def test_the_corpus_comparison_sees_changes_beyond_the_flagged_statements():
     assert changes_outside(before, before.replace("x = 1", "x = 2").replace("tree_map", "tree.map"))
     assert changes_outside(before, "import jax\nz = 2\ny = jax.tree.map(f, x)\nx = 1\n")
     assert changes_outside(before, before + "w = 3\n")
+
+
+def test_a_file_that_cannot_be_written_stays_as_it_was_and_is_reported(tmp_path, monkeypatch, capsys):
+    from migration.codecheck import lint
+
+    target, other = tmp_path / "train.py", tmp_path / "other.py"
+    for f in (target, other):
+        f.write_text("import jax\nx = jax.tree_map(f, y)\n")
+    real = Path.write_bytes
+
+    def full_disk(self, data):  # the disk refuses this one file (as root, a read-only mode would not)
+        if self == target:
+            raise OSError(28, "No space left on device")
+        return real(self, data)
+
+    monkeypatch.setattr(Path, "write_bytes", full_disk)
+    assert lint.main(["--fix", str(target), str(other)]) == 2
+    err = capsys.readouterr().err
+    assert f"{target}: could not be written (No space left on device)" in err and "fixed 1 finding(s) in 1 file" in err
+    assert "jax.tree_map" in target.read_text() and "jax.tree.map" in other.read_text()

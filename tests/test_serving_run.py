@@ -75,3 +75,14 @@ def test_the_command_line_measures_a_stream_and_says_where(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "migration", "serve-run", "--preset", "tiny", "--batch", "0"],
                          capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parent.parent)
     assert bad.returncode == 2 and "batch" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_a_json_path_that_cannot_be_written_is_refused_in_one_line(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    proc = subprocess.run([sys.executable, "-m", "migration", "serve-run", "--preset", "tiny", "--requests", "2",
+                           "--json", str(tmp_path / "no" / "such" / "folder" / "r.json")],
+                          capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parent.parent)
+    assert proc.returncode == 2 and "could not be written" in proc.stderr and "Traceback" not in proc.stderr

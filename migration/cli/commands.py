@@ -330,10 +330,16 @@ def checked(what: str, build: Any) -> Any:
         return None
 
 
-def write_json(path: str | None, data: Any) -> None:
+def write_json(path: str | None, data: Any) -> bool:
+    """Write `data` as JSON to `path` (when given); False, with a one-line error, when it cannot be written."""
     if path:
-        Path(path).write_text(json.dumps(data, indent=2, default=str))
+        try:
+            Path(path).write_text(json.dumps(data, indent=2, default=str))
+        except OSError as exc:
+            print(f"error: {path}: could not be written ({exc.strerror or type(exc).__name__})", file=sys.stderr)
+            return False
         print(f"wrote {path}")
+    return True
 
 
 def cmd_serve_plan(args: argparse.Namespace) -> int:
@@ -349,11 +355,15 @@ def cmd_serve_plan(args: argparse.Namespace) -> int:
 
     plan = serve_plan(req)
     print_serve_plan(plan)
-    write_json(args.json, plan)
+    written = write_json(args.json, plan)
     if args.csv:
-        write_csv(plan["rows"], path=args.csv)
-        print(f"wrote {args.csv}")
-    return 0 if plan["largest_batch"] else 1
+        try:
+            write_csv(plan["rows"], path=args.csv)
+            print(f"wrote {args.csv}")
+        except OSError as exc:
+            print(f"error: {args.csv}: could not be written ({exc.strerror or type(exc).__name__})", file=sys.stderr)
+            written = False
+    return 2 if not written else 0 if plan["largest_batch"] else 1
 
 
 def cmd_serve_run(args: argparse.Namespace) -> int:
@@ -370,7 +380,8 @@ def cmd_serve_run(args: argparse.Namespace) -> int:
 
     result = serve_run(req)
     print_serve_run(result)
-    write_json(args.json, result)
+    if not write_json(args.json, result):
+        return 2
     return 0 if result["recompiles"] == 0 else 1
 
 

@@ -224,6 +224,8 @@ def print_serve_plan(plan: dict[str, Any]) -> None:
     print(f"Serving {model_name(req['workload'], req['preset'], req['model'])} on 1 x {plan['target']} in "
           f"{req['precision']}: prompt {req['prompt_len']:,}, generation {req['gen_len']:,} tokens "
           f"({plan['attention']} attention in the prefill)")
+    print("Predicted from programs compiled for the GPU without it: fits = predicted peak within the budget, "
+          "not a measurement")
     print(f"{'batch':>5} {'weights GB':>10} {'KV GB':>7} {'KV compiled':>11} {'peak GB':>8} {'fits':>5} "
           f"{'TTFT ms':>8} {'TPOT ms':>8} {'limit ms':>8} {'tokens/s':>9}")
     for r in plan["rows"]:

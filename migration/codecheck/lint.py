@@ -208,7 +208,11 @@ def apply_fixes(files: Sequence[Path], rules: set[str], write: bool) -> tuple[li
         if result.changed:
             changed.append(result)
             if write:
-                path.write_bytes(result.after.encode("utf-8"))
+                try:
+                    path.write_bytes(result.after.encode("utf-8"))
+                except OSError as exc:  # the file stays as it was; the others are still fixed
+                    problems.append(f"{path}: could not be written ({exc.strerror or type(exc).__name__})")
+                    changed.pop()
     return changed, problems
 
 
@@ -248,7 +252,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     problems = list(dict.fromkeys(fix_problems + problems))
     report = WRITERS[args.format](findings, len(files))
     if args.output:
-        Path(args.output).write_text(report, encoding="utf-8")
+        try:
+            Path(args.output).write_text(report, encoding="utf-8")
+        except OSError as exc:
+            print(f"error: --output {args.output}: could not be written ({exc.strerror or type(exc).__name__})",
+                  file=sys.stderr)
+            return 2
     else:
         sys.stdout.write(report)
     for problem in [f"{m}: no such file or folder" for m in missing] + problems:
