@@ -81,3 +81,25 @@ LONGEST_FIRST = ("test_numerics.py", "test_planner.py", "test_app.py", "test_att
 def pytest_collection_modifyitems(items):
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
+
+
+# A llama tiny trained a few steps (untied head, FSDP over 2 devices) and saved as a checkpoint: the
+# export and serving tests read it as a user's trained model.
+TRAINED_LLAMA = RunConfig(workload="llama", preset="tiny", model={"tied_embeddings": False}, per_device_batch=2,
+                          devices=2, sharding="fsdp", steps=4, warmup_steps=1, precision="fp32", learning_rate=3e-3)
+
+
+@pytest.fixture(scope="module")
+def trained_llama_checkpoint(tmp_path_factory):
+    # reason: the checkpoint module imports Orbax, which only these tests need
+    from migration.running import checkpoint
+
+    program = TrainProgram.from_config(TRAINED_LLAMA)
+    parts = step_parts(program, jax.devices()[: TRAINED_LLAMA.devices])
+    state = parts.init_state()
+    for i in range(TRAINED_LLAMA.steps):
+        state, _ = parts.step(state, parts.make_batch(i))
+    folder = tmp_path_factory.mktemp("ckpt") / "llama"
+    checkpoint.save(folder, state, TRAINED_LLAMA, program, "cpu", jax.devices()[0].device_kind)
+    return folder
+

@@ -9,7 +9,8 @@ import pytest
 from migration.config.limits import ConfigError
 from migration.config.serving import ServeRequest, serve_request
 from migration.hardware import GPU_SPECS
-from migration.planning.serving import kv_cache_bytes, serve_plan, serving_config
+from migration.planning.memory import deviceless_mesh
+from migration.planning.serving import kv_cache_bytes, serve_plan, serve_row, serving_config
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +59,8 @@ def test_the_fused_attention_is_planned_where_the_target_runs_it():
     (dict(batches="0,4"), "batches", "from 1 to 4,096"),
     (dict(batches="1,two"), "batches", "comma-separated"),
     (dict(prompt_len=0), "prompt_len", "from 1"),
-    (dict(precision="int8"), "precision", "bf16"),
+    (dict(precision="int4"), "precision", "int8"),
+    (dict(workload="mlp", preset="tiny", precision="int8"), "workload", "has no decode path"),
     (dict(target="local"), "target", "h100-sxm"),
     (dict(gpus=2), "gpus", "one GPU so far"),
     (dict(preset="70b"), "preset", "tiny"),
@@ -101,3 +103,21 @@ def test_the_command_line_writes_one_row_per_batch_with_its_kv_cache_and_peak(tm
     bad = subprocess.run([sys.executable, "-m", "migration", "serve-plan", "--preset", "tiny", "--prompt-len", "60",
                           "--gen-len", "10"], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "gen_len" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_int8_weights_are_planned_without_a_dequantised_copy():
+    """Weight-only int8: the Linear weights take one byte each, and no program holds a bf16 copy of
+    them (each layer's kernel is converted where its matmul reads it)."""
+    medium = {"d_model": 512, "n_layers": 8, "n_heads": 8, "n_kv_heads": 4, "d_ff": 1536}
+    spec = GPU_SPECS["l4"]
+    rows = {}
+    for p in ("bf16", "int8"):  # one row each (serve_plan would also search for the largest batch)
+        req = ServeRequest("llama", "tiny", "l4", prompt_len=32, gen_len=32, precision=p, model=medium)
+        rows[p] = serve_row(req, serving_config(req, spec), spec, deviceless_mesh(spec, 1, 1), 4)
+    linear = 8 * (512 * 512 * 2 + 512 * 256 * 2 + 512 * 3072 + 1536 * 512)  # q, out, kv, up (gate+up), down
+    assert rows["bf16"]["weights_bytes"] - rows["int8"]["weights_bytes"] == pytest.approx(linear, rel=0.02)
+    assert rows["int8"]["kv_cache_bytes"] == rows["bf16"]["kv_cache_bytes"]  # the cache stays bf16
+    for program in ("prefill_peak_bytes", "decode_peak_bytes"):
+        extra = rows["int8"][program] - rows["int8"]["weights_bytes"] - rows["int8"]["kv_cache_bytes"]
+        assert extra < 0.25 * 2 * linear, (program, extra)  # far below a bf16 copy of the Linear weights
+        assert rows["int8"][program] < rows["bf16"][program]

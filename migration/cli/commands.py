@@ -19,6 +19,7 @@ from migration.cli.output import (
     plan_progress,
     print_autotune,
     print_checklist,
+    print_export,
     print_plan,
     print_serve_plan,
     print_serve_run,
@@ -29,13 +30,14 @@ from migration.cli.output import (
 )
 from migration.cli.parser import FLAGS, build_parser, given_fields, model_overrides
 from migration.codecheck import CodeCheckError, check_files, check_paths, has_errors
-from migration.common import write_csv
+from migration.common import model_name, write_csv
 from migration.config import forms
 from migration.config.fields import DIMENSIONS, FIELD, flags_of
 from migration.config.limits import ConfigError
 from migration.config.requests import PlanRequest, RunConfig
 from migration.config.serving import serve_request, serve_run_request
 from migration.grading.checklist import to_csv
+from migration.grading.serving import ServingEvidence, serving_checklist
 from migration.planning.planfile import read_plan
 from migration.results import Plan
 from migration.running.runner import PlanError, probe_environment, start_plan, start_run
@@ -342,20 +344,57 @@ def write_json(path: str | None, data: Any) -> bool:
     return True
 
 
+def served_model(args: argparse.Namespace) -> dict[str, Any]:
+    """The workload and preset flags of a serving command: a checkpoint names its own model (flags
+    given beside it must agree, config.serving checks), else llama unless --workload says otherwise."""
+    if args.checkpoint:
+        return {"workload": args.workload, "preset": args.preset}
+    return {"workload": args.workload or "llama", "preset": args.preset if args.preset is not None else ""}
+
+
+def serving_checklist_out(ev: ServingEvidence, path: str | None) -> bool:
+    """Print the serving checklist graded from `ev`; write it as CSV to `path` when given (False when
+    that fails, said in one line)."""
+    items = serving_checklist(ev)
+    print_checklist(items, "serving checklist")
+    if not path:
+        return True
+    try:
+        to_csv(items, path)
+    except OSError as exc:
+        print(f"error: {path}: could not be written ({exc.strerror or type(exc).__name__})", file=sys.stderr)
+        return False
+    print(f"wrote {path}")
+    return True
+
+
+def read_serve_plan(path: str) -> dict[str, Any]:
+    """A serving plan written by serve-plan --json, or ConfigError("plan", ...)."""
+    try:
+        plan = json.loads(Path(path).read_text())
+        if not (isinstance(plan, dict) and {"rows", "largest_batch", "target", "request"} <= set(plan)):
+            raise ValueError("not a serving plan (rows, largest_batch, target, request)")
+    except (OSError, ValueError) as exc:
+        raise ConfigError("plan", f"{path} is not a serving plan written by serve-plan --json ({exc})") from None
+    return plan
+
+
 def cmd_serve_plan(args: argparse.Namespace) -> int:
     """`serve-plan`: the serving plan, compiled here for the target without the device."""
     # JAX reads its platform and XLA flags once, at import: a deviceless compile's before anything imports it
     os.environ.update(compile_environment())
     req = checked("serving request", lambda: serve_request(
-        workload=args.workload, preset=args.preset, target=args.target, prompt_len=args.prompt_len, gen_len=args.gen_len,
-        precision=args.precision, batches=args.batches, gpus=args.gpus, memory_fraction=args.memory_fraction))
+        **served_model(args), target=args.target, prompt_len=args.prompt_len, gen_len=args.gen_len,
+        precision=args.precision, batches=args.batches, gpus=args.gpus, memory_fraction=args.memory_fraction,
+        checkpoint=args.checkpoint))
     if req is None:
         return 2
     from migration.planning.serving import serve_plan  # reason: imports JAX, once the environment is set
 
     plan = serve_plan(req)
     print_serve_plan(plan)
-    written = write_json(args.json, plan)
+    written = serving_checklist_out(ServingEvidence(plan=plan), args.checklist)
+    written = write_json(args.json, plan) and written
     if args.csv:
         try:
             write_csv(plan["rows"], path=args.csv)
@@ -370,19 +409,57 @@ def cmd_serve_run(args: argparse.Namespace) -> int:
     """`serve-run`: a measured stream of requests on this machine's first device."""
     # the platform this machine has, named before anything imports JAX (no CUDA probe without a GPU)
     os.environ.setdefault("JAX_PLATFORMS", "cuda" if resolve_platform("auto") == "gpu" else "cpu")
+    plan = checked("serving plan", lambda: read_serve_plan(args.plan)) if args.plan else None
+    if args.plan and plan is None:
+        return 2
     req = checked("serving run", lambda: serve_run_request(
-        workload=args.workload, preset=args.preset, precision=args.precision, requests=args.requests, batch=args.batch,
+        **served_model(args), precision=args.precision, requests=args.requests, batches=args.batches,
         prompt_min=args.prompt_min, prompt_max=args.prompt_max, gen_min=args.gen_min, gen_max=args.gen_max,
-        temperature=args.temperature, seed=args.seed))
+        temperature=args.temperature, seed=args.seed, checkpoint=args.checkpoint))
     if req is None:
+        return 2
+    planned = plan and (plan["request"]["workload"], plan["request"]["preset"], plan["request"]["model"])
+    if planned and planned != (req.workload, req.preset, req.model):
+        print(f"error: plan: {args.plan} is a plan for {model_name(*planned)}, the run serves "
+              f"{model_name(req.workload, req.preset, req.model)}; grade a run against its own model's plan",
+              file=sys.stderr)
         return 2
     from migration.running.serving import serve_run  # reason: imports JAX, only for this command
 
     result = serve_run(req)
     print_serve_run(result)
-    if not write_json(args.json, result):
+    if not (serving_checklist_out(ServingEvidence(plan=plan, run=result), args.checklist)
+            and write_json(args.json, result)):
         return 2
-    return 0 if result["recompiles"] == 0 else 1
+    within = result["logits_check"] is None or result["logits_check"]["within"]
+    return 0 if result["recompiles"] == 0 and within else 1
+
+
+def cmd_export_hf(args: argparse.Namespace) -> int:
+    """`export-hf`: a llama-family checkpoint as a Hugging Face model folder, converted on the host."""
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")  # the arrays are read and converted on the host: no device started
+    try:
+        # reason: imports JAX, Orbax and safetensors, only for this command
+        from migration.running.export import export_checkpoint
+    except ImportError as exc:
+        package = (exc.name or "safetensors").split(".")[0]
+        print(f"error: export-hf needs the {package} package: pip install -r requirements-export.txt", file=sys.stderr)
+        return 2
+    try:
+        summary = checked("export", lambda: export_checkpoint(args.checkpoint, args.out, args.dtype,
+                                                              verify=args.verify))
+    except ImportError as exc:  # --verify without transformers
+        print(f"error: export-hf --verify needs the {(exc.name or 'transformers').split('.')[0]} package: pip install "
+              "-r requirements-export.txt", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"error: {args.out}: could not be written ({exc.strerror or type(exc).__name__})", file=sys.stderr)
+        return 1
+    if summary is None:
+        return 2
+    print_export(summary)
+    ok = write_json(args.json, summary) and serving_checklist_out(ServingEvidence(export=summary), None)
+    return 2 if not ok else 1 if summary.get("verified", {}).get("within") is False else 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -394,4 +471,5 @@ def main(argv: list[str] | None = None) -> int:
         allow_references()  # `--workload package.module:NAME`: the command line may import a team's model
     return {"run": cmd_run, "env": cmd_env, "plan": cmd_plan, "check": cmd_check,
             "autotune": cmd_autotune, "add-user": cmd_add_user, "prune-history": cmd_prune_history,
-            "serve-plan": cmd_serve_plan, "serve-run": cmd_serve_run}[args.command](args)
+            "serve-plan": cmd_serve_plan, "serve-run": cmd_serve_run,
+            "export-hf": cmd_export_hf}[args.command](args)

@@ -91,9 +91,9 @@ def report_failure(report: Any) -> int:
     return 1
 
 
-def print_checklist(items: list[Any]) -> None:
+def print_checklist(items: list[Any], title: str = "migration checklist") -> None:
     """The graded checklist, one item with its evidence and action per block."""
-    print("\nmigration checklist:")
+    print(f"\n{title}:")
     for it in items:
         print(f"  [{it.status:^11}] {it.item}\n      evidence: {it.evidence}\n      action:   {it.action}")
 
@@ -246,13 +246,34 @@ def print_serve_plan(plan: dict[str, Any]) -> None:
 def print_serve_run(r: dict[str, Any]) -> None:
     req = r["request"]
     where = f"{r['backend']} backend ({r['device_kind']})"
-    print(f"Served {r['requests']} requests of {model_name(req['workload'], req['preset'], req['model'])} in "
-          f"{req['precision']}, {r['batches']} batches of {req['batch']}, on this machine's {where}"
+    print(f"Served {req['requests']} requests of {model_name(req['workload'], req['preset'], req['model'])} in "
+          f"{req['precision']} ({r['weights']} weights) on this machine's {where}"
           + ("; CPU figures, not a GPU's" if r["backend"] == "cpu" else ""))
     print(f"  prompts {req['prompt_range'][0]}-{req['prompt_range'][1]} tokens (buckets {r['buckets']}), generation "
-          f"{req['gen_range'][0]}-{req['gen_range'][1]}; warm-up {r['warmup_s']:.1f} s compiled "
-          f"{r['programs_compiled']} programs; compiles after the warm-up: {r['recompiles']}")
-    print(f"  TTFT p50 {r['ttft_p50_s'] * 1e3:.1f} ms, p90 {r['ttft_p90_s'] * 1e3:.1f} ms; TPOT p50 "
-          f"{r['tpot_p50_s'] * 1e3:.2f} ms, p90 {r['tpot_p90_s'] * 1e3:.2f} ms; {r['tokens_per_s']:,.0f} tokens/s "
-          f"({r['generated_tokens']:,} generated)")
-    print(f"  peak memory: {fmt_gib(r['peak_memory_bytes'])} ({r['peak_memory_source']})")
+          f"{req['gen_range'][0]}-{req['gen_range'][1]}; static batches, each size measured in turn")
+    print(f"{'batch':>6} {'warm-up s':>9} {'compiled':>8} {'after':>5} {'TTFT p50':>9} {'p90 ms':>7} {'TPOT p50':>9} "
+          f"{'p90 ms':>7} {'tokens/s':>9} {'peak GB':>8}")
+    for row in r["rows"]:
+        print(f"{row['batch']:>6} {row['warmup_s']:>9.1f} {row['programs_compiled']:>8} {row['recompiles']:>5} "
+              f"{row['ttft_p50_s'] * 1e3:>9.1f} {row['ttft_p90_s'] * 1e3:>7.1f} {row['tpot_p50_s'] * 1e3:>9.2f} "
+              f"{row['tpot_p90_s'] * 1e3:>7.2f} {row['tokens_per_s']:>9,.0f} {row['peak_memory_bytes'] / 1e9:>8.2f}")
+    print(f"after: compiles after the warm-up (should be 0); peak: {r['rows'][-1]['peak_memory_source']}")
+    check = r.get("logits_check")
+    if check:
+        print(f"logits in {check['precision']} vs float32 on the same {r['weights']} weights ({check['tokens']} tokens): "
+              f"RMS difference {check['rms_ratio']:.2%} of the logits' RMS (tolerance {check['tolerance']:.0%}: "
+              f"{'within' if check['within'] else 'OUTSIDE'}), top token agrees at {check['top1_agreement']:.1%}")
+
+
+def print_export(r: dict[str, Any]) -> None:
+    """What `export-hf` wrote."""
+    print(f"Exported {r['model']} (step {r['step']}) from {r['checkpoint']} to {r['path']}: {r['tensors']} tensors, "
+          f"{r['parameters']:,} parameters in {r['dtype']}, {r['bytes']:,} bytes")
+    print(f"  files: {', '.join(r['files'])}")
+    print(f"  load it: transformers.LlamaForCausalLM.from_pretrained({r['path']!r}) (no tokenizer: the tokens are "
+          "the model's ids)")
+    v = r.get("verified")
+    if v:
+        print(f"  loaded with transformers {v['transformers']} on the CPU: largest logit difference {v['max_abs_diff']:.2g}"
+              f" of the largest logit (tolerance {v['tolerance']:.2g}: {'within' if v['within'] else 'OUTSIDE'}), "
+              f"top token agrees at {v['top1_agreement']:.1%}")

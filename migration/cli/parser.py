@@ -133,6 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                            "memory, largest batch, time to first token and per token"))
     add_serve_run_flags(sub.add_parser("serve-run", help="measure serving here: a stream of mixed-length requests "
                                                          "(TTFT, TPOT, tokens/s, recompiles)"))
+    add_export_flags(sub.add_parser("export-hf", help="write a llama-family checkpoint as a Hugging Face model folder "
+                                                      "(config.json, safetensors) that transformers loads"))
     add_admin_commands(sub)
     return parser
 
@@ -222,9 +224,11 @@ def add_autotune_flags(at: argparse.ArgumentParser) -> None:
 
 
 def add_serve_plan_flags(sp: argparse.ArgumentParser) -> None:
-    sp.add_argument("--workload", default="llama", choices=DECODER_WORKLOADS, help="a decoder family (default llama)")
-    sp.add_argument("--preset", required=True, help="its size preset (llama: tiny, 1b, 3b, 8b; transformer: tiny, "
-                                                     "small, gpt2-small ... gpt2-xl)")
+    sp.add_argument("--workload", choices=DECODER_WORKLOADS, help="a decoder family (default llama)")
+    sp.add_argument("--preset", help="its size preset (llama: tiny, 1b, 3b, 8b; transformer: tiny, small, gpt2-small "
+                                     "... gpt2-xl); needed unless --checkpoint names the model")
+    sp.add_argument("--checkpoint", type=folder, default="", metavar="DIR",
+                    help="plan the model of this training checkpoint (written by run --save-checkpoint)")
     sp.add_argument("--target", default="h100-sxm", metavar="GPU", help=f"the GPU: {', '.join(GPU_SPECS)}")
     sp.add_argument("--gpus", default=1, metavar="N", help="GPUs (1 so far)")
     sp.add_argument("--precision", default="bf16", choices=SERVE_PRECISIONS, help="weights, cache and compute")
@@ -236,20 +240,29 @@ def add_serve_plan_flags(sp: argparse.ArgumentParser) -> None:
                     help=f"share of the GPU's memory the server may use (default {MEMORY_FRACTION})")
     sp.add_argument("--json", metavar="PATH", help="write the plan as JSON (one row per batch)")
     sp.add_argument("--csv", metavar="PATH", help="write the rows as CSV")
+    sp.add_argument("--checklist", metavar="PATH", help="write the serving checklist as CSV")
 
 
 def add_serve_run_flags(sr: argparse.ArgumentParser) -> None:
-    sr.add_argument("--workload", default="llama", choices=DECODER_WORKLOADS, help="a decoder family (default llama)")
-    sr.add_argument("--preset", required=True, help="its size preset (llama tiny, transformer gpt2-small, ...)")
+    sr.add_argument("--workload", choices=DECODER_WORKLOADS, help="a decoder family (default llama)")
+    sr.add_argument("--preset", help="its size preset (llama tiny, transformer gpt2-small, ...); needed unless "
+                                     "--checkpoint names the model")
+    sr.add_argument("--checkpoint", type=folder, default="", metavar="DIR",
+                    help="serve this training checkpoint's parameters (written by run --save-checkpoint); "
+                         "default: random ones")
     sr.add_argument("--precision", default="fp32", choices=SERVE_PRECISIONS, help="default fp32 (the CPU's)")
-    for name, default, what in (("requests", 50, "requests in the stream"), ("batch", 4, "requests served together"),
+    sr.add_argument("--batches", default="4", metavar="LIST",
+                    help="batch sizes (requests served together), each measured in turn, e.g. 1,4,8 (default 4)")
+    for name, default, what in (("requests", 50, "requests in the stream"),
                                 ("prompt-min", 4, "shortest prompt"), ("prompt-max", 32, "longest prompt"),
                                 ("gen-min", 4, "fewest tokens generated"), ("gen-max", 24, "most tokens generated"),
                                 ("seed", 0, "the model's and the stream's seed")):
         sr.add_argument(f"--{name}", dest=name.replace("-", "_"), default=default, metavar="N",
                         help=f"{what} (default {default})")
     sr.add_argument("--temperature", default=0.0, metavar="T", help="sampling temperature (default 0: greedy)")
+    sr.add_argument("--plan", metavar="PLAN_JSON", help="a serving plan (serve-plan --json) to grade the run against")
     sr.add_argument("--json", metavar="PATH", help="write the result as JSON")
+    sr.add_argument("--checklist", metavar="PATH", help="write the serving checklist as CSV")
 
 
 def add_admin_commands(sub: Any) -> None:
@@ -262,3 +275,16 @@ def add_admin_commands(sub: Any) -> None:
     pr.add_argument("--history-db", required=True, metavar="PATH")
     pr.add_argument("--older-than-days", type=float, required=True, metavar="DAYS")
     pr.add_argument("--user", default=None, help="only this user's entries (default: everyone's)")
+
+
+def add_export_flags(ex: argparse.ArgumentParser) -> None:
+    ex.add_argument("--checkpoint", required=True, type=folder, metavar="DIR",
+                    help="a checkpoint folder written by run --save-checkpoint, of a llama-family model")
+    ex.add_argument("--out", required=True, type=folder, metavar="DIR",
+                    help="the folder to write: new, empty, or an earlier export (replaced)")
+    ex.add_argument("--dtype", default="bf16", metavar="DTYPE",
+                    help="the tensors' dtype: bf16, fp16 or fp32 (default bf16; parameters are trained in fp32)")
+    ex.add_argument("--verify", action="store_true",
+                    help="load the export with transformers on the CPU and compare its logits with this model's "
+                         "(needs requirements-export.txt)")
+    ex.add_argument("--json", metavar="PATH", help="also write the summary as JSON")

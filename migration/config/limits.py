@@ -76,7 +76,7 @@ class ConfigError(ValueError):
     """A config field is invalid. `str()` is one line naming the field and what is allowed."""
 
     def __init__(self, field: str, message: str):
-        self.field = field
+        self.field, self.message = field, message
         super().__init__(f"{field}: {message}")
 
 

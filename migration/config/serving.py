@@ -7,11 +7,15 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import os
+from pathlib import Path
+
+from migration.config.checkpoints import CheckpointMeta, read_meta
 from migration.config.forms import choice, number, whole
-from migration.config.limits import ConfigError
+from migration.config.limits import ConfigError, shown
 from migration.hardware import GPU_SPECS
 
-SERVE_PRECISIONS = ("bf16", "fp16", "fp32")
+SERVE_PRECISIONS = ("bf16", "fp16", "fp32", "int8")  # int8: weight-only, bf16 compute and cache
 DECODER_WORKLOADS = ("transformer", "llama")  # the families with a decode path (Decoder.extend)
 SERVE_LIMITS = {"prompt_len": (1, 131072), "gen_len": (1, 131072), "batch": (1, 4096), "gpus": (1, 1)}
 MAX_BATCHES = 16  # batch sizes listed in one request
@@ -30,16 +34,17 @@ class ServeRequest:
     batches: tuple[int, ...] = ()  # (): 1, 2, 4, ... up to the largest batch that fits, and that one
     gpus: int = 1
     memory_fraction: float = MEMORY_FRACTION
+    checkpoint: str = ""  # the folder of a training checkpoint the model comes from ("" : the preset)
 
 
-def batch_list(value: Any) -> tuple[int, ...]:
-    """"1,4,16" (or a list) as batch sizes, each 1 to 4,096, at most 16 of them; "" for the default."""
+def batch_list(value: Any, lo: int = SERVE_LIMITS["batch"][0], hi: int = SERVE_LIMITS["batch"][1],
+               most: int = MAX_BATCHES) -> tuple[int, ...]:
+    """"1,4,16" (or a list) as batch sizes, each `lo` to `hi`, at most `most` of them; "" for the default."""
     if value in (None, "", ()):
         return ()
     parts = value.split(",") if isinstance(value, str) else list(value)
-    if len(parts) > MAX_BATCHES:
-        raise ConfigError("batches", f"at most {MAX_BATCHES} batch sizes; got {len(parts)}")
-    lo, hi = SERVE_LIMITS["batch"]
+    if len(parts) > most:
+        raise ConfigError("batches", f"at most {most} batch sizes; got {len(parts)}")
     out = []
     for part in parts:
         try:
@@ -63,13 +68,53 @@ def decoder_choices(workload: Any, preset: Any, precision: Any) -> tuple[str, st
             choice(precision, "precision", list(SERVE_PRECISIONS)))
 
 
-def serve_request(*, workload: Any, preset: Any, target: Any, prompt_len: Any, gen_len: Any, precision: Any = "bf16",
-                  model: dict[str, Any] | None = None, batches: Any = (), gpus: Any = 1,
-                  memory_fraction: Any = MEMORY_FRACTION) -> ServeRequest:
-    """A checked ServeRequest from raw values, or ConfigError naming the field."""
+def model_config(workload: str, preset: str, model: dict[str, Any]) -> Any:
+    """The checked family's model config with `model`'s overrides, or ConfigError naming the dimension."""
     # reason: the workloads import JAX; only a serving request that is being checked needs them
     from workloads import WORKLOADS, WorkloadError
 
+    try:
+        return WORKLOADS[workload].config(preset, model)
+    except (WorkloadError, ValueError) as exc:
+        raise ConfigError(getattr(exc, "field", "model"), str(exc)) from None
+
+
+def serving_checkpoint(path: Any, workload: Any, preset: Any) -> CheckpointMeta:
+    """The description of the training checkpoint in folder `path` (absolute), whose model is served:
+    a decoder family's. A workload or preset also named must be the checkpoint's (None or "" names
+    none): a checkpoint serves only as the model it was saved from. ConfigError("checkpoint", ...)."""
+    if not isinstance(path, str) or "\n" in path or "\0" in path or not os.path.isabs(path):
+        raise ConfigError("checkpoint", f"must be the absolute path of a checkpoint folder (written by run "
+                                        f"--save-checkpoint); got {shown(path)}")
+    if not (Path(path) / "checkpoint.json").is_file():
+        raise ConfigError("checkpoint", f"{path} is not a checkpoint folder (no checkpoint.json in it); allowed: a "
+                                        "folder written by run --save-checkpoint")
+    try:
+        meta = read_meta(path)
+    except ConfigError as exc:
+        raise ConfigError("checkpoint", exc.message) from None
+    if meta.workload not in DECODER_WORKLOADS:
+        raise ConfigError("checkpoint", f"the checkpoint is of {meta.model_name}, which has no decode path; serving "
+                                        f"is for the decoder families ({', '.join(DECODER_WORKLOADS)})")
+    named = [(what, value, mine) for what, value, mine in (("workload", workload, meta.workload),
+                                                          ("preset", preset, meta.preset)) if value not in (None, "")]
+    if any(value != mine for _, value, mine in named):
+        asked = "/".join(str(value) for _, value, _ in named)
+        raise ConfigError("checkpoint", f"the checkpoint is of another model: {meta.model_name} "
+                                        f"({', '.join(f'{k} {v}' for k, v in list(meta.dims.items())[:5])}), the "
+                                        f"request names {shown(asked)}; a checkpoint serves only as the model it was "
+                                        "saved from: name that model, or leave workload and preset empty")
+    return meta
+
+
+def serve_request(*, workload: Any, preset: Any, target: Any, prompt_len: Any, gen_len: Any, precision: Any = "bf16",
+                  model: dict[str, Any] | None = None, batches: Any = (), gpus: Any = 1,
+                  memory_fraction: Any = MEMORY_FRACTION, checkpoint: Any = "") -> ServeRequest:
+    """A checked ServeRequest from raw values, or ConfigError naming the field. With a `checkpoint`
+    folder, the model is the checkpoint's (serving_checkpoint)."""
+    if checkpoint:
+        meta = serving_checkpoint(checkpoint, workload, preset)
+        workload, preset, model = meta.workload, meta.preset, meta.model
     workload, preset, precision = decoder_choices(workload, preset, precision)
     target = choice(target, "target", list(GPU_SPECS))
     lengths = {name: whole(value, name, *SERVE_LIMITS[name]) for name, value in
@@ -79,16 +124,13 @@ def serve_request(*, workload: Any, preset: Any, target: Any, prompt_len: Any, g
         raise ConfigError("gpus", f"serving plans are for one GPU so far (tensor parallelism over a node's GPUs is "
                                   f"not planned yet); got {gpus}")
     fraction = number(memory_fraction, "memory_fraction", 0.05, 1.0)
-    try:
-        cfg = WORKLOADS[workload].config(preset, dict(model or {}))
-    except (WorkloadError, ValueError) as exc:
-        raise ConfigError(getattr(exc, "field", "model"), str(exc)) from None
+    cfg = model_config(workload, preset, dict(model or {}))
     total = lengths["prompt_len"] + lengths["gen_len"]
     if total > cfg.seq_len:
         raise ConfigError("gen_len", f"prompt ({lengths['prompt_len']:,}) + generation ({lengths['gen_len']:,}) = "
                                      f"{total:,} tokens exceed the model's context of {cfg.seq_len:,} (seq_len)")
     return ServeRequest(workload, preset, target, lengths["prompt_len"], lengths["gen_len"], precision,
-                        dict(model or {}), batch_list(batches), gpus, fraction)
+                        dict(model or {}), batch_list(batches), gpus, fraction, checkpoint or "")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,27 +140,35 @@ class ServeRunRequest:
     preset: str
     precision: str = "fp32"
     requests: int = 50
-    batch: int = 4
+    batches: tuple[int, ...] = (4,)  # each measured in turn
     prompt_range: tuple[int, int] = (4, 32)
     gen_range: tuple[int, int] = (4, 24)
     temperature: float = 0.0  # 0: greedy
     seed: int = 0
     model: dict[str, Any] = dataclasses.field(default_factory=dict)
+    checkpoint: str = ""  # the folder of a training checkpoint whose parameters are served ("" : random ones)
 
 
 RUN_LIMITS = {"requests": (1, 1000), "batch": (1, 256), "seed": (0, 2**31 - 1)}
+RUN_BATCHES = 6  # batch sizes measured in one run
 
 
-def serve_run_request(*, workload: Any, preset: Any, precision: Any = "fp32", requests: Any = 50, batch: Any = 4,
+def serve_run_request(*, workload: Any, preset: Any, precision: Any = "fp32", requests: Any = 50, batches: Any = "4",
                       prompt_min: Any = 4, prompt_max: Any = 32, gen_min: Any = 4, gen_max: Any = 24,
-                      temperature: Any = 0.0, seed: Any = 0) -> ServeRunRequest:
-    """A checked ServeRunRequest from raw values, or ConfigError naming the field."""
-    # reason: the workloads import JAX; only a serving request that is being checked needs them
-    from workloads import WORKLOADS
-
+                      temperature: Any = 0.0, seed: Any = 0, checkpoint: Any = "") -> ServeRunRequest:
+    """A checked ServeRunRequest from raw values, or ConfigError naming the field. With a `checkpoint`
+    folder, the model and its parameters are the checkpoint's (serving_checkpoint)."""
+    model: dict[str, Any] = {}
+    if checkpoint:
+        meta = serving_checkpoint(checkpoint, workload, preset)
+        workload, preset, model = meta.workload, meta.preset, meta.model
     workload, preset, precision = decoder_choices(workload, preset, precision)
     counts = {name: whole(value, name, *RUN_LIMITS[name]) for name, value in
-              (("requests", requests), ("batch", batch), ("seed", seed))}
+              (("requests", requests), ("seed", seed))}
+    sizes = batch_list(batches, *RUN_LIMITS["batch"], RUN_BATCHES)
+    if not sizes:
+        raise ConfigError("batches", f"give one to {RUN_BATCHES} batch sizes from 1 to {RUN_LIMITS['batch'][1]}, "
+                                     "comma-separated (e.g. 1,4,8)")
     ranges = {}
     for name, lo_value, hi_value in (("prompt_len", prompt_min, prompt_max), ("gen_len", gen_min, gen_max)):
         lo = whole(lo_value, name.replace("_len", "_min"), *SERVE_LIMITS[name])
@@ -127,9 +177,10 @@ def serve_run_request(*, workload: Any, preset: Any, precision: Any = "fp32", re
             raise ConfigError(name.replace("_len", "_min"), f"must be at most {name.replace('_len', '_max')} ({hi}); "
                                                             f"got {lo}")
         ranges[name] = (lo, hi)
-    context = WORKLOADS[workload].config(preset, {}).seq_len
+    context = model_config(workload, preset, model).seq_len
     if ranges["prompt_len"][1] + ranges["gen_len"][1] > context:
         raise ConfigError("gen_max", f"the longest prompt ({ranges['prompt_len'][1]}) and generation "
                                      f"({ranges['gen_len'][1]}) exceed the model's context of {context} (seq_len)")
-    return ServeRunRequest(workload, preset, precision, counts["requests"], counts["batch"], ranges["prompt_len"],
-                           ranges["gen_len"], number(temperature, "temperature", 0.0, 10.0), counts["seed"])
+    return ServeRunRequest(workload, preset, precision, counts["requests"], sizes, ranges["prompt_len"],
+                           ranges["gen_len"], number(temperature, "temperature", 0.0, 10.0), counts["seed"], model,
+                           checkpoint or "")

@@ -22,6 +22,7 @@ import dataclasses
 import math
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from migration.codecheck import CodeCheck
 from migration.common import fmt_gib, fmt_loss, write_csv
@@ -452,7 +453,7 @@ def grade_pmap(ev: Evidence) -> Grade:
 class ItemSpec:
     title: str
     statuses: tuple[str, ...]  # every status the function can return
-    grade: Callable[[Evidence], Grade]
+    grade: Callable[[Any], Grade]  # of an Evidence (or the serving checklist's ServingEvidence)
 
 
 ITEMS: dict[str, ItemSpec] = {
@@ -475,12 +476,17 @@ ITEMS: dict[str, ItemSpec] = {
 }
 
 
-def evaluate(ev: Evidence) -> list[ChecklistItem]:
+def grade_items(specs: dict[str, ItemSpec], ev: Any) -> list[ChecklistItem]:
+    """Each item of `specs` graded from `ev`, in order."""
     items = []
-    for item_id, spec in ITEMS.items():
+    for item_id, spec in specs.items():
         status, evidence, action = spec.grade(ev)
         items.append(ChecklistItem(item_id, spec.title, status, evidence, action))
     return items
+
+
+def evaluate(ev: Evidence) -> list[ChecklistItem]:
+    return grade_items(ITEMS, ev)
 
 
 def to_csv(items: list[ChecklistItem], path: str | Path | None = None) -> str:

@@ -32,10 +32,8 @@ from migration.planning.hlo_cost import read_program
 from migration.planning.memory import deviceless_mesh
 from migration.planning.steptime import predict
 from workloads import get_workload
-from workloads.base import no_wrap
-from workloads.transformer import CUDNN_HEAD_DIM_MAX, Decoder, TransformerConfig, cache_shape
+from workloads.transformer import CUDNN_HEAD_DIM_MAX, SERVING_DTYPES, TransformerConfig, cache_shape, serving_decoder
 
-DTYPES = {"bf16": jnp.bfloat16, "fp16": jnp.float16, "fp32": jnp.float32}
 MAX_BATCH = SERVE_LIMITS["batch"][1]
 
 
@@ -49,25 +47,23 @@ def serving_config(req: ServeRequest, spec: GpuSpec) -> TransformerConfig:
     and cuDNN's fused attention for the prefill where
     the target runs it (compute capability 8.0+, bf16 or fp16, head size a multiple of 8 up to 128)."""
     cfg = get_workload(req.workload).config(req.preset, req.model)  # a checked request (config/serving.py)
-    fused = (spec.compute_capability >= (8, 0) and req.precision in ("bf16", "fp16") and cfg.head_dim % 8 == 0
+    fused = (spec.compute_capability >= (8, 0) and req.precision in ("bf16", "fp16", "int8") and cfg.head_dim % 8 == 0
              and cfg.head_dim <= CUDNN_HEAD_DIM_MAX and "attention" not in req.model)
     return dataclasses.replace(cfg, attention="cudnn" if fused else cfg.attention)
 
 
-def _abstract_state(cfg: TransformerConfig, dtype, sharding) -> tuple[Any, Any]:
-    """The model's graph and its state as abstract arrays, floating ones stored in the serving dtype."""
-    graphdef, state = nnx.split(nnx.eval_shape(lambda: Decoder(cfg, dtype=dtype, block_wrap=no_wrap,
-                                                               rngs=nnx.Rngs(0))))
-    cast = lambda s: jax.ShapeDtypeStruct(  # noqa: E731
-        s.shape, dtype if jnp.issubdtype(s.dtype, jnp.floating) else s.dtype, sharding=sharding)
-    return graphdef, jax.tree.map(cast, state)
+def _abstract_state(cfg: TransformerConfig, precision: str, sharding) -> tuple[Any, Any]:
+    """The model's graph and its state as abstract arrays, as a server holds them (serving_decoder)."""
+    graphdef, state = nnx.split(nnx.eval_shape(lambda: serving_decoder(cfg, precision, nnx.Rngs(0))))
+    return graphdef, jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding), state)
 
 
-def compile_programs(cfg: TransformerConfig, dtype, batch: int, prompt_len: int, max_len: int, mesh: Any
+def compile_programs(cfg: TransformerConfig, precision: str, batch: int, prompt_len: int, max_len: int, mesh: Any
                      ) -> dict[str, Any]:
     """The prefill and decode-step programs of `batch` sequences, compiled for `mesh`'s devices."""
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-    graphdef, state = _abstract_state(cfg, dtype, replicated)
+    dtype = SERVING_DTYPES[precision]
+    graphdef, state = _abstract_state(cfg, precision, replicated)
     cache_part = jax.ShapeDtypeStruct(cache_shape(cfg, batch, max_len), dtype, sharding=replicated)
     cache = {"k": cache_part, "v": cache_part}
     ints = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=replicated)  # noqa: E731
@@ -98,10 +94,9 @@ def program_figures(compiled: Any, spec: GpuSpec) -> dict[str, Any]:
 
 def serve_row(req: ServeRequest, cfg: TransformerConfig, spec: GpuSpec, mesh: Any, batch: int) -> dict[str, Any]:
     """One batch size's figures (see the module's docstring)."""
-    dtype = DTYPES[req.precision]
-    itemsize = jnp.dtype(dtype).itemsize
+    itemsize = jnp.dtype(SERVING_DTYPES[req.precision]).itemsize  # of the KV cache
     max_len = req.prompt_len + req.gen_len
-    made = compile_programs(cfg, dtype, batch, req.prompt_len, max_len, mesh)
+    made = compile_programs(cfg, req.precision, batch, req.prompt_len, max_len, mesh)
     prefill = program_figures(made["programs"]["prefill"], spec)
     decode = program_figures(made["programs"]["decode"], spec)
     kv = kv_cache_bytes(cfg, batch, max_len, itemsize)

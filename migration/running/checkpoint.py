@@ -22,72 +22,24 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
+from flax import nnx
 from jax.sharding import Mesh
 
+from migration.config.checkpoints import CheckpointMeta, checkpoint_model, layout_text, model_dims, read_meta  # noqa: F401
 from migration.config.limits import ConfigError
 from migration.config.requests import CHECKPOINT_META_FILE, RunConfig
 from migration.step.policies import LossScaleState
 from migration.step.train import TrainProgram, TrainState, abstract_state, replicated
+from workloads import get_workload
+from workloads.base import no_wrap
 
 STATE_DIR = "state"  # the Orbax tree, inside the checkpoint folder
-FORMAT = 1  # of checkpoint.json; a folder of another format is refused
-
-
-@dataclasses.dataclass(frozen=True)
-class CheckpointMeta:
-    """What `checkpoint.json` says about the state beside it."""
-
-    workload: str
-    preset: str
-    model: dict[str, Any]  # the run's overrides of the preset
-    dims: dict[str, Any]  # the resolved model config: what the parameter shapes follow
-    precision: str
-    step: int
-    sharding: str
-    devices: int
-    backend: str
-    device_kind: str
-    loss_scale: dict[str, float] | None = None  # {"scale", "good_steps"} of an fp16 run
-    format: int = FORMAT
-
-    @property
-    def layout(self) -> str:
-        return layout_text(self.devices, self.backend, self.sharding)
-
-    @property
-    def model_name(self) -> str:
-        return f"{self.workload}/{self.preset}"
-
-
-def layout_text(devices: int, backend: str, sharding: str) -> str:
-    """"8 cpu devices, replicated": where a state lived and how."""
-    return f"{devices} {backend} device{'s' if devices != 1 else ''}, {sharding}"
-
-
-def model_dims(model_cfg: Any) -> dict[str, Any]:
-    """The resolved model config as JSON values (what `checkpoint.json` stores and compares)."""
-    fields = dataclasses.asdict(model_cfg) if dataclasses.is_dataclass(model_cfg) else {"config": repr(model_cfg)}
-    return json.loads(json.dumps(fields, default=str))
-
-
-def read_meta(path: str | Path) -> CheckpointMeta:
-    """The checkpoint folder's metadata; ConfigError("restore_checkpoint", ...) when unreadable."""
-    file = Path(path) / CHECKPOINT_META_FILE
-    try:
-        data = json.loads(file.read_text())
-        meta = CheckpointMeta(**data)
-    except (OSError, ValueError, TypeError) as exc:
-        raise ConfigError("restore_checkpoint", f"{file} is not a readable checkpoint description ({exc}); allowed: "
-                                                "a folder written by save_checkpoint") from None
-    if meta.format != FORMAT:
-        raise ConfigError("restore_checkpoint", f"{path} has checkpoint format {meta.format}; this version reads "
-                                                f"format {FORMAT}")
-    return meta
 
 
 def check_matches(meta: CheckpointMeta, cfg: RunConfig, model_cfg: Any) -> None:
@@ -170,3 +122,36 @@ def _loss_scale(meta: CheckpointMeta, program: TrainProgram, mesh: Mesh) -> Loss
         return jax.device_put(fresh, replicated(mesh))
     saved = LossScaleState(jnp.float32(meta.loss_scale["scale"]), jnp.int32(meta.loss_scale["good_steps"]))
     return jax.device_put(saved, replicated(mesh))
+
+
+def restore_params(path: str | Path, accept: Callable[[Any], None] | None = None) -> tuple[Any, Any, CheckpointMeta]:
+    """The model config, the parameters only (an nnx.State of float32 Params on one CPU device; the
+    optimizer state is not read) and the description of a checkpoint folder. `accept(model_cfg)` may
+    refuse the model (ConfigError) before any array is read. ConfigError("checkpoint", ...) for a
+    folder that is no checkpoint or whose parameters cannot be read."""
+    folder = Path(path).absolute()
+    if not folder.is_dir():
+        raise ConfigError("checkpoint", f"no such folder: {folder}; allowed: a folder written by "
+                                        "run --save-checkpoint")
+    try:
+        meta = read_meta(folder)
+    except ConfigError as exc:
+        raise ConfigError("checkpoint", exc.message) from None
+    cfg = checkpoint_model(meta)
+    if accept is not None:
+        accept(cfg)
+    cpu = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
+    model = nnx.eval_shape(lambda: get_workload(meta.workload).build(cfg, dtype=jnp.float32, block_wrap=no_wrap,
+                                                                     rngs=nnx.Rngs(0)))
+    target = {"params": jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=cpu),
+                                     nnx.state(model, nnx.Param))}
+    state_dir = folder / STATE_DIR
+    try:
+        with ocp.Checkpointer(ocp.PyTreeCheckpointHandler()) as checkpointer:
+            tree = checkpointer.restore(state_dir, args=ocp.args.PyTreeRestore(
+                item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target), partial_restore=True))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        detail = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
+        raise ConfigError("checkpoint", f"the parameters in {state_dir} could not be read ({type(exc).__name__}"
+                                        f"{': ' + detail if detail else ''})") from None
+    return cfg, tree["params"], meta

@@ -26,12 +26,15 @@ import numpy as np
 from flax import nnx
 
 from migration.config.serving import ServeRunRequest
+from migration.running.checkpoint import restore_params
 from workloads import get_workload
-from workloads.base import no_wrap
-from workloads.transformer import Decoder, TransformerConfig, empty_cache
+from workloads.transformer import SERVING_DTYPES, TransformerConfig, empty_cache, serving_decoder
 
-DTYPES = {"bf16": jnp.bfloat16, "fp16": jnp.float16, "fp32": jnp.float32}
 MIN_BUCKET = 16
+# The serving precision's logits against float32's on the same weights and tokens: the RMS of the
+# difference over the RMS of float32's logits, at most this (measured on random and trained tiny
+# models: bf16 about 0.3-1%, int8 weight-only about 1-2%; the bounds leave room for larger models).
+LOGIT_TOLERANCE = {"bf16": 0.03, "fp16": 0.01, "int8": 0.05}
 
 
 def bucket(n: int, cap: int) -> int:
@@ -42,11 +45,10 @@ def bucket(n: int, cap: int) -> int:
 class Server:
     """A model, its compiled prefill programs (one per bucket) and decode step, for batches of `batch`."""
 
-    def __init__(self, cfg: TransformerConfig, dtype, batch: int, max_len: int, temperature: float, seed: int):
-        self.cfg, self.dtype, self.batch, self.max_len = cfg, dtype, batch, max_len
-        model = Decoder(cfg, dtype=dtype, block_wrap=no_wrap, rngs=nnx.Rngs(seed))
-        graphdef, state = nnx.split(model)
-        self.state = jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, state)
+    def __init__(self, cfg: TransformerConfig, precision: str, batch: int, max_len: int, temperature: float, seed: int,
+                 state: Any = None):
+        self.cfg, self.dtype, self.batch, self.max_len = cfg, SERVING_DTYPES[precision], batch, max_len
+        graphdef, self.state = nnx.split(serving_decoder(cfg, precision, nnx.Rngs(seed), state))
 
         def pick(logits: jax.Array, key: jax.Array) -> jax.Array:
             if temperature <= 0:
@@ -106,36 +108,75 @@ def requests_of(req: ServeRunRequest, vocab: int) -> list[tuple[list[int], int]]
     return out
 
 
-def serve_run(req: ServeRunRequest) -> dict[str, Any]:
-    """The measured stream (see the module's docstring)."""
-    cfg = get_workload(req.workload).config(req.preset, req.model)
-    max_len = req.prompt_range[1] + req.gen_range[1]  # the cache: the longest prompt and generation (checked)
-    server = Server(cfg, DTYPES[req.precision], req.batch, max_len, req.temperature, req.seed)
-    stream = requests_of(req, cfg.vocab_size)
+def peak_memory() -> tuple[int, str]:
+    """The device's peak bytes in use so far, and where that figure comes from."""
+    stats = jax.devices()[0].memory_stats() or {}
+    if stats.get("peak_bytes_in_use") is not None:
+        return int(stats["peak_bytes_in_use"]), "device memory_stats (peak so far)"
+    # the CPU backend keeps its arrays in this process's memory
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "process peak RSS (host memory, peak so far)"
+
+
+def measure_batch(cfg: TransformerConfig, req: ServeRunRequest, batch: int, stream: list[tuple[list[int], int]],
+                  widths: list[int], max_len: int, state: Any) -> dict[str, Any]:
+    """The stream served in static batches of `batch`, after a warm-up that compiles every bucket's
+    prefill and the decode step; the figures of one row of the run."""
+    server = Server(cfg, req.precision, batch, max_len, req.temperature, req.seed, state)
     t0 = time.perf_counter()
-    widths = sorted({bucket(n, max_len) for n in range(req.prompt_range[0], req.prompt_range[1] + 1)})
     for width in widths:  # warm-up: every bucket's prefill and the decode step, once each
         server.serve([[0] * width], [2])
     warmup_s, compiled = time.perf_counter() - t0, server.compiled()
     ttft, tpot, generated = [], [], 0
     t0 = time.perf_counter()
-    for i in range(0, len(stream), req.batch):
-        chunk = stream[i:i + req.batch]
+    for i in range(0, len(stream), batch):
+        chunk = stream[i:i + batch]
         result = server.serve([p for p, _ in chunk], [g for _, g in chunk])
         ttft.append(result["ttft_s"])
         tpot += result["tpot_s"]
         generated += sum(len(t) for t in result["tokens"])
     wall = time.perf_counter() - t0
-    device = jax.devices()[0]
     pct = lambda xs, q: float(np.percentile(xs, q)) if xs else math.nan  # noqa: E731
-    stats = device.memory_stats() or {}
-    peak, source = stats.get("peak_bytes_in_use"), "device memory_stats"
-    if peak is None:  # the CPU backend keeps its arrays in this process's memory
-        peak, source = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "process peak RSS (host memory)"
-    return {"request": dataclasses.asdict(req), "backend": jax.default_backend(), "device_kind": device.device_kind,
-            "buckets": widths, "warmup_s": warmup_s, "programs_compiled": compiled,
+    peak, source = peak_memory()
+    return {"batch": batch, "warmup_s": warmup_s, "programs_compiled": compiled,
             "recompiles": server.compiled() - compiled, "requests": len(stream), "batches": len(ttft),
             "ttft_p50_s": pct(ttft, 50), "ttft_p90_s": pct(ttft, 90), "tpot_p50_s": pct(tpot, 50),
             "tpot_p90_s": pct(tpot, 90), "tokens_per_s": generated / wall, "generated_tokens": generated,
             "peak_memory_bytes": peak, "peak_memory_source": source}
 
+
+def logits_check(cfg: TransformerConfig, precision: str, state: Any, seed: int, tokens: np.ndarray | None = None
+                 ) -> dict[str, Any]:
+    """The serving precision's logits against float32's, the same weights (`state`, or the seed's
+    random ones) and tokens (`tokens`, or 4 random sequences of up to 64): the RMS of the difference
+    over float32's RMS, the largest difference, the share of positions whose top token agrees, and
+    whether the RMS ratio is within LOGIT_TOLERANCE."""
+    if tokens is None:
+        rng = np.random.default_rng(seed)
+        tokens = rng.integers(0, cfg.vocab_size, (4, min(64, cfg.seq_len)), dtype=np.int32)
+    tokens = jnp.asarray(tokens)
+    ref = serving_decoder(cfg, "fp32", nnx.Rngs(seed), state)(tokens).astype(jnp.float32)
+    out = serving_decoder(cfg, precision, nnx.Rngs(seed), state)(tokens).astype(jnp.float32)
+    rms = lambda x: float(jnp.sqrt(jnp.mean(jnp.square(x))))  # noqa: E731
+    ratio = rms(out - ref) / max(rms(ref), 1e-30)
+    return {"precision": precision, "tokens": int(tokens.size), "rms_ratio": ratio,
+            "max_abs_diff": float(jnp.max(jnp.abs(out - ref))),
+            "top1_agreement": float(jnp.mean(jnp.argmax(out, -1) == jnp.argmax(ref, -1))),
+            "tolerance": LOGIT_TOLERANCE[precision], "within": ratio <= LOGIT_TOLERANCE[precision]}
+
+
+def serve_run(req: ServeRunRequest, state: Any = None) -> dict[str, Any]:
+    """The measured stream, one row per batch size in `req.batches` (ascending: the peak memory so
+    far is then the largest batch's), and, below float32, the logits check of the precision.
+    `state`: the model's float32 parameters, else `req.checkpoint`'s, else random ones from `req.seed`."""
+    cfg = get_workload(req.workload).config(req.preset, req.model)
+    if req.checkpoint and state is None:
+        cfg, state, _meta = restore_params(req.checkpoint)
+    max_len = req.prompt_range[1] + req.gen_range[1]  # the cache: the longest prompt and generation (checked)
+    stream = requests_of(req, cfg.vocab_size)
+    widths = sorted({bucket(n, max_len) for n in range(req.prompt_range[0], req.prompt_range[1] + 1)})
+    rows = [measure_batch(cfg, req, b, stream, widths, max_len, state) for b in sorted(req.batches)]
+    device = jax.devices()[0]
+    check = None if req.precision == "fp32" else logits_check(cfg, req.precision, state, req.seed)
+    return {"request": dataclasses.asdict(req), "backend": jax.default_backend(), "device_kind": device.device_kind,
+            "weights": "checkpoint" if state is not None else f"random (seed {req.seed})", "buckets": widths,
+            "rows": rows, "recompiles": sum(r["recompiles"] for r in rows), "logits_check": check}

@@ -1,0 +1,172 @@
+"""The serving checklist, graded like the training one (grading/checklist.py, same statuses and
+rules) from evidence about the user's served model: a serving plan (compiled for the target without
+the device: predictions), a measured serving run (`serve-run` here, on whatever device this is), the
+code check of the user's serving code, and a Hugging Face export with its load-and-match check.
+
+- `pass` only from a measurement on the target GPU, a check of the user's own code, or the user's
+  own weights (a checkpoint) matching; this product's own server and settings never pass an item.
+- `warn` for predictions, measurements elsewhere (the CPU backend, another GPU) and random weights;
+  the action says what would confirm it. `fail` where the evidence shows the item is not met.
+  `not checked` without evidence; `n/a` where the item does not apply (fp32 needs no fp32 check).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from migration.codecheck import CodeCheck
+from migration.common import fmt_gib
+from migration.grading.checklist import FAIL, NA, NOT_CHECKED, PASS, WARN, ChecklistItem, Grade, ItemSpec, grade_items
+from migration.hardware import GPU_SPECS, gpu_spec_for_device_kind
+
+RUN_HERE = "python -m migration serve-run"
+
+
+@dataclasses.dataclass(frozen=True)
+class ServingEvidence:
+    """`plan`: serve_plan's result; `run`: serve_run's; `export`: export_hf's summary with its
+    `verified` check (loaded with transformers, logits against this product's forward) when made."""
+
+    plan: dict[str, Any] | None = None
+    run: dict[str, Any] | None = None
+    code: CodeCheck | None = None
+    export: dict[str, Any] | None = None
+
+    @property
+    def target(self) -> str:
+        return self.plan["target"] if self.plan else "the target GPU"
+
+    def run_on_target(self) -> bool:
+        """Whether the run was measured on the plan's target GPU (a run without a plan: on a GPU)."""
+        if not self.run or self.run["backend"] != "gpu":
+            return False
+        spec = gpu_spec_for_device_kind(self.run["device_kind"])
+        return spec is not None and (self.plan is None or GPU_SPECS[self.plan["request"]["target"]] == spec)
+
+    def where(self) -> str:
+        r = self.run or {}
+        backend = "the CPU backend" if r.get("backend") == "cpu" else f"the {r.get('backend')} backend"
+        return f"measured on {r.get('device_kind')} ({backend})"
+
+
+def _rows_text(rows: list[dict[str, Any]], key: str) -> str:
+    return ", ".join(f"batch {r['batch']}: {r[key]}" for r in rows[:6])
+
+
+def grade_kv_headroom(ev: ServingEvidence) -> Grade:
+    plan, run = ev.plan, ev.run
+    if run and ev.run_on_target():
+        spec = gpu_spec_for_device_kind(run["device_kind"])
+        fraction = plan["request"]["memory_fraction"] if plan else 0.9
+        budget = spec.memory_bytes * fraction
+        top = max(run["rows"], key=lambda r: r["batch"])
+        text = (f"{ev.where()}: peak {fmt_gib(top['peak_memory_bytes'])} at batch {top['batch']} "
+                f"({top['peak_memory_source']}) against {fmt_gib(budget)} ({fraction:.0%} of {spec.name})")
+        if top["peak_memory_bytes"] > budget:
+            return FAIL, text, "serve a smaller batch or a shorter context, or int8 weights; plan with serve-plan"
+        return PASS, text, "keep the batch; rerun when the prompt or generation lengths grow"
+    if plan:
+        if not plan["largest_batch"]:
+            return FAIL, (f"predicted for {plan['target']} (compiled without the device): not even one sequence "
+                          f"fits in {fmt_gib(plan['budget_bytes'])}"), \
+                "int8 weights, a shorter context, or a GPU with more memory"
+        row = max((r for r in plan["rows"] if r["fits"]), key=lambda r: r["batch"])
+        text = (f"predicted for {plan['target']} (compiled without the device): largest batch {plan['largest_batch']}; "
+                f"at batch {row['batch']} peak {fmt_gib(row['predicted_peak_bytes'])} of "
+                f"{fmt_gib(row['budget_bytes'])}, KV cache {fmt_gib(row['kv_cache_bytes_compiled'])}")
+        over = [r["batch"] for r in plan["rows"] if not r["fits"]]
+        if over:
+            text += f"; batches {', '.join(map(str, over))} do not fit"
+        where = f"; the run was {ev.where()}" if run else ""
+        return WARN, text + where, f"measure the batch on {plan['target']} ({RUN_HERE} --batches {row['batch']})"
+    if run:
+        return WARN, f"{ev.where()}, not on a GPU planned for", "plan for the target GPU (serve-plan) and measure there"
+    return NOT_CHECKED, "no serving plan or run", "plan with serve-plan, then measure with serve-run"
+
+
+def grade_recompiles(ev: ServingEvidence) -> Grade:
+    run = ev.run
+    if not run:
+        return NOT_CHECKED, "no measured serving run", f"measure a stream of mixed-length requests ({RUN_HERE})"
+    per = _rows_text(run["rows"], "recompiles")
+    text = (f"{ev.where()}: {run['rows'][0]['requests']} requests (prompts "
+            f"{run['request']['prompt_range'][0]}-{run['request']['prompt_range'][1]} tokens, buckets {run['buckets']}); "
+            f"compiles after the warm-up: {per}")
+    if run["recompiles"]:
+        return FAIL, text, "pad prompts to a few bucket lengths and keep the batch shape fixed"
+    if not ev.run_on_target():
+        return WARN, text, f"the same shapes compile once on the GPU too: confirm with {RUN_HERE} on {ev.target}"
+    return PASS, text, "keep the buckets; a new prompt length beyond the largest bucket compiles once more"
+
+
+def grade_host_sync(ev: ServingEvidence) -> Grade:
+    if ev.code is not None and ev.code.jax_files:
+        found = [f for f in ev.code.findings if f.rule in ("SYNC001", "TIME001")]
+        scope = f"code check of {len(ev.code.files)} file(s)"
+        if found:
+            return FAIL, f"{scope}: " + ", ".join(f"{f.rule} {f.file}:{f.line}" for f in found[:6]), \
+                "copy only each step's tokens to the host; keep logits and cache on the device"
+        return PASS, f"{scope}: no host reads of device values in loops beyond what they return", \
+            "keep the decode loop reading only its tokens"
+    text = "your serving loop was not checked"
+    if ev.run:
+        text += (f"; this product's server copies only each step's tokens to the host (its TPOT, {ev.where()}, "
+                 "includes that copy), which says nothing of yours")
+    return (WARN if ev.run else NOT_CHECKED), text, \
+        "check your serving script with the code check (python -m migration check serve.py)"
+
+
+def grade_logits(ev: ServingEvidence) -> Grade:
+    run = ev.run
+    precision = (run or {}).get("request", {}).get("precision") or (ev.plan or {}).get("request", {}).get("precision")
+    if precision == "fp32":
+        return NA, "served in fp32: the reference itself", "none"
+    check = (run or {}).get("logits_check")
+    if not check:
+        return NOT_CHECKED, f"no logits check of {precision or 'the serving precision'} against fp32", \
+            f"run {RUN_HERE} --precision {precision or 'bf16'} --checkpoint YOUR_CHECKPOINT"
+    text = (f"{check['precision']} logits vs fp32 on {run['weights']} weights, {check['tokens']} tokens: RMS difference "
+            f"{check['rms_ratio']:.2%} of the logits' RMS (tolerance {check['tolerance']:.0%}), top token agrees at "
+            f"{check['top1_agreement']:.1%}")
+    if not check["within"]:
+        return FAIL, text, "serve in bf16 (or fp32), or quantise with finer scales"
+    if run["weights"] != "checkpoint":
+        return WARN, text + "; random weights, not your model's", \
+            f"rerun with your trained weights ({RUN_HERE} --checkpoint YOUR_CHECKPOINT)"
+    return PASS, text, "keep the precision; recheck after retraining"
+
+
+def grade_export(ev: ServingEvidence) -> Grade:
+    export = ev.export
+    if not export:
+        return NOT_CHECKED, "no export to the Hugging Face layout", \
+            "python -m migration export-hf --checkpoint YOUR_CHECKPOINT --out FOLDER"
+    verified = export.get("verified")
+    text = f"exported {export.get('model', 'the model')} to {export.get('out', 'a folder')}"
+    if not verified:
+        return WARN, text + "; not loaded back", "load it with transformers and compare logits (export-hf --verify)"
+    text += (f"; loaded with transformers {verified['transformers']}: largest logit difference "
+             f"{verified['max_abs_diff']:.2g} (tolerance {verified['tolerance']:.2g})")
+    if not verified["within"]:
+        return FAIL, text, "the layouts disagree: do not serve this export"
+    if export.get("weights") != "checkpoint":
+        return WARN, text + "; random weights, not your model's", "export your checkpoint and verify again"
+    return PASS, text, "hand the folder to vLLM, TGI or TensorRT-LLM"
+
+
+ITEMS: dict[str, ItemSpec] = {
+    "kv_headroom": ItemSpec("KV cache fits with headroom at the planned batch", (PASS, WARN, FAIL, NOT_CHECKED),
+                            grade_kv_headroom),
+    "serve_recompiles": ItemSpec("No recompiles after warm-up while serving", (PASS, WARN, FAIL, NOT_CHECKED),
+                                 grade_recompiles),
+    "serve_host_sync": ItemSpec("No host sync per token beyond the token itself", (PASS, WARN, FAIL, NOT_CHECKED),
+                                grade_host_sync),
+    "serve_logits": ItemSpec("Serving precision's logits within tolerance of fp32", (PASS, WARN, FAIL, NA, NOT_CHECKED),
+                             grade_logits),
+    "export": ItemSpec("Exported weights load and match", (PASS, WARN, FAIL, NOT_CHECKED), grade_export),
+}
+
+
+def serving_checklist(ev: ServingEvidence) -> list[ChecklistItem]:
+    return grade_items(ITEMS, ev)

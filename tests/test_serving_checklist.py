@@ -1,0 +1,104 @@
+"""The serving checklist (migration/grading/serving.py), graded from a real serving plan and a real
+measured run on this machine (the CPU backend), and from the same evidence as if measured on the
+target GPU, to show each verdict's edge: a pass only from the target, the user's code or the user's
+own weights; a warn from predictions, the CPU backend or random weights; a fail from evidence."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from migration.codecheck import check_sources
+from migration.config.serving import ServeRequest, ServeRunRequest
+from migration.grading.serving import ITEMS, ServingEvidence, serving_checklist
+from migration.hardware import GPU_SPECS
+from migration.planning.serving import serve_plan
+from migration.running.serving import serve_run
+
+
+@pytest.fixture(scope="module")
+def evidence():
+    plan = serve_plan(ServeRequest("llama", "tiny", "l4", prompt_len=16, gen_len=16, precision="int8",
+                                   memory_fraction=0.00005))
+    run = serve_run(ServeRunRequest("llama", "tiny", precision="int8", requests=6, batches=(1, 2),
+                                    prompt_range=(4, 16), gen_range=(2, 16)))
+    return plan, run
+
+
+def graded(**ev) -> dict[str, tuple[str, str]]:
+    return {i.id: (i.status, i.evidence) for i in serving_checklist(ServingEvidence(**ev))}
+
+
+def on_gpu(run: dict, kind: str = "NVIDIA L4", peak: int | None = None) -> dict:
+    """The run's figures as if measured on `kind` (what a GPU run's result says of itself)."""
+    gpu = copy.deepcopy(run) | {"backend": "gpu", "device_kind": kind}
+    for row in gpu["rows"]:
+        row["peak_memory_source"] = "device memory_stats (peak so far)"
+        if peak is not None:
+            row["peak_memory_bytes"] = peak
+    return gpu
+
+
+def test_nothing_given_is_not_checked_and_every_status_is_declared():
+    got = graded()
+    assert {s for s, _ in got.values()} == {"not checked"}
+    assert set(got) == set(ITEMS)
+
+
+def test_a_plan_and_a_cpu_run_warn_and_say_where(evidence):
+    plan, run = evidence
+    got = graded(plan=plan, run=run)
+    assert got["kv_headroom"][0] == "warn" and "predicted for L4" in got["kv_headroom"][1]
+    assert got["serve_recompiles"][0] == "warn" and "CPU backend" in got["serve_recompiles"][1]
+    assert got["serve_host_sync"][0] == "warn" and "says nothing of yours" in got["serve_host_sync"][1]
+    assert got["serve_logits"][0] == "warn" and "random weights" in got["serve_logits"][1]  # not the user's
+    assert got["export"][0] == "not checked"
+
+
+def test_measured_on_the_target_passes_and_on_another_gpu_warns(evidence):
+    plan, run = evidence
+    got = graded(plan=plan, run=on_gpu(run, peak=10**6))  # under the plan's 1.2 MB budget
+    assert got["kv_headroom"][0] == "pass" and got["serve_recompiles"][0] == "pass"
+    other = graded(plan=plan, run=on_gpu(run, kind="NVIDIA H100 80GB HBM3"))  # not the planned L4
+    assert other["kv_headroom"][0] == "warn" and other["serve_recompiles"][0] == "warn"
+
+
+def test_evidence_against_the_item_fails(evidence):
+    plan, run = evidence
+    full = on_gpu(run, peak=GPU_SPECS["l4"].memory_bytes)  # the whole card: beyond the 90% budget
+    assert graded(plan=plan, run=full)["kv_headroom"][0] == "fail"
+    recompiled = copy.deepcopy(run)
+    recompiled["recompiles"], recompiled["rows"][1]["recompiles"] = 2, 2
+    assert graded(run=recompiled)["serve_recompiles"][0] == "fail"
+    nothing = copy.deepcopy(plan) | {"largest_batch": 0}
+    assert graded(plan=nothing)["kv_headroom"][0] == "fail"
+    outside = copy.deepcopy(run)
+    outside["logits_check"] |= {"within": False, "rms_ratio": 0.2}
+    assert graded(run=outside)["serve_logits"][0] == "fail"
+
+
+def test_the_users_weights_and_code_can_pass_and_fp32_needs_no_reference(evidence):
+    _plan, run = evidence
+    mine = copy.deepcopy(run) | {"weights": "checkpoint"}
+    assert graded(run=mine)["serve_logits"][0] == "pass"
+    fp32 = copy.deepcopy(run)
+    fp32["request"]["precision"], fp32["logits_check"] = "fp32", None
+    assert graded(run=fp32)["serve_logits"][0] == "n/a"
+    clean = check_sources([("serve.py", "import jax\n\ndef serve(step, tokens):\n"
+                                        "    for _ in range(8):\n        tokens = step(tokens)\n    return tokens\n")])
+    assert graded(run=run, code=clean)["serve_host_sync"][0] == "pass"
+    syncing = check_sources([("serve.py", "import jax\nimport numpy as np\n\ndef serve(step, state, tokens):\n"
+                                          "    for _ in range(8):\n        state, logits = step(state, tokens)\n"
+                                          "        print(float(logits.sum()))\n    return state\n")])
+    assert graded(run=run, code=syncing)["serve_host_sync"][0] == "fail"
+
+
+def test_an_export_passes_only_verified_on_the_users_weights():
+    verified = {"transformers": "5.24.0", "max_abs_diff": 2e-6, "tolerance": 1e-4, "within": True}
+    base = {"model": "llama/tiny", "out": "/tmp/x"}
+    assert graded(export=base)["export"][0] == "warn"  # written, not loaded back
+    assert graded(export=base | {"verified": verified})["export"][0] == "warn"  # random weights
+    assert graded(export=base | {"verified": verified, "weights": "checkpoint"})["export"][0] == "pass"
+    assert graded(export=base | {"verified": verified | {"within": False},
+                                 "weights": "checkpoint"})["export"][0] == "fail"
