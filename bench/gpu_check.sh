@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU check for the backend core, for a machine with an NVIDIA GPU and JAX's CUDA plugin (gradio
-# not needed). Runs from the repository root in under 8 minutes on an H200:
+# not needed). Runs from the repository root in about 12 minutes on an H200 (serving about 4 of them):
 #   bash bench/gpu_check.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -19,4 +19,8 @@ python3 bench/gpu_check_fsdp.py || status=1
 echo
 echo "== speed: gpt2-small and gpt2-medium, attention and remat variants, autotune"
 python3 bench/gpu_check_mfu.py || status=1
+echo
+echo "== serving: llama 1b planned for this GPU without the device vs served on it (TTFT, TPOT, peak)"
+python3 bench/gpu_check_serving.py || status=1
+python3 bench/gpu_check_serving.py --precision int8 --batches 1,32 || status=1
 exit ${status:-0}
