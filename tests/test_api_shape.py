@@ -9,7 +9,8 @@ gradio_client = pytest.importorskip("gradio_client")
 
 from tests.server import value  # noqa: E402
 
-ENDPOINTS = ("/plan", "/run", "/autotune", "/code_check", "/history", "/compare", "/export_csv", "/export_history_csv")
+ENDPOINTS = ("/plan", "/run", "/autotune", "/code_check", "/history", "/compare", "/export_csv", "/export_history_csv",
+             "/serve_plan", "/serve_run")
 FORM = ["workload", "preset", "source", "global_batch", "per_core_batch", "source_precision", "target", "gpus",
         "memory_fraction", "granularity", "remat", "precision", "accumulation", "n_layers", "d_model", "n_heads",
         "n_kv_heads", "d_ff", "vocab_size", "seq_len", "embeddings", "sharding", "gpus_per_node"]
@@ -32,6 +33,12 @@ def test_the_form_parameters_keep_their_names_and_order(api):
         "plan_file", "steps", "learning_rate", "compare_tpu", "profile", "fp32_reference", "pmap_before", "scaling",
         *FORM, "label", "save_checkpoint", "restore_checkpoint", "seed", "tpu_step_ms"]  # new fields go last
     assert [p["parameter_name"] for p in api["/autotune"]["parameters"]] == ["plan_file", "top", "timed_steps", "label"]
+    assert [p["parameter_name"] for p in api["/serve_plan"]["parameters"]] == [
+        "workload", "preset", "target", "precision", "prompt_len", "gen_len", "batches", "memory_fraction", "label",
+        "checkpoint"]
+    assert [p["parameter_name"] for p in api["/serve_run"]["parameters"]] == [
+        "workload", "preset", "precision", "requests", "run_batches", "prompt_min", "prompt_max", "gen_min", "gen_max",
+        "temperature", "seed", "memory_fraction", "label", "checkpoint"]
 
 
 def test_every_output_is_named_by_a_label(api):

@@ -274,7 +274,7 @@ def test_a_trained_llama_checkpoint_exports_and_matches_the_restored_model(train
 def test_a_checkpoint_of_another_layout_or_no_checkpoint_is_refused(trained_llama_checkpoint, tmp_path):
     with pytest.raises(ConfigError, match=f"^checkpoint: no such folder: {tmp_path / 'nowhere'}"):
         export_checkpoint(tmp_path / "nowhere", tmp_path / "out")
-    with pytest.raises(ConfigError, match=f"^checkpoint: {tmp_path / CHECKPOINT_META_FILE} is not a readable"):
+    with pytest.raises(ConfigError, match=f"^checkpoint: {tmp_path} is not a checkpoint folder"):
         export_checkpoint(tmp_path, tmp_path / "out")
     gpt2 = tmp_path / "gpt2"  # the description says GPT-2 layout: refused before any array is read
     shutil.copytree(trained_llama_checkpoint, gpt2)

@@ -5,12 +5,14 @@ the batch, the largest batch that fits, decode time above the bandwidth limit, a
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from migration.config.limits import ConfigError
 from migration.config.serving import ServeRequest, serve_request
 from migration.hardware import GPU_SPECS
 from migration.planning.memory import deviceless_mesh
-from migration.planning.serving import kv_cache_bytes, serve_plan, serve_row, serving_config
+from migration.planning.serving import MAX_BATCH, _largest_fitting, kv_cache_bytes, serve_plan, serve_row, serving_config
 
 
 @pytest.fixture(scope="module")
@@ -121,3 +123,22 @@ def test_int8_weights_are_planned_without_a_dequantised_copy():
         extra = rows["int8"][program] - rows["int8"]["weights_bytes"] - rows["int8"]["kv_cache_bytes"]
         assert extra < 0.25 * 2 * linear, (program, extra)  # far below a bf16 copy of the Linear weights
         assert rows["int8"][program] < rows["bf16"][program]
+
+
+@settings(max_examples=300, deadline=None)
+@given(base=st.integers(1, 10**9), slope=st.integers(0, 10**8), bend=st.floats(0.0, 2.0),
+       budget=st.integers(1, 2 * 10**10))
+def test_the_largest_batch_search_finds_the_edge_of_any_growing_peak(base, slope, bend, budget):
+    """The search's first guess assumes a straight line; peaks that bend (more than linear growth,
+    as activations that outgrow the cache) or stay flat must still give the exact edge."""
+    peak = lambda b: base + slope * b + int(bend * slope * b * b / 64)  # noqa: E731
+    asked = []
+
+    def row(b):
+        asked.append(b)
+        assert 1 <= b <= MAX_BATCH
+        return {"predicted_peak_bytes": peak(b), "budget_bytes": budget, "fits": peak(b) <= budget}
+
+    edge = max((b for b in range(1, MAX_BATCH + 1) if peak(b) <= budget), default=0)
+    assert _largest_fitting(row) == edge
+    assert len(set(asked)) <= 30

@@ -1,5 +1,5 @@
-"""The page: a banner and the four tabs (Migrate, History, Code check, Environment), their events wired in
-one order (the API's endpoints keep their order), over one `AppContext`."""
+"""The page: a banner and the five tabs (Migrate, Serve, History, Code check, Environment), their events wired
+in one order (the API's endpoints keep their order: a new tab's come last), over one `AppContext`."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from ui.environment import environment_tab, wire_environment
 from ui.history import HistoryHandlers, history_tab, wire_history
 from ui.migrate import migrate_tab, wire_migrate
 from ui.plan_run import JobHandlers
+from ui.serve import ServeHandlers, serve_tab, wire_serve
 from ui.settings import Settings, host_banner
 
 
@@ -45,15 +46,18 @@ def build_demo(settings: Settings | None = None) -> gr.Blocks:
                     + (f"\n\n{len(service.recovered)} job(s) that a previous server left "
                        "unfinished are marked interrupted in the History." if service.recovered else ""))
         migrate = migrate_tab(context.default_target)
+        serve = serve_tab()
         history = history_tab(settings.multi_user)
         code_check = code_check_tab()
         environment = environment_tab()
 
-        wire_migrate(migrate, JobHandlers(context))
+        job_handlers = JobHandlers(context)
+        wire_migrate(migrate, job_handlers)
         wire_code_check(code_check, context, migrate.code_state)
         history_handlers = HistoryHandlers(context)
         wire_history(history, history_handlers)
         wire_environment(environment, context)
+        wire_serve(serve, ServeHandlers(context), job_handlers.do_stop)
         demo.load(history_handlers.do_history, history.filters, history.table, api_visibility="private")
     demo.service = service  # type: ignore[attr-defined]  # for start-up and shutdown
     return demo

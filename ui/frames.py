@@ -14,6 +14,7 @@ from migration.codecheck import Finding
 from migration.common import GiB, fmt_gib, model_name
 from migration.grading import checklist
 from migration.results import Plan, RunReport
+from migration.service.history import SERVING_KINDS
 from migration.service.orchestrate import MigrationResult
 
 PLOT_MAX_POINTS = 500  # points per run drawn in a loss plot
@@ -199,7 +200,7 @@ def findings_frame(findings: list[Finding]) -> pd.DataFrame:
 
 
 HISTORY_COLUMNS = ["id", "created_at", "user", "label", "kind", "model", "status", "config", "device_kind",
-                   "samples_per_s", "mfu_%", "peak_GiB", "predicted_GiB", "compile_s"]
+                   "samples_per_s", "tokens_per_s", "mfu_%", "peak_GiB", "predicted_GiB", "compile_s"]
 
 
 def history_frame(entries: list[dict[str, Any]]) -> pd.DataFrame:
@@ -208,11 +209,14 @@ def history_frame(entries: list[dict[str, Any]]) -> pd.DataFrame:
     for e in entries:
         config = (f"{e.get('per_device_batch') or '?'}×{e.get('devices') or '?'}×{e.get('accumulation_steps') or '?'} "
                   f"{e.get('precision') or ''} {e.get('remat') or ''}").strip()
+        if e["kind"] in SERVING_KINDS:  # the batch: a plan's largest that fits, a run's fastest measured
+            config = f"serving batch {e.get('per_device_batch') or '?'}, {e.get('precision') or '?'}"
         rows.append({
             "id": e["id"], "created_at": e["created_at"], "user": e.get("user") or "", "label": e.get("label") or "",
             "kind": e["kind"], "model": f"{e['workload']}/{e['preset']}", "status": e["status"], "config": config,
             "device_kind": e.get("device_kind") or e.get("target") or "",
-            "samples_per_s": e.get("samples_per_s"), "mfu_%": None if e.get("mfu") is None else 100 * e["mfu"],
+            "samples_per_s": e.get("samples_per_s"), "tokens_per_s": e.get("tokens_per_s"),
+            "mfu_%": None if e.get("mfu") is None else 100 * e["mfu"],
             "peak_GiB": None if e.get("peak_memory_bytes") is None else e["peak_memory_bytes"] / GiB,
             "predicted_GiB": None if e.get("predicted_peak_bytes") is None else e["predicted_peak_bytes"] / GiB,
             "compile_s": e.get("compile_s")})

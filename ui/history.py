@@ -1,5 +1,6 @@
-"""The History tab: the runs and plans recorded, filtered; rows clicked into a selection; the selected runs
-compared side by side (table, throughput, peak memory, loss) and exported as CSV, or the whole history.
+"""The History tab: the runs and plans recorded (training and serving), filtered; rows clicked into a
+selection; the selected training runs compared side by side (table, throughput, peak memory, loss) and
+exported as CSV, or the whole history.
 
 Whose entries a request may read is decided here (`HistoryHandlers.scope_user`): its user's own, or
 everyone's on a single-user box, for an admin, or on a history the operator declared team-visible.
@@ -13,7 +14,7 @@ import gradio as gr
 
 from migration.config import forms
 from migration.config.limits import ConfigError
-from migration.service.history import EXPORT_MAX_ROWS, HistoryError
+from migration.service.history import EXPORT_MAX_ROWS, KINDS, HistoryError
 from migration.service.job import LimitError
 from ui.context import AppContext, refuse, user_of
 from ui.frames import HISTORY_COLUMNS, compare_frames, history_frame
@@ -39,7 +40,7 @@ def history_tab(multi_user: bool) -> HistoryTab:
         with gr.Row():
             filters = [gr.Dropdown(["mine", "everyone"], value="mine", label="Whose", allow_custom_value=True,
                                    info=None if multi_user else "single-user box: one shared history"),
-                       gr.Dropdown(["all", "run", "plan"], value="all", label="Kind", allow_custom_value=True),
+                       gr.Dropdown(["all", *KINDS], value="all", label="Kind", allow_custom_value=True),
                        gr.Dropdown(["all", *WORKLOADS], value="all", label="Workload", allow_custom_value=True),
                        gr.Dropdown(["all", *HISTORY_STATUSES], value="all", label="Status", allow_custom_value=True)]
             refresh = gr.Button("Refresh")
@@ -104,7 +105,7 @@ class HistoryHandlers:
         try:
             self.context.rate.take(user_of(request), "history")
             user = self.scope_user(scope, request)
-            for field, value, allowed in (("kind", kind, ("all", "run", "plan")),
+            for field, value, allowed in (("kind", kind, ("all", *KINDS)),
                                           ("workload", workload, ("all", *WORKLOADS)),
                                           ("status", status, ("all", *HISTORY_STATUSES))):
                 forms.choice(value, field, allowed)

@@ -67,6 +67,21 @@ def read_meta(path: str | Path) -> CheckpointMeta:
     return meta
 
 
+def read_checkpoint(path: str | Path, field: str = "checkpoint") -> CheckpointMeta:
+    """read_meta of the folder `path`, refusals naming `field`: no such folder, no checkpoint.json in
+    it, or one this version cannot read."""
+    folder = Path(path).absolute()
+    if not folder.is_dir():
+        raise ConfigError(field, f"no such folder: {folder}; allowed: a folder written by run --save-checkpoint")
+    if not (folder / CHECKPOINT_META_FILE).is_file():
+        raise ConfigError(field, f"{folder} is not a checkpoint folder (no {CHECKPOINT_META_FILE} in it); allowed: a "
+                                 "folder written by run --save-checkpoint")
+    try:
+        return read_meta(folder)
+    except ConfigError as exc:
+        raise ConfigError(field, exc.message) from None
+
+
 def checkpoint_model(meta: CheckpointMeta) -> Any:
     """The checkpoint's model config: its workload's preset with its overrides, given the resolved
     dimensions it was saved with (what the parameter shapes follow, should the preset have changed).

@@ -228,16 +228,22 @@ def user_folder(user: str) -> str:
     return f"{readable}-{hashlib.sha256(user.encode()).hexdigest()[:8]}"
 
 
+def checkpoint_folder(value: Any, field: str, root: Path) -> str:
+    """The folder of the checkpoint a form names (checkpoint_name) under `root` (the user's private
+    checkpoint folder), which must hold one; "" for none."""
+    name = checkpoint_name(value, field)
+    if name and not (root / name / CHECKPOINT_META_FILE).is_file():
+        have = sorted(p.parent.name for p in root.glob(f"*/{CHECKPOINT_META_FILE}"))
+        raise ConfigError(field, f"no checkpoint named {name!r}; yours: {', '.join(have) if have else 'none yet'} "
+                                 "(save one with 'Save a checkpoint after the run')")
+    return str(root / name) if name else ""
+
+
 def checkpoint_folders(save: Any, restore: Any, root: Path) -> tuple[str, str]:
     """(save_checkpoint, restore_checkpoint) for a RunConfig from the form's two names, resolved
     under `root` (the user's private checkpoint folder); a restore name must name a checkpoint there."""
-    save_name, restore_name = checkpoint_name(save, "save_checkpoint"), checkpoint_name(restore, "restore_checkpoint")
-    if restore_name and not (root / restore_name / CHECKPOINT_META_FILE).is_file():
-        have = sorted(p.parent.name for p in root.glob(f"*/{CHECKPOINT_META_FILE}"))
-        raise ConfigError("restore_checkpoint", f"no checkpoint named {restore_name!r}; yours: "
-                                                f"{', '.join(have) if have else 'none yet'} (save one with 'Save a "
-                                                "checkpoint after the run')")
-    return (str(root / save_name) if save_name else "", str(root / restore_name) if restore_name else "")
+    save_name = checkpoint_name(save, "save_checkpoint")
+    return str(root / save_name) if save_name else "", checkpoint_folder(restore, "restore_checkpoint", root)
 
 
 RUN_FIELDS = tuple(f for f in FIELDS if f.fills in ("run", "options"))

@@ -8,9 +8,8 @@ import dataclasses
 from typing import Any
 
 import os
-from pathlib import Path
 
-from migration.config.checkpoints import CheckpointMeta, read_meta
+from migration.config.checkpoints import CheckpointMeta, read_checkpoint
 from migration.config.forms import choice, number, whole
 from migration.config.limits import ConfigError, shown
 from migration.hardware import GPU_SPECS
@@ -86,13 +85,7 @@ def serving_checkpoint(path: Any, workload: Any, preset: Any) -> CheckpointMeta:
     if not isinstance(path, str) or "\n" in path or "\0" in path or not os.path.isabs(path):
         raise ConfigError("checkpoint", f"must be the absolute path of a checkpoint folder (written by run "
                                         f"--save-checkpoint); got {shown(path)}")
-    if not (Path(path) / "checkpoint.json").is_file():
-        raise ConfigError("checkpoint", f"{path} is not a checkpoint folder (no checkpoint.json in it); allowed: a "
-                                        "folder written by run --save-checkpoint")
-    try:
-        meta = read_meta(path)
-    except ConfigError as exc:
-        raise ConfigError("checkpoint", exc.message) from None
+    meta = read_checkpoint(path)
     if meta.workload not in DECODER_WORKLOADS:
         raise ConfigError("checkpoint", f"the checkpoint is of {meta.model_name}, which has no decode path; serving "
                                         f"is for the decoder families ({', '.join(DECODER_WORKLOADS)})")

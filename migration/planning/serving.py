@@ -140,13 +140,32 @@ def serve_plan(req: ServeRequest) -> dict[str, Any]:
 
 
 def _largest_fitting(row) -> int:
-    """The largest batch whose programs fit: doubling to the first that does not, then bisection."""
-    if not row(1)["fits"]:
+    """The largest batch whose programs fit (at most MAX_BATCH). The peak grows about linearly with
+    the batch (the cache and the prefill's activations), so batches 1 and 2 give a first guess of the
+    edge; the guess is then bracketed by steps that double away from it and closed by bisection, so
+    a wrong guess costs a few more compiles, never a wrong answer."""
+    first = row(1)
+    if not first["fits"]:
         return 0
-    lo, hi = 1, 2
-    while hi <= MAX_BATCH and row(hi)["fits"]:
-        lo, hi = hi, hi * 2
-    hi = min(hi, MAX_BATCH + 1)
+    slope = row(2)["predicted_peak_bytes"] - first["predicted_peak_bytes"] if MAX_BATCH > 1 else 0
+    if slope <= 0:
+        guess = MAX_BATCH
+    else:
+        guess = 1 + int((first["budget_bytes"] - first["predicted_peak_bytes"]) // slope)
+    guess = max(1, min(MAX_BATCH, guess))
+    step = 1
+    if row(guess)["fits"]:  # lo fits; look upwards for one that does not
+        lo = guess
+        while lo < MAX_BATCH and row(min(MAX_BATCH, lo + step))["fits"]:
+            lo, step = min(MAX_BATCH, lo + step), step * 2
+        if lo == MAX_BATCH:
+            return lo
+        hi = min(MAX_BATCH, lo + step)
+    else:  # hi does not fit; look downwards for one that does (batch 1 does)
+        hi = guess
+        while not row(max(1, hi - step))["fits"]:
+            hi, step = max(1, hi - step), step * 2
+        lo = max(1, hi - step)
     while hi - lo > 1:
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if row(mid)["fits"] else (lo, mid)

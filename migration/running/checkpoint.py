@@ -31,7 +31,8 @@ import orbax.checkpoint as ocp
 from flax import nnx
 from jax.sharding import Mesh
 
-from migration.config.checkpoints import CheckpointMeta, checkpoint_model, layout_text, model_dims, read_meta  # noqa: F401
+from migration.config.checkpoints import (  # noqa: F401  (read_meta, layout_text: used through this module)
+    CheckpointMeta, checkpoint_model, layout_text, model_dims, read_checkpoint, read_meta)
 from migration.config.limits import ConfigError
 from migration.config.requests import CHECKPOINT_META_FILE, RunConfig
 from migration.step.policies import LossScaleState
@@ -130,13 +131,7 @@ def restore_params(path: str | Path, accept: Callable[[Any], None] | None = None
     refuse the model (ConfigError) before any array is read. ConfigError("checkpoint", ...) for a
     folder that is no checkpoint or whose parameters cannot be read."""
     folder = Path(path).absolute()
-    if not folder.is_dir():
-        raise ConfigError("checkpoint", f"no such folder: {folder}; allowed: a folder written by "
-                                        "run --save-checkpoint")
-    try:
-        meta = read_meta(folder)
-    except ConfigError as exc:
-        raise ConfigError("checkpoint", exc.message) from None
+    meta = read_checkpoint(folder)
     cfg = checkpoint_model(meta)
     if accept is not None:
         accept(cfg)

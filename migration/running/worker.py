@@ -1,5 +1,6 @@
-"""Worker process entry point: `python -m migration.running.worker --events-fd N [--mode run|probe-env|plan|check]
-[--lifeline-fd N] [--silence-timeout-s S] [--memory-bytes N]` (config JSON on stdin).
+"""Worker process entry point: `python -m migration.running.worker --events-fd N
+[--mode run|probe-env|plan|check|serve-plan|serve-run] [--lifeline-fd N] [--silence-timeout-s S] [--memory-bytes N]`
+(config JSON on stdin).
 
 Sets JAX's environment from the config *before* JAX is first imported, runs one measured run (or,
 with --probe-env, reports the environment), writes JSON-lines events to the given file descriptor
@@ -8,6 +9,13 @@ and exits. Exit code 0 on success, 1 on a failed run, 2 on an invalid config.
 `--mode check` runs the code check on untrusted source ({"sources": [[name, text], ...]} on stdin)
 without importing JAX, under an address-space limit (`--memory-bytes`, RLIMIT_AS) and a CPU-time
 limit, so that no paste can hold the server's CPU or memory: its result is one `checked` event.
+
+`--mode serve-plan` and `--mode serve-run` serve a decoder: {"request": {...}} on stdin, the keyword
+arguments of `config.serving.serve_request` / `serve_run_request`, checked again here (whoever wrote the
+payload), plus for a run {"memory_fraction": F}, its share of the device. A serving plan compiles for a
+catalog GPU without the device (the planner's compile environment); a serving run measures on this
+machine's first device in a training run's environment. Each ends with one result event, `serve_plan` or
+`serve_run` ({"result": the plan's or the run's dict}), or `failed`.
 
 It runs at the lowest CPU priority (nice 19), below the process that started it, sends {"event": "alive"}
 every min(2 s, silence_timeout_s / 4) so that its parent can tell a long compile from a hang, and,
@@ -35,12 +43,16 @@ from typing import Any
 
 from migration.codecheck import CodeCheckError, check_sources
 from migration.common import enable_compile_cache, first_line, is_oom, json_safe
-from migration.config.limits import ConfigError
+from migration.config.forms import number
+from migration.config.limits import LIMITS, ConfigError
 from migration.config.requests import PlanRequest, RunConfig, validate, validate_plan_request
-from migration.running.worker_env import planner_environment, worker_environment
+from migration.config.serving import serve_request, serve_run_request
+from migration.running.worker_env import compile_environment, planner_environment, worker_environment
 
+# Serving modes and the event that carries each one's result.
+SERVE_RESULT_EVENTS = {"serve-plan": "serve_plan", "serve-run": "serve_run"}
 # After one of these the parent reads no further events (the runner's TERMINAL_EVENTS).
-TERMINAL_EVENTS = ("finished", "failed", "plan", "environment", "checked")
+TERMINAL_EVENTS = ("finished", "failed", "plan", "environment", "checked", *SERVE_RESULT_EVENTS.values())
 WORKER_NICE = 19  # the lowest: the server that started it must stay responsive; a GPU job barely needs the CPU
 # Recorded by jax._src.compiler once for every executable loaded from the persistent compilation cache.
 CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
@@ -245,7 +257,7 @@ def check_code(payload: Any, emit: EventWriter) -> int:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m migration.running.worker")
     parser.add_argument("--events-fd", type=int, required=True)
-    parser.add_argument("--mode", choices=["run", "probe-env", "plan", "check"], default="run")
+    parser.add_argument("--mode", choices=["run", "probe-env", "plan", "check", *SERVE_RESULT_EVENTS], default="run")
     parser.add_argument("--lifeline-fd", type=int, default=None,
                         help="read end of a pipe held open by the parent; end-of-file kills the worker")
     parser.add_argument("--silence-timeout-s", type=float, default=None,
@@ -275,6 +287,8 @@ def main(argv: list[str] | None = None) -> int:
     start_heartbeat(emit, heartbeat_interval(silence))
     if args.mode == "check":
         return check_code(payload, emit)
+    if args.mode in SERVE_RESULT_EVENTS:
+        return serve(args.mode, payload, emit)
     try:
         cfg = PlanRequest(**payload) if args.mode == "plan" else RunConfig(**payload)
         # Set JAX's environment before the first `import jax` (validation below imports it).
@@ -321,6 +335,52 @@ def run_mode(mode: str, cfg: Any, emit: EventWriter, hits: Any) -> None:
             multiprocess.join(cfg)  # before anything starts JAX's backend; nothing for a one-process run
         measured_run(cfg, with_cache_hits(emit, hits))
         multiprocess.leave(cfg)
+
+
+def serve_environment(mode: str, payload: dict[str, Any]) -> dict[str, str]:
+    """JAX's environment of a serving mode, decided before JAX is imported: a plan compiles deviceless
+    on the CPU backend for the catalog GPU it names; a run gets a one-device training run's environment
+    (platform, memory share without preallocation, XLA flags) with the payload's memory share, checked."""
+    if mode == "serve-plan":
+        return compile_environment(platform="cpu")
+    fraction = number(payload.get("memory_fraction", RunConfig.memory_fraction), "memory_fraction",
+                      *LIMITS["memory_fraction"])
+    return worker_environment(RunConfig(devices=1, memory_fraction=fraction))
+
+
+def serve(mode: str, payload: Any, emit: EventWriter) -> int:
+    """A serving plan or run from {"request": keyword arguments}: the environment set, the request
+    checked (`invalid` naming the field), then one result event; a failure is a `failed` event."""
+    try:
+        if not isinstance(payload, dict) or not isinstance(payload.get("request"), dict):
+            raise TypeError("the payload must be {\"request\": {...}}")
+        os.environ.update(serve_environment(mode, payload))
+        check = serve_request if mode == "serve-plan" else serve_run_request
+        req = check(**payload["request"])  # the workloads (and JAX) are imported here, once the environment is set
+    except ConfigError as exc:
+        emit("failed", kind="invalid", message=str(exc))
+        return 2
+    except TypeError as exc:  # a missing or unknown argument: no request this worker knows
+        emit("failed", kind="invalid", message=f"request: {first_line(exc, 300)}")
+        return 2
+    try:
+        if mode == "serve-plan":
+            from migration.planning.serving import serve_plan  # reason: imports JAX, once the environment is set
+
+            result = serve_plan(req)
+        else:
+            from migration.running.serving import serve_run  # reason: imports JAX, once the environment is set
+
+            result = serve_run(req)
+    except Exception as exc:  # the worker's one boundary: every failure becomes an event
+        kind, message = classify_exception(exc)
+        if kind == "oom":
+            message = (f"out of memory: {first_line(exc, 400).rstrip('.')}. Serve smaller batches, shorter prompts "
+                       "or generations, or a lower precision")
+        emit("failed", kind=kind, message=message, traceback=traceback.format_exc(limit=8)[-4000:])
+        return 2 if kind == "invalid" else 1
+    emit(SERVE_RESULT_EVENTS[mode], result=result)
+    return 0
 
 
 if __name__ == "__main__":

@@ -1,11 +1,11 @@
 """Run and plan history in SQLite (stdlib, embedded, one file), kept across restarts.
 
-Each entry stores its full JSON (a RunReport or a Plan), its summary (the table's columns, small,
-read by listings without parsing payloads) and a few indexed columns for filters, with the user who
-made it. A job is recorded when it is submitted (`open_entry`, status `queued`), marked `running`,
-and completed in place; entries a stopped server left `queued` or `running` are marked
-`interrupted` when the next server opens the store (`interrupt_unfinished`), so nothing is lost
-silently.
+Each entry stores its full JSON (a RunReport, a Plan, or a serving plan's or run's dict), its summary
+(the table's columns, small, read by listings without parsing payloads) and a few indexed columns for
+filters, with the user who made it. A job is recorded when it is submitted (`open_entry`, status
+`queued`), marked `running`, and completed in place; entries a stopped server left `queued` or
+`running` are marked `interrupted` when the next server opens the store (`interrupt_unfinished`), so
+nothing is lost silently.
 
 Connections are opened per call (safe from a server's threads); WAL journaling lets readers
 proceed while a run is written; every write is one transaction, so a failed write (disk full, an
@@ -29,19 +29,21 @@ from migration.results import Plan, RunReport
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS entries (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
-    kind TEXT NOT NULL,            -- 'run' or 'plan'
+    kind TEXT NOT NULL,            -- KINDS
     created_at TEXT NOT NULL,
     label TEXT NOT NULL DEFAULT '',
     workload TEXT NOT NULL,
     preset TEXT NOT NULL,
     status TEXT NOT NULL,
-    payload TEXT NOT NULL          -- the RunReport or Plan as JSON
+    payload TEXT NOT NULL          -- the RunReport, Plan or serving result as JSON
 );
 CREATE INDEX IF NOT EXISTS entries_kind ON entries(kind, id);
 """
 # Columns added since the first schema: (name, definition). Added in place to older stores.
 ADDED_COLUMNS = (("user", "TEXT NOT NULL DEFAULT ''"), ("summary", "TEXT"), ("payload_bytes", "INTEGER"))
 
+KINDS = ("run", "plan", "serve-plan", "serve-run")  # training runs and plans; serving plans and measured runs
+SERVING_KINDS = ("serve-plan", "serve-run")
 UNFINISHED = ("queued", "running")
 STATUSES = ("queued", "running", "ok", "failed", "cancelled", "infeasible", "interrupted")
 
@@ -159,6 +161,20 @@ class History:
             db.execute("UPDATE entries SET status = ?, payload = ?, summary = ?, workload = ?, preset = ?, "
                        "payload_bytes = ? WHERE id = ?", (result.status, text, json.dumps(_summary_of(kind, payload)),
                                                           result.workload, result.preset, len(text), entry_id))
+
+    def complete_serving(self, entry_id: int, status: str, payload: dict[str, Any]) -> None:
+        """Store a serving job's end in the entry opened for it: its result (a serving plan's or run's
+        dict) or its failure, with `status` (ok, infeasible, failed)."""
+        if status not in STATUSES:
+            raise ValueError(f"unknown status {status!r}")
+        payload = {**payload, "status": status}
+        text = json.dumps(payload)
+        with self._write(f"entry {entry_id}") as db:
+            row = db.execute("SELECT kind FROM entries WHERE id = ?", (entry_id,)).fetchone()
+            if row is None:
+                return
+            db.execute("UPDATE entries SET status = ?, payload = ?, summary = ?, payload_bytes = ? WHERE id = ?",
+                       (status, text, json.dumps(_summary_of(row["kind"], payload)), len(text), entry_id))
 
     def interrupt_unfinished(self, message: str) -> list[int]:
         """Mark every entry still `queued` or `running` as `interrupted` (a stopped server's jobs)."""
@@ -281,11 +297,41 @@ def _summary_of(kind: str, payload: dict[str, Any]) -> dict[str, Any]:
     """The table's columns of one entry, from its payload (a report, a plan, or a queued job's
     `config`)."""
     source = {**payload.get("config", {}), **payload}
+    if kind in SERVING_KINDS:
+        source.update(_serving_figures(kind, payload))
     out = {c: source.get(c) for c in SUMMARY_COLUMNS if c not in _STORED}
     if kind == "plan":
         out["devices"] = source.get("gpus")
         out["device_kind"] = source.get("target_name")
     return out
+
+
+def _serving_figures(kind: str, payload: dict[str, Any]) -> dict[str, Any]:
+    """A serving result's line in the table: its one GPU and precision; for a plan, the largest batch
+    that fits with its predicted peak and tokens/s; for a run, the batch measured fastest with its
+    tokens/s, the largest peak measured, the compiles after the warm-up, and where. Only what the
+    payload has (a queued job's `config` stays as it was)."""
+    rows = [r for r in payload.get("rows") or [] if isinstance(r, dict)]
+    request = payload.get("request") if isinstance(payload.get("request"), dict) else {}
+    out: dict[str, Any] = {"devices": 1, "precision": request.get("precision")}
+    if kind == "serve-plan":
+        largest = [r for r in rows if r.get("batch") == payload.get("largest_batch")]
+        out |= {"target": request.get("target"), "device_kind": payload.get("target"),
+                "prediction_method": "compiled-for-target" if rows else None,
+                "per_device_batch": payload.get("largest_batch")}
+        if largest:
+            out |= {"predicted_peak_bytes": largest[0].get("predicted_peak_bytes"),
+                    "tokens_per_s": largest[0].get("tokens_per_s_per_gpu")}
+        return {k: v for k, v in out.items() if v is not None}
+    out |= {"backend": payload.get("backend"), "device_kind": payload.get("device_kind"),
+            "recompilations": payload.get("recompiles")}
+    measured = [r for r in rows if isinstance(r.get("tokens_per_s"), (int, float))]
+    if measured:
+        best = max(measured, key=lambda r: r["tokens_per_s"])
+        peaks = [r["peak_memory_bytes"] for r in rows if isinstance(r.get("peak_memory_bytes"), (int, float))]
+        out |= {"per_device_batch": best.get("batch"), "tokens_per_s": best["tokens_per_s"],
+                "peak_memory_bytes": max(peaks) if peaks else None}
+    return {k: v for k, v in out.items() if v is not None}
 
 
 def _row(row: dict[str, Any]) -> dict[str, Any]:

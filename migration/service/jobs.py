@@ -7,7 +7,10 @@ Each lane is first come, first served. With a Ray cluster as the executor (`clus
 the `gpu` lane holds as many GPUs as the cluster has and a run job takes as many as its plan's
 devices, and the `cpu` lane's plans compile on the cluster's CPUs, as many at once as it has; what
 needs this machine then has lanes of its own: `host-gpu` (plans for "local" on a GPU host,
-autotune), one job at a time, and `host-cpu` (plans for "local" on a CPU host), `plan_slots`. Every job is recorded in the history when it is submitted
+autotune), one job at a time, and `host-cpu` (plans for "local" on a CPU host), `plan_slots`. Serving
+jobs run on this machine: a serving plan (compiled for a catalog GPU without it) in its CPU lane, a
+measured serving run in its GPU lane, each one worker with a run's limits (time, silence, memory share,
+the lowest CPU priority). Every job is recorded in the history when it is submitted
 (`queued`), marked `running`, and completed in place; a server that stops (`shutdown`) marks what
 it interrupts, and a server that was killed has its leftovers marked by the next one (History
 `interrupt_unfinished`). Jobs belong to the user who submitted them: only they can stop them, and
@@ -31,12 +34,15 @@ from typing import Any, Callable
 from migration.service.autotune import AutotuneSettings, autotuned_plan, check_target_here, start_autotune
 from migration.codecheck import CodeCheck
 from migration.common import first_line, model_name
-from migration.config.limits import ConfigError
+from migration.config.forms import number
+from migration.config.limits import LIMITS, ConfigError
 from migration.config.requests import PlanRequest, RunConfig, check_model, validate, validate_plan_request
+from migration.config.serving import ServeRequest, ServeRunRequest, serve_request, serve_run_request
 from migration.service.history import History, HistoryError
 from migration.service.orchestrate import Recorder, RunOptions, run_plan
 from migration.results import Plan
 from migration.running.runner import LocalExecutor, PlanError, WorkerProcess, start_code_check, start_plan
+from migration.running.worker import SERVE_RESULT_EVENTS
 from migration.running.worker_env import resolve_platform
 from migration.service.job import (Job, LimitError, Limits, NotYourJob, pump, until_cancelled,
                                    user_exports)
@@ -126,6 +132,33 @@ class JobService:
         return self._submit("run", user, label, lane, summary, workload, preset, payload,
                             lambda job: self._run_job(job, source, base, options, code),
                             slots=slots if lane == "gpu" else 1)
+
+    def submit_serve_plan(self, user: str, req: ServeRequest, label: str = "") -> Job:
+        """Queue a serving plan (`planning.serving.serve_plan`): a worker compiles the prefill and decode
+        programs for the catalog GPU without it, in this machine's CPU lane. The request is checked again
+        here (ConfigError naming the field), and again by the worker."""
+        arguments = serve_plan_arguments(req)
+        req = serve_request(**arguments)
+        payload = {"config": {"precision": req.precision, "devices": req.gpus}, "target": req.target,
+                   "request": arguments, "message": "queued"}
+        summary = (f"serving plan {model_name(req.workload, req.preset, req.model)} on {req.target}, prompt "
+                   f"{req.prompt_len} + generation {req.gen_len}")
+        return self._submit("serve-plan", user, label, self._host_cpu_lane, summary, req.workload, req.preset,
+                            payload, lambda job: self._serve_job(job, "serve-plan", {"request": arguments}))
+
+    def submit_serve_run(self, user: str, req: ServeRunRequest, label: str = "",
+                         memory_fraction: float = RunConfig.memory_fraction) -> Job:
+        """Queue a measured serving run (`running.serving.serve_run`) in this machine's GPU lane, one job
+        at a time like a training run, its worker holding at most `memory_fraction` of the device."""
+        arguments = serve_run_arguments(req)
+        req = serve_run_request(**arguments)
+        fraction = number(memory_fraction, "memory_fraction", *LIMITS["memory_fraction"])
+        payload = {"config": {"precision": req.precision, "devices": 1}, "request": arguments, "message": "queued"}
+        summary = (f"serving run {req.workload}/{req.preset}, {req.requests} requests, batches "
+                   f"{','.join(map(str, req.batches))}")
+        return self._submit("serve-run", user, label, self._host_gpu_lane, summary, req.workload, req.preset, payload,
+                            lambda job: self._serve_job(job, "serve-run",
+                                                        {"request": arguments, "memory_fraction": fraction}))
 
     def _plan_lane(self, req: PlanRequest) -> str:
         """Where a plan compiles: deviceless for a catalog GPU (the CPU lane, here or on a cluster's
@@ -411,6 +444,33 @@ class JobService:
             raise handle.error
         return handle.plan
 
+    def _serve_job(self, job: Job, mode: str, payload: dict[str, Any]) -> None:
+        """A serving worker to its end, its events streamed into the job ("serving", with the worker's
+        event); its result kept as the job's and in its history entry; a failure recorded with its kind,
+        message and the worker's output (the owner's alone), and made the job's error."""
+        timeout_s = min(self.limits.max_run_s, self.limits.job_budget_s)
+        worker = WorkerProcess(mode, payload, timeout_s, self.limits.silence_s)
+        result = None
+        for ev in until_cancelled(job, worker, worker.events(heartbeat_s=0.5)):
+            if ev["event"] == SERVE_RESULT_EVENTS[mode]:
+                result = ev["result"]
+            else:
+                job.push({"event": "serving", "worker_event": ev})
+        if job.cancel_requested.is_set() and result is None:
+            return  # recorded as cancelled (or interrupted) when the job ends
+        ended = {"request": payload["request"], "wall_s": worker.wall_s, "started_at": worker.started_at}
+        if result is None:
+            _status, kind, message = worker.outcome or ("failed", "crashed", "")
+            message = message or "the worker ended without a result"
+            self.history.complete_serving(job.id, "failed", {**ended, "failure_kind": kind, "message": message,
+                                                             "stderr_tail": worker.stderr_tail})
+            job.error = message if kind == "invalid" else f"{kind}: {message}"
+            return
+        infeasible = mode == "serve-plan" and not result.get("largest_batch") and \
+            not any(r.get("fits") for r in result.get("rows", []))
+        self.history.complete_serving(job.id, "infeasible" if infeasible else "ok", {**ended, **result})
+        job.result = result
+
     def _run_job(self, job: Job, source: Plan | PlanRequest, base: RunConfig, options: RunOptions,
                  code: CodeCheck | None) -> None:
         recorder = Recorder(self.history, user=job.user, label=job.label, entry_id=job.id)
@@ -507,3 +567,21 @@ class JobService:
             if i < len(finished) - KEEP_FINISHED or now - (job.finished_at or now) > KEEP_FINISHED_S:
                 self._jobs.pop(job.id, None)
                 self._threads.pop(job.id, None)
+
+
+def serve_plan_arguments(req: ServeRequest) -> dict[str, Any]:
+    """A serving plan request as the keyword arguments of `config.serving.serve_request` (what a worker
+    checks again)."""
+    return {"workload": req.workload, "preset": req.preset, "target": req.target, "prompt_len": req.prompt_len,
+            "gen_len": req.gen_len, "precision": req.precision, "model": dict(req.model),
+            "batches": list(req.batches), "gpus": req.gpus, "memory_fraction": req.memory_fraction,
+            "checkpoint": req.checkpoint}
+
+
+def serve_run_arguments(req: ServeRunRequest) -> dict[str, Any]:
+    """A serving run request as the keyword arguments of `config.serving.serve_run_request` (a checkpoint's
+    model comes back from the checkpoint it names)."""
+    return {"workload": req.workload, "preset": req.preset, "precision": req.precision, "requests": req.requests,
+            "batches": list(req.batches), "prompt_min": req.prompt_range[0], "prompt_max": req.prompt_range[1],
+            "gen_min": req.gen_range[0], "gen_max": req.gen_range[1], "temperature": req.temperature,
+            "seed": req.seed, "checkpoint": req.checkpoint}

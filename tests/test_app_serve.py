@@ -1,0 +1,212 @@
+"""The Serve tab through the launched app's API (/serve_plan, /serve_run), with gradio_client, on a server
+with two users: a serving plan's rows for the batch sizes asked, a measured run labelled with its backend,
+refusals that name the field, and bob attacking alice's box with bad values (none runs anything, none
+answers with a traceback, none reaches alice's history)."""
+
+from __future__ import annotations
+
+import math
+import shutil
+import pandas as pd
+import pytest
+from gradio_client.exceptions import AppError
+
+from migration.config.forms import user_folder
+from migration.hardware import GPU_SPECS
+from tests.server import Server, value, wait_until
+from tests.test_attacks import USERS, login_cookies
+from tests.test_security_and_input import call_http
+from ui.serve import PLAN_DEFAULTS, PLAN_INPUTS, RUN_DEFAULTS, RUN_INPUTS
+
+pytestmark = pytest.mark.slow
+
+PLAN = dict(workload="llama", preset="tiny", target="l4", precision="bf16", prompt_len=16, gen_len=8, batches="1,2")
+RUN = dict(workload="transformer", preset="tiny", precision="fp32", requests=4, run_batches="1,2", prompt_min=4,
+           prompt_max=8, gen_min=2, gen_max=4)
+PATH_LABEL = "../../../etc/passwd"
+
+
+@pytest.fixture(scope="module")
+def box(tmp_path_factory):
+    server = Server(tmp_path_factory.mktemp("serve"), env={"MIGRATION_AUTH": ",".join(f"{u}:{p}" for u, p in
+                                                                                        USERS.items())}, client=False)
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="module")
+def alice(box):
+    return box.connect(("alice", USERS["alice"]))
+
+
+@pytest.fixture(scope="module")
+def bob(box):
+    return box.connect(("bob", USERS["bob"]))
+
+
+@pytest.fixture(scope="module")
+def served(alice, bob):
+    """Alice's serving plan and bob's serving run (labelled with a path), submitted together: the plan
+    compiles in the CPU lane while the run measures in the GPU lane. Their outputs, as values."""
+    plan = alice.submit(**PLAN, label="alice's plan", api_name="/serve_plan")
+    run = bob.submit(**RUN, label=PATH_LABEL, api_name="/serve_run")
+    return [value(o) for o in plan.result(timeout=600)], [value(o) for o in run.result(timeout=600)]
+
+
+def frame(table: dict) -> pd.DataFrame:
+    return pd.DataFrame(table["data"], columns=table["headers"])
+
+
+def test_a_serving_plan_has_a_row_per_batch_asked_and_is_in_the_history(alice, served):
+    (status, table, latency, throughput, csv_path), _ = served
+    assert "Serving plan" in status and GPU_SPECS["l4"].name in status and "not measured" in status
+    rows = frame(table)
+    assert {1, 2} <= set(rows["batch"])
+    assert {"KV cache (arithmetic)", "KV cache (compiled)", "predicted peak", "budget", "fits", "TTFT ms", "TPOT ms",
+            "TPOT bandwidth limit ms", "tokens/s per GPU"} <= set(rows.columns)
+    first = rows[rows["batch"] == 1].iloc[0]
+    assert first["fits"] == "yes" and first["KV cache (arithmetic)"] == first["KV cache (compiled)"]
+    assert {"TTFT (predicted)", "TPOT (predicted)", "TPOT bandwidth limit"} <= {r[2] for r in latency["data"]}
+    assert len(throughput["data"]) == len(rows)
+    csv = pd.read_csv(csv_path)
+    assert list(csv["batch"]) == list(rows["batch"]) and (csv["kv_cache_bytes"] == csv["kv_cache_bytes_compiled"]).all()
+    history = frame(alice.predict("mine", "serve-plan", "all", "all", api_name="/history"))
+    newest = history.iloc[0]
+    assert (newest["kind"], newest["status"], newest["label"]) == ("serve-plan", "ok", "alice's plan")
+    assert newest["device_kind"] == GPU_SPECS["l4"].name and newest["config"].startswith("serving batch")
+
+
+def test_a_serving_run_has_measured_rows_labelled_with_the_backend(box, bob, served):
+    _, (status, table, latency, throughput, csv_path) = served
+    assert "Serving run" in status and "CPU figures" in status
+    rows = frame(table)
+    assert list(rows["batch"]) == [1, 2] and (rows["tokens/s"] > 0).all() and (rows["compiles after warm-up"] == 0).all()
+    assert all("cpu backend" in m and "CPU figures" in m for m in rows["measured on"])
+    assert all("RSS" in p for p in rows["peak memory"])  # the CPU backend's peak: the process's
+    assert {"TTFT p50 (cpu)", "TPOT p90 (cpu)"} <= {r[2] for r in latency["data"]}
+    assert {r[2] for r in throughput["data"]} == {"measured (cpu backend)"}
+    csv = pd.read_csv(csv_path)
+    assert list(csv["batch"]) == [1, 2] and set(csv["backend"]) == {"cpu"}
+    # The label is text: the CSV went to bob's own exports folder, under a name this server chose.
+    written = list((box.cache / "exports").rglob("serve-run-*.csv"))
+    assert [p.parent.name for p in written] == [user_folder("bob")]
+    history = frame(bob.predict("mine", "serve-run", "all", "all", api_name="/history"))
+    assert (history.iloc[0]["status"], history.iloc[0]["label"]) == ("ok", PATH_LABEL)
+    assert history.iloc[0]["tokens_per_s"] > 0
+    csv = pd.read_csv(value(bob.predict("mine", api_name="/export_history_csv")))
+    assert list(csv["kind"]) == ["serve-run"]  # bob's own, none of alice's
+
+
+REFUSED = [
+    ("/serve_plan", PLAN | dict(prompt_len=60, gen_len=10), "gen_len", "exceed the model's context"),
+    ("/serve_run", RUN | dict(prompt_max=40, gen_max=40), "gen_max", "exceed the model's context"),
+    ("/serve_plan", PLAN | dict(batches="0,4"), "batches", "from 1 to 4,096"),
+    ("/serve_run", RUN | dict(run_batches="0"), "batches", "from 1 to 256"),
+    ("/serve_plan", PLAN | dict(workload="mlp", precision="int8"), "workload", "has no decode path"),
+    ("/serve_run", RUN | dict(workload="mlp", precision="int8"), "workload", "has no decode path"),
+    ("/serve_plan", PLAN | dict(target="tpu-v5e-8"), "target", "h100-sxm"),
+    ("/serve_plan", PLAN | dict(target="local"), "target", "h100-sxm"),
+]
+
+
+@pytest.mark.parametrize("api,values,field,says", REFUSED, ids=[f"{a[7:]}-{f}-{i}" for i, (a, _, f, _) in
+                                                                 enumerate(REFUSED)])
+def test_a_refusal_names_the_field_in_one_line(alice, api, values, field, says):
+    with pytest.raises(AppError) as err:
+        alice.predict(**values, api_name=api)
+    text = str(err.value)
+    assert f"Invalid input — {field}: " in text and says in text, text
+    assert "Traceback" not in text and "\n" not in text.strip()
+
+
+# Bob's attempts: (endpoint, values, the field the refusal must name). None may start a job.
+ATTACKS = [
+    *(("/serve_plan", PLAN | {k: v}, f) for k, v, f in (
+        ("label", "x" * 200_000, "label"), ("batches", "1," * 50_000, "batches"), ("workload", "A" * 100_000, "workload"),
+        ("preset", "../" * 1000, "preset"), ("prompt_len", "abc", "prompt_len"), ("gen_len", "1e3", "gen_len"),
+        ("memory_fraction", "most", "memory_fraction"), ("batches", ",".join(["1"] * 10_000), "batches"),
+        ("batches", "../../etc/passwd", "batches"), ("target", "/etc/passwd", "target"),
+        ("preset", PATH_LABEL, "preset"), ("prompt_len", -5, "prompt_len"), ("gen_len", -1, "gen_len"),
+        ("memory_fraction", -0.5, "memory_fraction"), ("label", "two\nlines", "label"))),
+    *(("/serve_run", RUN | {k: v}, f) for k, v, f in (
+        ("run_batches", ",".join(["1"] * 10_000), "batches"), ("requests", "ten", "requests"),
+        ("requests", -3, "requests"), ("requests", 10**9, "requests"), ("seed", -1, "seed"),
+        ("temperature", -1, "temperature"), ("temperature", "hot", "temperature"), ("gen_min", -2, "gen_min"),
+        ("run_batches", "/etc/passwd", "batches"), ("run_batches", "", "batches"),
+        ("memory_fraction", 2, "memory_fraction"))),
+]
+# Non-finite numbers go by plain HTTP (gradio_client does not send them): (endpoint, parameter, value, field).
+NON_FINITE = [("/serve_plan", "prompt_len", math.nan, "prompt_len"), ("/serve_plan", "memory_fraction", math.inf,
+                                                                       "memory_fraction"),
+              ("/serve_run", "temperature", -math.inf, "temperature"), ("/serve_run", "requests", math.nan, "requests"),
+              ("/serve_run", "memory_fraction", math.nan, "memory_fraction")]
+
+
+def positional(api: str, **changes) -> list:
+    """An endpoint's values in its parameters' order, the page's defaults where not given."""
+    names, given = (PLAN_INPUTS, PLAN) if api == "/serve_plan" else (RUN_INPUTS, RUN)
+    values = PLAN_DEFAULTS | RUN_DEFAULTS | given | changes
+    return [values[name] for name in names]
+
+
+def test_bob_attacking_alices_box_is_refused_field_by_field_and_reaches_nothing(box, alice, bob, served):
+    alices = alice.predict("mine", "all", "all", "all", api_name="/history")["data"]
+    bobs = bob.predict("mine", "all", "all", "all", api_name="/history")["data"]
+    for api, values, field in ATTACKS:
+        with pytest.raises(AppError) as err:
+            bob.predict(**values, api_name=api)
+        text = str(err.value)
+        assert f"Invalid input — {field}: " in text, (api, field, text[:300])
+        assert "Traceback" not in text and len(text) < 1000, (api, field)
+    cookies = login_cookies(box, "bob")
+    for api, name, number, field in NON_FINITE:
+        event, out = call_http(box.url, api, positional(api, **{name: number}), cookies=cookies)
+        assert event == "error" and f"{field}: " in str(out) and "Traceback" not in str(out), (api, field, out)
+    # Nothing ran, nothing is left running, nobody's history changed; alice's stays hers.
+    assert box.workers() == []
+    assert bob.predict("mine", "all", "all", "all", api_name="/history")["data"] == bobs
+    assert alice.predict("mine", "all", "all", "all", api_name="/history")["data"] == alices
+    with pytest.raises(AppError, match="scope"):
+        bob.predict("everyone", "all", "all", "all", api_name="/history")
+    with pytest.raises(AppError, match="belongs to another user|not a current job"):
+        bob.predict(str(alices[0][0]), api_name="/cancel_job")
+    assert "Nothing of yours" in bob.predict(api_name="/serve_stop")
+
+
+def test_stop_ends_a_serving_run_and_its_worker(box, alice):
+    client = box.connect(("alice", USERS["alice"]))  # its own session: its own Stop
+    job = client.submit(**RUN | dict(requests=1000, run_batches="1", prompt_max=16, gen_min=40, gen_max=48),
+                        label="to stop", api_name="/serve_run")
+    wait_until(lambda: box.workers("serve-run"), 120, poll_s=0.2)
+    assert "Stopping job" in client.predict(api_name="/serve_stop")
+    wait_until(lambda: not box.workers("serve-run"), 5, poll_s=0.1)
+    wait_until(job.done, 30)
+
+    def cancelled():
+        return frame(alice.predict("mine", "serve-run", "all", "cancelled", api_name="/history"))
+
+    wait_until(lambda: len(cancelled()), 15, 0.3)
+    assert list(cancelled()["label"]) == ["to stop"]
+
+
+def test_a_checkpoint_is_named_from_ones_own_folder_and_another_models_is_refused(box, alice, bob,
+                                                                                  trained_llama_checkpoint):
+    """Alice's trained llama/tiny, kept in her private checkpoint folder: named for another model it is
+    refused naming the field; paths, and bob naming it, never reach it."""
+    mine = box.cache / "checkpoints" / user_folder("alice") / "llama-trained"
+    mine.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(trained_llama_checkpoint, mine)
+    cases = [(alice, "/serve_plan", PLAN | dict(workload="transformer", checkpoint="llama-trained"),
+              "checkpoint: the checkpoint is of another model: llama/tiny"),
+             (alice, "/serve_run", RUN | dict(checkpoint="llama-trained"),
+              "checkpoint: the checkpoint is of another model: llama/tiny"),
+             (alice, "/serve_plan", PLAN | dict(checkpoint=f"/{mine.name}"), "absolute paths are not allowed"),
+             (alice, "/serve_run", RUN | dict(checkpoint="../x/llama-trained"), "'..' is not allowed"),
+             (bob, "/serve_plan", PLAN | dict(checkpoint="llama-trained"), "no checkpoint named 'llama-trained'"),
+             (bob, "/serve_run", RUN | dict(checkpoint="/etc"), "absolute paths are not allowed")]
+    for client, api, values, says in cases:
+        with pytest.raises(AppError) as err:
+            client.predict(**values, api_name=api)
+        text = str(err.value)
+        assert "Invalid input — checkpoint: " in text and says in text and "Traceback" not in text, (api, text)
+    assert box.workers() == []

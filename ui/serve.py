@@ -1,0 +1,371 @@
+"""The Serve tab: a decoder model served on a GPU. Plan compiles the two programs a server runs (the
+prefill of a batch's prompts and one decode step over the KV cache) for a catalog GPU without it, one
+row per batch: memory against the budget, predicted time to first token and per output token beside the
+bandwidth limit; Run measures a stream of requests on this machine at each batch size, labelled with the
+backend it ran on. Both are jobs of the job service (queued, owned, stopped by Stop or `cancel_job`,
+recorded in the History); the API's endpoints are /serve_plan and /serve_run.
+
+The handlers turn the form into a checked request (`migration.config.serving`), follow the job, and
+turn its result into the table, the two charts and the CSV; nothing here plans or measures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+from typing import Any
+
+import gradio as gr
+import pandas as pd
+from gradio.components import Component
+
+from migration.common import model_name, private_dir, write_csv
+from migration.config import forms
+from migration.config.fields import FIELD
+from migration.config.limits import ConfigError
+from migration.config.serving import (DECODER_WORKLOADS, MEMORY_FRACTION, SERVE_PRECISIONS, serve_request,
+                                      serve_run_request)
+from migration.hardware import GPU_SPECS
+from migration.service.history import HistoryError
+from migration.service.job import Job, LimitError
+from ui.context import AppContext, refuse, user_of
+from ui.frames import gib
+from ui.migrate import presets_of
+from ui.streaming import cleared, follow, waiting_line
+from workloads import WORKLOADS
+
+DEFAULT_TARGET = "h100-sxm"
+PLAN_DEFAULTS: dict[str, Any] = {"workload": "llama", "preset": "tiny", "target": DEFAULT_TARGET, "precision": "bf16",
+                                 "prompt_len": 32, "gen_len": 16, "batches": "", "memory_fraction": MEMORY_FRACTION,
+                                 "label": "", "checkpoint": ""}
+RUN_DEFAULTS: dict[str, Any] = {"requests": 50, "run_batches": "1,4", "prompt_min": 4, "prompt_max": 32,
+                                "gen_min": 4, "gen_max": 24, "temperature": 0.0, "seed": 0}
+# The API's parameters, in order (the handlers' signatures name them).
+PLAN_INPUTS = ("workload", "preset", "target", "precision", "prompt_len", "gen_len", "batches", "memory_fraction",
+               "label", "checkpoint")
+RUN_INPUTS = ("workload", "preset", "precision", "requests", "run_batches", "prompt_min", "prompt_max", "gen_min",
+              "gen_max", "temperature", "seed", "memory_fraction", "label", "checkpoint")
+OUTPUTS = ("status", "table", "latency", "throughput", "csv")
+
+
+@dataclasses.dataclass
+class ServeTab:
+    inputs: dict[str, Component]  # by parameter name
+    buttons: dict[str, gr.Button]  # plan, run, stop
+    outputs: dict[str, Component]  # OUTPUTS
+    job_state: gr.State  # the id of this tab's job, for Stop
+
+
+def serve_tab() -> ServeTab:
+    with gr.Tab("Serve"):
+        gr.Markdown("Serve a decoder (the `llama` and `transformer` families) on a GPU. **Plan serving** compiles "
+                    "the prefill and one decode step for the target GPU without it, per batch size; **Run serving "
+                    "here** measures a stream of requests on this machine's device.")
+        d = PLAN_DEFAULTS | RUN_DEFAULTS
+        inputs: dict[str, Component] = {}
+        with gr.Row():
+            inputs["workload"] = gr.Dropdown(list(DECODER_WORKLOADS), value=d["workload"], label="Decoder workload",
+                                             allow_custom_value=True)
+            inputs["preset"] = gr.Dropdown(list(WORKLOADS[d["workload"]].presets), value=d["preset"],
+                                           label="Decoder preset", allow_custom_value=True)
+            inputs["precision"] = gr.Dropdown(list(SERVE_PRECISIONS), value=d["precision"], label="Serving precision",
+                                              allow_custom_value=True)
+            inputs["memory_fraction"] = gr.Number(d["memory_fraction"], label="GPU memory share to serve in (0.05 to 1)")
+            inputs["label"] = gr.Textbox(d["label"], label="Serving job label (shown in the History)", max_lines=1)
+            inputs["checkpoint"] = gr.Textbox(d["checkpoint"], max_lines=1,
+                                              label="Your checkpoint to serve (its name; of the model chosen here)")
+        with gr.Row():
+            inputs["target"] = gr.Dropdown(list(GPU_SPECS), value=d["target"], label="GPU to plan for",
+                                           allow_custom_value=True)
+            inputs["prompt_len"] = gr.Number(d["prompt_len"], label="Prompt length (tokens)")
+            inputs["gen_len"] = gr.Number(d["gen_len"], label="Generation length (tokens)")
+            inputs["batches"] = gr.Textbox(d["batches"], label="Batch sizes to plan (e.g. 1,8,32; empty: automatic)",
+                                           max_lines=1, placeholder="automatic: powers of two up to the largest that fits")
+        with gr.Row():
+            inputs["requests"] = gr.Number(d["requests"], label="Requests in the measured stream")
+            inputs["run_batches"] = gr.Textbox(d["run_batches"], label="Batch sizes to measure (e.g. 1,4)", max_lines=1)
+            inputs["prompt_min"] = gr.Number(d["prompt_min"], label="Shortest prompt")
+            inputs["prompt_max"] = gr.Number(d["prompt_max"], label="Longest prompt")
+            inputs["gen_min"] = gr.Number(d["gen_min"], label="Shortest generation")
+            inputs["gen_max"] = gr.Number(d["gen_max"], label="Longest generation")
+            inputs["temperature"] = gr.Number(d["temperature"], label="Temperature (0: greedy)")
+            inputs["seed"] = gr.Number(d["seed"], label="Seed (weights and requests)")
+        with gr.Row():
+            buttons = {"plan": gr.Button("Plan serving", variant="primary"),
+                       "run": gr.Button("Run serving here", variant="secondary"),
+                       "stop": gr.Button("Stop", variant="stop")}
+        outputs: dict[str, Component] = {
+            "status": gr.Markdown(label="Serving status", show_label=False),
+            "table": gr.Dataframe(label="Serving: one row per batch size", wrap=True, visible=False,
+                                  elem_id="serve-table"),
+        }
+        with gr.Row():
+            outputs["latency"] = gr.LinePlot(x="batch", y="ms", color="series", title="Latency by batch size (ms)",
+                                             height=300, visible=False, elem_id="serve-latency",
+                                             label="Latency by batch size", show_label=False)
+            outputs["throughput"] = gr.LinePlot(x="batch", y="tokens_per_s", color="series", height=300,
+                                                title="Throughput by batch size (generated tokens/s)", visible=False,
+                                                elem_id="serve-throughput", label="Throughput by batch size",
+                                                show_label=False)
+        outputs["csv"] = gr.File(label="Serving table (CSV)", visible=False)
+        return ServeTab(inputs, buttons, outputs, job_state=gr.State(None))
+
+
+def wire_serve(tab: ServeTab, handlers: ServeHandlers, stop: Any) -> None:
+    """The presets follow the workload; Plan, Run, and Stop (`stop`: the Migrate tab's, by this tab's job id;
+    it also ends this tab's stream)."""
+    i, o, job = tab.inputs, tab.outputs, tab.job_state
+    i["workload"].change(presets_of, i["workload"], i["preset"], api_visibility="private")
+    shown = [o[name] for name in OUTPUTS]
+    plan_event = tab.buttons["plan"].click(handlers.do_serve_plan, [i[name] for name in PLAN_INPUTS], [*shown, job],
+                                           api_name="serve_plan", concurrency_limit=None)
+    run_event = tab.buttons["run"].click(handlers.do_serve_run, [i[name] for name in RUN_INPUTS], [*shown, job],
+                                         api_name="serve_run", concurrency_limit=None)
+    tab.buttons["stop"].click(stop, job, o["status"], cancels=[plan_event, run_event], api_name="serve_stop")
+
+
+class ServeHandlers:
+    """/serve_plan and /serve_run: each checks its form into a request, submits it to the job service and
+    streams the job's progress, then its table, charts and CSV. Their streams' tuples follow `OUTPUTS`, then
+    the tab's job id."""
+
+    def __init__(self, context: AppContext):
+        self.context = context
+
+    async def do_serve_plan(self, workload=PLAN_DEFAULTS["workload"], preset=PLAN_DEFAULTS["preset"],
+                            target=PLAN_DEFAULTS["target"], precision=PLAN_DEFAULTS["precision"],
+                            prompt_len=PLAN_DEFAULTS["prompt_len"], gen_len=PLAN_DEFAULTS["gen_len"],
+                            batches=PLAN_DEFAULTS["batches"], memory_fraction=PLAN_DEFAULTS["memory_fraction"],
+                            label=PLAN_DEFAULTS["label"], checkpoint=PLAN_DEFAULTS["checkpoint"],
+                            request: gr.Request | None = None):
+        service, user = self.context.service, user_of(request)
+        try:
+            req = serve_request(workload=workload, preset=preset, target=target, prompt_len=prompt_len,
+                                gen_len=gen_len, precision=precision, batches=batch_text(batches),
+                                memory_fraction=memory_fraction, checkpoint=self._checkpoint(checkpoint, user))
+            label = forms.parse(FIELD["label"], label)
+            job = await asyncio.to_thread(service.submit_serve_plan, user, req, label=label)
+        except (ConfigError, LimitError, HistoryError) as exc:
+            raise refuse(exc)
+        async with contextlib.aclosing(self._stream(job, user, "serve-plan", "serving plan",
+                                                    f"Compiling for {GPU_SPECS[req.target].name}")) as updates:
+            async for update in updates:
+                yield update
+
+    async def do_serve_run(self, workload=PLAN_DEFAULTS["workload"], preset=PLAN_DEFAULTS["preset"],
+                           precision=PLAN_DEFAULTS["precision"], requests=RUN_DEFAULTS["requests"],
+                           run_batches=RUN_DEFAULTS["run_batches"], prompt_min=RUN_DEFAULTS["prompt_min"],
+                           prompt_max=RUN_DEFAULTS["prompt_max"], gen_min=RUN_DEFAULTS["gen_min"],
+                           gen_max=RUN_DEFAULTS["gen_max"], temperature=RUN_DEFAULTS["temperature"],
+                           seed=RUN_DEFAULTS["seed"], memory_fraction=PLAN_DEFAULTS["memory_fraction"],
+                           label=PLAN_DEFAULTS["label"], checkpoint=PLAN_DEFAULTS["checkpoint"],
+                           request: gr.Request | None = None):
+        service, user = self.context.service, user_of(request)
+        try:
+            req = serve_run_request(workload=workload, preset=preset, precision=precision, requests=requests,
+                                    batches=batch_text(run_batches), prompt_min=prompt_min, prompt_max=prompt_max,
+                                    gen_min=gen_min, gen_max=gen_max, temperature=temperature, seed=seed,
+                                    checkpoint=self._checkpoint(checkpoint, user))
+            label = forms.parse(FIELD["label"], label)
+            job = await asyncio.to_thread(service.submit_serve_run, user, req, label=label,
+                                          memory_fraction=memory_fraction)
+        except (ConfigError, LimitError, HistoryError) as exc:
+            raise refuse(exc)
+        async with contextlib.aclosing(self._stream(job, user, "serve-run", "serving run",
+                                                    "Serving on this machine")) as updates:
+            async for update in updates:
+                yield update
+
+    async def _stream(self, job: Job, user: str, kind: str, what: str, working: str):
+        """A submitted serving job's updates to its end: its progress, then its table, charts and CSV
+        (or why it ended without them)."""
+        # Closed with this stream (Stop, a closed tab): following stops, and with it the job.
+        async with contextlib.aclosing(self._follow(job, f"Your {what}", working)) as updates:
+            async for update in updates:
+                yield update
+        if job.state != "done" or job.result is None:
+            yield self._ended(job, what)
+            return
+        r = job.result
+        shown = ((plan_headline, plan_frame, plan_latency, plan_throughput, plan_csv_rows) if kind == "serve-plan" else
+                 (run_headline, run_frame, run_latency, run_throughput, run_csv_rows))
+        yield self._shown(job, user, kind, *(show(r) for show in shown))
+
+    def _checkpoint(self, name: Any, user: str) -> str:
+        """The folder of the user's checkpoint a form names, in their private checkpoint folder (never a
+        path from the form: forms.checkpoint_name refuses those); "" for none."""
+        return forms.checkpoint_folder(name, "checkpoint", private_dir(self.context.checkpoint_root /
+                                                                       forms.user_folder(user)))
+
+    async def _follow(self, job: Job, queued: str, working: str):
+        """The job's progress as updates: its place in the queue, then a line a second while its worker works."""
+        yield (f"{queued} is submitted (job #{job.id})…", *cleared(len(OUTPUTS) - 1), job.id)
+        last = ""
+        async with contextlib.aclosing(follow(self.context.service, job)) as events:
+            async for ev in events:
+                if ev["event"] == "waiting":
+                    line = waiting_line(ev, queued)
+                elif ev["event"] == "serving" and ev["worker_event"]["event"] == "heartbeat":
+                    line = f"{working} (job #{job.id})… {ev['worker_event']['elapsed_s']:.0f} s"
+                else:
+                    continue
+                if line != last:
+                    last = line
+                    yield (line, *[None] * (len(OUTPUTS) - 1), gr.skip())
+
+    @staticmethod
+    def _ended(job: Job, what: str) -> tuple[Any, ...]:
+        """The last update of a job that ended without a result: stopped, or its error in one line."""
+        if job.state in ("cancelled", "interrupted"):
+            return (f"The {what} was stopped (job #{job.id}); the History records it as {job.state}.",
+                    *[gr.skip()] * (len(OUTPUTS) - 1), None)
+        raise gr.Error(f"The {what} failed (job #{job.id}): {job.error or 'it ended without a result'}",
+                       print_exception=False)
+
+    def _shown(self, job: Job, user: str, name: str, headline: str, table: pd.DataFrame, latency: pd.DataFrame,
+               throughput: pd.DataFrame, csv_rows: list[dict[str, Any]]) -> tuple[Any, ...]:
+        """The last update of a job with its result: the headline, the table, the charts and the CSV (written
+        to the user's own exports folder, named by this server)."""
+        path = self.context.export_path(name, user)
+        try:
+            write_csv(csv_rows, path=path)
+        except OSError as exc:
+            raise gr.Error(f"The {name} CSV could not be written ({exc.strerror or type(exc).__name__})",
+                           print_exception=False)
+        warnings = "".join(f"\n\n⚠️ {w}" for w in job.warnings)
+        return (f"{headline}{warnings}", gr.update(value=table, visible=True),
+                gr.update(value=latency, visible=not latency.empty),
+                gr.update(value=throughput, visible=not throughput.empty),
+                gr.update(value=str(path), visible=True), None)
+
+
+def batch_text(value: Any) -> Any:
+    """The batch sizes' text as typed, blank meaning the default; other values are left to the check."""
+    return value.strip() if isinstance(value, str) else value
+
+
+# -- the results as tables and charts ---------------------------------------------------------------
+
+def ms(seconds: Any, digits: int = 3) -> float | None:
+    return round(seconds * 1e3, digits) if isinstance(seconds, (int, float)) else None
+
+
+def plan_headline(plan: dict[str, Any]) -> str:
+    req = plan["request"]
+    largest, budget = plan.get("largest_batch"), gib(plan.get("budget_bytes"))
+    if not largest:
+        fits = f"nothing fits in the budget of {budget}, not even one sequence"
+    elif largest >= plan.get("search_limit", largest + 1):
+        fits = f"the largest batch that fits in {budget} is at least **{largest:,}** (the search stops there)"
+    else:
+        fits = f"the largest batch that fits in {budget} is **{largest:,}**"
+    return (f"**Serving plan: {model_name(req['workload'], req['preset'], req.get('model'))} on 1 × {plan['target']}**, "
+            f"{req['precision']}, prompt {req['prompt_len']:,} + generation {req['gen_len']:,} tokens, "
+            f"{plan.get('attention')} attention in the prefill: {fits}. Predicted from the programs compiled for "
+            "the GPU without it, not measured: a batch fits when its larger peak is within the budget. TTFT: the "
+            "batch's prompts prefilled together; TPOT: one decode step of the whole batch; the bandwidth limit: the "
+            "weights and the whole KV cache read once, which no decode step can beat.")
+
+
+def plan_frame(plan: dict[str, Any]) -> pd.DataFrame:
+    rows = [{"batch": r["batch"], "KV cache (arithmetic)": gib(r["kv_cache_bytes"]),
+             "KV cache (compiled)": gib(r["kv_cache_bytes_compiled"]), "weights": gib(r["weights_bytes"]),
+             "predicted peak": gib(r["predicted_peak_bytes"]), "budget": gib(r["budget_bytes"]),
+             "fits": "yes" if r["fits"] else "NO", "TTFT ms": ms(r["predicted_ttft_s"]),
+             "TPOT ms": ms(r["predicted_tpot_s"]), "TPOT bandwidth limit ms": ms(r["bandwidth_limit_tpot_s"]),
+             "tokens/s per GPU": round(r["tokens_per_s_per_gpu"], 1)} for r in plan["rows"]]
+    return pd.DataFrame(rows, columns=["batch", "KV cache (arithmetic)", "KV cache (compiled)", "weights",
+                                       "predicted peak", "budget", "fits", "TTFT ms", "TPOT ms",
+                                       "TPOT bandwidth limit ms", "tokens/s per GPU"])
+
+
+def plan_csv_rows(plan: dict[str, Any]) -> list[dict[str, Any]]:
+    """The table's rows in bytes and seconds, with the GPU and the request's precision and lengths."""
+    req = plan["request"]
+    return [{"target": plan["target"], "precision": req["precision"], "prompt_len": req["prompt_len"],
+             "gen_len": req["gen_len"], **r} for r in plan["rows"]]
+
+
+def series_frame(points: list[tuple[int, Any, str]], y: str) -> pd.DataFrame:
+    """(batch, value, series) points as a chart's frame, typed even when empty; missing values left out."""
+    rows = [{"batch": b, y: float(v), "series": s} for b, v, s in points if isinstance(v, (int, float))]
+    return pd.DataFrame(rows, columns=["batch", y, "series"]).astype({"batch": "int64", y: "float64", "series": "str"})
+
+
+def plan_latency(plan: dict[str, Any]) -> pd.DataFrame:
+    return series_frame([(r["batch"], ms(r[key]), name) for r in plan["rows"] for key, name in
+                         (("predicted_ttft_s", "TTFT (predicted)"), ("predicted_tpot_s", "TPOT (predicted)"),
+                          ("bandwidth_limit_tpot_s", "TPOT bandwidth limit"))], "ms")
+
+
+def plan_throughput(plan: dict[str, Any]) -> pd.DataFrame:
+    return series_frame([(r["batch"], r["tokens_per_s_per_gpu"], f"predicted on {plan['target']}")
+                         for r in plan["rows"]], "tokens_per_s")
+
+
+def measured_on(result: dict[str, Any]) -> str:
+    """Where a serving run was measured, saying so when those are CPU figures."""
+    where = f"{result.get('device_kind')} ({result.get('backend')} backend)"
+    return where + (": CPU figures, not a GPU's" if result.get("backend") == "cpu" else "")
+
+
+def run_headline(result: dict[str, Any]) -> str:
+    req = result["request"]
+    rows = result.get("rows") or []
+    recompiles = sum(r.get("recompiles") or 0 for r in rows)
+    cpu = " **CPU backend: these are CPU figures, not a GPU's.**" if result.get("backend") == "cpu" else ""
+    prompts, gens = req.get("prompt_range") or ("?", "?"), req.get("gen_range") or ("?", "?")
+    generated = rows[0].get("generated_tokens") if rows else None
+    return (f"**Serving run: {model_name(req['workload'], req['preset'], req.get('model'))}**, {req['precision']}, "
+            f"{result.get('weights') or 'random'} weights, the same {req.get('requests')} requests at each batch size "
+            f"({', '.join(str(r['batch']) for r in rows)}), measured on {measured_on(result)}; prompts {prompts[0]} "
+            f"to {prompts[1]} tokens (padded to {result.get('buckets')}), generations {gens[0]} to {gens[1]} "
+            f"({generated} tokens generated each time); compiles after the warm-up: {recompiles}."
+            + logits_line(result.get("logits_check")) + cpu)
+
+
+def logits_line(check: Any) -> str:
+    """The serving precision's logits against float32's, when the run checked them."""
+    if not isinstance(check, dict):
+        return ""
+    def pct(key: str, spec: str) -> str:
+        return format(check[key], spec) if isinstance(check.get(key), (int, float)) else "n/a"
+
+    verdict = "within" if check.get("within") else "**not within**"
+    return (f" Logits in {check.get('precision')} against float32 on the same weights: RMS of the difference "
+            f"{pct('rms_ratio', '.2%')} of float32's, {verdict} the tolerance of {pct('tolerance', '.0%')}; the top "
+            f"token agrees at {pct('top1_agreement', '.1%')} of positions.")
+
+
+def run_frame(result: dict[str, Any]) -> pd.DataFrame:
+    where = measured_on(result)
+    rows = [{"batch": r["batch"], "TTFT p50 ms": ms(r.get("ttft_p50_s")), "TTFT p90 ms": ms(r.get("ttft_p90_s")),
+             "TPOT p50 ms": ms(r.get("tpot_p50_s")), "TPOT p90 ms": ms(r.get("tpot_p90_s")),
+             "tokens/s": None if r.get("tokens_per_s") is None else round(r["tokens_per_s"], 1),
+             "warm-up s": None if r.get("warmup_s") is None else round(r["warmup_s"], 2),
+             "programs compiled": r.get("programs_compiled"), "compiles after warm-up": r.get("recompiles"),
+             "measured on": where,
+             "peak memory": f"{gib(r.get('peak_memory_bytes'))} ({r.get('peak_memory_source')})"}
+            for r in result.get("rows") or []]
+    return pd.DataFrame(rows, columns=["batch", "TTFT p50 ms", "TTFT p90 ms", "TPOT p50 ms", "TPOT p90 ms", "tokens/s",
+                                       "warm-up s", "programs compiled", "compiles after warm-up", "measured on",
+                                       "peak memory"])
+
+
+def run_csv_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """The table's rows in seconds and bytes, with where they were measured."""
+    return [{**r, "backend": result.get("backend"), "device_kind": result.get("device_kind"),
+             "precision": result["request"].get("precision")} for r in result.get("rows") or []]
+
+
+def run_latency(result: dict[str, Any]) -> pd.DataFrame:
+    backend = result.get("backend")
+    return series_frame([(r["batch"], ms(r.get(key)), f"{name} ({backend})") for r in result.get("rows") or []
+                         for key, name in (("ttft_p50_s", "TTFT p50"), ("ttft_p90_s", "TTFT p90"),
+                                           ("tpot_p50_s", "TPOT p50"), ("tpot_p90_s", "TPOT p90"))], "ms")
+
+
+def run_throughput(result: dict[str, Any]) -> pd.DataFrame:
+    return series_frame([(r["batch"], r.get("tokens_per_s"), f"measured ({result.get('backend')} backend)")
+                         for r in result.get("rows") or []], "tokens_per_s")
