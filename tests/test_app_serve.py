@@ -106,6 +106,7 @@ REFUSED = [
     ("/serve_run", RUN | dict(workload="mlp", precision="int8"), "workload", "has no decode path"),
     ("/serve_plan", PLAN | dict(target="tpu-v5e-8"), "target", "h100-sxm"),
     ("/serve_plan", PLAN | dict(target="local"), "target", "h100-sxm"),
+    ("/serve_plan", PLAN | dict(gpus=3), "gpus", "do not divide by 3"),
 ]
 
 
@@ -127,7 +128,8 @@ ATTACKS = [
         ("memory_fraction", "most", "memory_fraction"), ("batches", ",".join(["1"] * 10_000), "batches"),
         ("batches", "../../etc/passwd", "batches"), ("target", "/etc/passwd", "target"),
         ("preset", PATH_LABEL, "preset"), ("prompt_len", -5, "prompt_len"), ("gen_len", -1, "gen_len"),
-        ("memory_fraction", -0.5, "memory_fraction"), ("label", "two\nlines", "label"))),
+        ("memory_fraction", -0.5, "memory_fraction"), ("label", "two\nlines", "label"), ("gpus", 10**6, "gpus"),
+        ("gpus", "all", "gpus"))),
     *(("/serve_run", RUN | {k: v}, f) for k, v, f in (
         ("run_batches", ",".join(["1"] * 10_000), "batches"), ("requests", "ten", "requests"),
         ("requests", -3, "requests"), ("requests", 10**9, "requests"), ("seed", -1, "seed"),
@@ -136,7 +138,7 @@ ATTACKS = [
         ("memory_fraction", 2, "memory_fraction"))),
 ]
 # Non-finite numbers go by plain HTTP (gradio_client does not send them): (endpoint, parameter, value, field).
-NON_FINITE = [("/serve_plan", "prompt_len", math.nan, "prompt_len"), ("/serve_plan", "memory_fraction", math.inf,
+NON_FINITE = [("/serve_plan", "prompt_len", math.nan, "prompt_len"), ("/serve_plan", "gpus", math.inf, "gpus"), ("/serve_plan", "memory_fraction", math.inf,
                                                                        "memory_fraction"),
               ("/serve_run", "temperature", -math.inf, "temperature"), ("/serve_run", "requests", math.nan, "requests"),
               ("/serve_run", "memory_fraction", math.nan, "memory_fraction")]

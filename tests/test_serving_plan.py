@@ -11,8 +11,9 @@ from hypothesis import strategies as st
 from migration.config.limits import ConfigError
 from migration.config.serving import ServeRequest, serve_request
 from migration.hardware import GPU_SPECS
-from migration.planning.memory import deviceless_mesh
-from migration.planning.serving import MAX_BATCH, _largest_fitting, kv_cache_bytes, serve_plan, serve_row, serving_config
+from migration.planning.memory import deviceless_devices
+from migration.planning.serving import (MAX_BATCH, _largest_fitting, kv_cache_bytes, serve_plan, serve_row,
+                                        serving_config, serving_mesh)
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +65,8 @@ def test_the_fused_attention_is_planned_where_the_target_runs_it():
     (dict(precision="int4"), "precision", "int8"),
     (dict(workload="mlp", preset="tiny", precision="int8"), "workload", "has no decode path"),
     (dict(target="local"), "target", "h100-sxm"),
-    (dict(gpus=2), "gpus", "one GPU so far"),
+    (dict(gpus=4), "gpus", "kv heads 2 do not divide by 4 (GPU counts that do: 1, 2)"),
+    (dict(gpus=16), "gpus", "8"),
     (dict(preset="70b"), "preset", "tiny"),
 ])
 def test_refused_serving_requests_name_the_field(values, field, words):
@@ -115,7 +117,7 @@ def test_int8_weights_are_planned_without_a_dequantised_copy():
     rows = {}
     for p in ("bf16", "int8"):  # one row each (serve_plan would also search for the largest batch)
         req = ServeRequest("llama", "tiny", "l4", prompt_len=32, gen_len=32, precision=p, model=medium)
-        rows[p] = serve_row(req, serving_config(req, spec), spec, deviceless_mesh(spec, 1, 1), 4)
+        rows[p] = serve_row(req, serving_config(req, spec), spec, serving_mesh(deviceless_devices(spec, 1, 1)), 4)
     linear = 8 * (512 * 512 * 2 + 512 * 256 * 2 + 512 * 3072 + 1536 * 512)  # q, out, kv, up (gate+up), down
     assert rows["bf16"]["weights_bytes"] - rows["int8"]["weights_bytes"] == pytest.approx(linear, rel=0.02)
     assert rows["int8"]["kv_cache_bytes"] == rows["bf16"]["kv_cache_bytes"]  # the cache stays bf16

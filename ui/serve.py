@@ -38,12 +38,12 @@ from workloads import WORKLOADS
 DEFAULT_TARGET = "h100-sxm"
 PLAN_DEFAULTS: dict[str, Any] = {"workload": "llama", "preset": "tiny", "target": DEFAULT_TARGET, "precision": "bf16",
                                  "prompt_len": 32, "gen_len": 16, "batches": "", "memory_fraction": MEMORY_FRACTION,
-                                 "label": "", "checkpoint": ""}
+                                 "label": "", "checkpoint": "", "gpus": 1}
 RUN_DEFAULTS: dict[str, Any] = {"requests": 50, "run_batches": "1,4", "prompt_min": 4, "prompt_max": 32,
                                 "gen_min": 4, "gen_max": 24, "temperature": 0.0, "seed": 0}
 # The API's parameters, in order (the handlers' signatures name them).
 PLAN_INPUTS = ("workload", "preset", "target", "precision", "prompt_len", "gen_len", "batches", "memory_fraction",
-               "label", "checkpoint")
+               "label", "checkpoint", "gpus")
 RUN_INPUTS = ("workload", "preset", "precision", "requests", "run_batches", "prompt_min", "prompt_max", "gen_min",
               "gen_max", "temperature", "seed", "memory_fraction", "label", "checkpoint")
 OUTPUTS = ("status", "table", "latency", "throughput", "csv")
@@ -78,6 +78,7 @@ def serve_tab() -> ServeTab:
         with gr.Row():
             inputs["target"] = gr.Dropdown(list(GPU_SPECS), value=d["target"], label="GPU to plan for",
                                            allow_custom_value=True)
+            inputs["gpus"] = gr.Number(d["gpus"], label="GPUs (tensor-parallel in one node, 1-8)")
             inputs["prompt_len"] = gr.Number(d["prompt_len"], label="Prompt length (tokens)")
             inputs["gen_len"] = gr.Number(d["gen_len"], label="Generation length (tokens)")
             inputs["batches"] = gr.Textbox(d["batches"], label="Batch sizes to plan (e.g. 1,8,32; empty: automatic)",
@@ -138,11 +139,11 @@ class ServeHandlers:
                             prompt_len=PLAN_DEFAULTS["prompt_len"], gen_len=PLAN_DEFAULTS["gen_len"],
                             batches=PLAN_DEFAULTS["batches"], memory_fraction=PLAN_DEFAULTS["memory_fraction"],
                             label=PLAN_DEFAULTS["label"], checkpoint=PLAN_DEFAULTS["checkpoint"],
-                            request: gr.Request | None = None):
+                            gpus=PLAN_DEFAULTS["gpus"], request: gr.Request | None = None):
         service, user = self.context.service, user_of(request)
         try:
             req = serve_request(workload=workload, preset=preset, target=target, prompt_len=prompt_len,
-                                gen_len=gen_len, precision=precision, batches=batch_text(batches),
+                                gen_len=gen_len, precision=precision, batches=batch_text(batches), gpus=gpus,
                                 memory_fraction=memory_fraction, checkpoint=self._checkpoint(checkpoint, user))
             label = forms.parse(FIELD["label"], label)
             job = await asyncio.to_thread(service.submit_serve_plan, user, req, label=label)
@@ -260,12 +261,15 @@ def plan_headline(plan: dict[str, Any]) -> str:
         fits = f"the largest batch that fits in {budget} is at least **{largest:,}** (the search stops there)"
     else:
         fits = f"the largest batch that fits in {budget} is **{largest:,}**"
-    return (f"**Serving plan: {model_name(req['workload'], req['preset'], req.get('model'))} on 1 × {plan['target']}**, "
+    gpus = plan.get("gpus", 1)
+    split = (f" Tensor-parallel over {gpus} GPUs ({plan.get('link')}): memory, KV cache and the limit are per GPU, "
+             "the collectives are in TTFT and TPOT." if gpus > 1 else "")
+    return (f"**Serving plan: {model_name(req['workload'], req['preset'], req.get('model'))} on {gpus} × {plan['target']}**, "
             f"{req['precision']}, prompt {req['prompt_len']:,} + generation {req['gen_len']:,} tokens, "
             f"{plan.get('attention')} attention in the prefill: {fits}. Predicted from the programs compiled for "
             "the GPU without it, not measured: a batch fits when its larger peak is within the budget. TTFT: the "
             "batch's prompts prefilled together; TPOT: one decode step of the whole batch; the bandwidth limit: the "
-            "weights and the whole KV cache read once, which no decode step can beat.")
+            "weights and the whole KV cache read once, which no decode step can beat." + split)
 
 
 def plan_frame(plan: dict[str, Any]) -> pd.DataFrame:
@@ -283,7 +287,7 @@ def plan_frame(plan: dict[str, Any]) -> pd.DataFrame:
 def plan_csv_rows(plan: dict[str, Any]) -> list[dict[str, Any]]:
     """The table's rows in bytes and seconds, with the GPU and the request's precision and lengths."""
     req = plan["request"]
-    return [{"target": plan["target"], "precision": req["precision"], "prompt_len": req["prompt_len"],
+    return [{"target": plan["target"], "gpus": plan.get("gpus", 1), "precision": req["precision"], "prompt_len": req["prompt_len"],
              "gen_len": req["gen_len"], **r} for r in plan["rows"]]
 
 

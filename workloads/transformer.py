@@ -136,7 +136,19 @@ def _norm(cfg: TransformerConfig, *, dtype, rngs: nnx.Rngs) -> nnx.Module:
     return nnx.LayerNorm(cfg.d_model, epsilon=cfg.norm_eps, dtype=dtype, param_dtype=jnp.float32, rngs=rngs)
 
 
+def _fused_halves(h: jax.Array, shards: int = 1) -> tuple[jax.Array, jax.Array]:
+    """The two outputs a fused projection computes along its last axis (keys and values, or the gate
+    and the up projection). Trained layout: first all of one, then all of the other. With `shards`
+    (a tensor-parallel layout, `shard_fused`), the axis holds `shards` blocks, each the first's and
+    then the second's columns of one shard, so that each GPU's block has both halves of its part."""
+    *lead, width = h.shape
+    parts = h.reshape(*lead, shards, 2, width // (2 * shards))
+    return parts[..., 0, :].reshape(*lead, width // 2), parts[..., 1, :].reshape(*lead, width // 2)
+
+
 class _Attention(nnx.Module):
+    shards = 1  # the fused keys-and-values projection's layout (_fused_halves)
+
     def __init__(self, cfg: TransformerConfig, *, dtype, rngs: nnx.Rngs):
         d, dh = cfg.d_model, cfg.head_dim
         out_init = nnx.initializers.normal(stddev=0.02 / math.sqrt(2 * cfg.n_layers))
@@ -148,8 +160,8 @@ class _Attention(nnx.Module):
     def __call__(self, x: jax.Array, rope: tuple[jax.Array, jax.Array] | None) -> jax.Array:  # (B, T, D)
         b, t, _ = x.shape
         q = checkpoint_name(self.q(x), "query_proj").reshape(b, t, self.n_heads, -1)  # (B, T, H, Dh)
-        kv = checkpoint_name(self.kv(x), "kv_proj").reshape(b, t, 2, self.n_kv_heads, q.shape[-1])  # (B, T, 2, K, Dh)
-        k, v = kv[:, :, 0], kv[:, :, 1]
+        k, v = (h.reshape(b, t, self.n_kv_heads, -1) for h in  # (B, T, K, Dh) each
+                _fused_halves(checkpoint_name(self.kv(x), "kv_proj"), self.shards))
         if rope is not None:
             q, k = _rotate(q, *rope), _rotate(k, *rope)
         y = checkpoint_name(self._causal(q, k, v).reshape(b, t, -1), "attention_out")
@@ -173,8 +185,7 @@ class _Attention(nnx.Module):
         forward's attention (fused where it is), not over the whole cache."""
         b, s, _ = x.shape
         q = self.q(x).reshape(b, s, self.n_heads, -1)
-        kv = self.kv(x).reshape(b, s, 2, self.n_kv_heads, q.shape[-1])
-        k, v = kv[:, :, 0], kv[:, :, 1]
+        k, v = (h.reshape(b, s, self.n_kv_heads, -1) for h in _fused_halves(self.kv(x), self.shards))
         if rope is not None:
             q, k = _rotate(q, *rope), _rotate(k, *rope)
         rows, cols = jnp.arange(b)[:, None], start[:, None] + jnp.arange(s)[None, :]  # (B, 1), (B, S)
@@ -252,6 +263,8 @@ def _causal_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
 
 
 class _Mlp(nnx.Module):
+    shards = 1  # the fused gate-and-up projection's layout (_fused_halves)
+
     def __init__(self, cfg: TransformerConfig, *, dtype, rngs: nnx.Rngs):
         out_init = nnx.initializers.normal(stddev=0.02 / math.sqrt(2 * cfg.n_layers))
         self.swiglu = cfg.mlp == "swiglu"
@@ -261,7 +274,7 @@ class _Mlp(nnx.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         h = checkpoint_name(self.up(x), "mlp_hidden")
         if self.swiglu:
-            gate, up = jnp.split(h, 2, axis=-1)
+            gate, up = _fused_halves(h, self.shards)
             return checkpoint_name(self.down(jax.nn.silu(gate) * up), "mlp_out")
         return checkpoint_name(self.down(jax.nn.gelu(h)), "mlp_out")
 
@@ -411,19 +424,77 @@ def quantize_int8(model: Decoder) -> Decoder:
     return model
 
 
+def shard_fused(model: Decoder, shards: int) -> Decoder:
+    """`model` laid out for `shards`-way tensor parallelism, in place: the columns of the fused
+    projections (keys and values; gate and up) reordered so that each of `shards` contiguous blocks
+    holds both halves of one shard's heads or hidden units, which `_fused_halves` then reads. The
+    function computed is unchanged."""
+    if shards == 1:
+        return model
+    fused = [model.blocks.attn.kv] + ([model.blocks.mlp.up] if model.blocks.mlp.swiglu else [])
+    for linear in fused:
+        for name in ("kernel", "bias", "scale"):
+            var = getattr(linear, name, None)
+            if var is not None:
+                x = var[...]
+                *lead, width = x.shape
+                var[...] = jnp.swapaxes(x.reshape(*lead, 2, shards, width // (2 * shards)), -3, -2).reshape(x.shape)
+    model.blocks.attn.shards = shards
+    if model.blocks.mlp.swiglu:
+        model.blocks.mlp.shards = shards
+    return model
+
+
+# Tensor parallelism (Megatron's): the projections into heads and hidden units split by columns, the
+# projections out of them by rows, the output head by vocabulary; everything else replicated.
+COLUMN_PARALLEL, ROW_PARALLEL = ("q", "kv", "up", "head"), ("out", "down")
+
+
+def tensor_parallel_spec(path: tuple[str, ...], shape: tuple[int, ...], shards: int,
+                         axis: str) -> jax.sharding.PartitionSpec:
+    """The PartitionSpec of the parameter at `path` (names, e.g. ("blocks", "attn", "kv", "kernel"))
+    of `shape` over `shards` GPUs on mesh axis `axis`; a dimension that does not divide (a GPT-2
+    vocabulary of 50,257) stays whole on every GPU."""
+    P = jax.sharding.PartitionSpec
+    owner, leaf = (path[-2], path[-1]) if len(path) > 1 else ("", path[-1])
+    if owner in COLUMN_PARALLEL:  # kernels (..., in, out), biases and scales (..., out): split out
+        split = len(shape) - 1
+    elif owner in ROW_PARALLEL and leaf == "kernel":  # (..., in, out): split in; biases and scales whole
+        split = len(shape) - 2
+    else:
+        return P()
+    if shape[split] % shards:
+        return P()
+    return P(*[axis if i == split else None for i in range(len(shape))])
+
+
+def tensor_parallel_shardings(state: Any, mesh: jax.sharding.Mesh, axis: str = "model") -> Any:
+    """NamedShardings for a model's state (nnx.split's) over `mesh`'s `axis` (tensor_parallel_spec)."""
+    shards = mesh.shape[axis]
+
+    def sharding(path, x):
+        names = tuple(str(k.key) for k in path if isinstance(k, jax.tree_util.DictKey))
+        return jax.sharding.NamedSharding(mesh, tensor_parallel_spec(names, tuple(x.shape), shards, axis))
+
+    return jax.tree_util.tree_map_with_path(sharding, state)
+
+
 SERVING_DTYPES = {"bf16": jnp.bfloat16, "fp16": jnp.float16, "fp32": jnp.float32, "int8": jnp.bfloat16}
 
 
-def serving_decoder(cfg: TransformerConfig, precision: str, rngs: nnx.Rngs, state: Any = None) -> Decoder:
+def serving_decoder(cfg: TransformerConfig, precision: str, rngs: nnx.Rngs, state: Any = None,
+                    shards: int = 1) -> Decoder:
     """The model as a server holds it: floating weights (and the KV cache, and the compute) in the
     serving dtype; for "int8", the Linear weights quantised to int8 from float32 (quantize_int8) and
-    the rest in bf16. `state`, when given, replaces the fresh parameters first (a checkpoint's)."""
+    the rest in bf16; with `shards` > 1, laid out for tensor parallelism (shard_fused). `state`, when
+    given, replaces the fresh parameters first (a checkpoint's)."""
     dtype = SERVING_DTYPES[precision]
     model = Decoder(cfg, dtype=dtype, block_wrap=no_wrap, rngs=rngs)
     if state is not None:
         nnx.update(model, state)
     if precision == "int8":
         quantize_int8(model)
+    shard_fused(model, shards)
     cast = lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x  # noqa: E731
     nnx.update(model, jax.tree.map(cast, nnx.state(model)))
     return model

@@ -221,9 +221,13 @@ def print_serve_plan(plan: dict[str, Any]) -> None:
     """The serving plan's table: one row per batch (GB are 10^9 bytes; times predicted from the programs
     compiled for the target)."""
     req = plan["request"]
-    print(f"Serving {model_name(req['workload'], req['preset'], req['model'])} on 1 x {plan['target']} in "
+    gpus = plan.get("gpus", 1)
+    print(f"Serving {model_name(req['workload'], req['preset'], req['model'])} on {gpus} x {plan['target']} in "
           f"{req['precision']}: prompt {req['prompt_len']:,}, generation {req['gen_len']:,} tokens "
           f"({plan['attention']} attention in the prefill)")
+    if gpus > 1:
+        print(f"Tensor-parallel over {gpus} GPUs ({plan['link']}): memory, KV cache and limit per GPU; "
+              f"collectives in TTFT and TPOT")
     print("Predicted from programs compiled for the GPU without it: fits = predicted peak within the budget, "
           "not a measurement")
     print(f"{'batch':>5} {'weights GB':>10} {'KV GB':>7} {'KV compiled':>11} {'peak GB':>8} {'fits':>5} "
@@ -238,7 +242,7 @@ def print_serve_plan(plan: dict[str, Any]) -> None:
         print(f"nothing fits in {budget:.1f} GB, not even one sequence")
     else:
         edge = f"at least {largest:,} (the search stops there)" if largest >= plan["search_limit"] else f"{largest:,}"
-        print(f"largest batch that fits in {budget:.1f} GB: {edge}")
+        print(f"largest batch that fits in {budget:.1f} GB{' per GPU' if gpus > 1 else ''}: {edge}")
     print("TTFT: the batch's prompts prefilled together; TPOT: one decode step of the whole batch; limit: the "
           "weights and the whole KV cache read once from memory, which no decode step can beat")
 

@@ -230,7 +230,7 @@ def add_serve_plan_flags(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--checkpoint", type=folder, default="", metavar="DIR",
                     help="plan the model of this training checkpoint (written by run --save-checkpoint)")
     sp.add_argument("--target", default="h100-sxm", metavar="GPU", help=f"the GPU: {', '.join(GPU_SPECS)}")
-    sp.add_argument("--gpus", default=1, metavar="N", help="GPUs (1 so far)")
+    sp.add_argument("--gpus", default=1, metavar="N", help="GPUs of one node the model is split over (tensor parallelism; 1 to 8, dividing its heads and MLP width)")
     sp.add_argument("--precision", default="bf16", choices=SERVE_PRECISIONS, help="weights, cache and compute")
     sp.add_argument("--prompt-len", dest="prompt_len", required=True, metavar="N", help="prompt tokens")
     sp.add_argument("--gen-len", dest="gen_len", required=True, metavar="N", help="generated tokens per request")

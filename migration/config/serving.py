@@ -16,7 +16,7 @@ from migration.hardware import GPU_SPECS
 
 SERVE_PRECISIONS = ("bf16", "fp16", "fp32", "int8")  # int8: weight-only, bf16 compute and cache
 DECODER_WORKLOADS = ("transformer", "llama")  # the families with a decode path (Decoder.extend)
-SERVE_LIMITS = {"prompt_len": (1, 131072), "gen_len": (1, 131072), "batch": (1, 4096), "gpus": (1, 1)}
+SERVE_LIMITS = {"prompt_len": (1, 131072), "gen_len": (1, 131072), "batch": (1, 4096), "gpus": (1, 8)}  # gpus: one node's
 MAX_BATCHES = 16  # batch sizes listed in one request
 MEMORY_FRACTION = 0.9  # of the device's memory a server may use
 
@@ -112,12 +112,15 @@ def serve_request(*, workload: Any, preset: Any, target: Any, prompt_len: Any, g
     target = choice(target, "target", list(GPU_SPECS))
     lengths = {name: whole(value, name, *SERVE_LIMITS[name]) for name, value in
                (("prompt_len", prompt_len), ("gen_len", gen_len))}
-    gpus = whole(gpus, "gpus", 1, 256)
-    if gpus > 1:
-        raise ConfigError("gpus", f"serving plans are for one GPU so far (tensor parallelism over a node's GPUs is "
-                                  f"not planned yet); got {gpus}")
+    gpus = whole(gpus, "gpus", *SERVE_LIMITS["gpus"])
     fraction = number(memory_fraction, "memory_fraction", 0.05, 1.0)
     cfg = model_config(workload, preset, dict(model or {}))
+    split = {"attention heads": cfg.n_heads, "kv heads": cfg.n_kv_heads, "MLP width (d_ff)": cfg.d_ff}
+    uneven = [f"{what} {n}" for what, n in split.items() if n % gpus]
+    if uneven:
+        raise ConfigError("gpus", f"tensor parallelism over {gpus} GPUs divides the model's heads and hidden units "
+                                  f"among them; {', '.join(uneven)} do not divide by {gpus} (GPU counts that do: "
+                                  f"{', '.join(str(g) for g in range(1, SERVE_LIMITS['gpus'][1] + 1) if not any(n % g for n in split.values()))})")
     total = lengths["prompt_len"] + lengths["gen_len"]
     if total > cfg.seq_len:
         raise ConfigError("gen_len", f"prompt ({lengths['prompt_len']:,}) + generation ({lengths['gen_len']:,}) = "

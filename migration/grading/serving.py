@@ -72,7 +72,8 @@ def grade_kv_headroom(ev: ServingEvidence) -> Grade:
                           f"fits in {fmt_gib(plan['budget_bytes'])}"), \
                 "int8 weights, a shorter context, or a GPU with more memory"
         row = max((r for r in plan["rows"] if r["fits"]), key=lambda r: r["batch"])
-        text = (f"predicted for {plan['target']} (compiled without the device): largest batch {plan['largest_batch']}; "
+        on = f"{plan['gpus']} x {plan['target']}, per GPU" if plan.get("gpus", 1) > 1 else plan["target"]
+        text = (f"predicted for {on} (compiled without the device): largest batch {plan['largest_batch']}; "
                 f"at batch {row['batch']} peak {fmt_gib(row['predicted_peak_bytes'])} of "
                 f"{fmt_gib(row['budget_bytes'])}, KV cache {fmt_gib(row['kv_cache_bytes_compiled'])}")
         over = [r["batch"] for r in plan["rows"] if not r["fits"]]

@@ -283,13 +283,17 @@ def _host_memory() -> int:
 
 
 def deviceless_mesh(spec: GpuSpec, nodes: int, per_node: int) -> Any:
-    """A data mesh over `nodes` x `per_node` devices of `spec` described without the devices (the CUDA
-    plugin's topology for a deviceless compile); raises what the plugin raises where it cannot."""
+    """A data mesh over `nodes` x `per_node` devices of `spec` (deviceless_devices)."""
+    return make_data_mesh(deviceless_devices(spec, nodes, per_node))
+
+
+def deviceless_devices(spec: GpuSpec, nodes: int, per_node: int) -> list[Any]:
+    """`nodes` x `per_node` devices of `spec` described without the devices (the CUDA plugin's
+    topology for a deviceless compile); raises what the plugin raises where it cannot."""
     from jax.experimental import topologies  # reason: a JAX module read only where a target is planned
 
-    topo = topologies.get_topology_desc(platform="cuda", target_config=gpu_target_config(spec),
-                                        topology=f"1x{nodes}x{per_node}")
-    return make_data_mesh(topo.devices)
+    return list(topologies.get_topology_desc(platform="cuda", target_config=gpu_target_config(spec),
+                                             topology=f"1x{nodes}x{per_node}").devices)
 
 
 class MemoryPredictor:

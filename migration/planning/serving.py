@@ -11,7 +11,10 @@ without the device (a deviceless XLA GPU compile, as the training planner does),
   the bandwidth limit no decode step can beat: the weights and the whole cache read once per token.
 
 The batch is static: its prompts are prefilled together, then decoded together; the cache holds
-prompt + generation positions per request. One GPU for now (tensor parallelism is not planned yet).
+prompt + generation positions per request. Over `gpus` GPUs of one node the model is tensor-parallel
+(Megatron's split, workloads/transformer.py `tensor_parallel_spec`): heads and hidden units divided
+among the GPUs, the KV cache split on its kv-head axis, two all-reduces per layer over the node's
+link; memory, KV-cache bytes and the bandwidth limit are per GPU.
 Needs the planner's environment (running/worker_env.planner_environment) when it compiles.
 """
 
@@ -23,16 +26,20 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from migration.common import compiled_peak_bytes
 from migration.config.serving import SERVE_LIMITS, ServeRequest
-from migration.hardware import GPU_SPECS, GpuSpec
+from migration.hardware import GPU_SPECS, GpuSpec, link_bandwidth
 from migration.planning.hlo_cost import read_program
-from migration.planning.memory import deviceless_mesh
+from migration.planning.memory import deviceless_devices
 from migration.planning.steptime import predict
 from workloads import get_workload
-from workloads.transformer import CUDNN_HEAD_DIM_MAX, SERVING_DTYPES, TransformerConfig, cache_shape, serving_decoder
+from workloads.transformer import (CUDNN_HEAD_DIM_MAX, SERVING_DTYPES, TransformerConfig, cache_shape,
+                                   serving_decoder, tensor_parallel_shardings)
+
+MODEL_AXIS = "model"
 
 MAX_BATCH = SERVE_LIMITS["batch"][1]
 
@@ -52,19 +59,39 @@ def serving_config(req: ServeRequest, spec: GpuSpec) -> TransformerConfig:
     return dataclasses.replace(cfg, attention="cudnn" if fused else cfg.attention)
 
 
-def _abstract_state(cfg: TransformerConfig, precision: str, sharding) -> tuple[Any, Any]:
-    """The model's graph and its state as abstract arrays, as a server holds them (serving_decoder)."""
-    graphdef, state = nnx.split(nnx.eval_shape(lambda: serving_decoder(cfg, precision, nnx.Rngs(0))))
-    return graphdef, jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding), state)
+def serving_mesh(devices: list[Any]) -> jax.sharding.Mesh:
+    """The tensor-parallel mesh over `devices` (one node's GPUs)."""
+    return jax.sharding.Mesh(np.array(devices), (MODEL_AXIS,))
 
 
-def compile_programs(cfg: TransformerConfig, precision: str, batch: int, prompt_len: int, max_len: int, mesh: Any
-                     ) -> dict[str, Any]:
-    """The prefill and decode-step programs of `batch` sequences, compiled for `mesh`'s devices."""
+def cache_sharding(mesh: jax.sharding.Mesh) -> jax.sharding.NamedSharding:
+    """The KV cache split on its kv-head axis (cache_shape), as the keys and values projections are."""
+    return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(None, None, None, MODEL_AXIS, None))
+
+
+def _abstract_state(cfg: TransformerConfig, precision: str, mesh: jax.sharding.Mesh) -> tuple[Any, Any]:
+    """The model's graph and its state as abstract arrays placed over `mesh`, as a server holds them
+    (serving_decoder, laid out for the mesh's GPUs)."""
+    shards = mesh.shape[MODEL_AXIS]
+    graphdef, state = nnx.split(nnx.eval_shape(lambda: serving_decoder(cfg, precision, nnx.Rngs(0), shards=shards)))
+    placed = tensor_parallel_shardings(state, mesh, MODEL_AXIS)
+    return graphdef, jax.tree.map(lambda s, where: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=where),
+                                  state, placed)
+
+
+def _bytes_per_device(leaves: list[jax.ShapeDtypeStruct]) -> int:
+    return sum(math.prod(s.sharding.shard_shape(s.shape)) * s.dtype.itemsize for s in leaves)
+
+
+def compile_programs(cfg: TransformerConfig, precision: str, batch: int, prompt_len: int, max_len: int,
+                     mesh: jax.sharding.Mesh) -> dict[str, Any]:
+    """The prefill and decode-step programs of `batch` sequences, compiled for `mesh`'s devices
+    (serving_mesh); `weights_bytes` is one GPU's share of the parameters."""
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     dtype = SERVING_DTYPES[precision]
-    graphdef, state = _abstract_state(cfg, precision, replicated)
-    cache_part = jax.ShapeDtypeStruct(cache_shape(cfg, batch, max_len), dtype, sharding=replicated)
+    graphdef, state = _abstract_state(cfg, precision, mesh)
+    split = cache_sharding(mesh)
+    cache_part = jax.ShapeDtypeStruct(cache_shape(cfg, batch, max_len), dtype, sharding=split)
     cache = {"k": cache_part, "v": cache_part}
     ints = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=replicated)  # noqa: E731
 
@@ -74,48 +101,51 @@ def compile_programs(cfg: TransformerConfig, precision: str, batch: int, prompt_
     def decode(st, token, start, cache):
         return nnx.merge(graphdef, st).extend(token, start, cache)
 
-    out = (replicated, {"k": replicated, "v": replicated})
+    out = (replicated, {"k": split, "v": split})  # the logits whole on every GPU, the cache where it was
     compiled = {
         "prefill": jax.jit(prefill, donate_argnums=3, out_shardings=out).lower(
             state, ints(batch, prompt_len), ints(batch), cache).compile(),
         "decode": jax.jit(decode, donate_argnums=3, out_shardings=out).lower(
             state, ints(batch, 1), ints(batch), cache).compile(),
     }
-    weights = sum(math.prod(s.shape) * s.dtype.itemsize for s in jax.tree.leaves(state))
-    return {"programs": compiled, "weights_bytes": weights}
+    return {"programs": compiled, "weights_bytes": _bytes_per_device(jax.tree.leaves(state))}
 
 
-def program_figures(compiled: Any, spec: GpuSpec) -> dict[str, Any]:
+def program_figures(compiled: Any, spec: GpuSpec, link_bytes_per_s: float | None) -> dict[str, Any]:
+    """One GPU's figures of a compiled program: peak, donated and workspace bytes, predicted seconds
+    (its collectives over `link_bytes_per_s`)."""
     stats = compiled.memory_analysis()
-    timing = predict(read_program(compiled.as_text()), spec, None)
+    timing = predict(read_program(compiled.as_text()), spec, link_bytes_per_s)
     return {"peak_bytes": compiled_peak_bytes(compiled), "donated_bytes": int(stats.alias_size_in_bytes),
-            "temp_bytes": int(stats.temp_size_in_bytes), "seconds": timing.seconds, "flops": timing.flops}
+            "temp_bytes": int(stats.temp_size_in_bytes), "seconds": timing.seconds, "flops": timing.flops,
+            "communication_s": timing.communication_s}
 
 
 def serve_row(req: ServeRequest, cfg: TransformerConfig, spec: GpuSpec, mesh: Any, batch: int) -> dict[str, Any]:
-    """One batch size's figures (see the module's docstring)."""
+    """One batch size's figures, per GPU where the model is split (see the module's docstring)."""
     itemsize = jnp.dtype(SERVING_DTYPES[req.precision]).itemsize  # of the KV cache
     max_len = req.prompt_len + req.gen_len
     made = compile_programs(cfg, req.precision, batch, req.prompt_len, max_len, mesh)
-    prefill = program_figures(made["programs"]["prefill"], spec)
-    decode = program_figures(made["programs"]["decode"], spec)
-    kv = kv_cache_bytes(cfg, batch, max_len, itemsize)
+    link = link_bandwidth(req.target, 1, req.gpus)[0] if req.gpus > 1 else None
+    prefill = program_figures(made["programs"]["prefill"], spec, link)
+    decode = program_figures(made["programs"]["decode"], spec, link)
+    kv = kv_cache_bytes(cfg, batch, max_len, itemsize) // req.gpus  # kv heads divide among the GPUs
     peak = max(prefill["peak_bytes"] or 0, decode["peak_bytes"] or 0)
     budget = int(spec.memory_bytes * req.memory_fraction)
     limit = (made["weights_bytes"] + kv) / spec.bandwidth_bytes_per_s  # read once per token, at best
-    return {"batch": batch, "weights_bytes": made["weights_bytes"], "kv_cache_bytes": kv,
+    return {"batch": batch, "gpus": req.gpus, "weights_bytes": made["weights_bytes"], "kv_cache_bytes": kv,
             "kv_cache_bytes_compiled": decode["donated_bytes"], "prefill_peak_bytes": prefill["peak_bytes"],
             "decode_peak_bytes": decode["peak_bytes"], "predicted_peak_bytes": peak, "budget_bytes": budget,
             "fits": peak <= budget, "predicted_ttft_s": prefill["seconds"], "predicted_tpot_s": decode["seconds"],
-            "bandwidth_limit_tpot_s": limit, "tokens_per_s_per_gpu": batch / decode["seconds"],
-            "tpot_over_limit": decode["seconds"] / limit}
+            "decode_communication_s": decode["communication_s"], "bandwidth_limit_tpot_s": limit,
+            "tokens_per_s_per_gpu": batch / decode["seconds"] / req.gpus, "tpot_over_limit": decode["seconds"] / limit}
 
 
 def serve_plan(req: ServeRequest) -> dict[str, Any]:
     """The serving plan's rows (one per batch, in order) and the largest batch that fits."""
     spec = GPU_SPECS[req.target]
     cfg = serving_config(req, spec)
-    mesh = deviceless_mesh(spec, 1, 1)
+    mesh = serving_mesh(deviceless_devices(spec, 1, req.gpus))
     rows: dict[int, dict[str, Any]] = {}
 
     def row(batch: int) -> dict[str, Any]:
@@ -133,7 +163,9 @@ def serve_plan(req: ServeRequest) -> dict[str, Any]:
             row(b)
             b *= 2
     shown = [b for b in sorted(rows) if b <= largest or b in req.batches]
+    link = link_bandwidth(req.target, 1, req.gpus)[1] if req.gpus > 1 else "one GPU: no collectives"
     return {"request": dataclasses.asdict(req), "model": dataclasses.asdict(cfg), "target": spec.name,
+            "gpus": req.gpus, "link": link,
             "attention": cfg.attention, "budget_bytes": int(spec.memory_bytes * req.memory_fraction),
             "largest_batch": largest, "search_limit": MAX_BATCH, "compiled_batches": len(rows),
             "rows": [rows[b] for b in shown]}

@@ -141,7 +141,7 @@ class JobService:
         req = serve_request(**arguments)
         payload = {"config": {"precision": req.precision, "devices": req.gpus}, "target": req.target,
                    "request": arguments, "message": "queued"}
-        summary = (f"serving plan {model_name(req.workload, req.preset, req.model)} on {req.target}, prompt "
+        summary = (f"serving plan {model_name(req.workload, req.preset, req.model)} on {req.gpus} x {req.target}, prompt "
                    f"{req.prompt_len} + generation {req.gen_len}")
         return self._submit("serve-plan", user, label, self._host_cpu_lane, summary, req.workload, req.preset,
                             payload, lambda job: self._serve_job(job, "serve-plan", {"request": arguments}))
