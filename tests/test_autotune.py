@@ -4,6 +4,7 @@ refusal when this machine is not the plan's target, and failed candidates kept a
 import csv
 import dataclasses
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +25,7 @@ from migration.service.autotune import (
 from migration.config.limits import ConfigError
 from migration.config.requests import PlanRequest, RunConfig
 from migration.planning.planner import plan_migration
+from migration.service.orchestrate import RunOptions, base_config, run_plan
 from migration.results import Plan, RunReport
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -188,14 +190,47 @@ def test_autotune_measures_the_top_three_on_the_cpu(local_plan, cli_run):
 
 
 @pytest.mark.slow
-def test_the_api_measures_on_the_cpu_and_the_pick_runs_as_a_plan(local_plan):
+def test_the_api_measures_on_the_cpu_and_the_pick_runs_as_a_plan(tmp_path):
+    """Two of the planner's choices for the mlp tiny at global batch 1024, the slower put first: 512
+    accumulation steps of 2 (measured here 26-80 ms a step on 2 busy cores) against one step of 1024
+    (4-13 ms). The pick is the fastest by the workers' own step times, not the predicted first, and
+    the tuned plan runs through `run_plan` with the picked settings."""
+    made = plan_migration(PlanRequest(workload="mlp", preset="tiny", target="local", global_batch=1024,
+                                      compile_for_tpu=False), lambda *a, **k: None)
+    assert made.ok and made.planned_on == "cpu"
+    fast, slow = made.ranked[0], made.ranked[-1]
+    assert (fast["per_device_batch"], fast["accumulation_steps"]) == (made.per_device_batch,
+                                                                      made.accumulation_steps) == (1024, 1)
+    assert (slow["per_device_batch"], slow["accumulation_steps"], slow["global_batch"]) == (2, 512, 1024)
+    plan = dataclasses.replace(made, ranked=[slow, fast])
     events = []
-    result = run_autotune(local_plan, AutotuneSettings(top=1, warmup_steps=1, timed_steps=2), on_event=events.append)
-    assert [e["event"] for e in events][0] == "status" and events[-1]["event"] == "result"
+    result = run_autotune(plan, AutotuneSettings(top=2, warmup_steps=1, timed_steps=3), on_event=events.append)
+    assert events[0]["event"] == "status" and events[-1]["event"] == "result"
     assert any(e["event"] == "progress" for e in events) and any(e["event"] == "measured" for e in events)
-    (row,) = result.rows
-    assert row.ok and row.measured_step_ms > 0 and row.planned and result.pick_rank == 1 and result.ranking_held
-    assert result.backend == "cpu" and result.reports[0].backend == "cpu"
-    tuned = autotuned_plan(local_plan, result)
-    assert (tuned.per_device_batch, tuned.accumulation_steps) == (local_plan.per_device_batch,
-                                                                  local_plan.accumulation_steps)
+    assert [r.predicted_rank for r in result.rows] == [1, 2] and all(r.ok for r in result.rows)
+    assert [(r.per_device_batch, r.accumulation_steps) for r in result.rows] == [(2, 512), (1024, 1)]
+    assert [r.planned for r in result.rows] == [False, True]
+    assert result.backend == "cpu" and [rep.backend for rep in result.reports] == ["cpu", "cpu"]
+    # The measured figures, from the workers' step events (the warm-up step left out), decide the pick.
+    assert all(len(rep.step_ms) == 4 for rep in result.reports)
+    timed = [statistics.median(rep.step_ms[1:]) for rep in result.reports]
+    assert [r.measured_step_ms for r in result.rows] == pytest.approx(timed)
+    assert timed[1] < timed[0], timed  # one step of 1024 beats 512 steps of 2
+    fastest = result.rows[1]
+    assert result.pick_rank == 2 and result.pick is fastest
+    assert result.ranking_held is False and result.measured_order == [2, 1] and result.order_held is False
+    assert result.verdict.startswith("pick #2: 1024 per device x 1 accumulation")
+    assert "the ranking did not hold" in result.verdict
+    tuned = autotuned_plan(plan, result)
+    assert (tuned.per_device_batch, tuned.accumulation_steps, tuned.remat, tuned.sharding) == \
+        (fastest.per_device_batch, fastest.accumulation_steps, fastest.remat, fastest.sharding)
+    assert tuned.decisions[-1].decision == "autotune" and tuned.decisions[-1].value == "#2"
+    # The tuned plan runs as a plan: its migrated run uses the picked choice.
+    ran = [ev["result"] for ev in run_plan(tuned, base_config(tuned, steps=2, warmup_steps=1, platform="cpu"),
+                                           RunOptions(), tmp_path) if ev["event"] == "result"]
+    (migrated,) = ran
+    main = migrated.main
+    assert [name for name, _ in migrated.runs] == ["migrated"] and main.ok, main.message
+    assert main.backend == "cpu" and len(main.step_ms) == 2
+    assert (main.per_device_batch, main.accumulation_steps, main.remat, main.sharding, main.global_batch) == \
+        (fastest.per_device_batch, fastest.accumulation_steps, fastest.remat, fastest.sharding, 1024)

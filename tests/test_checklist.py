@@ -5,12 +5,14 @@ No GPU is at hand here, so the "on the target GPU" cases take a real CPU report 
 it ran (backend, device kind, measured peak): the grading reads exactly those fields.
 """
 
+import csv
 import dataclasses
+import io
 import math
 
 import pytest
 
-from migration.grading import checklist
+from migration.grading import checklist, serving
 
 from migration.planning import deployment
 from migration.grading.checklist import FAIL, ITEMS, NA, NOT_CHECKED, PASS, WARN, Evidence
@@ -182,6 +184,10 @@ CASES = [
     ("scaling", WARN, lambda w: Evidence(gpus(w["plan"], 16, nodes=2), on_gpu(w["run"]), scaling_runs=(
         on_gpu(w["run"], device_count=1, samples_per_s=100.0), on_gpu(w["two"], device_count=2, samples_per_s=190.0))),
      "links between nodes not measured"),
+    # measured on the target at every count, but per-device throughput drops to 60% from 1 to 2 GPUs
+    ("scaling", WARN, lambda w: Evidence(gpus(w["plan"], 2), on_gpu(w["run"]), scaling_runs=(
+        on_gpu(w["run"], device_count=1, samples_per_s=100.0), on_gpu(w["two"], device_count=2, samples_per_s=120.0))),
+     "efficiency 60% from 1 to 2 (under 80%)"),
     ("scaling", NOT_CHECKED, lambda w: Evidence(gpus(w["plan"], 2), w["run"], scaling_runs=(w["run"],)),
      "one device count"),
     ("scaling", NA, lambda w: Evidence(w["plan"], w["run"], scaling_runs=(w["run"], w["two"])), "one A100"),
@@ -282,10 +288,30 @@ def test_each_item_grades_its_evidence(world, item, status, build, phrase):
     assert graded.action
 
 
-def test_every_status_every_item_can_return_is_covered():
-    covered = {(c[0], c[1]) for c in CASES}
+def test_every_status_every_item_can_return_is_covered(world):
+    """Grading every case's evidence produces exactly the statuses the items declare: each declared
+    status at least once, and none other (the grading itself refuses an undeclared one)."""
+    produced = set()
+    for item, status, build, _ in CASES:
+        graded = {i.id: i.status for i in checklist.evaluate(build(world))}
+        assert graded[item] == status, (item, status, graded[item])
+        produced |= set(graded.items())
     declared = {(item, status) for item, spec in ITEMS.items() for status in spec.statuses}
-    assert declared == covered
+    assert produced == declared, (sorted(declared - produced), sorted(produced - declared))
+
+
+@pytest.mark.parametrize("items,item_id,evaluate,evidence", [
+    (ITEMS, "host_sync", checklist.evaluate, lambda w: Evidence(w["plan"], code=code(CLEAN))),
+    (serving.ITEMS, "export", serving.serving_checklist, lambda w: serving.ServingEvidence()),
+], ids=["training", "serving"])
+def test_a_grade_returning_an_undeclared_status_is_refused(world, monkeypatch, items, item_id, evaluate, evidence):
+    spec = items[item_id]
+    undeclared = next(s for s in (PASS, WARN, FAIL, NA, NOT_CHECKED) if s not in spec.statuses)
+    ev = evidence(world)
+    assert {i.id: i for i in evaluate(ev)}[item_id].status in spec.statuses
+    monkeypatch.setitem(items, item_id, dataclasses.replace(spec, grade=lambda e: (undeclared, "evidence", "action")))
+    with pytest.raises(checklist.UndeclaredStatus, match=f"{item_id}.*{undeclared}"):
+        evaluate(ev)
 
 
 def test_nothing_passes_on_this_tools_own_settings(world):
@@ -306,12 +332,19 @@ def test_the_batch_item_grades_the_configuration_that_ran(world):
 
 
 def test_csv_has_one_row_per_item_and_the_snippet_sets_the_environment(world, tmp_path):
-    import pandas as pd
-
-    items = checklist.evaluate(Evidence(world["plan"], world["run"]))
-    checklist.to_csv(items, tmp_path / "c.csv")
-    frame = pd.read_csv(tmp_path / "c.csv")
-    assert list(frame.columns) == ["id", "item", "status", "evidence", "action"] and len(frame) == len(ITEMS)
+    """The CSV holds each item as the report has it: id, title, status, evidence and action, row by row."""
+    items = checklist.evaluate(Evidence(world["plan"], on_gpu(world["run"]), code=code(TPU_ERA)))
+    statuses = {i.id: i.status for i in items}
+    assert {PASS, WARN, FAIL, NA, NOT_CHECKED} <= set(statuses.values()), statuses
+    text = checklist.to_csv(items, tmp_path / "c.csv")
+    assert (tmp_path / "c.csv").read_text() == text
+    header, *rows = list(csv.reader(io.StringIO(text)))
+    assert header == ["id", "item", "status", "evidence", "action"]
+    assert [i.id for i in items] == list(ITEMS)
+    assert len(rows) == len(items)
+    for row, i in zip(rows, items):
+        assert dict(zip(header, row)) == {"id": i.id, "item": ITEMS[i.id].title, "status": i.status,
+                                          "evidence": i.evidence, "action": i.action}, i.id
     snippet = deployment.deployment_snippet(world["plan"])
     assert "export XLA_PYTHON_CLIENT_PREALLOCATE=false" in snippet and snippet.startswith("#!/usr/bin/env bash")
 

@@ -6,7 +6,9 @@ look-alikes. An expected finding is marked on its line with a trailing `# expect
 (file, line, rule) triples, so several findings of one rule on one line count once.
 
 The table (per rule and overall: TP, FP, FN, precision, recall) is printed (shown with `pytest -s`)
-and written to the terminal summary at the end of the run.
+and written to the terminal summary at the end of the run. Besides the overall precision and recall,
+every rule has a recall floor of its own (`RECALL_FLOORS`): one rule that stops finding anything would
+hardly move the overall figures.
 """
 
 from __future__ import annotations
@@ -27,6 +29,14 @@ EXPECT = re.compile(r"#\s*expect:\s*(.*)")
 RULE_ID = re.compile(r"\b[A-Z][A-Z0-9]*[0-9]{3}\b")
 MIN_FILES, MIN_CLEAN_FILES, MIN_MARKS_PER_RULE = 40, 15, 2
 MIN_PRECISION, MIN_RECALL = 0.95, 0.90
+# Each rule's recall on the corpus must reach its floor: the measured recall less 0.1 (all 1.000 but
+# SYNC001, 27 of 28). With a handful of marks per rule, a floor of 0.9 means none may be missed.
+RECALL_FLOORS = {
+    "BATCH001": 0.9, "BF16OPT001": 0.9, "ENV001": 0.9, "FP16001": 0.9, "GCS001": 0.9, "IGNORE001": 0.9,
+    "PJIT001": 0.9, "PMAP001": 0.9, "PMAP002": 0.9, "PMAP003": 0.9, "PREC001": 0.9, "REMOVED001": 0.9,
+    "REMOVED002": 0.9, "SHAPE001": 0.9, "SYNC001": 0.85, "TIME001": 0.9, "TOPO001": 0.9, "TPU001": 0.9,
+    "TPUENV001": 0.9, "TRACE001": 0.9,
+}
 
 
 def expected_marks(text: str) -> set[tuple[int, str]]:
@@ -59,7 +69,7 @@ class CorpusResult:
     clean_files: list[str]
     expected: set[tuple[str, int, str]]
     found: set[tuple[str, int, str]]
-    clean_errors: list[str]
+    clean_findings: list[str]  # the product's findings on files without marks
 
     @property
     def misses(self) -> list[tuple[str, int, str]]:
@@ -90,7 +100,7 @@ class CorpusResult:
 
 @cache
 def corpus_result() -> CorpusResult:
-    files, clean, expected, found, clean_errors = [], [], set(), set(), []
+    files, clean, expected, found, clean_findings = [], [], set(), set(), []
     for path in sorted(CORPUS_DIR.glob("*.py")):
         text = path.read_text(encoding="utf-8")
         marks = expected_marks(text)
@@ -100,8 +110,8 @@ def corpus_result() -> CorpusResult:
         found |= {(f.file, f.line, f.rule) for f in findings}
         if not marks:
             clean.append(path.name)
-            clean_errors += [f"{f.file}:{f.line} {f.rule}" for f in findings if f.severity == "error"]
-    return CorpusResult(files, clean, expected, found, clean_errors)
+            clean_findings += [f"{f.file}:{f.line} {f.rule} ({f.severity})" for f in findings]
+    return CorpusResult(files, clean, expected, found, clean_findings)
 
 
 class _SummaryPlugin:
@@ -124,11 +134,6 @@ def result(request) -> CorpusResult:
     return res
 
 
-def test_corpus_is_large_enough_and_has_clean_files(result):
-    assert len(result.files) >= MIN_FILES, result.files
-    assert len(result.clean_files) >= MIN_CLEAN_FILES, result.clean_files
-
-
 def test_every_mark_names_a_known_rule(result):
     unknown = sorted(t for t in result.expected if t[2] not in RULES)
     assert not unknown, unknown
@@ -139,18 +144,24 @@ def test_every_rule_is_expected_at_least_twice(result):
     assert all(n >= MIN_MARKS_PER_RULE for n in counts.values()), counts
 
 
-def test_no_error_finding_on_a_clean_file(result):
-    assert not result.clean_errors, "\n".join(result.clean_errors)
+def test_no_finding_on_a_clean_file(result):
+    """A file without marks is clean: the check finds nothing in it, whatever the severity."""
+    assert len(result.clean_files) >= MIN_CLEAN_FILES, result.clean_files
+    assert not result.clean_findings, "\n".join(result.clean_findings)
 
 
 def test_precision_and_recall(result):
     print("\n" + result.table())
+    assert len(result.files) >= MIN_FILES and len(result.clean_files) >= MIN_CLEAN_FILES, \
+        f"{len(result.files)} files, {len(result.clean_files)} clean"
     overall = result.score()
     assert overall.precision >= MIN_PRECISION and overall.recall >= MIN_RECALL, \
         f"precision {overall.precision:.3f} (need {MIN_PRECISION}), recall {overall.recall:.3f} " \
         f"(need {MIN_RECALL})\n{result.listing()}"
-
-
-def test_expected_marks_are_read_from_comments_only():
-    text = 's = "# expect: TPU001"\nx = 1  # migration: ignore[BATCH001]  # expect: BATCH001, IGNORE001, FP16001\n'
-    assert expected_marks(text) == {(2, "BATCH001"), (2, "IGNORE001"), (2, "FP16001")}
+    # Every rule has a floor and marks to meet it with: a rule of the product without either fails.
+    assert set(RECALL_FLOORS) == set(RULES), sorted(set(RECALL_FLOORS) ^ set(RULES))
+    unmarked = sorted(rule for rule in RULES if not any(t[2] == rule for t in result.expected))
+    assert not unmarked, f"rules with no expected mark in the corpus: {unmarked}"
+    below = {rule: f"{s.recall:.3f} < {RECALL_FLOORS[rule]}" for rule in sorted(RULES)
+             if (s := result.score(rule)).recall < RECALL_FLOORS[rule]}
+    assert not below, f"per-rule recall under its floor: {below}\n{result.listing()}"

@@ -2,6 +2,7 @@
 for a catalog GPU (in this process, in the planner worker's environment set by conftest), and the
 planner worker's own environment (XLA's rematerialisation pass disabled) checked end to end."""
 
+import itertools
 import os
 import subprocess
 import sys
@@ -55,13 +56,27 @@ def test_memory_does_not_decrease_with_the_batch(cache_root, model, remat, batch
     assert p.predict("bf16", remat, small) <= p.predict("bf16", remat, large)
 
 
+# At batch 32 for the A100 80GB (bytes): transformer full 11,181,892 < dots_no_batch 16,925,252 <
+# dots 22,413,380 < none 41,642,052; cnn full 4,662,140 = dots_no_batch 4,662,140 < dots 5,180,284 <
+# none 5,972,092. The CNN's blocks are convolutions, which dots_no_batch never saves (only dot products
+# without batch dimensions), so there it keeps what full keeps: the one pair not strictly ordered.
+REMAT_ORDER = ("full", "dots_no_batch", "dots", "none")
+EQUAL_PAIRS = {("cnn", "tiny"): {("full", "dots_no_batch")}}
+
+
 @pytest.mark.parametrize("model", BLOCK_MODELS)
 def test_remat_policies_keep_less_in_order(cache_root, model):
-    """full <= dots_no_batch <= dots <= none at the same batch, once activations dominate."""
+    """full < dots_no_batch < dots < none at the same batch, once activations dominate: each policy
+    keeps strictly less than the one that saves more (but for the CNN's full and dots_no_batch)."""
     p = predictor(*model, cache_root)
     batch = 32
-    peaks = [p.predict("bf16", remat, batch) for remat in ("full", "dots_no_batch", "dots", "none")]
-    assert peaks == sorted(peaks), dict(zip(("full", "dots_no_batch", "dots", "none"), peaks))
+    peaks = dict(zip(REMAT_ORDER, (p.predict("bf16", remat, batch) for remat in REMAT_ORDER)))
+    for less, more in itertools.pairwise(REMAT_ORDER):
+        if (less, more) in EQUAL_PAIRS.get(model, set()):
+            assert peaks[less] <= peaks[more], peaks
+        else:
+            assert peaks[less] < peaks[more], (less, more, peaks)
+    assert peaks["full"] < 0.9 * peaks["none"], peaks  # measured: 27% (transformer) and 78% (cnn) of none
 
 
 def test_remat_saves_memory_on_a_gpu_target(cache_root):

@@ -5,6 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jax
 import pytest
 
 from migration.config.limits import ConfigError
@@ -169,10 +170,32 @@ def test_a_policy_is_pruned_only_against_a_choice_verified_with_its_accumulation
         assert verified, f"{events[i][1]} was pruned against a choice never compiled with its accumulation"
 
 
+def meminfo_total_bytes() -> int:
+    """MemTotal of /proc/meminfo, in bytes."""
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key == "MemTotal":
+            number, unit = value.split()
+            assert unit == "kB", line
+            return int(number) * 1024
+    raise AssertionError("no MemTotal in /proc/meminfo")
+
+
 def test_the_local_budget_comes_from_what_this_machine_reports():
-    p = plan_migration(tiny(target="local", global_batch=8), noop)
+    """The local plan's memory is this machine's own figure, read here independently of the planner:
+    the device's bytes_limit where it reports one, else (the CPU backend) the host's MemTotal,
+    within 1%."""
+    req = tiny(target="local", global_batch=8)
+    p = plan_migration(req, noop)
     assert p.ok and "host memory" in p.budget_source and p.planned_device_kind == "cpu"
     assert p.budget_bytes == int(p.device_memory_bytes * p.memory_fraction * (1 - p.safety_margin))
+    assert (p.memory_fraction, p.safety_margin) == (req.memory_fraction, req.safety_margin)
+    host = meminfo_total_bytes()
+    limit = (jax.devices()[0].memory_stats() or {}).get("bytes_limit")
+    device_total = limit / p.memory_fraction if limit else host  # a device limit is already the job's share
+    assert p.device_memory_bytes == pytest.approx(device_total, rel=0.01), (p.device_memory_bytes, device_total)
+    assert p.device_memory_bytes == pytest.approx(host, rel=0.01), (p.device_memory_bytes, host)  # CPU: host memory
+    assert p.budget_bytes == pytest.approx(host * req.memory_fraction * (1 - req.safety_margin), rel=0.01)
 
 
 def test_without_the_cuda_plugin_the_plan_is_an_estimate_and_says_so(monkeypatch):

@@ -457,6 +457,12 @@ def _page_config(page: str) -> dict[str, Any]:
 
 def test_login_page_does_not_describe_the_api(auth_server):
     r = httpx.get(auth_server.url, follow_redirects=False, timeout=30)
+    assert r.status_code == 200, (r.status_code, r.text[:200])
+    assert r.headers["content-type"].startswith("text/html")
+    # The page is Gradio's login form (auth required, no components, no events), its API description blanked.
+    config = _page_config(r.text)
+    assert config["auth_required"] is True and config["components"] == [] and config["dependencies"] == []
+    assert "window.gradio_api_info = null;</script>" in r.text
     assert "named_endpoints" not in r.text and "cancel_job" not in r.text and "Global batch" not in r.text
 
 

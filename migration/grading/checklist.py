@@ -476,11 +476,19 @@ ITEMS: dict[str, ItemSpec] = {
 }
 
 
+class UndeclaredStatus(RuntimeError):
+    """A grade returned a status its item does not declare: a bug in the grade, not in the evidence."""
+
+
 def grade_items(specs: dict[str, ItemSpec], ev: Any) -> list[ChecklistItem]:
-    """Each item of `specs` graded from `ev`, in order."""
+    """Each item of `specs` graded from `ev`, in order. A status outside the item's declared
+    `statuses` raises `UndeclaredStatus` rather than reaching a report."""
     items = []
     for item_id, spec in specs.items():
         status, evidence, action = spec.grade(ev)
+        if status not in spec.statuses:
+            raise UndeclaredStatus(f"checklist item {item_id!r} graded {status!r}, which it does not declare "
+                                   f"(its statuses: {', '.join(spec.statuses)})")
         items.append(ChecklistItem(item_id, spec.title, status, evidence, action))
     return items
 
