@@ -3,6 +3,7 @@ planner worker's environment (deviceless GPU compiles allowed, XLA's own remater
 that tests can compile for catalog GPUs in-process exactly as a planner worker does."""
 
 import os
+import pickle
 import sys
 from pathlib import Path
 
@@ -49,6 +50,23 @@ class Trainer:
             self.state, metrics = self.step(self.state, self.make(i))
             out.append(self._host_metrics(jax.device_get(metrics)))
         return out
+
+
+def reused(name: str, make, tmp_path_factory):
+    """`make(folder)`: a costly fixture's value (real plans and runs, made in `folder`). Under
+    bench/mutation.py (MIGRATION_TEST_REUSE names a folder) it is made once, by the unmutated code
+    while mutmut learns which tests reach which function, and read back by every mutant's run, so
+    that a mutant pays for its tests and not for the fixture's runs; otherwise made here."""
+    shared = os.environ.get("MIGRATION_TEST_REUSE")
+    if not shared:
+        return make(tmp_path_factory.mktemp(name))
+    folder, saved = Path(shared) / name, Path(shared) / f"{name}.pickle"
+    if saved.exists():
+        return pickle.loads(saved.read_bytes())
+    folder.mkdir(parents=True, exist_ok=True)
+    value = make(folder)
+    saved.write_bytes(pickle.dumps(value))
+    return value
 
 
 @pytest.fixture

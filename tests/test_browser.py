@@ -78,8 +78,8 @@ def test_plan_run_checklist_compare_and_export_in_chromium(app, tmp_path):
         for i in run_rows[:2]:
             rows.nth(i).get_by_role("gridcell").nth(1).click()  # selects the row
         selected = page.get_by_label("Selected ids", exact=False)
-        deadline = time.time() + 30
-        while not re.fullmatch(r"\d+,\d+", selected.input_value()) and time.time() < deadline:
+        deadline = time.monotonic() + 30
+        while not re.fullmatch(r"\d+,\d+", selected.input_value()) and time.monotonic() < deadline:
             time.sleep(0.2)
         ids = selected.input_value()
         page.get_by_role("button", name="Compare selected").click()

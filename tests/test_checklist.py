@@ -20,6 +20,7 @@ from migration.codecheck import check_sources
 from migration.config.requests import PlanRequest, RunConfig
 from migration.planning.planner import plan_migration
 from migration.running.runner import run
+from tests.conftest import reused
 
 pytestmark = pytest.mark.slow
 TARGET_KIND = "NVIDIA A100-SXM4-40GB"  # the device kind of the a100-40gb catalog entry
@@ -107,7 +108,10 @@ def code(text: str):
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     """A real compiled-for-target plan, and real CPU runs of it (one with a profile)."""
-    tmp = tmp_path_factory.mktemp("checklist")
+    return reused("checklist_world", make_world, tmp_path_factory)
+
+
+def make_world(tmp):
     plan = plan_migration(PlanRequest(workload="transformer", preset="tiny", target="a100-40gb", global_batch=16,
                                       compile_for_tpu=False), lambda *a, **k: None)
     assert plan.ok and plan.prediction_method == "compiled-for-target"

@@ -49,22 +49,48 @@ def test_the_fingerprint_is_part_of_every_cache_key(monkeypatch, tmp_path):
 
 # -- JAX's persistent compilation cache in the worker ---------------------------------------------
 
-def test_the_persistent_cache_is_private_and_keeps_compiles_of_a_few_tenths_of_a_second(monkeypatch, tmp_path):
+# JAX's names for the options `enable_compile_cache` sets, read back from JAX's own config.
+CACHE_OPTIONS = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
+                 "jax_persistent_cache_min_entry_size_bytes")
+
+
+@pytest.fixture
+def jax_cache_config():
+    """JAX's real config, with the cache options (and the switch) put back before this process
+    compiles again: no later compile of these tests is written to a test's cache folder."""
     import jax
 
+    saved = {name: getattr(jax.config, name) for name in (*CACHE_OPTIONS, "jax_enable_compilation_cache")}
+    yield jax.config
+    for name, old in saved.items():
+        jax.config.update(name, old)
+
+
+def test_the_persistent_cache_is_private_and_keeps_compiles_of_a_few_tenths_of_a_second(monkeypatch, tmp_path,
+                                                                                       jax_cache_config):
     from migration.common import COMPILE_CACHE_MIN_COMPILE_S, enable_compile_cache
 
-    updates = {}
-    monkeypatch.setattr(jax.config, "update", lambda name, value: updates.__setitem__(name, value))
     monkeypatch.setenv("MIGRATION_CACHE_DIR", str(tmp_path / "service"))
     (tmp_path / "service" / "xla").mkdir(parents=True, mode=0o755)  # left open by someone: tightened
-    folder = enable_compile_cache()
+    folder = enable_compile_cache()  # JAX refuses an option name it does not know (AttributeError)
     assert folder == tmp_path / "service" / "xla"
     assert folder.stat().st_mode & 0o777 == 0o700 and folder.parent.stat().st_mode & 0o777 == 0o700
-    assert updates == {"jax_compilation_cache_dir": str(folder),
-                       "jax_persistent_cache_min_compile_time_secs": COMPILE_CACHE_MIN_COMPILE_S,
-                       "jax_persistent_cache_min_entry_size_bytes": -1}
+    assert {name: getattr(jax_cache_config, name) for name in CACHE_OPTIONS} == {
+        "jax_compilation_cache_dir": str(folder),
+        "jax_persistent_cache_min_compile_time_secs": COMPILE_CACHE_MIN_COMPILE_S,
+        "jax_persistent_cache_min_entry_size_bytes": -1}
     assert 0.1 <= COMPILE_CACHE_MIN_COMPILE_S <= 0.5
+
+
+def test_the_cache_switched_off_by_jax_is_left_off(monkeypatch, tmp_path, jax_cache_config):
+    from migration.common import enable_compile_cache
+
+    monkeypatch.setenv("MIGRATION_CACHE_DIR", str(tmp_path / "service"))
+    before = {name: getattr(jax_cache_config, name) for name in CACHE_OPTIONS}
+    jax_cache_config.update("jax_enable_compilation_cache", False)  # what JAX_ENABLE_COMPILATION_CACHE=false sets
+    assert enable_compile_cache() is None
+    assert {name: getattr(jax_cache_config, name) for name in CACHE_OPTIONS} == before
+    assert not (tmp_path / "service").exists()
 
 
 def test_probes_and_deviceless_plans_leave_the_cache_off(monkeypatch):

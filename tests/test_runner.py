@@ -194,7 +194,9 @@ def test_a_silent_worker_is_stopped_as_hung_with_its_steps_kept():
     report = handle.report
     assert report.status == "failed" and report.failure_kind == "timeout", report.message
     assert "sent nothing for 3 s" in report.message and "silence_timeout_s=3" in report.message
-    assert 2.5 < waited < 6.5
+    # Not before the 3 s of silence; after them, the runner's next look (it waits for the worker's
+    # output at most until the silence limit) and the kill, with 9 s to spare for a loaded 2-core box.
+    assert 2.5 < waited < 3 + 9
     assert report.losses
     with pytest.raises(ProcessLookupError):
         os.kill(handle.pid, 0)  # killed although stopped, and reaped

@@ -484,8 +484,8 @@ def _entry(client: Client, scope: str, label: str, kind: str = "run") -> list[An
 
 
 def _wait_for(predicate, timeout_s: float, what: str, interval: float = 0.25):
-    deadline = time.time() + timeout_s
-    while time.time() < deadline:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value

@@ -1,0 +1,192 @@
+"""Mutation testing of the modules whose mistakes mislead a user (mutmut 3): checklist grading, the
+planner's search, config and form validation, the code check's rules, history and job ownership.
+
+For each group, a copy of the working tree (tracked and untracked, not ignored) is made under
+`.mutation/<group>/` with a `[tool.mutmut]` section naming the group's modules and only the tests
+that cover them; `mutmut run` generates the mutants, runs those tests once to learn which test
+reaches which function, then runs each mutant against the tests that reach it (forked, 2 at a
+time). Printed per group: mutants, killed (a test failed or the mutant ran out of time), survived
+(no test failed, or no test reaches it), listed as equivalent (`bench/mutation_equivalent.txt`:
+the mutant's name and a one-line reason), the killed share of the rest, the wall time, and the diff
+of every survivor not listed.
+
+    bash bench/mutation.sh                    # every group
+    bash bench/mutation.sh checklist config   # some
+    python bench/mutation.py --list           # the groups, their modules and tests
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+EQUIVALENT = ROOT / "bench" / "mutation_equivalent.txt"
+GOAL = 0.85
+REUSE_ENV = "MIGRATION_TEST_REUSE"
+
+
+@dataclass(frozen=True)
+class Group:
+    modules: tuple[str, ...]
+    tests: tuple[str, ...]
+    pytest_args: tuple[str, ...] = ()
+
+
+GROUPS = {
+    "checklist": Group(("migration/grading/checklist.py", "migration/grading/serving.py"),
+                       ("tests/test_checklist.py", "tests/test_serving_checklist.py")),
+    "search": Group(("migration/planning/search.py",),
+                    ("tests/test_plan_arithmetic.py", "tests/test_planner.py"), ("-m", "not slow")),
+    "config": Group(("migration/config/forms.py", "migration/config/limits.py", "migration/config/serving.py"),
+                    ("tests/test_forms.py", "tests/test_config.py", "tests/test_config_properties.py",
+                     "tests/test_fields.py", "tests/test_serving_plan.py"), ("-m", "not slow")),
+    "codecheck": Group(tuple(f"migration/codecheck/{m}.py" for m in (
+        "rules", "device_rules", "env_rules", "cloud_rules", "settings_rules", "shape_rules", "topology_rules",
+        "sync", "timing", "monitoring")),
+        ("tests/test_codecheck.py", "tests/test_codecheck_corpus.py", "tests/test_codecheck_values.py"),
+        # the two slowest (23 s and 7 s) check the project's own code and the command line, not the rules
+        ("--deselect", "tests/test_codecheck.py::test_the_projects_own_code_passes_its_own_check",
+         "--deselect", "tests/test_codecheck.py::test_cli_check_exits_non_zero_on_errors_and_writes_json_and_csv")),
+    "history": Group(("migration/service/history.py", "migration/service/accounts.py"),
+                     ("tests/test_history.py", "tests/test_security_and_input.py")),
+}
+
+STATUS = re.compile(r"^\s*(\S+): (.+)$")
+KILLED = {"killed", "timeout", "segfault", "caught by type check"}
+
+
+def equivalents() -> dict[str, str]:
+    """Mutant name -> why it is equivalent (lines `name  reason`, # comments)."""
+    out = {}
+    if EQUIVALENT.exists():
+        for line in EQUIVALENT.read_text().splitlines():
+            line = line.strip()
+            if line and not line.startswith("#"):
+                name, _, reason = line.partition(" ")
+                out[name] = reason.strip()
+    return out
+
+
+def copy_tree(dest: Path, ref: str | None) -> None:
+    """The working tree's tracked and untracked files (not the ignored ones), or commit `ref`'s."""
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+    if ref:
+        archive = subprocess.run(["git", "archive", ref], cwd=ROOT, check=True, capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+        return
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, check=True,
+                           capture_output=True).stdout.split(b"\0")
+    for name in filter(None, files):
+        src = ROOT / name.decode()
+        if src.is_file():
+            (dest / name.decode()).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / name.decode())
+
+
+def toml_list(items) -> str:
+    return "[" + ", ".join(f'"{i}"' for i in items) + "]"
+
+
+def configure(dest: Path, group: Group) -> None:
+    """The group's [tool.mutmut]: its modules mutated, its tests selected, one pytest process each."""
+    section = f"""
+
+[tool.mutmut]
+source_paths = ["migration"]
+only_mutate = {toml_list(group.modules)}
+also_copy = {toml_list(sorted(p.name for p in dest.iterdir() if p.name not in ("migration", "tests")))}
+pytest_add_cli_args = {toml_list(("--numprocesses=0", "-p", "no:cacheprovider", "-q", "--durations=0", *group.pytest_args))}
+pytest_add_cli_args_test_selection = {toml_list(group.tests)}
+timeout_multiplier = 5.0
+timeout_constant = 15.0
+use_git_change_detection = false
+"""
+    with open(dest / "pyproject.toml", "a") as f:
+        f.write(section)
+
+
+def mutmut(dest: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "mutmut", *args], cwd=dest, capture_output=True, text=True)
+
+
+def run_group(name: str, group: Group, work: Path, limit_s: float, ref: str | None) -> dict:
+    dest = work / name
+    copy_tree(dest, ref)
+    configure(dest, group)
+    reuse = dest / "reused-fixtures"  # tests/conftest.py `reused`: the costly fixtures built once
+    reuse.mkdir()
+    start = time.monotonic()
+    with open(dest / "run.log", "w") as log:  # mutmut's progress, as it goes
+        try:
+            subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children", str(os.cpu_count() or 2)],
+                           cwd=dest, stdout=log, stderr=subprocess.STDOUT, timeout=limit_s,
+                           env={**os.environ, REUSE_ENV: str(reuse)})
+            cut = False
+        except subprocess.TimeoutExpired:
+            cut = True
+    elapsed = time.monotonic() - start
+    results = {}
+    for line in mutmut(dest, "results", "--all", "true").stdout.splitlines():
+        m = STATUS.match(line)
+        if m:
+            results[m.group(1)] = m.group(2).strip()
+    listed = equivalents()
+    killed = [n for n, s in results.items() if s in KILLED]
+    equivalent = [n for n, s in results.items() if s not in KILLED and n in listed]
+    survived = [n for n, s in results.items() if s not in KILLED and n not in listed and s != "not checked"]
+    unchecked = [n for n, s in results.items() if s == "not checked"]
+    scored = len(killed) + len(survived)
+    return {"group": name, "mutants": len(results), "killed": len(killed), "survived": survived,
+            "equivalent": len(equivalent), "not_checked": len(unchecked), "elapsed_s": elapsed, "cut": cut,
+            "score": len(killed) / scored if scored else float("nan"), "dest": dest, "statuses": results}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("groups", nargs="*", help=f"some of {', '.join(GROUPS)} (default: all)")
+    parser.add_argument("--list", action="store_true", help="print the groups and exit")
+    parser.add_argument("--work", default=str(ROOT / ".mutation"), help="where the copies go (default .mutation/)")
+    parser.add_argument("--limit-s", type=float, default=3600, help="stop a group's run after this long")
+    parser.add_argument("--ref", help="score the tests and code of this commit (default: the working tree)")
+    parser.add_argument("--no-diffs", action="store_true", help="do not print the survivors' diffs")
+    args = parser.parse_args(argv)
+    if args.list:
+        for name, g in GROUPS.items():
+            print(f"{name}: mutates {' '.join(g.modules)}; runs {' '.join(g.tests)} {' '.join(g.pytest_args)}")
+        return 0
+    unknown = [g for g in args.groups if g not in GROUPS]
+    if unknown:
+        parser.error(f"unknown group {', '.join(unknown)}; groups are {', '.join(GROUPS)}")
+    reports = []
+    for name in args.groups or list(GROUPS):
+        print(f"== {name}: {' '.join(GROUPS[name].modules)}", flush=True)
+        r = run_group(name, GROUPS[name], Path(args.work), args.limit_s, args.ref)
+        reports.append(r)
+        if not args.no_diffs:
+            for mutant in r["survived"]:
+                print(mutmut(r["dest"], "show", mutant).stdout.rstrip())
+                print()
+    print(f"\n{'group':<10} {'mutants':>7} {'killed':>6} {'survived':>8} {'equivalent':>10} {'killed %':>8} "
+          f"{'time':>8}  goal {GOAL:.0%}")
+    failed = False
+    for r in reports:
+        ok = r["score"] >= GOAL and not r["cut"] and not r["not_checked"]
+        failed |= not ok
+        note = " (cut at the time limit)" if r["cut"] else (f" ({r['not_checked']} not run)" if r["not_checked"] else "")
+        print(f"{r['group']:<10} {r['mutants']:>7} {r['killed']:>6} {len(r['survived']):>8} {r['equivalent']:>10} "
+              f"{r['score']:>8.1%} {r['elapsed_s'] / 60:>6.1f} m  {'met' if ok else 'not met'}{note}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
