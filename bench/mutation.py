@@ -18,6 +18,7 @@ of every survivor not listed.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import re
 import shutil
@@ -51,7 +52,8 @@ GROUPS = {
     "codecheck": Group(tuple(f"migration/codecheck/{m}.py" for m in (
         "rules", "device_rules", "env_rules", "cloud_rules", "settings_rules", "shape_rules", "topology_rules",
         "sync", "timing", "monitoring")),
-        ("tests/test_codecheck.py", "tests/test_codecheck_corpus.py", "tests/test_codecheck_values.py"),
+        ("tests/test_codecheck.py", "tests/test_codecheck_corpus.py", "tests/test_codecheck_values.py",
+         "tests/test_codecheck_rules_*.py"),
         # the two slowest (23 s and 7 s) check the project's own code and the command line, not the rules
         ("--deselect", "tests/test_codecheck.py::test_the_projects_own_code_passes_its_own_check",
          "--deselect", "tests/test_codecheck.py::test_cli_check_exits_non_zero_on_errors_and_writes_json_and_csv")),
@@ -60,6 +62,7 @@ GROUPS = {
 }
 
 STATUS = re.compile(r"^\s*(\S+): (.+)$")
+MODULE = re.compile(r"^(.*?)\.x[ǁ_]")
 KILLED = {"killed", "timeout", "segfault", "caught by type check"}
 
 
@@ -106,7 +109,7 @@ source_paths = ["migration"]
 only_mutate = {toml_list(group.modules)}
 also_copy = {toml_list(sorted(p.name for p in dest.iterdir() if p.name not in ("migration", "tests")))}
 pytest_add_cli_args = {toml_list(("--numprocesses=0", "-p", "no:cacheprovider", "-q", "--durations=0", *group.pytest_args))}
-pytest_add_cli_args_test_selection = {toml_list(group.tests)}
+pytest_add_cli_args_test_selection = {toml_list(sorted({str(p.relative_to(dest)) for t in group.tests for p in dest.glob(t)}))}
 timeout_multiplier = 5.0
 timeout_constant = 15.0
 use_git_change_detection = false
@@ -119,36 +122,62 @@ def mutmut(dest: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "mutmut", *args], cwd=dest, capture_output=True, text=True)
 
 
-def run_group(name: str, group: Group, work: Path, limit_s: float, ref: str | None) -> dict:
+SHOW = """
+import sys
+from mutmut.__main__ import find_mutant, get_diff_for_mutant
+for name in sys.stdin.read().split():
+    print(get_diff_for_mutant(name, path=find_mutant(name).path).rstrip(), end="\\n\\n")
+"""
+
+
+def diffs(dest: Path, names: list[str]) -> str:
+    """The mutants' diffs, in one process (`mutmut show` starts one per mutant)."""
+    return subprocess.run([sys.executable, "-c", SHOW], cwd=dest, input="\n".join(names), capture_output=True,
+                          text=True).stdout
+
+
+def run_group(name: str, group: Group, work: Path, limit_s: float, ref: str | None, rerun: bool = True) -> dict:
     dest = work / name
-    copy_tree(dest, ref)
-    configure(dest, group)
-    reuse = dest / "reused-fixtures"  # tests/conftest.py `reused`: the costly fixtures built once
-    reuse.mkdir()
-    start = time.monotonic()
-    with open(dest / "run.log", "w") as log:  # mutmut's progress, as it goes
-        try:
-            subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children", str(os.cpu_count() or 2)],
-                           cwd=dest, stdout=log, stderr=subprocess.STDOUT, timeout=limit_s,
-                           env={**os.environ, REUSE_ENV: str(reuse)})
-            cut = False
-        except subprocess.TimeoutExpired:
-            cut = True
-    elapsed = time.monotonic() - start
-    results = {}
+    elapsed, cut = float("nan"), False
+    if rerun:
+        copy_tree(dest, ref)
+        configure(dest, group)
+        reuse = dest / "reused-fixtures"  # tests/conftest.py `reused`: the costly fixtures built once
+        reuse.mkdir()
+        start = time.monotonic()
+        with open(dest / "run.log", "w") as log:  # mutmut's progress, as it goes
+            try:
+                subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children", str(os.cpu_count() or 2)],
+                               cwd=dest, stdout=log, stderr=subprocess.STDOUT, timeout=limit_s,
+                               env={**os.environ, REUSE_ENV: str(reuse)})
+            except subprocess.TimeoutExpired:
+                cut = True
+        elapsed = time.monotonic() - start
+        (dest / "elapsed_s").write_text(f"{elapsed:.1f} {int(cut)}")
+    elif (dest / "elapsed_s").exists():
+        text, flag = (dest / "elapsed_s").read_text().split()
+        elapsed, cut = float(text), flag == "1"
+    statuses = {}
     for line in mutmut(dest, "results", "--all", "true").stdout.splitlines():
         m = STATUS.match(line)
         if m:
-            results[m.group(1)] = m.group(2).strip()
-    listed = equivalents()
-    killed = [n for n, s in results.items() if s in KILLED]
-    equivalent = [n for n, s in results.items() if s not in KILLED and n in listed]
-    survived = [n for n, s in results.items() if s not in KILLED and n not in listed and s != "not checked"]
-    unchecked = [n for n, s in results.items() if s == "not checked"]
+            statuses[m.group(1)] = m.group(2).strip()
+    return {"group": name, "statuses": statuses, "elapsed_s": elapsed, "cut": cut, "dest": dest}
+
+
+def module_of(mutant: str) -> str:
+    """`migration.codecheck.sync.xǁSyncWalkǁ_test__mutmut_3` -> `migration/codecheck/sync.py`."""
+    return MODULE.match(mutant).group(1).replace(".", "/") + ".py"
+
+
+def score(statuses: dict[str, str], listed: dict[str, str]) -> dict:
+    killed = [n for n, s in statuses.items() if s in KILLED]
+    unchecked = [n for n, s in statuses.items() if s == "not checked"]
+    equivalent = [n for n, s in statuses.items() if s not in KILLED and n in listed]
+    survived = [n for n, s in statuses.items() if s not in KILLED and n not in listed and s != "not checked"]
     scored = len(killed) + len(survived)
-    return {"group": name, "mutants": len(results), "killed": len(killed), "survived": survived,
-            "equivalent": len(equivalent), "not_checked": len(unchecked), "elapsed_s": elapsed, "cut": cut,
-            "score": len(killed) / scored if scored else float("nan"), "dest": dest, "statuses": results}
+    return {"mutants": len(statuses), "killed": len(killed), "survived": survived, "equivalent": len(equivalent),
+            "not_checked": len(unchecked), "score": len(killed) / scored if scored else float("nan")}
 
 
 def main(argv=None) -> int:
@@ -158,7 +187,10 @@ def main(argv=None) -> int:
     parser.add_argument("--work", default=str(ROOT / ".mutation"), help="where the copies go (default .mutation/)")
     parser.add_argument("--limit-s", type=float, default=3600, help="stop a group's run after this long")
     parser.add_argument("--ref", help="score the tests and code of this commit (default: the working tree)")
-    parser.add_argument("--no-diffs", action="store_true", help="do not print the survivors' diffs")
+    parser.add_argument("--only", action="append", default=[], metavar="MODULE",
+                        help="mutate only this module of the group (repeatable), e.g. migration/codecheck/sync.py")
+    parser.add_argument("--diffs", action="store_true", help="print each survivor's diff, not only its name")
+    parser.add_argument("--report-only", action="store_true", help="report the last run's results again")
     args = parser.parse_args(argv)
     if args.list:
         for name, g in GROUPS.items():
@@ -167,24 +199,34 @@ def main(argv=None) -> int:
     unknown = [g for g in args.groups if g not in GROUPS]
     if unknown:
         parser.error(f"unknown group {', '.join(unknown)}; groups are {', '.join(GROUPS)}")
-    reports = []
+    reports, listed = [], equivalents()
     for name in args.groups or list(GROUPS):
+        if args.only:
+            GROUPS[name] = dataclasses.replace(GROUPS[name], modules=tuple(
+                m for m in GROUPS[name].modules if m in args.only) or GROUPS[name].modules)
         print(f"== {name}: {' '.join(GROUPS[name].modules)}", flush=True)
-        r = run_group(name, GROUPS[name], Path(args.work), args.limit_s, args.ref)
+        r = run_group(name, GROUPS[name], Path(args.work), args.limit_s, args.ref, rerun=not args.report_only)
         reports.append(r)
-        if not args.no_diffs:
-            for mutant in r["survived"]:
-                print(mutmut(r["dest"], "show", mutant).stdout.rstrip())
-                print()
-    print(f"\n{'group':<10} {'mutants':>7} {'killed':>6} {'survived':>8} {'equivalent':>10} {'killed %':>8} "
-          f"{'time':>8}  goal {GOAL:.0%}")
+        survived = score(r["statuses"], listed)["survived"]
+        if survived:
+            print(f"survived ({len(survived)}):")
+            print(diffs(r["dest"], survived) if args.diffs else "\n".join(survived), flush=True)
+    print(f"\n{'module':<40} {'mutants':>7} {'killed':>6} {'survived':>8} {'equivalent':>10} {'killed %':>8}  "
+          f"goal {GOAL:.0%}")
     failed = False
     for r in reports:
-        ok = r["score"] >= GOAL and not r["cut"] and not r["not_checked"]
-        failed |= not ok
-        note = " (cut at the time limit)" if r["cut"] else (f" ({r['not_checked']} not run)" if r["not_checked"] else "")
-        print(f"{r['group']:<10} {r['mutants']:>7} {r['killed']:>6} {len(r['survived']):>8} {r['equivalent']:>10} "
-              f"{r['score']:>8.1%} {r['elapsed_s'] / 60:>6.1f} m  {'met' if ok else 'not met'}{note}")
+        by_module: dict[str, dict[str, str]] = {}
+        for mutant, status in r["statuses"].items():
+            by_module.setdefault(module_of(mutant), {})[mutant] = status
+        for module in GROUPS[r["group"]].modules:
+            m = score(by_module.get(module, {}), listed)
+            ok = m["score"] >= GOAL and not m["not_checked"] and not r["cut"]
+            failed |= not ok
+            note = f" ({m['not_checked']} not run)" if m["not_checked"] else ""
+            print(f"{module:<40} {m['mutants']:>7} {m['killed']:>6} {len(m['survived']):>8} {m['equivalent']:>10} "
+                  f"{m['score']:>8.1%}  {'met' if ok else 'not met'}{note}")
+        cut = ", cut at the time limit" if r["cut"] else ""
+        print(f"  {r['group']}: {len(r['statuses'])} mutants in {r['elapsed_s'] / 60:.1f} min{cut}")
     return 1 if failed else 0
 
 
