@@ -37,6 +37,9 @@ class SettingsRules(RuleFamily):
         for kw in node.keywords:
             if kw.arg != "default":
                 self.check_batch(kw.value, kw.arg, kw.value)
+        if name == "getattr" and len(node.args) > 2:  # getattr(cfg, "batch_size", 4096): the object comes first
+            self.check_batch(node, const_str(node.args[1]), node.args[2])
+            return
         first = const_str(node.args[0]) if node.args else None
         if not first:
             return
@@ -45,8 +48,6 @@ class SettingsRules(RuleFamily):
             self.check_batch(node, first.lstrip("-"), default)
         elif (last == "get" or last.startswith("DEFINE_")) and len(node.args) > 1:
             self.check_batch(node, first, node.args[1])
-        elif name == "getattr" and len(node.args) > 2:
-            self.check_batch(node, const_str(node.args[1]), node.args[2])
 
     def batch_defaults(self, args: ast.arguments) -> None:
         positional = args.posonlyargs + args.args
