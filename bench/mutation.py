@@ -46,7 +46,7 @@ GROUPS = {
     "checklist": Group(("migration/grading/checklist.py", "migration/grading/serving.py"),
                        ("tests/test_checklist.py", "tests/test_serving_checklist.py")),
     "search": Group(("migration/planning/search.py",),
-                    ("tests/test_plan_arithmetic.py", "tests/test_planner.py"), ("-m", "not slow")),
+                    ("tests/test_plan_arithmetic.py", "tests/test_planner.py", "tests/test_search*.py"), ("-m", "not slow")),
     "config": Group(("migration/config/forms.py", "migration/config/limits.py", "migration/config/serving.py"),
                     ("tests/test_forms.py", "tests/test_config*.py",
                      "tests/test_fields.py", "tests/test_serving_plan.py"), ("-m", "not slow")),
@@ -59,7 +59,7 @@ GROUPS = {
         ("--deselect", "tests/test_codecheck.py::test_the_projects_own_code_passes_its_own_check",
          "--deselect", "tests/test_codecheck.py::test_cli_check_exits_non_zero_on_errors_and_writes_json_and_csv")),
     "history": Group(("migration/service/history.py", "migration/service/accounts.py"),
-                     ("tests/test_history.py", "tests/test_security_and_input.py")),
+                     ("tests/test_history*.py", "tests/test_security_and_input.py")),
 }
 
 STATUS = re.compile(r"^\s*(\S+): (.+)$")

@@ -50,6 +50,7 @@ class Context:
         self.bound_here |= set(self.functions)
         classes = [n for n in nodes if isinstance(n, ast.ClassDef)]
         self.classes = {c.name: c for c in classes if sum(o.name == c.name for o in classes) == 1}
+        self.bound_here |= {c.name for c in classes}  # the file's own class is no snippet's pmap or DataLoader
         self.bound_here |= {a.arg for n in nodes if isinstance(n, ast.arguments)
                             for a in n.posonlyargs + n.args + n.kwonlyargs}
 
