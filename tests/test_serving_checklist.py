@@ -15,10 +15,15 @@ from migration.grading.serving import ITEMS, ServingEvidence, serving_checklist
 from migration.hardware import GPU_SPECS
 from migration.planning.serving import serve_plan
 from migration.running.serving import serve_run
+from tests.conftest import reused
 
 
 @pytest.fixture(scope="module")
-def evidence():
+def evidence(tmp_path_factory):
+    return reused("serving_checklist_evidence", make_evidence, tmp_path_factory)
+
+
+def make_evidence(_folder):
     plan = serve_plan(ServeRequest("llama", "tiny", "l4", prompt_len=16, gen_len=16, precision="int8",
                                    memory_fraction=0.00005))
     run = serve_run(ServeRunRequest("llama", "tiny", precision="int8", requests=6, batches=(1, 2),
