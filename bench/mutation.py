@@ -178,6 +178,7 @@ def score(statuses: dict[str, str], listed: dict[str, str]) -> dict:
     survived = [n for n, s in statuses.items() if s not in KILLED and n not in listed and s != "not checked"]
     scored = len(killed) + len(survived)
     return {"mutants": len(statuses), "killed": len(killed), "survived": survived, "equivalent": len(equivalent),
+            "timeouts": sum(s == "timeout" for s in statuses.values()),
             "not_checked": len(unchecked), "score": len(killed) / scored if scored else float("nan")}
 
 
@@ -224,6 +225,7 @@ def main(argv=None) -> int:
             ok = m["score"] >= GOAL and not m["not_checked"] and not r["cut"]
             failed |= not ok
             note = f" ({m['not_checked']} not run)" if m["not_checked"] else ""
+            note += f" ({m['timeouts']} of the killed ran out of time)" if m["timeouts"] else ""
             print(f"{module:<40} {m['mutants']:>7} {m['killed']:>6} {len(m['survived']):>8} {m['equivalent']:>10} "
                   f"{m['score']:>8.1%}  {'met' if ok else 'not met'}{note}")
         cut = ", cut at the time limit" if r["cut"] else ""
