@@ -71,6 +71,11 @@ def read_checkpoint(path: str | Path, field: str = "checkpoint") -> CheckpointMe
     """read_meta of the folder `path`, refusals naming `field`: no such folder, no checkpoint.json in
     it, or one this version cannot read."""
     folder = Path(path).absolute()
+    try:
+        folder.is_dir()
+    except OSError as exc:  # a name too long for the file system, say
+        raise ConfigError(field, f"cannot read {str(folder)[:120]!r}: {exc.strerror}; allowed: a folder written by "
+                                 "run --save-checkpoint") from None
     if not folder.is_dir():
         raise ConfigError(field, f"no such folder: {folder}; allowed: a folder written by run --save-checkpoint")
     if not (folder / CHECKPOINT_META_FILE).is_file():

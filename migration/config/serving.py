@@ -41,6 +41,9 @@ def batch_list(value: Any, lo: int = SERVE_LIMITS["batch"][0], hi: int = SERVE_L
     """"1,4,16" (or a list) as batch sizes, each `lo` to `hi`, at most `most` of them; "" for the default."""
     if value in (None, "", ()):
         return ()
+    if not isinstance(value, (str, list, tuple)):
+        raise ConfigError("batches", f"batch sizes are text or a list, comma-separated whole numbers from {lo} to "
+                                     f"{hi:,} (e.g. 1,8,32); got {type(value).__name__} {str(value)[:40]!r}")
     parts = value.split(",") if isinstance(value, str) else list(value)
     if len(parts) > most:
         raise ConfigError("batches", f"at most {most} batch sizes; got {len(parts)}")
