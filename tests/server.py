@@ -45,6 +45,16 @@ def wait_until(predicate: Any, within_s: float, poll_s: float = 0.05) -> None:
         time.sleep(poll_s)
 
 
+def holds_within(predicate: Any, within_s: float, poll_s: float = 0.05) -> bool:
+    """Whether `predicate` comes to hold within `within_s` seconds (polled); the caller asserts."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(poll_s)
+    return bool(predicate())
+
+
 def job_is_stepping(job: Any) -> bool:
     """Whether a job-service job's worker has reported a training step."""
     return any(e.get("event") == "progress" and e["worker_event"]["event"] == "step" for e in job.events_since(0))

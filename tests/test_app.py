@@ -9,7 +9,7 @@ import pytest
 
 gradio_client = pytest.importorskip("gradio_client")
 
-from tests.server import ROOT, value, wait_until  # noqa: E402
+from tests.server import ROOT, holds_within, value, wait_until  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -139,14 +139,6 @@ def gone(pid: int) -> bool:
     return next(line.split()[1] for line in status.splitlines() if line.startswith("State:")) in ("Z", "X")
 
 
-def holds_within(predicate, within_s: float, poll_s: float = 0.05) -> bool:
-    """Whether `predicate` comes to hold within `within_s` seconds (polled)."""
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(poll_s)
-    return predicate()
 
 
 def labels(history: dict) -> list[str]:

@@ -16,7 +16,7 @@ import pytest
 from migration.config.requests import RunConfig
 from migration.service.history import History, HistoryError
 from migration.results import RunReport
-from tests.server import ROOT, Server, value
+from tests.server import ROOT, Server, holds_within, value
 
 pytestmark = pytest.mark.slow
 
@@ -37,17 +37,10 @@ def gone(pid):
     return next(line.split()[1] for line in status.splitlines() if line.startswith("State:")) in ("Z", "X")
 
 
-def wait_until(predicate, within_s, step=0.05):
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(step)
-    return predicate()
 
 
 def wait_for_steps(job, within_s=180):
-    assert wait_until(lambda: any("step" in str(value(o[0])) for o in job.outputs()), within_s, 0.2), \
+    assert holds_within(lambda: any("step" in str(value(o[0])) for o in job.outputs()), within_s, 0.2), \
         "the run never reported a step"
 
 
@@ -92,7 +85,7 @@ def test_a_worker_killed_from_outside_is_crashed_with_its_partial_curve_and_the_
     victim = app.client.submit(*run_args(100_000, label="victim"), api_name="/run")
     wait_for_steps(victim)
     queued = other.submit(*run_args(3, label="next in line"), api_name="/run")
-    assert wait_until(lambda: any("position 1" in str(value(o[0])) for o in queued.outputs()), 30, 0.2), \
+    assert holds_within(lambda: any("position 1" in str(value(o[0])) for o in queued.outputs()), 30, 0.2), \
         "the second run shows its queue position while it waits"
     os.kill(app.wait_for_worker(), signal.SIGKILL)
     progress, results, losses, *_ = [value(o) for o in victim.result(timeout=120)]
@@ -114,7 +107,7 @@ def test_a_silent_worker_is_killed_and_reported_as_timeout(app):
     assert "Run failed (timeout)" in progress and "sent nothing" in progress
     # Killed after its 3 s of silence (--silence-seconds 3), not at the run's time limit (an hour):
     # 12 s to spare for the kill and the result's way to the client on a loaded 2-core box.
-    assert time.monotonic() - stopped_at < 3 + 12 and wait_until(lambda: gone(worker), 5)
+    assert time.monotonic() - stopped_at < 3 + 12 and holds_within(lambda: gone(worker), 5)
 
 
 # The README's bound: a run's worker is killed within two seconds of its tab or connection going.
@@ -147,13 +140,13 @@ def test_a_dropped_connection_stops_the_worker_and_the_next_job_starts(app, tmp_
         worker = app.wait_for_worker()
         client.kill()
         dropped_at = time.monotonic()
-        stopped = wait_until(lambda: gone(worker), DISCONNECT_BOUND_S + LOADED_BOX_MARGIN_S)
+        stopped = holds_within(lambda: gone(worker), DISCONNECT_BOUND_S + LOADED_BOX_MARGIN_S)
         assert stopped, f"the worker still runs {time.monotonic() - dropped_at:.1f} s after its connection dropped"
     finally:
         client.kill()
         client.wait()
     # Stopped by the server because its connection went: the run's record ends cancelled.
-    assert wait_until(lambda: run_status(app, "dropped") not in (None, "queued", "running"), 30, 0.5), \
+    assert holds_within(lambda: run_status(app, "dropped") not in (None, "queued", "running"), 30, 0.5), \
         f"the run's record is still {run_status(app, 'dropped')!r}"
     assert run_status(app, "dropped") == "cancelled"
     assert "Run finished" in value(app.client.submit(*run_args(3), api_name="/run").result(timeout=300)[0])
@@ -185,14 +178,14 @@ def test_a_stopped_server_leaves_no_worker_and_the_restart_keeps_every_record(re
         running = app.client.submit(*run_args(100_000, label=label["running"]), api_name="/run")
         wait_for_steps(running)
         queued = app.connect().submit(*run_args(3, label=label["queued"]), api_name="/run")
-        assert wait_until(lambda: any("queued" in str(value(o[0])) for o in queued.outputs()), 30, 0.2)
+        assert holds_within(lambda: any("queued" in str(value(o[0])) for o in queued.outputs()), 30, 0.2)
         worker = app.wait_for_worker()
         os.killpg(app.proc.pid, sig)
         # SIGTERM: the server stops its jobs, waiting up to 10 s for them, then exits; SIGKILL: at
         # once. 20 s to spare on a loaded 2-core box (TimeoutExpired past them).
         app.proc.wait(timeout=10 + 20)
         # Its worker ends with it (its lifeline pipe closes); else it would run its 100,000 steps.
-        assert wait_until(lambda: gone(worker), 10), "a worker outlived its server"
+        assert holds_within(lambda: gone(worker), 10), "a worker outlived its server"
     finally:
         app.close()
     app.start()  # same history; left running for the next case (the fixture stops the last one)
