@@ -44,7 +44,7 @@ class Group:
 
 GROUPS = {
     "checklist": Group(("migration/grading/checklist.py", "migration/grading/serving.py"),
-                       ("tests/test_checklist.py", "tests/test_serving_checklist.py")),
+                       ("tests/test_checklist*.py", "tests/test_serving_checklist.py")),
     "search": Group(("migration/planning/search.py",),
                     ("tests/test_plan_arithmetic.py", "tests/test_planner.py", "tests/test_search*.py"), ("-m", "not slow")),
     "config": Group(("migration/config/forms.py", "migration/config/limits.py", "migration/config/serving.py"),
