@@ -11,6 +11,7 @@ import json
 import math
 import re
 from fractions import Fraction
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -746,6 +747,18 @@ def test_a_folder_without_a_readable_decoder_checkpoint_is_refused(saved, tmp_pa
                      lambda: serve_run_request(workload="mlp", preset="tiny", checkpoint=path)):
             err = refusal(call)
             assert err.field == "checkpoint" and words in str(err), str(err)
+
+
+@pytest.mark.parametrize("field,bad", [("dims", [1, 2]), ("model", "x"), ("step", "3"), ("devices", True),
+                                       ("workload", 5), ("loss_scale", [1.0])])
+def test_a_checkpoint_description_with_a_field_of_the_wrong_type_is_refused(saved, tmp_path, field, bad):
+    meta = json.loads((Path(saved["llama"]) / CHECKPOINT_META_FILE).read_text())
+    meta[field] = bad
+    (tmp_path / "odd").mkdir()
+    (tmp_path / "odd" / CHECKPOINT_META_FILE).write_text(json.dumps(meta))
+    for workload, preset in ((None, None), ("transformer", "small")):
+        err = refusal(serving_checkpoint, str(tmp_path / "odd"), workload, preset)
+        assert err.field == "checkpoint" and f"(wrong type of {field})" in str(err), str(err)
 
 
 def test_no_checkpoint_serves_the_preset():

@@ -61,6 +61,15 @@ def read_meta(path: str | Path) -> CheckpointMeta:
     except (OSError, ValueError, TypeError) as exc:
         raise ConfigError("restore_checkpoint", f"{file} is not a readable checkpoint description ({exc}); allowed: "
                                                 "a folder written by save_checkpoint") from None
+    kinds = {"workload": str, "preset": str, "model": dict, "dims": dict, "precision": str, "step": int,
+             "sharding": str, "devices": int, "backend": str, "device_kind": str, "format": int}
+    wrong = [name for name, kind in kinds.items()
+             if not isinstance(getattr(meta, name), kind) or isinstance(getattr(meta, name), bool)]
+    if meta.loss_scale is not None and not isinstance(meta.loss_scale, dict):
+        wrong.append("loss_scale")
+    if wrong:
+        raise ConfigError("restore_checkpoint", f"{file} is not a readable checkpoint description (wrong type of "
+                                                f"{', '.join(wrong)}); allowed: a folder written by save_checkpoint")
     if meta.format != FORMAT:
         raise ConfigError("restore_checkpoint", f"{path} has checkpoint format {meta.format}; this version reads "
                                                 f"format {FORMAT}")
