@@ -672,7 +672,8 @@ def test_a_damaged_store_is_a_clear_error_on_every_read(tmp_path):
     for wal in (tmp_path / "h.sqlite-wal", tmp_path / "h.sqlite-shm"):
         wal.unlink(missing_ok=True)
     expected = f"history: could not read the history (file is not a database){UNCHANGED}"
-    for read in (h.entries, lambda: h.usage("alice"), lambda: h.worker_seconds_since("2026-01-01 00:00:00")):
+    for read in (h.entries, lambda: h.usage("alice"), lambda: h.worker_seconds_since("2026-01-01 00:00:00"),
+                 h.users, h.integrity):
         with pytest.raises(HistoryError) as err:
             read()
         assert str(err.value) == expected

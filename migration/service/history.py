@@ -112,6 +112,13 @@ class History:
         except (sqlite3.Error, OSError) as exc:
             raise HistoryError(_why(exc, f"could not record {what}")) from exc
 
+    def _read(self, sql: str, args: tuple = ()) -> list[sqlite3.Row]:
+        try:
+            with self._connect() as db:
+                return db.execute(sql, args).fetchall()
+        except (sqlite3.Error, OSError) as exc:
+            raise HistoryError(_why(exc, "could not read the history")) from exc
+
     # -- writing -----------------------------------------------------------------------------------
 
     def _insert(self, kind: str, workload: str, preset: str, status: str, payload: dict[str, Any], label: str,
@@ -206,33 +213,19 @@ class History:
         columns = "*" if payload else ", ".join((*_STORED, "summary"))
         sql = f"SELECT {columns} FROM entries" + (" WHERE " + " AND ".join(where) if where else "") \
             + " ORDER BY id DESC LIMIT ?"
-        try:
-            with self._connect() as db:
-                rows = db.execute(sql, (*args, int(limit))).fetchall()
-        except (sqlite3.Error, OSError) as exc:
-            raise HistoryError(_why(exc, "could not read the history")) from exc
-        return [_row(dict(r)) for r in rows]
+        return [_row(dict(r)) for r in self._read(sql, (*args, int(limit)))]
 
     def usage(self, user: str) -> tuple[int, int]:
         """(entries, bytes of their payloads) that `user` holds."""
-        try:
-            with self._connect() as db:
-                rows, nbytes = db.execute("SELECT COUNT(*), COALESCE(SUM(payload_bytes), 0) FROM entries "
-                                          "WHERE user = ?", (user,)).fetchone()
-        except (sqlite3.Error, OSError) as exc:
-            raise HistoryError(_why(exc, "could not read the history")) from exc
+        [(rows, nbytes)] = self._read("SELECT COUNT(*), COALESCE(SUM(payload_bytes), 0) FROM entries WHERE user = ?",
+                                      (user,))
         return int(rows), int(nbytes)
 
     def worker_seconds_since(self, since: str) -> dict[str, float]:
         """user -> seconds of worker time recorded since `since` (runs' wall time, plans' search time)."""
-        try:
-            with self._connect() as db:
-                rows = db.execute(
-                    "SELECT user, COALESCE(SUM(COALESCE(json_extract(payload, '$.wall_s'), 0) + "
-                    "COALESCE(json_extract(payload, '$.search_seconds'), 0)), 0) FROM entries "
-                    "WHERE created_at >= ? GROUP BY user", (since,)).fetchall()
-        except (sqlite3.Error, OSError) as exc:
-            raise HistoryError(_why(exc, "could not read the history")) from exc
+        rows = self._read("SELECT user, COALESCE(SUM(COALESCE(json_extract(payload, '$.wall_s'), 0) + "
+                          "COALESCE(json_extract(payload, '$.search_seconds'), 0)), 0) FROM entries "
+                          "WHERE created_at >= ? GROUP BY user", (since,))
         return {user: float(seconds) for user, seconds in rows}
 
     def prune(self, older_than_days: float, user: str | None = None) -> int:
@@ -248,8 +241,7 @@ class History:
         return int(removed)
 
     def users(self) -> list[str]:
-        with self._connect() as db:
-            return [r[0] for r in db.execute("SELECT DISTINCT user FROM entries ORDER BY user")]
+        return [r[0] for r in self._read("SELECT DISTINCT user FROM entries ORDER BY user")]
 
     def run_report(self, entry_id: int) -> RunReport | None:
         found = self.entries(kind="run", ids=[entry_id])
@@ -262,8 +254,7 @@ class History:
 
     def integrity(self) -> str:
         """SQLite's own integrity check: "ok" when the store is undamaged."""
-        with self._connect() as db:
-            return str(db.execute("PRAGMA integrity_check").fetchone()[0])
+        return str(self._read("PRAGMA integrity_check")[0][0])
 
     def to_csv(self, ids: list[int] | None = None, path: str | Path | None = None, user: str | None = None,
                viewer: str | None = None, limit: int = EXPORT_MAX_ROWS) -> str:
