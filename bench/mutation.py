@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import fnmatch
 import os
 import re
 import shutil
@@ -40,6 +41,7 @@ class Group:
     modules: tuple[str, ...]
     tests: tuple[str, ...]
     pytest_args: tuple[str, ...] = ()
+    functions: tuple[str, ...] = ()  # mutant-name globs: only these of the modules' mutants run and count
 
 
 GROUPS = {
@@ -60,6 +62,16 @@ GROUPS = {
          "--deselect", "tests/test_codecheck.py::test_cli_check_exits_non_zero_on_errors_and_writes_json_and_csv")),
     "history": Group(("migration/service/history.py", "migration/service/accounts.py"),
                      ("tests/test_history*.py", "tests/test_security_and_input.py")),
+    # job ownership and the queue: the service's own rules (who sees and stops a job, limits, lane
+    # order, what each ending records), not the functions that start planner and run workers
+    "jobs": Group(("migration/service/jobs.py", "migration/service/job.py"),
+                  ("tests/test_job_ownership.py", "tests/test_fair_share.py"), ("--timeout=120",),
+                  ("migration.service.job.*",
+                   *(f"migration.service.jobs.xǁJobServiceǁ{f}__mutmut_*" for f in (
+                       "__init__", "_submit_task", "_refuse_past_limits", "_submit", "_check_quotas", "_enqueue",
+                       "_execute", "_may_start", "_wait_turn", "_leave_lane", "_change_lane", "used_today",
+                       "budget_line", "_finish_unstarted", "_queue_order", "_record_end", "get", "cancel",
+                       "position", "running", "jobs", "shutdown", "_forget_old")))),
 }
 
 STATUS = re.compile(r"^\s*(\S+): (.+)$")
@@ -148,7 +160,8 @@ def run_group(name: str, group: Group, work: Path, limit_s: float, ref: str | No
         start = time.monotonic()
         with open(dest / "run.log", "w") as log:  # mutmut's progress, as it goes
             try:
-                subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children", str(os.cpu_count() or 2)],
+                subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children", str(os.cpu_count() or 2),
+                                *group.functions],
                                cwd=dest, stdout=log, stderr=subprocess.STDOUT, timeout=limit_s,
                                env={**os.environ, REUSE_ENV: str(reuse)})
             except subprocess.TimeoutExpired:
@@ -161,7 +174,7 @@ def run_group(name: str, group: Group, work: Path, limit_s: float, ref: str | No
     statuses = {}
     for line in mutmut(dest, "results", "--all", "true").stdout.splitlines():
         m = STATUS.match(line)
-        if m:
+        if m and (not group.functions or any(fnmatch.fnmatchcase(m.group(1), f) for f in group.functions)):
             statuses[m.group(1)] = m.group(2).strip()
     return {"group": name, "statuses": statuses, "elapsed_s": elapsed, "cut": cut, "dest": dest}
 
@@ -196,7 +209,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.list:
         for name, g in GROUPS.items():
-            print(f"{name}: mutates {' '.join(g.modules)}; runs {' '.join(g.tests)} {' '.join(g.pytest_args)}")
+            only = f" (only {len(g.functions)} name patterns)" if g.functions else ""
+            print(f"{name}: mutates {' '.join(g.modules)}{only}; runs {' '.join(g.tests)} {' '.join(g.pytest_args)}")
         return 0
     unknown = [g for g in args.groups if g not in GROUPS]
     if unknown:

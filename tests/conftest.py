@@ -18,6 +18,7 @@ os.environ["XLA_FLAGS"] = " ".join(f for f in (_outer_xla_flags or "", DISABLE_X
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
+from filelock import FileLock  # noqa: E402
 
 # XLA reads XLA_FLAGS once, at its first compile: compile now, then give the worker processes the
 # tests start the caller's flags back (they set their own).
@@ -53,20 +54,27 @@ class Trainer:
 
 
 def reused(name: str, make, tmp_path_factory):
-    """`make(folder)`: a costly fixture's value (real plans and runs, made in `folder`). Under
-    bench/mutation.py (MIGRATION_TEST_REUSE names a folder) it is made once, by the unmutated code
-    while mutmut learns which tests reach which function, and read back by every mutant's run, so
-    that a mutant pays for its tests and not for the fixture's runs; otherwise made here."""
+    """`make(folder)`: a costly fixture's value (real plans and runs, made in `folder`), made once per
+    test session and read back by every test file and xdist worker that asks for it (the first to
+    ask makes it under a file lock; the others wait and read it). Under bench/mutation.py
+    (MIGRATION_TEST_REUSE names a folder) it is made once per mutation run, by the unmutated code
+    while mutmut learns which tests reach which function, so that a mutant pays for its tests and
+    not for the fixture's runs."""
     shared = os.environ.get("MIGRATION_TEST_REUSE")
-    if not shared:
-        return make(tmp_path_factory.mktemp(name))
-    folder, saved = Path(shared) / name, Path(shared) / f"{name}.pickle"
-    if saved.exists():
-        return pickle.loads(saved.read_bytes())
-    folder.mkdir(parents=True, exist_ok=True)
-    value = make(folder)
-    saved.write_bytes(pickle.dumps(value))
-    return value
+    if shared:
+        root = Path(shared)
+    elif os.environ.get("PYTEST_XDIST_WORKER"):
+        root = tmp_path_factory.getbasetemp().parent  # this session's folder, above each worker's own
+    else:
+        root = tmp_path_factory.getbasetemp()
+    folder, saved = root / name, root / f"{name}.pickle"
+    with FileLock(str(root / f"{name}.lock")):
+        if saved.exists():
+            return pickle.loads(saved.read_bytes())
+        folder.mkdir(parents=True, exist_ok=True)
+        value = make(folder)
+        saved.write_bytes(pickle.dumps(value))
+        return value
 
 
 @pytest.fixture

@@ -8,7 +8,10 @@ it ran (backend, device kind, measured peak): the grading reads exactly those fi
 import csv
 import dataclasses
 import io
+import json
 import math
+import os
+from pathlib import Path
 
 import pytest
 
@@ -362,3 +365,97 @@ def test_a_plan_from_an_older_version_is_refused_with_a_clear_message(world):
     with pytest.raises(ValueError, match="older version"):
         Plan.from_dict(data)
     assert Plan.from_dict(world["plan"].to_dict()) == world["plan"]
+
+
+# -- the words, case by case ----------------------------------------------------------------------
+
+GOLDEN = Path(__file__).parent / "golden" / "checklist_texts.json"
+UPDATE = "MIGRATION_UPDATE_GOLDEN"
+
+
+def pinned(w):
+    """The world with every figure a grade prints fixed (measured and compiled figures vary with the
+    machine and the JAX version), so that each case's evidence and action compare word for word."""
+    plan = dataclasses.replace(w["plan"], per_device_batch=8, accumulation_steps=2, global_batch=16,
+                               source_per_core_batch=2, predicted_peak_bytes=3 * 2**30, remat="dots",
+                               max_batch_by_remat={"none": 24, "dots": 40, "full": 64}, precision="bf16")
+    profile = {"steps": 2, "path": "/runs/trace", "top_ops": [
+        {"name": "fusion.3", "total_ms": 9.0}, {"name": "dot.1", "total_ms": 5.0}]}
+    common = dict(jax_version="0.10.2", compile_s=2.5, step_ms_median=40.0, peak_memory_bytes=5 * 2**29,
+                  peak_memory_source="compiled: memory_analysis()", predicted_peak_bytes=3 * 2**30,
+                  recompilations=0, remat="dots", peak_tflops=50.0, backend="cpu", device_kind="cpu",
+                  accumulation_steps=2, global_batch=16, fp32_matmul_precision=None)
+    run = dataclasses.replace(w["run"], **common, precision="bf16", per_device_batch=8, devices=1, device_count=1,
+                              samples_per_s=400.0, losses=[4.5, 4.0, 3.5, 3.25], profile=profile)
+    ref = dataclasses.replace(w["ref"], **common, precision="fp32", per_device_batch=8, devices=1, device_count=1,
+                              samples_per_s=300.0, losses=[4.5, 4.0, 3.5, 3.3], profile=None)
+    two = dataclasses.replace(w["two"], **common, precision="bf16", per_device_batch=4, devices=2, device_count=2,
+                              samples_per_s=700.0, losses=[4.5, 4.0, 3.5, 3.25], profile=None)
+    return {"plan": plan, "run": run, "ref": ref, "two": two}
+
+
+def many(line: str, n: int) -> str:
+    return "import jax\n" + "\n".join([line] * n) + "\n"
+
+
+# Branches the status cases above leave out, and the edges of what a text lists.
+TEXT_CASES = CASES + [
+    ("profile", NOT_CHECKED, lambda w: Evidence(w["plan"]), "no profile"),
+    ("profile", PASS, lambda w: Evidence(w["plan"], on_gpu(w["run"], profile={
+        "steps": 1, "path": "/runs/one", "top_ops": [{"name": f"op.{i}", "total_ms": 6.0 - i} for i in range(6)]})),
+     "op.0 6.00 ms/step"),
+    ("batch", WARN, lambda w: Evidence(w["plan"], on_gpu(w["run"], global_batch=17)), "global batch changed"),
+    ("batch", WARN, lambda w: Evidence(dataclasses.replace(w["plan"], prediction_method="estimate")), "estimate"),
+    ("batch", WARN, lambda w: Evidence(w["plan"], dataclasses.replace(w["run"], accumulation_steps=4)),
+     "re-fitted to this machine"),
+    ("apis", FAIL, lambda w: Evidence(w["plan"], code=code(many('d = jax.devices("tpu")', 9))), "TPU001"),
+    ("remat", WARN, lambda w: Evidence(dataclasses.replace(w["plan"], prediction_method="compiled-local",
+                                                           planned_on="cpu")), "CPU-backend compile"),
+    ("scaling", NOT_CHECKED, lambda w: Evidence(gpus(w["plan"], 16, nodes=2), w["run"], scaling_runs=(w["run"],)),
+     "over 2 nodes"),
+    ("scaling", WARN, lambda w: Evidence(gpus(w["plan"], 16, nodes=2), on_gpu(w["run"]), scaling_runs=(
+        on_gpu(w["run"], device_count=1, samples_per_s=100.0), on_gpu(w["two"], device_count=4, samples_per_s=390.0),
+        on_gpu(w["two"], device_count=8, samples_per_s=760.0))), "from 1 to 8"),
+    ("benchmark", NOT_CHECKED, lambda w: Evidence(w["plan"], on_gpu(w["run"], peak_tflops=None), tpu_style_run=dataclasses.replace(
+        w["ref"], status="failed", failure_kind="oom")), "the TPU-style setup run here failed (oom)"),
+    ("benchmark", WARN, lambda w: Evidence(gpus(w["plan"], 2), on_gpu(w["run"], device_count=None, samples_per_s=50.0),
+                                           tpu_step_ms=160.0), "linear scaling 1.00x"),
+    ("monitoring", PASS, lambda w: Evidence(w["plan"], code=code(many("s = jax.devices()[0].memory_stats()", 7))),
+     "memory_stats"),
+    ("monitoring", WARN, lambda w: Evidence(w["plan"], code=code(many('jax.profiler.start_trace("/tmp/t")', 7))),
+     "captures profiler traces"),
+    ("preallocation", PASS, lambda w: Evidence(dataclasses.replace(w["plan"], environment={
+        **w["plan"].environment, "XLA_FLAGS": {"value": "--xla_gpu_enable_latency_hiding_scheduler=true",
+                                               "why": "overlap"}}), code=code(CLEAN)), "as planned"),
+    ("recompilation", WARN, lambda w: Evidence(w["plan"], on_gpu(w["run"]), code=code(
+        "import jax\nds = ds.batch(32)\n")), "SHAPE001"),
+    ("recompilation", WARN, lambda w: Evidence(w["plan"], on_gpu(w["run"]), code=code(NO_JAX)), "none of them uses JAX"),
+    ("numerics", PASS, lambda w: Evidence(w["plan"], on_gpu(w["run"], losses=[0.6, 0.52]),
+                                          fp32_reference=on_gpu(w["ref"], losses=[0.6, 0.5])), "4.0% apart"),
+    ("pmap", WARN, lambda w: Evidence(w["plan"], on_gpu(w["run"], losses=[4.0, 3.0], samples_per_s=200.0),
+                                      pmap_run=on_gpu(w["run"], losses=[4.0, 3.0001], samples_per_s=160.0),
+                                      code=code(NO_JAX)), "found no JAX"),
+]
+
+
+def texts(w) -> dict[str, list[str]]:
+    out = {}
+    for i, (item, status, build, phrase) in enumerate(TEXT_CASES):
+        graded = ITEMS[item].grade(build(w))
+        assert graded[0] == status and phrase in graded[1], (i, item, graded)
+        out[f"{i:03d} {item} {status}"] = list(graded)
+    return out
+
+
+def test_every_case_reads_word_for_word_as_reviewed(world):
+    """Each case's status, evidence and action, against tests/golden/checklist_texts.json: what a user
+    reads is reviewed like code. After a deliberate change of wording, rewrite the file with
+    `MIGRATION_UPDATE_GOLDEN=1 python -m pytest tests/test_checklist.py -k word_for_word` and read its diff."""
+    got = texts(pinned(world))
+    if os.environ.get(UPDATE):
+        GOLDEN.parent.mkdir(exist_ok=True)
+        GOLDEN.write_text(json.dumps(got, indent=1, ensure_ascii=False) + "\n")
+    want = json.loads(GOLDEN.read_text())
+    assert list(got) == list(want), "the cases changed: rewrite the golden file and review it"
+    for key in want:
+        assert got[key] == want[key], key

@@ -14,7 +14,7 @@ from migration.grading.scaling import loss_tolerance
 from migration.grading.serving import ServingEvidence
 from migration.hardware import GPU_SPECS, TPU_SPECS
 from tests import test_checklist, test_serving_checklist
-from tests.test_checklist import CLEAN, NO_JAX, PMAP_ONLY, TARGET_KIND, code, gpus, infeasible, on_gpu
+from tests.test_checklist import CLEAN, NO_JAX, PMAP_ONLY, TARGET_KIND, TPU_ERA, code, gpus, infeasible, on_gpu
 from tests.test_serving_checklist import on_gpu as serve_on_gpu
 
 pytestmark = pytest.mark.slow
@@ -242,7 +242,7 @@ def test_benchmark_reports_the_tpu_style_run_and_the_estimate(world):
             f"{peak:.0f} bf16 TFLOP/s; not a measurement)") in text
     assert f"at a global batch of {plan.requested_global_batch}" in action
     failed = dataclasses.replace(tpu, status="failed", failure_kind="oom")
-    assert "; the TPU-style setup run here oom" in checklist.grade_benchmark(Evidence(plan, r, tpu_style_run=failed))[1]
+    assert "; the TPU-style setup run here failed (oom)" in checklist.grade_benchmark(Evidence(plan, r, tpu_style_run=failed))[1]
     no_peak = dataclasses.replace(r, peak_tflops=None)
     assert "ESTIMATE n/a" in checklist.grade_benchmark(Evidence(plan, no_peak))[1]
 
@@ -639,6 +639,20 @@ def test_another_gpu_model_is_not_the_target(world):
     assert checklist.grade_recompilation(Evidence(local, on_gpu(r), code=code(CLEAN)))[0] == PASS
     elsewhere = dataclasses.replace(local, planned_device_kind="NVIDIA L4")
     assert checklist.grade_recompilation(Evidence(elsewhere, on_gpu(r), code=code(CLEAN)))[0] == WARN
+
+
+def test_on_target_needs_a_gpu_run_of_the_targets_model(world):
+    """Only a GPU-backend run whose device kind is the target's counts as measured on the target."""
+    plan, r = world["plan"], world["run"]
+    ev = Evidence(plan)
+    assert ev.on_target(on_gpu(r)) and not ev.on_target(None)
+    assert not ev.on_target(dataclasses.replace(on_gpu(r), backend="cpu"))  # the target's name, on the CPU
+    assert not ev.on_target(dataclasses.replace(on_gpu(r), device_kind=None))
+    local = Evidence(dataclasses.replace(plan, target="local", planned_device_kind="NVIDIA L4"))
+    assert local.on_target(dataclasses.replace(on_gpu(r), device_kind="NVIDIA L4"))  # the planned local GPU
+    assert not local.on_target(on_gpu(r))
+    assert Evidence(plan).findings(("TPU001",)) == []  # no code check: no findings
+    assert [f.rule for f in Evidence(plan, code=code(TPU_ERA)).findings(("TPU001",))] == ["TPU001"]
 
 
 def test_scaling_efficiency_spans_the_smallest_to_the_largest_count(world):

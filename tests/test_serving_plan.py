@@ -44,9 +44,10 @@ def test_the_largest_batch_is_the_edge_of_the_budget():
     budget = GPU_SPECS["l4"].memory_bytes * fraction
     assert largest >= 1
     assert all(r["fits"] == (r["predicted_peak_bytes"] <= budget) for r in plan["rows"])
-    over = serve_plan(ServeRequest("llama", "tiny", "l4", prompt_len=32, gen_len=32, memory_fraction=fraction,
-                                   batches=(largest + 1,)))
-    assert not next(r for r in over["rows"] if r["batch"] == largest + 1)["fits"]
+    # one batch more, compiled on its own (not another search): it does not fit
+    spec = GPU_SPECS["l4"]
+    over = serve_row(req, serving_config(req, spec), spec, serving_mesh(deviceless_devices(spec, 1, 1)), largest + 1)
+    assert over["batch"] == largest + 1 and over["predicted_peak_bytes"] > budget and not over["fits"]
 
 
 def test_the_fused_attention_is_planned_where_the_target_runs_it():

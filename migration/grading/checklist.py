@@ -96,8 +96,13 @@ def _finite(value: object) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value)
 
 
+def device_count(r: RunReport) -> int:
+    """The devices a run measured: as the run reported them, else as it was configured."""
+    return r.device_count or r.devices or 1
+
+
 def where(r: RunReport) -> str:
-    return f"measured on {r.device_kind} x{r.device_count} ({r.backend} backend), JAX {r.jax_version}"
+    return f"measured on {r.device_kind} x{device_count(r)} ({r.backend} backend), JAX {r.jax_version}"
 
 
 def _elsewhere(ev: Evidence, r: RunReport) -> str:
@@ -257,8 +262,8 @@ def grade_benchmark(ev: Evidence) -> Grade:
         here = (f"; the TPU-style setup run here: {tpu.samples_per_s:,.1f} samples/s "
                 f"({r.samples_per_s / tpu.samples_per_s:.2f}x; the same device, not your TPU job)")
     elif tpu is not None:
-        here = f"; the TPU-style setup run here {tpu.failure_kind}"
-    migrated = f"migrated {r.samples_per_s:,.1f} samples/s on {r.device_count} device(s) ({where(r)})"
+        here = f"; the TPU-style setup run here {tpu.status} ({tpu.failure_kind or 'no throughput'})"
+    migrated = f"migrated {r.samples_per_s:,.1f} samples/s on {device_count(r)} device(s) ({where(r)})"
     if not ev.tpu_step_ms:
         tpu_peak = src.bf16_tflops_per_device * src.devices
         estimate = r.samples_per_s * tpu_peak / r.peak_tflops if r.peak_tflops else None
@@ -273,9 +278,9 @@ def grade_benchmark(ev: Evidence) -> Grade:
             f"global batch of {plan.requested_global_batch}, as you measured it): {ratio:.2f}x{here}")
     if not ev.on_target(r):
         return WARN, f"{text}; {_elsewhere(ev, r)}", f"run the plan on {plan.gpus} x {plan.target_name}"
-    if (r.device_count or 1) < plan.gpus:
-        return WARN, (f"{text}; measured on {r.device_count} of the plan's {plan.gpus} GPUs: at linear scaling "
-                      f"{ratio * plan.gpus / (r.device_count or 1):.2f}x, an ESTIMATE"), \
+    if device_count(r) < plan.gpus:
+        return WARN, (f"{text}; measured on {device_count(r)} of the plan's {plan.gpus} GPUs: at linear scaling "
+                      f"{ratio * plan.gpus / device_count(r):.2f}x, an ESTIMATE"), \
             f"run the plan on all {plan.gpus} GPUs"
     if ratio >= BENCHMARK_RATIO:
         return PASS, text, "keep the migrated setup"
@@ -305,7 +310,7 @@ def _env_findings(checks: list[environment.EnvCheck]) -> str:
     return "; ".join(c.text() for c in checks)
 
 
-def _env_grade(ev: Evidence, checks: list[environment.EnvCheck], scope: str, keep: str) -> Grade:
+def _env_grade(checks: list[environment.EnvCheck], scope: str, keep: str) -> Grade:
     """The grade of the compared settings: any unsafe fails, any other difference warns, all as
     planned passes."""
     verdict = environment.worst(checks)
@@ -333,14 +338,14 @@ def grade_deployment(ev: Evidence) -> Grade:
         return NOT_CHECKED, f"{scope}: no JAX and no environment settings in them", \
             "check the launcher or training script that sets the job's environment"
     checks = environment.compare(ev.plan, ev.code.env_settings)
-    grade = _env_grade(ev, checks, f"{scope} against the plan's environment", "keep them in step with the plan")
+    grade = _env_grade(checks, f"{scope} against the plan's environment", "keep them in step with the plan")
     return _unless_code_says(ev, grade, "TPUENV001", "TPU-only variables that do nothing on GPUs",
                              "drop them; carry their tuning over as GPU flags in XLA_FLAGS")
 
 
 def _unless_code_says(ev: Evidence, grade: Grade, rule: str, what: str, action: str) -> Grade:
     """`grade`, or a warning naming `rule`'s findings in the user's code when it would pass without them."""
-    found = ev.findings((rule,)) if ev.code is not None else []
+    found = ev.findings((rule,))
     if grade[0] != PASS or not found:
         return grade
     return WARN, f"{grade[1]}; but {what}: {_lines(found)}", action
@@ -357,7 +362,7 @@ def grade_preallocation(ev: Evidence) -> Grade:
         return FAIL, "set after `import jax` (ignored): " + ", ".join(f"{s.name} line {s.line}" for s in late), \
             "move them before the first import of jax"
     checks = environment.compare(ev.plan, settings, environment.MEMORY_VARS)
-    return _env_grade(ev, checks, _code_scope(ev.code), "keep preallocation off on a shared GPU")
+    return _env_grade(checks, _code_scope(ev.code), "keep preallocation off on a shared GPU")
 
 
 def grade_recompilation(ev: Evidence) -> Grade:
@@ -429,7 +434,7 @@ def grade_pmap(ev: Evidence) -> Grade:
             "run both steps again"
     worst = max_loss_rel_diff(before, r)
     ratio = r.samples_per_s / before.samples_per_s if r.samples_per_s and before.samples_per_s else None
-    text = (f"jit with shardings vs pmap + lax.pmean on {r.device_count} {r.device_kind} device(s), same data: "
+    text = (f"jit with shardings vs pmap + lax.pmean on {device_count(r)} {r.device_kind} device(s), same data: "
             f"largest relative loss difference {worst:.1e} over {len(r.losses)} steps; throughput "
             + (f"{r.samples_per_s:,.1f} vs {before.samples_per_s:,.1f} samples/s ({ratio:.2f}x)" if ratio else "n/a")
             + f"; {where(r)}")

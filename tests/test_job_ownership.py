@@ -1,0 +1,352 @@
+"""Who owns a job and what the queue does with it, in-process and without workers: each job's work
+is a function of the test (it waits on an event, fails, or finishes), so that the service's own
+rules are what is checked: only the owner sees and stops a job, per-user and total limits, the
+order a lane starts its jobs in, what the history records for each ending, and a shutdown."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from migration.config.limits import ConfigError
+from migration.service import jobs as jobs_module
+from migration.service.history import History, HistoryError
+from migration.service.job import Job, Limits, LimitError, NotYourJob, pump, until_cancelled, user_exports
+from migration.service.jobs import INTERRUPTED, JobService
+from tests.server import wait_until
+
+
+class Gate:
+    """Work that holds its lane until released, and says when it started."""
+
+    def __init__(self):
+        self.release, self.started = threading.Event(), threading.Event()
+
+    def __call__(self, job):
+        self.started.set()
+        self.release.wait(30)
+
+
+def service_for(tmp_path, **limits) -> JobService:
+    return JobService(History(tmp_path / "h.sqlite"), tmp_path / "exports", Limits(**limits), gpu_host=False)
+
+
+def submit(service, user, work, label="", lane="gpu", slots=1) -> Job:
+    return service._submit("run", user, label, lane, f"{user}'s {label}", "mlp", "tiny", {"config": {}}, work,
+                           slots=slots)
+
+
+def status_of(service, job) -> tuple[str, str | None]:
+    entry = service.history.entries(ids=[job.id])[0]
+    return entry["status"], entry["payload"].get("message")
+
+
+def test_only_the_owner_sees_and_stops_a_job(tmp_path):
+    service = service_for(tmp_path)
+    gate = Gate()
+    job = submit(service, "alice", gate, "alice's")
+    assert service.get(job.id, "alice") is job
+    with pytest.raises(NotYourJob, match=f"job {job.id} belongs to another user; you can only see and stop your own"):
+        service.get(job.id, "bob")
+    with pytest.raises(NotYourJob):
+        service.cancel(job.id, "bob")
+    assert not job.cancel_requested.is_set()
+    with pytest.raises(NotYourJob):
+        service.cancel(job.id, "")  # no name is not everyone's name
+    with pytest.raises(LookupError, match=f"job {job.id + 1}: not a current job of this server"):
+        service.get(job.id + 1, "alice")
+    assert service.jobs("alice") == [job] and service.jobs("bob") == [] and service.jobs() == [job]
+    gate.started.wait(10)
+    assert service.cancel(job.id, "alice") is job and job.cancel_requested.is_set()
+    gate.release.set()
+    wait_until(lambda: job.finished, 10)
+    assert job.state == "cancelled" and status_of(service, job) == ("cancelled", "cancelled: stopped on request")
+
+
+def test_per_user_and_total_limits_count_what_waits_or_runs(tmp_path):
+    service = service_for(tmp_path, jobs_per_user=2, queue_size=3, tasks_per_user=1, task_queue=2)
+    gate = Gate()
+    a1, a2 = submit(service, "alice", gate), submit(service, "alice", gate)
+    with pytest.raises(LimitError, match=r"^alice already has 2 job\(s\) waiting or running \(limit 2 per user\); "
+                                         r"wait for one to finish or stop one$"):
+        submit(service, "alice", gate)
+    b1 = submit(service, "bob", gate)
+    with pytest.raises(LimitError, match=r"^the queue is full \(3 job\(s\) waiting or running, limit 3\); try "
+                                         r"again later$"):
+        submit(service, "carol", gate)
+    # tasks (code checks, probes) have limits of their own: full job queues do not refuse them
+    t1 = service._submit_task("check", "alice", "a check", gate)
+    assert t1.id < 0 and not t1.recorded
+    with pytest.raises(LimitError, match=r"^alice already has 1 code check\(s\) or probe\(s\) waiting or running "
+                                         r"\(limit 1 per user\)"):
+        service._submit_task("check", "alice", "another", gate)
+    t2 = service._submit_task("probe", "", "a probe", gate)
+    with pytest.raises(LimitError, match=r"^you already have 1 code check\(s\) or probe\(s\)"):
+        service._submit_task("probe", "", "another", gate)
+    with pytest.raises(LimitError, match=r"^the queue is full \(2 code check\(s\) or probe\(s\) waiting or running, "
+                                         r"limit 2\)"):
+        service._submit_task("check", "carol", "a third", gate)
+    assert len(service.history.entries()) == 3  # a refused job is never recorded; tasks never are
+    service.cancel(a2.id, "alice")  # a queued job that ends frees its owner's room
+    wait_until(lambda: a2.finished, 10)
+    submit(service, "alice", gate)
+    gate.release.set()
+    wait_until(lambda: all(j.finished for j in service.jobs()), 10)
+    assert {j.state for j in (a1, b1, t1, t2)} == {"done"}
+    submit(service, "carol", gate)  # the queue has room again
+
+
+def test_a_lane_takes_turns_between_users_and_runs_each_users_jobs_in_order(tmp_path):
+    service = service_for(tmp_path, jobs_per_user=10)
+    gates = {}
+
+    def job(user, label):
+        gates[label] = Gate()
+        return submit(service, user, gates[label], label)
+
+    carol = job("carol", "c1")
+    gates["c1"].started.wait(10)
+    a1, a2, a3 = job("alice", "a1"), job("alice", "a2"), job("alice", "a3")
+    b1, b2 = job("bob", "b1"), job("bob", "b2")
+    c2 = job("carol", "c2")
+    # carol was served (her running job); alice and bob never were: by first submission, then carol
+    order = [a1, b1, c2, a2, b2, a3]
+    assert [service.position(j) for j in order] == [1, 2, 3, 4, 5, 6]
+    assert service.position(carol) is None and service.running("gpu") == [carol] and service.running("cpu") == []
+    started = []
+    for j in [carol, *order]:
+        gates[j.label].started.wait(10)
+        started.append(j)
+        assert service.running("gpu") == [j]
+        gates[j.label].release.set()
+        wait_until(lambda: j.finished, 10)
+    assert started == [carol, *order]
+    # now bob was served before alice (b2 before a3): waiting behind dave, bob's job goes first
+    hold = job("dave", "d1")
+    gates["d1"].started.wait(10)
+    a4, b3 = job("alice", "a4"), job("bob", "b3")
+    assert service.position(b3) == 1 and service.position(a4) == 2
+    for g in gates.values():
+        g.release.set()
+    wait_until(lambda: hold.finished and b3.finished and a4.finished, 10)
+    assert hold.lane_started_at < b3.lane_started_at < a4.lane_started_at
+
+
+def test_lanes_are_separate_and_a_lane_runs_as_many_jobs_as_it_has_slots(tmp_path):
+    service = service_for(tmp_path, jobs_per_user=10)
+    cpu = [Gate() for _ in range(3)]
+    plans = [submit(service, "alice", g, f"p{i}", lane="cpu") for i, g in enumerate(cpu)]
+    gpu = Gate()
+    run = submit(service, "bob", gpu, "r", lane="gpu")
+    cpu[0].started.wait(10), cpu[1].started.wait(10), gpu.started.wait(10)
+    assert service.running("cpu") == plans[:2] and service.position(plans[2]) == 1  # two plan slots
+    assert service.running("gpu") == [run]
+    cpu[0].release.set()
+    assert cpu[2].started.wait(10)
+    for g in (*cpu, gpu):
+        g.release.set()
+    wait_until(lambda: all(j.finished for j in service.jobs()), 10)
+
+
+def test_each_ending_is_recorded_with_its_reason(tmp_path):
+    service = service_for(tmp_path, jobs_per_user=10)
+
+    def refused(job):
+        raise ConfigError("steps", "must be a whole number from 1 to 50")
+
+    def broken(job):
+        raise RuntimeError("boom\nsecond line")
+
+    def fine(job):
+        service.history.set_status(job.id, "ok")
+
+    def history_full(job):
+        raise HistoryError("the history could not record the run: disk full")
+
+    ended = {name: submit(service, "alice", work, name) for name, work in
+             (("refused", refused), ("broken", broken), ("fine", fine), ("history_full", history_full))}
+    wait_until(lambda: all(j.finished for j in ended.values()), 10)
+    assert {n: j.state for n, j in ended.items()} == {"refused": "failed", "broken": "failed", "fine": "done",
+                                                       "history_full": "failed"}
+    assert ended["refused"].error == "steps: must be a whole number from 1 to 50"
+    assert ended["broken"].error == "internal error: RuntimeError: boom"
+    assert ended["fine"].error is None
+    assert ended["history_full"].error == "the history could not record the run: disk full"
+    assert status_of(service, ended["refused"]) == ("failed", "steps: must be a whole number from 1 to 50")
+    assert status_of(service, ended["broken"]) == ("failed", "internal error: RuntimeError: boom")
+    assert status_of(service, ended["fine"])[0] == "ok"  # the work's own record stands
+    events = [e["event"] for e in ended["fine"].events_since(0)]
+    assert events == ["started"]
+    assert all(j.used_s >= 0 and j.lane_started_at is not None for j in ended.values())
+
+
+def test_a_queued_job_cancelled_never_starts(tmp_path):
+    service = service_for(tmp_path, jobs_per_user=10)
+    first, second = Gate(), Gate()
+    running = submit(service, "alice", first, "running")
+    first.started.wait(10)
+    queued = submit(service, "alice", second, "queued")
+    assert service.position(queued) == 1
+    service.cancel(queued.id, "alice")
+    wait_until(lambda: queued.finished, 10)
+    assert queued.state == "cancelled" and not second.started.is_set() and queued.lane_started_at is None
+    assert queued.events_since(0) == [] and service.position(queued) is None
+    assert status_of(service, queued) == ("cancelled", "cancelled: stopped on request")
+    assert status_of(service, running)[0] == "running"
+    first.release.set()
+    wait_until(lambda: running.finished, 10)
+    assert running.state == "done"
+
+
+def test_shutdown_interrupts_what_runs_and_waits_and_refuses_more(tmp_path):
+    service = service_for(tmp_path, jobs_per_user=10)
+    gate = Gate()
+
+    def until_stopped(job):
+        gate.started.set()
+        job.cancel_requested.wait(30)
+
+    running = submit(service, "alice", until_stopped, "running")
+    gate.started.wait(10)
+    queued = submit(service, "bob", Gate(), "queued")
+    done = submit(service, "carol", lambda job: service.history.set_status(job.id, "ok"), "done", lane="cpu")
+    wait_until(lambda: done.finished, 10)
+    assert sorted(service.shutdown(timeout_s=10)) == sorted([running.id, queued.id])
+    assert running.state == queued.state == "interrupted" and done.state == "done"
+    assert status_of(service, running) == ("interrupted", INTERRUPTED)
+    assert status_of(service, queued) == ("interrupted", INTERRUPTED)
+    with pytest.raises(LimitError, match="^the server is stopping; submit again once it is back$"):
+        submit(service, "dave", Gate())
+    # the next server marks a killed server's leftovers: none here
+    assert JobService(service.history, tmp_path / "exports", gpu_host=False).recovered == []
+
+
+def test_a_new_server_marks_a_killed_servers_leftovers(tmp_path):
+    history = History(tmp_path / "h.sqlite")
+    left = history.open_entry("run", "mlp", "tiny", {}, user="alice")
+    service = JobService(history, tmp_path / "exports", gpu_host=False)
+    assert service.recovered == [left]
+    assert history.entries(ids=[left])[0]["payload"]["message"] == INTERRUPTED
+
+
+def test_finished_jobs_are_forgotten_after_the_newest_ones_or_a_while(tmp_path, monkeypatch):
+    monkeypatch.setattr(jobs_module, "KEEP_FINISHED", 2)
+    service = service_for(tmp_path, jobs_per_user=10)
+    done = []
+    for i in range(3):
+        done.append(submit(service, "alice", lambda job: None, f"#{i}"))
+        wait_until(lambda: done[-1].finished, 10)
+    gate = Gate()
+    open_job = submit(service, "alice", gate, "open")  # forgetting happens as jobs are submitted
+    assert [j.label for j in service.jobs("alice")] == ["#1", "#2", "open"]  # the oldest finished one went
+    with pytest.raises(LookupError):
+        service.get(done[0].id, "alice")
+    monkeypatch.setattr(jobs_module, "KEEP_FINISHED_S", 0.0)
+    wait_until(lambda: done[-1].finished_at is not None, 10)
+    submit(service, "bob", gate, "later")
+    assert [j.label for j in service.jobs()] == ["open", "later"]  # an unfinished job is never forgotten
+    gate.release.set()
+
+
+def test_worker_time_counts_against_the_owner_and_not_for_tasks(tmp_path):
+    service = service_for(tmp_path, jobs_per_user=10)
+    gate, task_gate = Gate(), Gate()
+    job = submit(service, "alice", gate)
+    task = service._submit_task("check", "alice", "a check", task_gate)
+    gate.started.wait(10), task_gate.started.wait(10)
+    wait_until(lambda: service.used_today("alice") > 0.2, 10)
+    assert service.used_today("bob") == 0.0
+    gate.release.set()
+    wait_until(lambda: job.finished, 10)
+    held = job.used_s
+    assert held > 0.2 and service.used_today("alice") == pytest.approx(held, abs=1e-6)  # the task is not counted
+    task_gate.release.set()
+    wait_until(lambda: task.finished, 10)
+    assert service.used_today("alice") == pytest.approx(held, abs=1e-6) and task.used_s > 0.2
+    assert service.budget_line("alice") == ("your worker time in the last 24 h: 0 of 720 min; "
+                                            "each job may use 180 min")
+
+
+def test_a_job_moved_to_another_lane_frees_its_slot_and_waits_its_turn(tmp_path):
+    service = service_for(tmp_path, jobs_per_user=10)
+    gpu = Gate()
+    holder = submit(service, "bob", gpu, "holder", lane="gpu")
+    gpu.started.wait(10)
+    moved_to, states = threading.Event(), []
+
+    def plan_then_run(job):
+        states.append(service._change_lane(job, "gpu", 1))
+        moved_to.set()
+
+    mover = submit(service, "alice", plan_then_run, "mover", lane="cpu")
+    wait_until(lambda: mover.lane == "gpu" and mover.state == "queued", 10)
+    assert service.running("cpu") == [] and service.position(mover) == 1 and not moved_to.is_set()
+    gpu.release.set()
+    assert moved_to.wait(10) and states == [True]
+    wait_until(lambda: mover.finished, 10)
+    assert mover.state == "done" and holder.state == "done"
+
+
+def test_pump_keeps_the_result_and_stops_on_cancel_or_budget():
+    closed = []
+
+    def events(items):
+        try:
+            yield from items
+        finally:
+            closed.append(True)
+
+    job = Job(1, "run", "alice", "", "gpu", "")
+    pump(job, events([{"event": "started"}, {"event": "result", "result": "the report"}, {"event": "after"}]))
+    assert job.result == "the report" and [e["event"] for e in job.events_since(0)] == ["started", "result", "after"]
+    assert closed == [True]
+    job = Job(2, "run", "alice", "", "gpu", "")
+    job.cancel_requested.set()
+    pump(job, events([{"event": "a"}, {"event": "b"}]))
+    assert [e["event"] for e in job.events_since(0)] == ["a"] and closed == [True, True]
+    job = Job(3, "run", "alice", "", "gpu", "")
+    job.lane_started_at = None
+    job.used_s = 5.0
+    with pytest.raises(LimitError, match=r"^job budget: the job's workers used 4 s of wall-clock time together"):
+        pump(job, events([{"event": "a"}, {"event": "b"}]), budget_s=4.0)
+    assert len(closed) == 3
+
+
+def test_a_cancelled_task_kills_its_worker():
+    class Worker:
+        cancelled = 0
+
+        def cancel(self):
+            self.cancelled += 1
+
+    job, worker = Job(-1, "check", "alice", "", "task", ""), Worker()
+    seen = []
+    for ev in until_cancelled(job, worker, iter([1, 2, 3])):
+        seen.append(ev)
+        if ev == 2:
+            job.cancel_requested.set()
+    assert seen == [1, 2, 3] and worker.cancelled == 1
+
+
+def test_job_events_keep_the_latest_step_and_the_curves(tmp_path):
+    job = Job(1, "run", "alice", "", "gpu", "")
+    job.push({"event": "started"})
+    for i in range(3):
+        job.push({"event": "worker", "worker_event": {"event": "step", "step": i}})
+    job.push({"event": "progress", "run": "migrated", "first_step": 0, "losses": [3.0, 2.5]})
+    job.push({"event": "progress", "run": "migrated", "first_step": 1, "losses": [2.4, 2.2]})
+    events = job.events_since(0)
+    assert [e["seq"] for e in events] == [0, 3, 4, 5]  # the steps replaced each other: the last one kept
+    assert events[1]["worker_event"]["step"] == 2 and "losses" not in events[2]
+    assert job.curve("migrated") == [3.0, 2.4, 2.2] and job.curve("migrated", 2) == [2.2] and job.curve("other") == []
+    assert job.events_since(4) == events[2:] and job.events_since(5) == [events[3]] and job.events_since(6) == []
+    job._end("done")
+    assert job.finished and job.finished_at is not None and job.curves == {}
+
+
+def test_each_user_has_a_private_exports_folder(tmp_path):
+    alice, bob = user_exports(tmp_path, "alice"), user_exports(tmp_path, "bob")
+    assert alice != bob and alice.parent == bob.parent == tmp_path and alice.is_dir()
+    assert alice.stat().st_mode & 0o777 == 0o700
+    assert user_exports(tmp_path, "alice") == alice
