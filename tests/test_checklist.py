@@ -317,8 +317,10 @@ def test_a_grade_returning_an_undeclared_status_is_refused(world, monkeypatch, i
     ev = evidence(world)
     assert {i.id: i for i in evaluate(ev)}[item_id].status in spec.statuses
     monkeypatch.setitem(items, item_id, dataclasses.replace(spec, grade=lambda e: (undeclared, "evidence", "action")))
-    with pytest.raises(checklist.UndeclaredStatus, match=f"{item_id}.*{undeclared}"):
+    with pytest.raises(checklist.UndeclaredStatus) as refused:
         evaluate(ev)
+    assert str(refused.value) == (f"checklist item {item_id!r} graded {undeclared!r}, which it does not declare "
+                                  f"(its statuses: {', '.join(spec.statuses)})")
 
 
 def test_nothing_passes_on_this_tools_own_settings(world):
@@ -354,6 +356,10 @@ def test_csv_has_one_row_per_item_and_the_snippet_sets_the_environment(world, tm
                                           "evidence": i.evidence, "action": i.action}, i.id
     snippet = deployment.deployment_snippet(world["plan"])
     assert "export XLA_PYTHON_CLIENT_PREALLOCATE=false" in snippet and snippet.startswith("#!/usr/bin/env bash")
+
+
+def test_an_empty_checklist_exports_its_header():
+    assert checklist.to_csv([]) == "id,item,status,evidence,action\n"
 
 
 def test_a_plan_from_an_older_version_is_refused_with_a_clear_message(world):
@@ -435,6 +441,22 @@ TEXT_CASES = CASES + [
     ("pmap", WARN, lambda w: Evidence(w["plan"], on_gpu(w["run"], losses=[4.0, 3.0], samples_per_s=200.0),
                                       pmap_run=on_gpu(w["run"], losses=[4.0, 3.0001], samples_per_s=160.0),
                                       code=code(NO_JAX)), "found no JAX"),
+    ("scaling", WARN, lambda w: Evidence(gpus(w["plan"], 2), on_gpu(w["run"]), scaling_runs=(
+        on_gpu(w["run"], device_count=1, samples_per_s=100.0), w["two"])), "(cpu), not on"),
+    ("scaling", WARN, lambda w: Evidence(gpus(w["plan"], 2), on_gpu(w["run"]), scaling_runs=(
+        on_gpu(w["run"], device_count=1, samples_per_s=100.0), dataclasses.replace(
+            on_gpu(w["two"], samples_per_s=190.0), device_kind="NVIDIA H100 80GB HBM3"))), "not on the target"),
+    ("benchmark", NOT_CHECKED, lambda w: Evidence(w["plan"], on_gpu(w["run"], device_count=None, devices=2),
+                                                  tpu_style_run=on_gpu(w["ref"], samples_per_s=None)),
+     "the TPU-style setup run here ok (no throughput)"),
+    ("monitoring", PASS, lambda w: Evidence(w["plan"], code=code(
+        "import jax\nimport subprocess\nsubprocess.run(['nvidia-smi'])\n")), "nvidia-smi"),
+    ("deployment", FAIL, lambda w: Evidence(w["plan"], code=code(
+        'import os\nos.environ["JAX_PLATFORMS"] = "tpu"\nos.environ["JAX_PLATFORM_NAME"] = "tpu"\nimport jax\n')),
+     "JAX_PLATFORM_NAME=tpu line 3"),
+    ("preallocation", FAIL, lambda w: Evidence(w["plan"], code=code(
+        'import jax\nimport os\nos.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"\n'
+        'os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] = "0.8"\n')), "ignored"),
 ]
 
 

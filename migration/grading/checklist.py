@@ -98,7 +98,7 @@ def _finite(value: object) -> bool:
 
 def device_count(r: RunReport) -> int:
     """The devices a run measured: as the run reported them, else as it was configured."""
-    return r.device_count or r.devices or 1
+    return r.device_count or r.devices
 
 
 def where(r: RunReport) -> str:
@@ -237,8 +237,10 @@ def grade_scaling(ev: Evidence) -> Grade:
             f"run the plan at 1 and {plan.gpus} devices and compare samples/s per device"
     per_device = {r.device_count: r.samples_per_s / r.device_count for r in runs}
     text = "samples/s per device: " + ", ".join(f"{n} device(s) {per_device[n]:,.1f}" for n in counts) + f"; {where(runs[0])}"
-    if not all(ev.on_target(r) for r in runs):
-        return WARN, f"{text}; {_elsewhere(ev, runs[0])}: XLA's CPU devices share the host's cores", \
+    off = [r for r in runs if not ev.on_target(r)]
+    if off:
+        shared = ": XLA's CPU devices share the host's cores" if off[0].backend != "gpu" else ""
+        return WARN, f"{text}; {_elsewhere(ev, off[0])}{shared}", \
             f"measure on {plan.gpus} x {plan.target_name}"
     efficiency = per_device[counts[-1]] / per_device[counts[0]]
     text += f"; efficiency {efficiency:.0%} from {counts[0]} to {counts[-1]}"
