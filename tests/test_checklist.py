@@ -457,6 +457,11 @@ TEXT_CASES = CASES + [
     ("preallocation", FAIL, lambda w: Evidence(w["plan"], code=code(
         'import jax\nimport os\nos.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"\n'
         'os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] = "0.8"\n')), "ignored"),
+    ("pmap", NOT_CHECKED, lambda w: Evidence(w["plan"], dataclasses.replace(w["run"], status="failed",
+                                                                         failure_kind="timeout"), pmap_run=w["run"]),
+     "the migrated step failed (timeout)"),
+    ("pmap", NOT_CHECKED, lambda w: Evidence(w["plan"], pmap_run=w["run"]), "the migrated step has not run"),
+    ("batch", WARN, lambda w: Evidence(w["plan"], on_gpu(w["run"], peak_memory_bytes=None)), "reported no peak memory"),
 ]
 
 

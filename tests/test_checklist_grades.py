@@ -409,6 +409,17 @@ def test_kv_headroom_reads_the_largest_batch_row(evidence):
     assert status == FAIL and f"at batch {top['batch']}" in text
 
 
+def test_kv_headroom_of_a_plan_file_without_a_fitting_row_warns(evidence):
+    """A serving plan file (serve-run --plan) whose rows are all over the edge: no crash, a warn."""
+    plan, _run = evidence
+    over = {**plan, "rows": [{**r, "fits": False} for r in plan["rows"]]}
+    status, text, action = serving.grade_kv_headroom(ServingEvidence(plan=over))
+    batches = ", ".join(str(r["batch"]) for r in plan["rows"])
+    assert status == WARN and f"largest batch {plan['largest_batch']}, but the plan's rows ({batches}) all exceed " \
+        f"{fmt_gib(plan['budget_bytes'])}" in text
+    assert action == "plan again with serve-plan, without --batches"
+
+
 def test_kv_headroom_without_a_plan_uses_90_percent_of_the_card(evidence):
     _plan, run = evidence
     card = GPU_SPECS["l4"].memory_bytes

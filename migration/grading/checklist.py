@@ -175,7 +175,9 @@ def grade_batch(ev: Evidence) -> Grade:
         if r.global_batch != plan.requested_global_batch:
             return WARN, f"{planned}; {ran}; the global batch changed", "rescale the learning rate, or choose a divisible global batch"
         return PASS, f"{planned}; {ran}", "keep the planned batch and accumulation"
-    if ev.ran:
+    if ev.ran and ev.on_target(r):  # on the target, but without a peak figure
+        measured = f"; the run on {r.device_kind} reported no peak memory (memory_stats() gave none)"
+    elif ev.ran:
         refit = (r.per_device_batch, r.accumulation_steps) != (plan.per_device_batch, plan.accumulation_steps)
         measured = (f"; the run here ({r.per_device_batch} per device x {r.accumulation_steps}, "
                     f"{'re-fitted to this machine' if refit else 'as planned'}) peaked at "
@@ -431,7 +433,11 @@ def grade_pmap(ev: Evidence) -> Grade:
     if before is None:
         return NOT_CHECKED, "the TPU-era pmap step was not run beside the migrated step", \
             "run the plan with the pmap 'before' step (same devices, same data) to compare loss and throughput"
-    if not (ev.ran and before.ok and before.losses and r.losses):
+    if not (ev.ran and r.losses):
+        ran = f"{r.status} ({r.failure_kind or 'no losses'})" if r is not None else "has not run"
+        return NOT_CHECKED, f"the migrated step {ran}, so there is nothing to compare the pmap step with", \
+            "run both steps again"
+    if not (before.ok and before.losses):
         return NOT_CHECKED, f"the pmap step {before.status} ({before.failure_kind or 'no losses'})", \
             "run both steps again"
     worst = max_loss_rel_diff(before, r)

@@ -71,8 +71,13 @@ def grade_kv_headroom(ev: ServingEvidence) -> Grade:
             return FAIL, (f"predicted for {plan['target']} (compiled without the device): not even one sequence "
                           f"fits in {fmt_gib(plan['budget_bytes'])}"), \
                 "int8 weights, a shorter context, or a GPU with more memory"
-        row = max((r for r in plan["rows"] if r["fits"]), key=lambda r: r["batch"])
         on = f"{plan['gpus']} x {plan['target']}, per GPU" if plan.get("gpus", 1) > 1 else plan["target"]
+        fitting = [r for r in plan["rows"] if r["fits"]]
+        if not fitting:  # a plan file whose rows are only batches over the edge
+            return WARN, (f"predicted for {on} (compiled without the device): largest batch {plan['largest_batch']}, "
+                          f"but the plan's rows ({', '.join(str(r['batch']) for r in plan['rows'])}) all exceed "
+                          f"{fmt_gib(plan['budget_bytes'])}"), "plan again with serve-plan, without --batches"
+        row = max(fitting, key=lambda r: r["batch"])
         text = (f"predicted for {on} (compiled without the device): largest batch {plan['largest_batch']}; "
                 f"at batch {row['batch']} peak {fmt_gib(row['predicted_peak_bytes'])} of "
                 f"{fmt_gib(row['budget_bytes'])}, KV cache {fmt_gib(row['kv_cache_bytes_compiled'])}")
