@@ -765,3 +765,13 @@ def test_no_checkpoint_serves_the_preset():
     for none in ("", None):
         assert run_req(checkpoint=none).checkpoint == "" and run_req(checkpoint=none).model == {}
         assert plan_req(checkpoint=none).checkpoint == "" and plan_req(checkpoint=none).model == {}
+
+
+@pytest.mark.parametrize("model,message", [
+    ({"n_heads": 5}, "n_heads: must divide d_model (64); got 5"),
+    ({"n_heads": "x"}, "n_heads: must be an integer from 1 to 1024; got 'x'"),
+])
+def test_a_serving_models_bad_dimension_is_named_once(model, message):
+    with pytest.raises(ConfigError) as refused:
+        serve_request(workload="llama", preset="tiny", target="l4", model=model, prompt_len=16, gen_len=8)
+    assert str(refused.value) == message and refused.value.field == "n_heads"

@@ -85,7 +85,7 @@ class ModelConfigError(ValueError):
     """A model dimension is out of range or inconsistent. `str()` is one line naming it."""
 
     def __init__(self, field: str, message: str):
-        self.field = field
+        self.field, self.message = field, message
         super().__init__(f"{field}: {message}")
 
 

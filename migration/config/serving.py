@@ -78,7 +78,7 @@ def model_config(workload: str, preset: str, model: dict[str, Any]) -> Any:
     try:
         return WORKLOADS[workload].config(preset, model)
     except (WorkloadError, ValueError) as exc:
-        raise ConfigError(getattr(exc, "field", "model"), str(exc)) from None
+        raise ConfigError(getattr(exc, "field", "model"), getattr(exc, "message", str(exc))) from None
 
 
 def serving_checkpoint(path: Any, workload: Any, preset: Any) -> CheckpointMeta:
