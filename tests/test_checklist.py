@@ -461,6 +461,8 @@ TEXT_CASES = CASES + [
                                                                          failure_kind="timeout"), pmap_run=w["run"]),
      "the migrated step failed (timeout)"),
     ("pmap", NOT_CHECKED, lambda w: Evidence(w["plan"], pmap_run=w["run"]), "the migrated step has not run"),
+    ("pmap", NOT_CHECKED, lambda w: Evidence(w["plan"], dataclasses.replace(w["run"], losses=[]), pmap_run=w["run"]),
+     "the migrated step ok (no losses)"),
     ("batch", WARN, lambda w: Evidence(w["plan"], on_gpu(w["run"], peak_memory_bytes=None)), "reported no peak memory"),
 ]
 
