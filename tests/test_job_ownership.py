@@ -6,13 +6,15 @@ order a lane starts its jobs in, what the history records for each ending, and a
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
 from migration.config.limits import ConfigError
 from migration.service import jobs as jobs_module
 from migration.service.history import History, HistoryError
-from migration.service.job import Job, Limits, LimitError, NotYourJob, pump, until_cancelled, user_exports
+from migration.service.job import (Job, Limits, LimitError, NotYourJob, RateLimiter, pump, until_cancelled,
+                                   user_exports)
 from migration.service.jobs import INTERRUPTED, JobService
 from tests.server import wait_until
 
@@ -350,3 +352,190 @@ def test_each_user_has_a_private_exports_folder(tmp_path):
     assert alice != bob and alice.parent == bob.parent == tmp_path and alice.is_dir()
     assert alice.stat().st_mode & 0o777 == 0o700
     assert user_exports(tmp_path, "alice") == alice
+
+
+def test_jobs_and_tasks_carry_what_they_were_submitted_with(tmp_path):
+    service = service_for(tmp_path, jobs_per_user=10)
+    gate = Gate()
+    job = service._submit("plan", "alice", "mine", "cpu", "plan mlp", "mlp", "tiny", {"config": {}}, gate)
+    assert (job.kind, job.user, job.label, job.lane, job.summary) == ("plan", "alice", "mine", "cpu", "plan mlp")
+    entry = service.history.entries(ids=[job.id])[0]
+    assert (entry["kind"], entry["label"], entry["user"], entry["workload"]) == ("plan", "mine", "alice", "mlp")
+    t1 = service._submit_task("check", "alice", "a check", gate)
+    t2 = service._submit_task("probe", "bob", "a probe", gate)
+    assert (t1.id, t2.id) == (-1, -2)  # tasks count down from -1: never an entry's id
+    assert (t1.kind, t1.label, t1.lane, t1.summary) == ("check", "", "task", "a check")
+    gate.release.set()
+    wait_until(lambda: all(j.finished for j in (job, t1, t2)), 10)
+
+
+def test_a_moved_job_counts_both_lanes_and_a_cancelled_move_says_so(tmp_path):
+    service = service_for(tmp_path, jobs_per_user=10)
+    gpu = Gate()
+    submit(service, "bob", gpu, "holder", lane="gpu")
+    gpu.started.wait(10)
+    seen = []
+
+    def plan_then_run(job):
+        time.sleep(0.3)  # in the plan lane
+        job.passed_over = 2
+        moved = service._change_lane(job, "gpu", 1)
+        seen.append((moved, job.state))
+        time.sleep(0.3)  # in the run lane
+
+    mover = submit(service, "alice", plan_then_run, "mover", lane="cpu")
+    wait_until(lambda: mover.lane == "gpu" and mover.state == "queued", 10)
+    assert mover.passed_over == 0 and 0.3 <= mover.used_s < 5  # the plan lane's time, counted once it left
+    gpu.release.set()
+    wait_until(lambda: mover.finished, 10)
+    assert seen == [(True, "running")] and mover.used_s >= 0.6  # both lanes' time
+    # cancelled while waiting in the new lane: the move says so and the job ends cancelled
+    gpu2 = Gate()
+    submit(service, "bob", gpu2, "holder 2", lane="gpu")
+    gpu2.started.wait(10)
+    stopped = []
+    other = submit(service, "alice", lambda job: stopped.append(service._change_lane(job, "gpu", 1)), "moved",
+                   lane="cpu")
+    wait_until(lambda: other.lane == "gpu" and other.state == "queued", 10)
+    service.cancel(other.id, "alice")
+    wait_until(lambda: other.finished, 10)
+    assert stopped == [False] and other.state == "cancelled"
+    gpu2.release.set()
+
+
+def test_the_budget_line_reads_the_users_own_minutes(tmp_path):
+    service = service_for(tmp_path)
+    service._usage["alice"] = [(time.time(), 3600.0)]
+    assert service.budget_line("alice") == ("your worker time in the last 24 h: 60 of 720 min; "
+                                            "each job may use 180 min")
+    assert service.budget_line("bob").startswith("your worker time in the last 24 h: 0 of 720 min")
+    service._usage["alice"].append((time.time() - 25 * 3600, 7200.0))  # older than a day: not counted
+    assert service.used_today("alice") == 3600.0
+
+
+def test_an_entry_the_job_completed_is_kept_unless_the_server_stops(tmp_path):
+    service = service_for(tmp_path, jobs_per_user=10)
+
+    def complete_then_wait(job):
+        service.history.set_status(job.id, "ok")
+        job.cancel_requested.wait(30)
+
+    cancelled = submit(service, "alice", complete_then_wait, "cancelled after", lane="cpu")
+    wait_until(lambda: status_of(service, cancelled)[0] == "ok", 10)
+    service.cancel(cancelled.id, "alice")
+    wait_until(lambda: cancelled.finished, 10)
+    assert cancelled.state == "cancelled" and status_of(service, cancelled)[0] == "ok"
+    interrupted = submit(service, "alice", complete_then_wait, "interrupted after", lane="cpu")
+    wait_until(lambda: status_of(service, interrupted)[0] == "ok", 10)
+    service.shutdown(timeout_s=10)
+    assert status_of(service, interrupted) == ("interrupted", INTERRUPTED)
+
+
+def test_a_cancel_marks_the_jobs_own_entry_not_the_newest(tmp_path):
+    service = service_for(tmp_path, jobs_per_user=10)
+    gate = Gate()
+    older = submit(service, "alice", gate, "older", lane="gpu")
+    gate.started.wait(10)
+    newer = submit(service, "alice", lambda job: service.history.set_status(job.id, "ok"), "newer", lane="cpu")
+    wait_until(lambda: newer.finished, 10)
+    service.cancel(older.id, "alice")
+    gate.release.set()
+    wait_until(lambda: older.finished, 10)
+    assert status_of(service, older)[0] == "cancelled" and status_of(service, newer)[0] == "ok"
+
+
+def test_a_history_that_cannot_record_the_end_leaves_a_warning(tmp_path, monkeypatch):
+    service = service_for(tmp_path)
+    gate = Gate()
+    job = submit(service, "alice", gate)
+    gate.started.wait(10)
+
+    def full(*args, **kwargs):
+        raise HistoryError("could not record entry: database or disk is full")
+
+    monkeypatch.setattr(service.history, "set_status", full)
+    service.cancel(job.id, "alice")
+    gate.release.set()
+    wait_until(lambda: job.finished, 10)
+    assert job.state == "cancelled" and job.warnings == ["could not record entry: database or disk is full"]
+
+
+def test_shutdown_waits_at_most_its_timeout_and_marks_what_is_still_running(tmp_path):
+    service = service_for(tmp_path, jobs_per_user=10)
+    started = [threading.Event(), threading.Event()]
+
+    def stuck(i):
+        def work(job):
+            started[i].set()
+            time.sleep(4)  # ignores the stop
+        return work
+
+    stuck_jobs = [submit(service, "alice", stuck(0), "gpu", lane="gpu"), submit(service, "bob", stuck(1), "cpu",
+                                                                                lane="cpu")]
+    assert started[0].wait(10) and started[1].wait(10)
+    begin = time.monotonic()
+    service.shutdown(timeout_s=0.3)
+    took = time.monotonic() - begin
+    assert took < 1.5, took  # 0.3 s in all, with a margin; not a second per thread, nor until the work ends
+    assert [status_of(service, j) for j in stuck_jobs] == [("interrupted", INTERRUPTED)] * 2
+
+
+def test_the_rate_limiter_allows_exactly_its_burst_and_stays_bounded():
+    rate = RateLimiter(per_s=0.0, burst=2)  # no refill: exactly two
+    rate.take("alice", "history")
+    rate.take("alice", "history")
+    with pytest.raises(LimitError) as refused:
+        rate.take("alice", "history")
+    assert str(refused.value) == ("history: more than 2 requests in a burst or 0 a second from one user; "
+                                  "wait a moment")
+    many = RateLimiter()
+    for i in range(50_000):
+        many.take(f"user{i}", "history")
+    assert len(many._buckets) == 50_000
+    many.take("one more", "history")
+    assert len(many._buckets) == 0  # past 50,000 buckets they are dropped (an idle one is full again anyway)
+
+
+def test_a_watcher_waits_for_new_events_only_while_the_job_runs():
+    job = Job(1, "run", "alice", "", "gpu", "")
+    job.push({"event": "started"})
+
+    def timed(cursor, timeout):
+        begin = time.monotonic()
+        got = job.events_since(cursor, timeout)
+        return got, time.monotonic() - begin
+
+    got, took = timed(0, 5.0)  # something new: no wait
+    assert [e["event"] for e in got] == ["started"] and took < 1.0
+    got, took = timed(1, 0.0)  # nothing new, no timeout: no wait
+    assert got == [] and took < 1.0
+    threading.Timer(1.5, lambda: job.push({"event": "late"})).start()
+    got, took = timed(1, 0.3)  # nothing new: waits its timeout, not for the late event
+    assert got == [] and 0.25 <= took < 1.2, took
+    threading.Timer(0.2, lambda: job.push({"event": "soon"})).start()
+    got, took = timed(1, 5.0)  # woken by the next event
+    assert [e["event"] for e in got] in (["late"], ["soon"], ["late", "soon"]) and took < 2.5
+    wait_until(lambda: len(job.events_since(0)) == 3, 10)
+    job._end("done")
+    got, took = timed(3, 5.0)  # a finished job has nothing more: no wait
+    assert got == [] and took < 1.0
+
+
+def test_heartbeats_replace_each_other_like_steps():
+    job = Job(1, "run", "alice", "", "gpu", "")
+    for i in range(3):
+        job.push({"event": "worker", "worker_event": {"event": "heartbeat", "t": i}})
+    job.push({"event": "worker", "worker_event": {"event": "compiled"}})
+    assert [e["worker_event"].get("t") for e in job.events_since(0)] == [2, None]
+
+
+def test_pump_counts_the_time_since_the_job_took_its_lane():
+    job = Job(1, "run", "alice", "", "gpu", "")
+    job.lane_started_at, job.used_s = time.monotonic(), 1.0
+    pump(job, (e for e in [{"event": "a"}, {"event": "b"}]), budget_s=60.0)  # 1 s used of 60: runs on
+    assert len(job.events_since(0)) == 2
+    job.used_s = 61.0
+    with pytest.raises(LimitError) as stopped:
+        pump(job, (e for e in [{"event": "c"}]), budget_s=60.0)
+    assert str(stopped.value) == ("job budget: the job's workers used 60 s of wall-clock time together (this "
+                                  "server's limit per job, --job-budget-seconds); it was stopped")
