@@ -539,3 +539,52 @@ def test_pump_counts_the_time_since_the_job_took_its_lane():
         pump(job, (e for e in [{"event": "c"}]), budget_s=60.0)
     assert str(stopped.value) == ("job budget: the job's workers used 60 s of wall-clock time together (this "
                                   "server's limit per job, --job-budget-seconds); it was stopped")
+
+
+def test_the_daily_budget_and_the_history_quota_refuse_at_their_limits(tmp_path):
+    service = service_for(tmp_path, user_day_s=3600.0, history_mb_per_user=0.25)
+    service._usage["alice"] = [(time.time(), 3600.0)]  # exactly her day
+    with pytest.raises(LimitError) as refused:
+        submit(service, "alice", Gate())
+    assert str(refused.value) == ("daily budget: your jobs used 60 min of worker time in the last 24 hours (limit "
+                                  "60 min per user, --user-day-seconds); try again later")
+    quota = int(0.25 * 2**20)  # 262,144 bytes of payloads per user
+    service.history.open_entry("run", "mlp", "tiny", {"x": "a" * (quota - 10)}, user="bob")  # one byte under
+    gate = Gate()
+    allowed = submit(service, "bob", gate)  # and now over
+    with pytest.raises(LimitError) as refused:
+        submit(service, "bob", gate)
+    assert str(refused.value) == ("history quota: you have 2 entries, 0.3 MiB (limits 10000 entries, 0.25 MiB per "
+                                  "user); ask the operator to prune old entries (python -m migration prune-history)")
+    service.history.open_entry("run", "mlp", "tiny", {"x": "a" * (quota - 9)}, user="carol")  # exactly the quota
+    assert service.history.usage("carol") == (1, quota)
+    with pytest.raises(LimitError, match="^history quota: you have 1 entries"):
+        submit(service, "carol", gate)
+    gate.release.set()
+    wait_until(lambda: allowed.finished, 10)
+
+
+def test_each_job_runs_in_a_named_daemon_thread_and_running_defaults_to_the_gpu_lane(tmp_path):
+    service = service_for(tmp_path)
+    gate = Gate()
+    job = submit(service, "alice", gate)
+    gate.started.wait(10)
+    thread = service._threads[job.id]
+    assert thread.name == f"job-{job.id}" and thread.daemon  # a stuck job never holds the server's exit
+    assert service.running() == [job]
+    gate.release.set()
+    wait_until(lambda: job.finished, 10)
+
+
+def test_the_default_rate_is_twenty_at_once_then_five_a_second():
+    rate = RateLimiter()
+    for _ in range(20):
+        rate.take("alice", "history")
+    with pytest.raises(LimitError, match=r"^history: more than 20 requests in a burst or 5 a second"):
+        rate.take("alice", "history")
+
+
+def test_a_watcher_without_a_timeout_does_not_wait():
+    job = Job(1, "run", "alice", "", "gpu", "")
+    begin = time.monotonic()
+    assert job.events_since(0) == [] and time.monotonic() - begin < 0.5
