@@ -42,6 +42,7 @@ class Group:
     tests: tuple[str, ...]
     pytest_args: tuple[str, ...] = ()
     functions: tuple[str, ...] = ()  # mutant-name globs: only these of the modules' mutants run and count
+    env: tuple[tuple[str, str], ...] = ()  # set for the group's test runs
 
 
 GROUPS = {
@@ -75,7 +76,9 @@ GROUPS = {
                        "__init__", "_submit_task", "_refuse_past_limits", "_submit", "_check_quotas", "_enqueue",
                        "_execute", "_may_start", "_wait_turn", "_leave_lane", "_change_lane", "used_today",
                        "budget_line", "_finish_unstarted", "_queue_order", "_record_end", "get", "cancel",
-                       "position", "running", "jobs", "shutdown", "_forget_old")))),
+                       "position", "running", "jobs", "shutdown", "_forget_old"))),
+                  # a job starts in milliseconds here: a mutant that never starts one fails after 3 s, not 10
+                  (("MIGRATION_TEST_WAIT_S", "3"),)),
 }
 
 STATUS = re.compile(r"^\s*(\S+): (.+)$")
@@ -167,7 +170,7 @@ def run_group(name: str, group: Group, work: Path, limit_s: float, ref: str | No
                 subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children", str(os.cpu_count() or 2),
                                 *group.functions],
                                cwd=dest, stdout=log, stderr=subprocess.STDOUT, timeout=limit_s,
-                               env={**os.environ, REUSE_ENV: str(reuse)})
+                               env={**os.environ, REUSE_ENV: str(reuse), **dict(group.env)})
             except subprocess.TimeoutExpired:
                 cut = True
         elapsed = time.monotonic() - start

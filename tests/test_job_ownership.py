@@ -5,6 +5,7 @@ order a lane starts its jobs in, what the history records for each ending, and a
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -17,6 +18,10 @@ from migration.service.job import (Job, Limits, LimitError, NotYourJob, RateLimi
                                    user_exports)
 from migration.service.jobs import INTERRUPTED, JobService
 from tests.server import wait_until
+
+# How long a test waits for a job to start or end (each takes milliseconds here). Under bench/mutation.py
+# a mutant that never lets a job start fails at this bound, so the bench shortens it.
+WITHIN_S = float(os.environ.get("MIGRATION_TEST_WAIT_S", "10"))
 
 
 class Gate:
@@ -59,10 +64,10 @@ def test_only_the_owner_sees_and_stops_a_job(tmp_path):
     with pytest.raises(LookupError, match=f"job {job.id + 1}: not a current job of this server"):
         service.get(job.id + 1, "alice")
     assert service.jobs("alice") == [job] and service.jobs("bob") == [] and service.jobs() == [job]
-    gate.started.wait(10)
+    gate.started.wait(WITHIN_S)
     assert service.cancel(job.id, "alice") is job and job.cancel_requested.is_set()
     gate.release.set()
-    wait_until(lambda: job.finished, 10)
+    wait_until(lambda: job.finished, WITHIN_S)
     assert job.state == "cancelled" and status_of(service, job) == ("cancelled", "cancelled: stopped on request")
 
 
@@ -91,10 +96,10 @@ def test_per_user_and_total_limits_count_what_waits_or_runs(tmp_path):
         service._submit_task("check", "carol", "a third", gate)
     assert len(service.history.entries()) == 3  # a refused job is never recorded; tasks never are
     service.cancel(a2.id, "alice")  # a queued job that ends frees its owner's room
-    wait_until(lambda: a2.finished, 10)
+    wait_until(lambda: a2.finished, WITHIN_S)
     submit(service, "alice", gate)
     gate.release.set()
-    wait_until(lambda: all(j.finished for j in service.jobs()), 10)
+    wait_until(lambda: all(j.finished for j in service.jobs()), WITHIN_S)
     assert {j.state for j in (a1, b1, t1, t2)} == {"done"}
     submit(service, "carol", gate)  # the queue has room again
 
@@ -108,7 +113,7 @@ def test_a_lane_takes_turns_between_users_and_runs_each_users_jobs_in_order(tmp_
         return submit(service, user, gates[label], label)
 
     carol = job("carol", "c1")
-    gates["c1"].started.wait(10)
+    gates["c1"].started.wait(WITHIN_S)
     a1, a2, a3 = job("alice", "a1"), job("alice", "a2"), job("alice", "a3")
     b1, b2 = job("bob", "b1"), job("bob", "b2")
     c2 = job("carol", "c2")
@@ -118,20 +123,20 @@ def test_a_lane_takes_turns_between_users_and_runs_each_users_jobs_in_order(tmp_
     assert service.position(carol) is None and service.running("gpu") == [carol] and service.running("cpu") == []
     started = []
     for j in [carol, *order]:
-        gates[j.label].started.wait(10)
+        gates[j.label].started.wait(WITHIN_S)
         started.append(j)
         assert service.running("gpu") == [j]
         gates[j.label].release.set()
-        wait_until(lambda: j.finished, 10)
+        wait_until(lambda: j.finished, WITHIN_S)
     assert started == [carol, *order]
     # now bob was served before alice (b2 before a3): waiting behind dave, bob's job goes first
     hold = job("dave", "d1")
-    gates["d1"].started.wait(10)
+    gates["d1"].started.wait(WITHIN_S)
     a4, b3 = job("alice", "a4"), job("bob", "b3")
     assert service.position(b3) == 1 and service.position(a4) == 2
     for g in gates.values():
         g.release.set()
-    wait_until(lambda: hold.finished and b3.finished and a4.finished, 10)
+    wait_until(lambda: hold.finished and b3.finished and a4.finished, WITHIN_S)
     assert hold.lane_started_at < b3.lane_started_at < a4.lane_started_at
 
 
@@ -141,14 +146,14 @@ def test_lanes_are_separate_and_a_lane_runs_as_many_jobs_as_it_has_slots(tmp_pat
     plans = [submit(service, "alice", g, f"p{i}", lane="cpu") for i, g in enumerate(cpu)]
     gpu = Gate()
     run = submit(service, "bob", gpu, "r", lane="gpu")
-    cpu[0].started.wait(10), cpu[1].started.wait(10), gpu.started.wait(10)
+    cpu[0].started.wait(WITHIN_S), cpu[1].started.wait(WITHIN_S), gpu.started.wait(WITHIN_S)
     assert service.running("cpu") == plans[:2] and service.position(plans[2]) == 1  # two plan slots
     assert service.running("gpu") == [run]
     cpu[0].release.set()
-    assert cpu[2].started.wait(10)
+    assert cpu[2].started.wait(WITHIN_S)
     for g in (*cpu, gpu):
         g.release.set()
-    wait_until(lambda: all(j.finished for j in service.jobs()), 10)
+    wait_until(lambda: all(j.finished for j in service.jobs()), WITHIN_S)
 
 
 def test_each_ending_is_recorded_with_its_reason(tmp_path):
@@ -168,7 +173,7 @@ def test_each_ending_is_recorded_with_its_reason(tmp_path):
 
     ended = {name: submit(service, "alice", work, name) for name, work in
              (("refused", refused), ("broken", broken), ("fine", fine), ("history_full", history_full))}
-    wait_until(lambda: all(j.finished for j in ended.values()), 10)
+    wait_until(lambda: all(j.finished for j in ended.values()), WITHIN_S)
     assert {n: j.state for n, j in ended.items()} == {"refused": "failed", "broken": "failed", "fine": "done",
                                                        "history_full": "failed"}
     assert ended["refused"].error == "steps: must be a whole number from 1 to 50"
@@ -187,17 +192,17 @@ def test_a_queued_job_cancelled_never_starts(tmp_path):
     service = service_for(tmp_path, jobs_per_user=10)
     first, second = Gate(), Gate()
     running = submit(service, "alice", first, "running")
-    first.started.wait(10)
+    first.started.wait(WITHIN_S)
     queued = submit(service, "alice", second, "queued")
     assert service.position(queued) == 1
     service.cancel(queued.id, "alice")
-    wait_until(lambda: queued.finished, 10)
+    wait_until(lambda: queued.finished, WITHIN_S)
     assert queued.state == "cancelled" and not second.started.is_set() and queued.lane_started_at is None
     assert queued.events_since(0) == [] and service.position(queued) is None
     assert status_of(service, queued) == ("cancelled", "cancelled: stopped on request")
     assert status_of(service, running)[0] == "running"
     first.release.set()
-    wait_until(lambda: running.finished, 10)
+    wait_until(lambda: running.finished, WITHIN_S)
     assert running.state == "done"
 
 
@@ -210,10 +215,10 @@ def test_shutdown_interrupts_what_runs_and_waits_and_refuses_more(tmp_path):
         job.cancel_requested.wait(30)
 
     running = submit(service, "alice", until_stopped, "running")
-    gate.started.wait(10)
+    gate.started.wait(WITHIN_S)
     queued = submit(service, "bob", Gate(), "queued")
     done = submit(service, "carol", lambda job: service.history.set_status(job.id, "ok"), "done", lane="cpu")
-    wait_until(lambda: done.finished, 10)
+    wait_until(lambda: done.finished, WITHIN_S)
     assert sorted(service.shutdown(timeout_s=10)) == sorted([running.id, queued.id])
     assert running.state == queued.state == "interrupted" and done.state == "done"
     assert status_of(service, running) == ("interrupted", INTERRUPTED)
@@ -238,14 +243,14 @@ def test_finished_jobs_are_forgotten_after_the_newest_ones_or_a_while(tmp_path, 
     done = []
     for i in range(3):
         done.append(submit(service, "alice", lambda job: None, f"#{i}"))
-        wait_until(lambda: done[-1].finished, 10)
+        wait_until(lambda: done[-1].finished, WITHIN_S)
     gate = Gate()
     open_job = submit(service, "alice", gate, "open")  # forgetting happens as jobs are submitted
     assert [j.label for j in service.jobs("alice")] == ["#1", "#2", "open"]  # the oldest finished one went
     with pytest.raises(LookupError):
         service.get(done[0].id, "alice")
     monkeypatch.setattr(jobs_module, "KEEP_FINISHED_S", 0.0)
-    wait_until(lambda: done[-1].finished_at is not None, 10)
+    wait_until(lambda: done[-1].finished_at is not None, WITHIN_S)
     submit(service, "bob", gate, "later")
     assert [j.label for j in service.jobs()] == ["open", "later"]  # an unfinished job is never forgotten
     gate.release.set()
@@ -256,15 +261,15 @@ def test_worker_time_counts_against_the_owner_and_not_for_tasks(tmp_path):
     gate, task_gate = Gate(), Gate()
     job = submit(service, "alice", gate)
     task = service._submit_task("check", "alice", "a check", task_gate)
-    gate.started.wait(10), task_gate.started.wait(10)
-    wait_until(lambda: service.used_today("alice") > 0.2, 10)
+    gate.started.wait(WITHIN_S), task_gate.started.wait(WITHIN_S)
+    wait_until(lambda: service.used_today("alice") > 0.2, WITHIN_S)
     assert service.used_today("bob") == 0.0
     gate.release.set()
-    wait_until(lambda: job.finished, 10)
+    wait_until(lambda: job.finished, WITHIN_S)
     held = job.used_s
     assert held > 0.2 and service.used_today("alice") == pytest.approx(held, abs=1e-6)  # the task is not counted
     task_gate.release.set()
-    wait_until(lambda: task.finished, 10)
+    wait_until(lambda: task.finished, WITHIN_S)
     assert service.used_today("alice") == pytest.approx(held, abs=1e-6) and task.used_s > 0.2
     assert service.budget_line("alice") == ("your worker time in the last 24 h: 0 of 720 min; "
                                             "each job may use 180 min")
@@ -274,7 +279,7 @@ def test_a_job_moved_to_another_lane_frees_its_slot_and_waits_its_turn(tmp_path)
     service = service_for(tmp_path, jobs_per_user=10)
     gpu = Gate()
     holder = submit(service, "bob", gpu, "holder", lane="gpu")
-    gpu.started.wait(10)
+    gpu.started.wait(WITHIN_S)
     moved_to, states = threading.Event(), []
 
     def plan_then_run(job):
@@ -282,11 +287,11 @@ def test_a_job_moved_to_another_lane_frees_its_slot_and_waits_its_turn(tmp_path)
         moved_to.set()
 
     mover = submit(service, "alice", plan_then_run, "mover", lane="cpu")
-    wait_until(lambda: mover.lane == "gpu" and mover.state == "queued", 10)
+    wait_until(lambda: mover.lane == "gpu" and mover.state == "queued", WITHIN_S)
     assert service.running("cpu") == [] and service.position(mover) == 1 and not moved_to.is_set()
     gpu.release.set()
-    assert moved_to.wait(10) and states == [True]
-    wait_until(lambda: mover.finished, 10)
+    assert moved_to.wait(WITHIN_S) and states == [True]
+    wait_until(lambda: mover.finished, WITHIN_S)
     assert mover.state == "done" and holder.state == "done"
 
 
@@ -366,14 +371,14 @@ def test_jobs_and_tasks_carry_what_they_were_submitted_with(tmp_path):
     assert (t1.id, t2.id) == (-1, -2)  # tasks count down from -1: never an entry's id
     assert (t1.kind, t1.label, t1.lane, t1.summary) == ("check", "", "task", "a check")
     gate.release.set()
-    wait_until(lambda: all(j.finished for j in (job, t1, t2)), 10)
+    wait_until(lambda: all(j.finished for j in (job, t1, t2)), WITHIN_S)
 
 
 def test_a_moved_job_counts_both_lanes_and_a_cancelled_move_says_so(tmp_path):
     service = service_for(tmp_path, jobs_per_user=10)
     gpu = Gate()
     submit(service, "bob", gpu, "holder", lane="gpu")
-    gpu.started.wait(10)
+    gpu.started.wait(WITHIN_S)
     seen = []
 
     def plan_then_run(job):
@@ -384,21 +389,21 @@ def test_a_moved_job_counts_both_lanes_and_a_cancelled_move_says_so(tmp_path):
         time.sleep(0.3)  # in the run lane
 
     mover = submit(service, "alice", plan_then_run, "mover", lane="cpu")
-    wait_until(lambda: mover.lane == "gpu" and mover.state == "queued", 10)
+    wait_until(lambda: mover.lane == "gpu" and mover.state == "queued", WITHIN_S)
     assert mover.passed_over == 0 and 0.3 <= mover.used_s < 5  # the plan lane's time, counted once it left
     gpu.release.set()
-    wait_until(lambda: mover.finished, 10)
+    wait_until(lambda: mover.finished, WITHIN_S)
     assert seen == [(True, "running")] and mover.used_s >= 0.6  # both lanes' time
     # cancelled while waiting in the new lane: the move says so and the job ends cancelled
     gpu2 = Gate()
     submit(service, "bob", gpu2, "holder 2", lane="gpu")
-    gpu2.started.wait(10)
+    gpu2.started.wait(WITHIN_S)
     stopped = []
     other = submit(service, "alice", lambda job: stopped.append(service._change_lane(job, "gpu", 1)), "moved",
                    lane="cpu")
-    wait_until(lambda: other.lane == "gpu" and other.state == "queued", 10)
+    wait_until(lambda: other.lane == "gpu" and other.state == "queued", WITHIN_S)
     service.cancel(other.id, "alice")
-    wait_until(lambda: other.finished, 10)
+    wait_until(lambda: other.finished, WITHIN_S)
     assert stopped == [False] and other.state == "cancelled"
     gpu2.release.set()
 
@@ -421,12 +426,12 @@ def test_an_entry_the_job_completed_is_kept_unless_the_server_stops(tmp_path):
         job.cancel_requested.wait(30)
 
     cancelled = submit(service, "alice", complete_then_wait, "cancelled after", lane="cpu")
-    wait_until(lambda: status_of(service, cancelled)[0] == "ok", 10)
+    wait_until(lambda: status_of(service, cancelled)[0] == "ok", WITHIN_S)
     service.cancel(cancelled.id, "alice")
-    wait_until(lambda: cancelled.finished, 10)
+    wait_until(lambda: cancelled.finished, WITHIN_S)
     assert cancelled.state == "cancelled" and status_of(service, cancelled)[0] == "ok"
     interrupted = submit(service, "alice", complete_then_wait, "interrupted after", lane="cpu")
-    wait_until(lambda: status_of(service, interrupted)[0] == "ok", 10)
+    wait_until(lambda: status_of(service, interrupted)[0] == "ok", WITHIN_S)
     service.shutdown(timeout_s=10)
     assert status_of(service, interrupted) == ("interrupted", INTERRUPTED)
 
@@ -435,12 +440,12 @@ def test_a_cancel_marks_the_jobs_own_entry_not_the_newest(tmp_path):
     service = service_for(tmp_path, jobs_per_user=10)
     gate = Gate()
     older = submit(service, "alice", gate, "older", lane="gpu")
-    gate.started.wait(10)
+    gate.started.wait(WITHIN_S)
     newer = submit(service, "alice", lambda job: service.history.set_status(job.id, "ok"), "newer", lane="cpu")
-    wait_until(lambda: newer.finished, 10)
+    wait_until(lambda: newer.finished, WITHIN_S)
     service.cancel(older.id, "alice")
     gate.release.set()
-    wait_until(lambda: older.finished, 10)
+    wait_until(lambda: older.finished, WITHIN_S)
     assert status_of(service, older)[0] == "cancelled" and status_of(service, newer)[0] == "ok"
 
 
@@ -448,7 +453,7 @@ def test_a_history_that_cannot_record_the_end_leaves_a_warning(tmp_path, monkeyp
     service = service_for(tmp_path)
     gate = Gate()
     job = submit(service, "alice", gate)
-    gate.started.wait(10)
+    gate.started.wait(WITHIN_S)
 
     def full(*args, **kwargs):
         raise HistoryError("could not record entry: database or disk is full")
@@ -456,7 +461,7 @@ def test_a_history_that_cannot_record_the_end_leaves_a_warning(tmp_path, monkeyp
     monkeypatch.setattr(service.history, "set_status", full)
     service.cancel(job.id, "alice")
     gate.release.set()
-    wait_until(lambda: job.finished, 10)
+    wait_until(lambda: job.finished, WITHIN_S)
     assert job.state == "cancelled" and job.warnings == ["could not record entry: database or disk is full"]
 
 
@@ -472,7 +477,7 @@ def test_shutdown_waits_at_most_its_timeout_and_marks_what_is_still_running(tmp_
 
     stuck_jobs = [submit(service, "alice", stuck(0), "gpu", lane="gpu"), submit(service, "bob", stuck(1), "cpu",
                                                                                 lane="cpu")]
-    assert started[0].wait(10) and started[1].wait(10)
+    assert started[0].wait(WITHIN_S) and started[1].wait(WITHIN_S)
     begin = time.monotonic()
     service.shutdown(timeout_s=0.3)
     took = time.monotonic() - begin
@@ -515,7 +520,7 @@ def test_a_watcher_waits_for_new_events_only_while_the_job_runs():
     threading.Timer(0.2, lambda: job.push({"event": "soon"})).start()
     got, took = timed(1, 5.0)  # woken by the next event
     assert [e["event"] for e in got] in (["late"], ["soon"], ["late", "soon"]) and took < 2.5
-    wait_until(lambda: len(job.events_since(0)) == 3, 10)
+    wait_until(lambda: len(job.events_since(0)) == 3, WITHIN_S)
     job._end("done")
     got, took = timed(3, 5.0)  # a finished job has nothing more: no wait
     assert got == [] and took < 1.0
@@ -561,19 +566,19 @@ def test_the_daily_budget_and_the_history_quota_refuse_at_their_limits(tmp_path)
     with pytest.raises(LimitError, match="^history quota: you have 1 entries"):
         submit(service, "carol", gate)
     gate.release.set()
-    wait_until(lambda: allowed.finished, 10)
+    wait_until(lambda: allowed.finished, WITHIN_S)
 
 
 def test_each_job_runs_in_a_named_daemon_thread_and_running_defaults_to_the_gpu_lane(tmp_path):
     service = service_for(tmp_path)
     gate = Gate()
     job = submit(service, "alice", gate)
-    gate.started.wait(10)
+    gate.started.wait(WITHIN_S)
     thread = service._threads[job.id]
     assert thread.name == f"job-{job.id}" and thread.daemon  # a stuck job never holds the server's exit
     assert service.running() == [job]
     gate.release.set()
-    wait_until(lambda: job.finished, 10)
+    wait_until(lambda: job.finished, WITHIN_S)
 
 
 def test_the_default_rate_is_twenty_at_once_then_five_a_second():
