@@ -251,8 +251,8 @@ def test_finished_jobs_are_forgotten_after_the_newest_ones_or_a_while(tmp_path, 
         service.get(done[0].id, "alice")
     monkeypatch.setattr(jobs_module, "KEEP_FINISHED_S", 0.0)
     wait_until(lambda: done[-1].finished_at is not None, WITHIN_S)
-    submit(service, "bob", gate, "later")
-    assert [j.label for j in service.jobs()] == ["open", "later"]  # an unfinished job is never forgotten
+    later = submit(service, "bob", gate, "later")
+    assert service.jobs() == [open_job, later]  # an unfinished job is never forgotten
     gate.release.set()
 
 
