@@ -17,6 +17,8 @@ from migration.service.history import History, HistoryError
 from migration.service.job import (Job, Limits, LimitError, NotYourJob, RateLimiter, pump, until_cancelled,
                                    user_exports)
 from migration.service.jobs import INTERRUPTED, JobService
+from migration.running.runner import LocalExecutor
+from migration.running.worker_env import resolve_platform
 from tests.server import wait_until
 
 # How long a test waits for a job to start or end (each takes milliseconds here). Under bench/mutation.py
@@ -593,3 +595,52 @@ def test_a_watcher_without_a_timeout_does_not_wait():
     job = Job(1, "run", "alice", "", "gpu", "")
     begin = time.monotonic()
     assert job.events_since(0) == [] and time.monotonic() - begin < 0.5
+
+
+class RemoteSlots(LocalExecutor):
+    """What the scheduler reads of a cluster executor (cluster.executors): remote, its GPU and plan slots."""
+
+    remote = True
+    gpu_slots = 2
+    plan_slots = 3
+
+
+def test_the_lanes_and_their_slots_follow_the_executor(tmp_path):
+    history = History(tmp_path / "h.sqlite")
+    here = JobService(history, tmp_path / "exports")
+    assert here.gpu_host is (resolve_platform("auto") == "gpu")  # this machine's own platform
+    assert JobService(history, tmp_path / "exports", gpu_host=True).gpu_host is True
+    assert here.export_dir == tmp_path / "exports"
+    assert (here._host_gpu_lane, here._host_cpu_lane) == ("gpu", "cpu")
+    assert here._slots == {"gpu": 1, "cpu": 2, "host-gpu": 1, "host-cpu": 2, "task": 2}
+    cluster = JobService(history, tmp_path / "exports", gpu_host=False, executor=RemoteSlots(), plan_slots=4)
+    assert (cluster._host_gpu_lane, cluster._host_cpu_lane) == ("host-gpu", "host-cpu")
+    assert cluster._slots == {"gpu": 2, "cpu": 3, "host-gpu": 1, "host-cpu": 4, "task": 2}
+    gates = [Gate() for _ in range(3)]
+    first, second = (submit(cluster, "alice", g, f"#{i}", lane="host-gpu") for i, g in enumerate(gates[:2]))
+    gates[0].started.wait(WITHIN_S)
+    assert cluster.running("host-gpu") == [first] and cluster.position(second) == 1  # this machine's one GPU
+    tasks = [cluster._submit_task("check", user, "a check", gates[2]) for user in ("alice", "bob", "carol")]
+    wait_until(lambda: len(cluster.running("task")) == 2, WITHIN_S)
+    assert cluster.position(tasks[2]) == 1  # two tasks at once by default
+    for g in gates:
+        g.release.set()
+    wait_until(lambda: all(j.finished for j in cluster.jobs()), WITHIN_S)
+
+
+def test_the_oldest_finished_job_is_forgotten_first_with_its_thread(tmp_path, monkeypatch):
+    monkeypatch.setattr(jobs_module, "KEEP_FINISHED", 1)
+    service = service_for(tmp_path, jobs_per_user=10)
+    first_gate, second_gate = Gate(), Gate()
+    first = submit(service, "alice", first_gate, "first", lane="cpu")
+    second = submit(service, "alice", second_gate, "second", lane="cpu")
+    second_gate.release.set()  # the later job finishes first
+    wait_until(lambda: second.finished, WITHIN_S)
+    first_gate.release.set()
+    wait_until(lambda: first.finished, WITHIN_S)
+    third_gate = Gate()
+    third = submit(service, "alice", third_gate, "third", lane="cpu")
+    assert service.jobs() == [first, third]  # the job that finished longest ago went
+    assert second.id not in service._threads and first.id in service._threads
+    third_gate.release.set()
+    wait_until(lambda: third.finished, WITHIN_S)
