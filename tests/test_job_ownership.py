@@ -6,6 +6,7 @@ order a lane starts its jobs in, what the history records for each ending, and a
 from __future__ import annotations
 
 import os
+import sqlite3
 import threading
 import time
 
@@ -644,3 +645,35 @@ def test_the_oldest_finished_job_is_forgotten_first_with_its_thread(tmp_path, mo
     assert second.id not in service._threads and first.id in service._threads
     third_gate.release.set()
     wait_until(lambda: third.finished, WITHIN_S)
+
+
+def test_a_new_server_counts_the_last_24_hours_of_an_earlier_ones_work(tmp_path):
+    history = History(tmp_path / "h.sqlite")
+    recent = history.open_entry("run", "mlp", "tiny", {"wall_s": 600.0}, user="alice")
+    plan = history.open_entry("plan", "mlp", "tiny", {"search_seconds": 30.0}, user="alice")
+    old = history.open_entry("run", "mlp", "tiny", {"wall_s": 1000.0}, user="alice")
+    bob = history.open_entry("run", "mlp", "tiny", {"wall_s": 5.0}, user="bob")
+    with sqlite3.connect(history.path) as db:  # when they ran: an hour ago, and two days ago
+        for entry_id, hours in ((recent, 1), (plan, 2), (old, 48), (bob, 1)):
+            at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(time.time() - hours * 3600))
+            db.execute("UPDATE entries SET created_at = ? WHERE id = ?", (at, entry_id))
+    service = JobService(history, tmp_path / "exports", gpu_host=False)
+    assert service.used_today("alice") == 630.0 and service.used_today("bob") == 5.0
+    assert service.used_today("carol") == 0.0
+
+
+def test_a_new_job_waits_with_nothing_yet():
+    before = time.monotonic()
+    job = Job(7, "run", "alice", "mine", "gpu", "a run")
+    assert (job.state, job.finished, job.result, job.error, job.finished_at) == ("queued", False, None, None, None)
+    assert job.slots == 1 and job.passed_over == 0 and job.used_s == 0.0 and job.recorded
+    assert before <= job.submitted_at <= time.monotonic()
+
+
+def test_only_progress_events_feed_the_curves():
+    job = Job(1, "run", "alice", "", "gpu", "")
+    job.push({"event": "progress", "run": "migrated", "first_step": 0, "losses": [3.0]})
+    job.push({"event": "report", "losses": [9.0]})  # a report that carries losses is kept as it is
+    events = job.events_since(0)
+    assert events[0] == {"event": "progress", "run": "migrated", "seq": 0}  # its losses went to the curve
+    assert events[1] == {"event": "report", "losses": [9.0], "seq": 1} and job.curve("migrated") == [3.0]

@@ -393,15 +393,11 @@ class JobService:
         """The lane's waiting jobs in the order they start: round-robin between users (the user served
         longest ago first, a user never served before them all), each user's own jobs in the order
         submitted. One user's ten runs therefore never hold another user's one behind all of them."""
-        pending = self._pending[lane]
-        first_of_user: dict[str, int] = {}
-        for i, job in enumerate(pending):
-            first_of_user.setdefault(job.user, i)
-        rank = {user: (self._served_at.get((lane, user), -1), i) for user, i in first_of_user.items()}
-        per_user: dict[str, list[Job]] = {}
-        for job in pending:
+        per_user: dict[str, list[Job]] = {}  # in the order of each user's first waiting job
+        for job in self._pending[lane]:
             per_user.setdefault(job.user, []).append(job)
-        order, users = [], sorted(per_user, key=rank.__getitem__)
+        # a stable sort: users served alike (never, -1) keep the order in which they first asked
+        order, users = [], sorted(per_user, key=lambda user: self._served_at.get((lane, user), -1))
         for depth in range(max((len(v) for v in per_user.values()), default=0)):
             order += [per_user[u][depth] for u in users if depth < len(per_user[u])]
         return order
