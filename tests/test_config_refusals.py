@@ -775,3 +775,20 @@ def test_a_serving_models_bad_dimension_is_named_once(model, message):
     with pytest.raises(ConfigError) as refused:
         serve_request(workload="llama", preset="tiny", target="l4", model=model, prompt_len=16, gen_len=8)
     assert str(refused.value) == message and refused.value.field == "n_heads"
+
+
+def test_an_integer_field_takes_both_ends_of_its_range_and_names_a_value_past_them():
+    from migration.config.limits import LIMITS, check_int
+
+    lo, hi = LIMITS["steps"]
+    for value in (lo, hi):
+        check_int(dataclasses.make_dataclass("Cfg", [("steps", int)])(value), "steps")
+    with pytest.raises(ConfigError) as refused:
+        check_int(dataclasses.make_dataclass("Cfg", [("steps", int)])(hi + 1), "steps")
+    assert str(refused.value) == f"steps: must be an integer from {int(lo)} to {int(hi)}; got {hi + 1}"
+
+
+def test_batch_sizes_of_another_type_are_refused_quoting_forty_characters():
+    with pytest.raises(ConfigError) as refused:
+        batch_list(10**50)
+    assert str(refused.value).endswith(f"(e.g. 1,8,32); got int {str(10**50)[:40]!r}")
