@@ -606,10 +606,14 @@ class RemoteSlots(LocalExecutor):
     plan_slots = 3
 
 
-def test_the_lanes_and_their_slots_follow_the_executor(tmp_path):
+def test_the_lanes_and_their_slots_follow_the_executor(tmp_path, monkeypatch):
     history = History(tmp_path / "h.sqlite")
     here = JobService(history, tmp_path / "exports")
     assert here.gpu_host is (resolve_platform("auto") == "gpu")  # this machine's own platform
+    # on a GPU host ("auto" resolves to gpu): the service knows it has one
+    monkeypatch.setattr(jobs_module, "resolve_platform", lambda asked: "gpu" if asked == "auto" else "cpu")
+    assert JobService(history, tmp_path / "exports").gpu_host is True
+    monkeypatch.undo()
     assert JobService(history, tmp_path / "exports", gpu_host=True).gpu_host is True
     assert here.export_dir == tmp_path / "exports"
     assert (here._host_gpu_lane, here._host_cpu_lane) == ("gpu", "cpu")
