@@ -139,9 +139,9 @@ def test_the_largest_batch_search_finds_the_edge_of_any_growing_peak(base, slope
 
     def row(b):
         asked.append(b)
-        assert 1 <= b <= MAX_BATCH
         return {"predicted_peak_bytes": peak(b), "budget_bytes": budget, "fits": peak(b) <= budget}
 
     edge = max((b for b in range(1, MAX_BATCH + 1) if peak(b) <= budget), default=0)
     assert _largest_fitting(row) == edge
+    assert all(1 <= b <= MAX_BATCH for b in asked), asked  # never a batch outside the search's range
     assert len(set(asked)) <= 30
