@@ -85,7 +85,7 @@ def test_the_seed_field_reaches_the_run(app_server):
     client = app_server.connect()
 
     def first_loss(seed):
-        out = client.predict(workload="mlp", global_batch=16, steps=2, seed=seed, api_name="/run")
+        out = client.predict(workload="mlp", global_batch=16, target="local", steps=2, seed=seed, api_name="/run")
         assert "Run finished" in value(out[0]), value(out[0])
         return value(out[2])["data"][0][1]  # the loss plot's rows: step, loss, run
 

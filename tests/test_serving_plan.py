@@ -37,7 +37,7 @@ def test_peaks_grow_with_the_batch_and_hold_weights_and_cache(tiny_plan):
 
 
 def test_the_largest_batch_is_the_edge_of_the_budget():
-    fraction = 0.00005  # about 1.2 MB: a few tiny sequences, so that the search compiles little
+    fraction = 0.00002  # about 0.5 MB: four tiny sequences, so that the search compiles little
     req = ServeRequest("llama", "tiny", "l4", prompt_len=32, gen_len=32, memory_fraction=fraction)
     plan = serve_plan(req)
     largest = plan["largest_batch"]
