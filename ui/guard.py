@@ -1,7 +1,8 @@
 """The web layer's security, in front of Gradio: the hosts and origins a server answers, its access token
-when it has no users, sessions tied to the user who opened them, exports served to their owner only, and a
-login page that does not describe the API. Also the users themselves (`read_auth`) and the host names a
-server answers as (`allowed_hosts`)."""
+when it has no users, the routes it answers (`ui.routes`, an allow-list) and for whom, sessions, events and
+files tied to their user (`ui.ownership`), bodies and uploads bounded, and a login page that does not
+describe the API. Also the users themselves (`read_auth`) and the host names a server answers as
+(`allowed_hosts`)."""
 
 from __future__ import annotations
 
@@ -17,8 +18,12 @@ import urllib.parse
 from pathlib import Path
 from typing import Any
 
+from starlette._utils import get_route_path
+
 from migration.config import forms
 from migration.service.accounts import USER_NAME, AccountsError, Authenticator, hash_password, read_users
+from ui.ownership import Ownership, OwnershipLimits, Refused
+from ui.routes import SMALL, Access, Resolved, RouteMatcher
 
 
 class LoginPageWithoutApi:
@@ -71,9 +76,9 @@ class LoginPageWithoutApi:
 TOKEN_COOKIE = "migration-token"
 TOKEN_HEADER = b"x-migration-token"
 TOKEN_FREE_PATHS = ("/gradio_api/startup-events",)  # Gradio calls it on itself while it launches
-GUARDED_WITHOUT_LOGIN = ("cancel", "heartbeat", "stream", "reset")  # Gradio routes that check no login
-# Gradio routes that name a session (in the path, the query or a JSON body): its user's alone.
-SESSION_ROUTES = (*GUARDED_WITHOUT_LOGIN, "queue", "run", "api", "deep_link", "component_server")
+EVENT_CREATING = frozenset({"/gradio_api/queue/join", "/gradio_api/call/{api_name}", "/gradio_api/call/{api_name}/",
+                            "/gradio_api/call/v2/{api_name}", "/gradio_api/call/v2/{api_name}/"})
+NAMES_READ = 1 << 16  # the most of a response the guard reads for the event id it creates
 
 
 @dataclasses.dataclass
@@ -87,42 +92,215 @@ class WebPolicy:
     token: str = ""  # without auth: the secret in the printed URL
     export_dir: Path | None = None
     auth: bool = False
+    limits: OwnershipLimits = OwnershipLimits()
+
+
+@dataclasses.dataclass
+class _Names:
+    """What a request names: sessions, events and files (in its path, query and body)."""
+
+    sessions: list[str] = dataclasses.field(default_factory=list)
+    events: list[str] = dataclasses.field(default_factory=list)
+    files: list[str] = dataclasses.field(default_factory=list)
 
 
 class WebGuard:
-    """ASGI middleware in front of Gradio: refuses requests for another Host (DNS rebinding) and
-    cross-origin requests (a page elsewhere calling the API with the user's cookies), makes the session
-    cookies SameSite=Lax, asks for the server's token when there is no auth, ties Gradio's cancel,
-    heartbeat and stream routes to the signed-in user who opened the session, and serves a file of the
-    exports folder only to the user whose folder holds it."""
+    """ASGI middleware in front of Gradio. In order: the Host (DNS rebinding) and Origin (another site's
+    page) checks, the server's token when it has no users, then the route's rule in `ui.routes.ROUTES`
+    (a route outside the table is refused): the body's size, who may call it, and that every session,
+    event and file the request names anywhere (path, query, a body of any content type) is the caller's.
+    Session cookies are made SameSite=Lax."""
 
     def __init__(self, app: Any, policy: WebPolicy):
         self.app = app
         self.policy = policy
-        self.session_owner: dict[str, str] = {}  # Gradio session hash -> the user who joined with it
+        self.ownership = Ownership(policy.limits, forget_session=self._forget_session)
+        self._matcher: RouteMatcher | None = None
+        self._gradio_app: Any = None
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] not in ("http", "websocket"):
             await self.app(scope, receive, send)
             return
+        if scope["type"] == "websocket":  # no route of this app is a websocket
+            await send({"type": "websocket.close", "code": 1008})
+            return
+        self._gradio_app = scope.get("app", self._gradio_app)
         headers = {k.lower(): v for k, v in scope.get("headers", [])}
         refusal = self._refusal(scope, headers)
         if refusal is None and self.policy.token and not scope.get("path", "").endswith(TOKEN_FREE_PATHS):
             refusal, send = self._token_check(scope, headers, send)
         if refusal is None:
-            refusal, receive = await self._session_check(scope, headers, receive)
-        if refusal is not None:
-            if scope["type"] == "websocket":
-                await send({"type": "websocket.close", "code": 1008})
-                return
-            status, text = refusal
-            body = text.encode()
-            await send({"type": "http.response.start", "status": status,
-                        "headers": [(b"content-type", b"text/plain; charset=utf-8"),
-                                    (b"content-length", str(len(body)).encode())]})
-            await send({"type": "http.response.body", "body": body})
+            try:
+                await self._route(scope, headers, receive, send)
+            except Refused as exc:
+                await _reply(send, exc.status, exc.text, exc.retry_after_s)
             return
-        await self.app(scope, receive, self._lax_cookies(send))
+        await _reply(send, *refusal)
+
+    async def _route(self, scope: dict[str, Any], headers: dict[bytes, bytes], receive: Any, send: Any) -> None:
+        """The route's rule, applied; then the app, with what the rule needs around it."""
+        if self._matcher is None:
+            self._matcher = RouteMatcher(scope["app"])
+        if get_route_path(scope) == "/logout":
+            scope = self._sign_out(scope, headers)
+        resolved, other_method = self._matcher.resolve(scope)
+        if resolved is None:
+            raise Refused(405 if other_method else 404, "method not allowed here" if other_method else "no such page")
+        rule = resolved.rule
+        limit = rule.body_bytes or SMALL
+        declared = headers.get(b"content-length", b"0").decode("latin-1")
+        if not declared.isdigit() or int(declared) > limit:
+            raise Refused(413, f"request body over {limit:,} bytes (or without a valid length); this route takes "
+                               f"at most {limit:,}")
+        access = rule.access
+        if access is Access.REFUSED:
+            raise Refused(404, f"not served by this app ({rule.why})")
+        if access is Access.PUBLIC:
+            await self.app(scope, _CappedBody(receive, limit).receive, self._lax_cookies(send))
+            return
+        if access is Access.SIGN_IN:
+            await self._sign_in(scope, receive, send, limit)
+            return
+        user = self._user(scope, headers)
+        if user is None:
+            raise Refused(401, "sign in first")
+        if access is Access.FILE:
+            self._file_check(resolved.params.get("path_or_url", resolved.params.get("path", "")), user)
+        elif access is Access.UPLOAD:
+            await self._upload(scope, receive, send, user, limit)
+            return
+        elif access in (Access.SESSION, Access.EVENT):
+            await self._named(scope, headers, receive, send, user, resolved, limit)
+            return
+        await self.app(scope, _CappedBody(receive, limit).receive, self._lax_cookies(send))
+
+    async def _named(self, scope: dict[str, Any], headers: dict[bytes, bytes], receive: Any, send: Any, user: str,
+                     resolved: Resolved, limit: int) -> None:
+        """A route that names sessions, events or files: each must be the caller's (a session is bound to
+        them at its first use); the events it creates become theirs."""
+        names = _Names()
+        if "session_hash" in resolved.params:
+            names.sessions.append(resolved.params["session_hash"])
+        if "event_id" in resolved.params:
+            names.events.append(resolved.params["event_id"])
+        query = urllib.parse.parse_qs(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
+        names.sessions += query.get("session_hash", [])
+        names.events += query.get("event_id", [])
+        if scope.get("method") not in ("GET", "HEAD"):
+            body, receive = await _read_body(receive, limit)
+            _body_names(body, names)
+        for event_id in names.events:
+            self.ownership.check_event(event_id, user)
+        for path in names.files:
+            self._file_check(path, user, refusal=(403, "that file is not yours"))
+        opened: list[str] = []
+        try:
+            for session in dict.fromkeys(names.sessions):
+                self.ownership.open_session(session, user)
+                opened.append(session)
+            if resolved.template in EVENT_CREATING:
+                send = self._binding_events(send, user)
+            await self.app(scope, receive, self._lax_cookies(send))
+        finally:
+            for session in opened:
+                self.ownership.close_session(session)
+
+    def _binding_events(self, send: Any, user: str) -> Any:
+        """`send` for a route that creates an event: its response (a small JSON object) is held until the
+        event id in it is bound to `user`, so that the caller's next request finds it theirs."""
+        start: dict[str, Any] = {}
+        chunks: list[bytes] = []
+
+        async def bind(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                start.update(message)
+                return
+            if message["type"] != "http.response.body":
+                await send(message)
+                return
+            chunks.append(message.get("body", b""))
+            if message.get("more_body") and sum(map(len, chunks)) < NAMES_READ:
+                return
+            body = b"".join(chunks)
+            chunks.clear()
+            with contextlib.suppress(ValueError, AttributeError, TypeError):
+                event_id = json.loads(body).get("event_id")
+                if isinstance(event_id, str) and event_id:
+                    self.ownership.bind_event(event_id, user)
+            if start:
+                await send(dict(start))
+                start.clear()
+            await send({**message, "body": body})
+        return bind
+
+    async def _upload(self, scope: dict[str, Any], receive: Any, send: Any, user: str, limit: int) -> None:
+        """An upload: within the user's room on disk; the files it made become theirs; past the files a
+        request may carry, or the room, the files it made are removed and the request refused (413)."""
+        room = self.ownership.upload_room(user)
+        if room <= 0:
+            raise Refused(413, f"upload quota reached ({self.policy.limits.upload_bytes_per_user >> 20} MiB of uploads "
+                               "kept per user); wait for older uploads to expire")
+        capped = _CappedBody(receive, min(limit, room))
+        start: dict[str, Any] = {}
+        chunks: list[bytes] = []
+
+        async def hold(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                start.update(message)
+            elif message["type"] == "http.response.body":
+                chunks.append(message.get("body", b""))
+        try:
+            await self.app(scope, capped.receive, hold)
+        except Exception:  # noqa: BLE001 - the app's error for a body cut off by the cap; refused below
+            if not capped.over:
+                raise
+        if capped.over:
+            raise Refused(413, f"upload over {min(limit, room):,} bytes (the request's limit or your room left)")
+        body = b"".join(chunks)
+        paths: list[str] = []
+        if start.get("status") == 200:
+            with contextlib.suppress(ValueError):
+                found = json.loads(body)
+                paths = [p for p in found if isinstance(p, str)] if isinstance(found, list) else []
+        if paths:
+            self.ownership.bind_uploads(paths, user)
+            most = self.policy.limits.upload_files_per_request
+            if len(paths) > most:
+                self.ownership.drop_uploads(paths, user)
+                raise Refused(413, f"upload of {len(paths)} files refused: at most {most} files a request, within "
+                                   f"{self.policy.limits.upload_bytes_per_user >> 20} MiB per user")
+        await send({**start, "headers": [(k, v) for k, v in start.get("headers", []) if k.lower() != b"content-length"]
+                    + [(b"content-length", str(len(body)).encode())]} if start else
+                   {"type": "http.response.start", "status": 500, "headers": []})
+        await send({"type": "http.response.body", "body": body})
+
+    async def _sign_in(self, scope: dict[str, Any], receive: Any, send: Any, limit: int) -> None:
+        """A sign-in: refused (429) past the attempts allowed from its address or for its user name, before
+        any password is checked; a successful one gives its attempt back."""
+        body, receive = await _read_body(receive, limit)
+        form = urllib.parse.parse_qs(body.decode("latin-1"))
+        user_name = (form.get("username") or [""])[0].strip()
+        address = (scope.get("client") or ("?", 0))[0]
+        self.ownership.take_sign_in(address, user_name)
+        status: list[int] = []
+
+        async def watch(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                status.append(message["status"])
+            await send(message)
+        await self.app(scope, receive, self._lax_cookies(watch))
+        if status and status[0] == 200:
+            self.ownership.refund_sign_in(address, user_name)
+
+    def _sign_out(self, scope: dict[str, Any], headers: dict[bytes, bytes]) -> dict[str, Any]:
+        """Sign-out only by a POST from this server's own page (its Origin), then Gradio's GET handler."""
+        if scope.get("method") != "POST":
+            raise Refused(405, "sign out with POST from this server's page")
+        origin = headers.get(b"origin")
+        if origin is None or self._foreign(origin, headers):
+            raise Refused(403, "sign-out refused: only this server's own page may sign you out")
+        return {**scope, "method": "GET"}
 
     def _refusal(self, scope: dict[str, Any], headers: dict[bytes, bytes]) -> tuple[int, str] | None:
         host = headers.get(b"host", b"").decode("latin-1")
@@ -131,11 +309,14 @@ class WebGuard:
             return 403, (f"this server does not answer as {name or 'an empty host'!r}; open it by the address it "
                          "printed (or add the name with --allowed-hosts)")
         origin = headers.get(b"origin")
-        if origin is not None:
-            text = origin.decode("latin-1")
-            if urllib.parse.urlsplit(text).netloc.lower() != host.lower() and text not in self.policy.public_origins:
-                return 403, "cross-origin request refused: only this server's own pages (or --public-url) may call it"
+        if origin is not None and self._foreign(origin, headers):
+            return 403, "cross-origin request refused: only this server's own pages (or --public-url) may call it"
         return None
+
+    def _foreign(self, origin: bytes, headers: dict[bytes, bytes]) -> bool:
+        text = origin.decode("latin-1")
+        host = headers.get(b"host", b"").decode("latin-1")
+        return urllib.parse.urlsplit(text).netloc.lower() != host.lower() and text not in self.policy.public_origins
 
     def _user(self, scope: dict[str, Any], headers: dict[bytes, bytes]) -> str | None:
         """The signed-in user of a request (Gradio's session cookie); "" without auth; None: nobody."""
@@ -178,47 +359,28 @@ class WebGuard:
         return (401, "this server needs its access token: open the URL it printed at start-up "
                      "(http://HOST:PORT/?token=...), or send the token in the X-Migration-Token header"), send
 
-    async def _session_check(self, scope: dict[str, Any], headers: dict[bytes, bytes],
-                             receive: Any) -> tuple[tuple[int, str] | None, Any]:
-        path = scope.get("path", "")
-        route = path.split("/gradio_api/", 1)[1] if "/gradio_api/" in path else ""
-        head = route.split("/", 1)[0]
-        if route.startswith("file=") and self.policy.export_dir is not None:
-            return self._file_check(scope, headers, urllib.parse.unquote(route[len("file="):])), receive
-        if head not in SESSION_ROUTES:
-            return None, receive
-        user = self._user(scope, headers)
-        if user is None:
-            return (401, "sign in first"), receive
-        session = route.split("/")[1] if head in ("heartbeat", "stream") and "/" in route else None
-        query = urllib.parse.parse_qs(scope.get("query_string", b"").decode("latin-1"))
-        session = query.get("session_hash", [session])[0]
-        if scope.get("method") == "POST" and b"json" in headers.get(b"content-type", b"json"):
-            body, receive = await _read_body(receive)
-            try:
-                session = json.loads(body or b"{}").get("session_hash", session)
-            except (ValueError, AttributeError):
-                pass
-        if isinstance(session, str) and session:
-            owner = self.session_owner.setdefault(session, user)
-            if len(self.session_owner) > 100_000:  # bounded: the oldest sessions are forgotten first
-                for key in list(self.session_owner)[:50_000]:
-                    del self.session_owner[key]
-            if owner != user:
-                return (403, "that session belongs to another user"), receive
-        return None, receive
+    def _file_check(self, wanted: str, user: str, refusal: tuple[int, str] = (404, "no such file of yours")) -> None:
+        """A file is served (or taken as an input) only when its one resolved path lies in the user's own
+        exports folder or is an upload of theirs. The path is the router's (decoded once), resolved once."""
+        real = os.path.realpath(wanted) if wanted and "\0" not in wanted else ""
+        export_dir = self.policy.export_dir
+        if real and export_dir is not None:
+            own = os.path.realpath(export_dir / forms.user_folder(user))
+            if real.startswith(own + os.sep):
+                return
+        if real and self.ownership.owns_upload(real, user):
+            return
+        raise Refused(*refusal)
 
-    def _file_check(self, scope: dict[str, Any], headers: dict[bytes, bytes], wanted: str) -> tuple[int, str] | None:
-        try:
-            relative = Path(os.path.realpath(wanted)).relative_to(os.path.realpath(self.policy.export_dir))
-        except ValueError:
-            return None  # not an export (Gradio's own cache of served files checks itself)
-        user = self._user(scope, headers)
-        if user is None:
-            return 401, "sign in first"
-        if not relative.parts or relative.parts[0] != forms.user_folder(user):
-            return 404, "no such file of yours"
-        return None
+    def _forget_session(self, session: str) -> None:
+        """A session whose binding expired: Gradio's state for it goes too (its plan, its code check)."""
+        holder = getattr(self._gradio_app, "state_holder", None)
+        lock = getattr(holder, "lock", None)
+        if holder is None or lock is None:
+            return
+        with lock:
+            holder.session_data.pop(session, None)
+            holder.time_last_used.pop(session, None)
 
     @staticmethod
     def _lax_cookies(send: Any) -> Any:
@@ -231,17 +393,46 @@ class WebGuard:
         return rewrite
 
 
-async def _read_body(receive: Any) -> tuple[bytes, Any]:
-    """The whole request body, and a `receive` that replays it to the app."""
-    chunks, more = [], True
+async def _reply(send: Any, status: int, text: str, retry_after_s: float | None = None) -> None:
+    body = text.encode()
+    headers = [(b"content-type", b"text/plain; charset=utf-8"), (b"content-length", str(len(body)).encode())]
+    if retry_after_s is not None:
+        headers.append((b"retry-after", str(max(1, round(retry_after_s))).encode()))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+class _CappedBody:
+    """A `receive` that passes at most `limit` body bytes: past them the app sees the client leave
+    (`over` is set), so a body without a declared length cannot grow without bound either."""
+
+    def __init__(self, receive: Any, limit: int):
+        self._receive, self.limit, self.seen, self.over = receive, limit, 0, False
+
+    async def receive(self) -> dict[str, Any]:
+        if self.over:
+            return {"type": "http.disconnect"}
+        message = await self._receive()
+        if message["type"] == "http.request":
+            self.seen += len(message.get("body", b""))
+            if self.seen > self.limit:
+                self.over = True
+                return {"type": "http.disconnect"}
+        return message
+
+
+async def _read_body(receive: Any, limit: int) -> tuple[bytes, Any]:
+    """The whole request body (Refused 413 past `limit`), and a `receive` that replays it to the app."""
+    chunks, more, size = [], True, 0
     while more:
         message = await receive()
         if message["type"] != "http.request":
             break
         chunks.append(message.get("body", b""))
+        size += len(chunks[-1])
+        if size > limit:
+            raise Refused(413, f"request body over {limit:,} bytes; this route takes at most {limit:,}")
         more = message.get("more_body", False)
-        if sum(map(len, chunks)) > 16 << 20:  # past any legitimate call: the app then refuses the body
-            break
     body = b"".join(chunks)
     sent = [False]
 
@@ -251,6 +442,39 @@ async def _read_body(receive: Any) -> tuple[bytes, Any]:
             return {"type": "http.request", "body": body, "more_body": False}
         return await receive()
     return body, replay
+
+
+def _body_names(body: bytes, names: _Names) -> None:
+    """The sessions, events and files a body names, whatever its content type says: JSON (every value of a
+    repeated key, at any depth), else a form."""
+    if not body:
+        return
+    try:
+        found = json.loads(body, object_pairs_hook=_Pairs)
+    except (ValueError, RecursionError):
+        form = urllib.parse.parse_qs(body.decode("latin-1"), keep_blank_values=True)
+        names.sessions += form.get("session_hash", [])
+        names.events += form.get("event_id", [])
+        return
+    stack = [found]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, _Pairs):
+            for key, value in node:
+                if key == "session_hash" and isinstance(value, str):
+                    names.sessions.append(value)
+                elif key == "event_id" and isinstance(value, str):
+                    names.events.append(value)
+                elif key == "path" and isinstance(value, str):
+                    names.files.append(value)
+                else:
+                    stack.append(value)
+        elif isinstance(node, list):
+            stack.extend(node)
+
+
+class _Pairs(list):
+    """A JSON object as its (key, value) pairs, repeated keys kept."""
 
 
 def read_auth(path: str | None, env_value: str | None) -> Authenticator | None:

@@ -90,6 +90,9 @@ def announce(settings: Settings, address: Address, users: Authenticator | None, 
 
 def launch(demo: gr.Blocks, address: Address, users: Authenticator | None, export_dir: Path,
            middleware: list[Middleware]) -> None:
+    # Exports are served from their own folder, not copied into Gradio's cache (where the web guard could
+    # not tell whose a copy is): the guard serves a file of that folder to the user whose subfolder holds it.
+    gr.set_static_paths([str(export_dir)])
     demo.launch(server_name=address.host, server_port=address.port, root_path=address.root_path or None,
                 auth=users.check if users else None,
                 enable_monitoring=False, ssr_mode=False, show_error=True, share=False, run_history=False,
