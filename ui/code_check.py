@@ -16,8 +16,6 @@ from ui.context import AppContext, user_of
 from ui.frames import findings_frame
 from ui.streaming import finished
 
-FINDINGS_SHOWN = 1000  # rows of the code check's table
-
 
 @dataclasses.dataclass
 class CodeCheckTab:
@@ -62,12 +60,14 @@ class CodeCheckHandlers:
             raise gr.Error(job.error or "the code check stopped without a result", print_exception=False)
         result: CodeCheck = job.result
         findings = list(result.findings)
-        shown = findings[:FINDINGS_SHOWN]  # the table a page can hold; the checklist reads them all
-        errors = sum(f.severity == "error" for f in findings)
-        summary = (f"{len(findings)} finding(s), {errors} error(s) in {len(result.files)} file(s). "
-                   if findings else "No findings: nothing TPU-specific or outdated was found. ")
-        if len(shown) < len(findings):
-            summary += f"The table shows the first {len(shown):,} (by file and line). "
+        shown = findings  # at most FINDINGS_KEPT (and the first of every rule): the worker caps them
+        errors = sum(f.severity == "error" for f in findings) + sum(n for _, sev, n in result.omitted if sev == "error")
+        summary = (f"{result.total:,} finding(s), {errors:,} error(s) in {len(result.files)} file(s). "
+                   if result.total else "No findings: nothing TPU-specific or outdated was found. ")
+        if result.omitted:
+            more = ", ".join(f"{rule} {n:,}" for rule, _, n in result.omitted)
+            summary += (f"The table shows the first {len(shown):,} (and the first of every rule); "
+                        f"{result.total - len(shown):,} more: {more}. `python -m migration check FILE` lists them all. ")
         summary += "The Migrate tab's checklist grades the items about your code from this check."
         return summary, gr.update(value=findings_frame(shown), visible=bool(findings)), result.to_dict()
 

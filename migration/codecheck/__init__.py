@@ -12,11 +12,11 @@ nothing else of `migration`.
 
 from migration.codecheck.engine import check_files, check_paths, check_source, check_sources
 from migration.codecheck.findings import CodeCheck, CodeCheckError, EnvSetting, Finding, MonitoringUse, has_errors
-from migration.codecheck.inputs import MAX_BYTES, MAX_FILES, MAX_SOURCE_BYTES, check_pasted, read_upload
+from migration.codecheck.inputs import FINDINGS_KEPT, MAX_BYTES, MAX_FILES, MAX_SOURCE_BYTES, check_pasted, read_upload
 from migration.codecheck.rules import MIN_REASON_WORDS, RULES, SEVERITIES, Rule, rules_markdown
 
 __all__ = [
-    "MAX_BYTES", "MAX_FILES", "MAX_SOURCE_BYTES", "MIN_REASON_WORDS", "RULES", "SEVERITIES",
+    "FINDINGS_KEPT", "MAX_BYTES", "MAX_FILES", "MAX_SOURCE_BYTES", "MIN_REASON_WORDS", "RULES", "SEVERITIES",
     "CodeCheck", "CodeCheckError", "EnvSetting", "Finding", "MonitoringUse", "Rule",
     "check_files", "check_pasted", "check_paths", "check_source", "check_sources", "has_errors", "read_upload",
     "rules_markdown",

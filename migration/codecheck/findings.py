@@ -49,12 +49,45 @@ class CodeCheck:
     # the files that use JAX (import it, Flax, Optax, ... or name jnp / lax); code items of the
     # checklist grade only these: a file without JAX says nothing about a JAX job
     jax_files: tuple[str, ...] = ()
+    # findings left out of `findings` by `capped`: (rule, severity, how many), one entry per rule
+    omitted: tuple[tuple[str, str, int], ...] = ()
+
+    @property
+    def total(self) -> int:
+        """Every finding of the check, kept or left out."""
+        return len(self.findings) + sum(n for _, _, n in self.omitted)
+
+    def count(self, rules: tuple[str, ...], severity: str | None = None) -> int:
+        """Findings of these rules (of that severity), kept or left out."""
+        kept = sum(f.rule in rules and severity in (None, f.severity) for f in self.findings)
+        return kept + sum(n for rule, sev, n in self.omitted if rule in rules and severity in (None, sev))
+
+    def capped(self, most: int) -> CodeCheck:
+        """At most `most` findings kept (in order), and at least the first of every rule, so that what a
+        rule found still shows; the others counted per rule in `omitted`. A check's size then no longer
+        grows with the code's (a server keeps only this)."""
+        if len(self.findings) <= most:
+            return self
+        kept = list(self.findings[:most])
+        ruled = {f.rule for f in kept}
+        left: dict[tuple[str, str], int] = {}
+        for f in self.findings[most:]:
+            if f.rule not in ruled:
+                kept.append(f)
+                ruled.add(f.rule)
+            else:
+                left[(f.rule, f.severity)] = left.get((f.rule, f.severity), 0) + 1
+        for rule, severity, n in self.omitted:
+            left[(rule, severity)] = left.get((rule, severity), 0) + n
+        return dataclasses.replace(self, findings=tuple(kept),
+                                   omitted=tuple((r, sev, n) for (r, sev), n in sorted(left.items())))
 
     def to_dict(self) -> dict:
         return {"files": list(self.files), "jax_files": list(self.jax_files),
                 "findings": [f.to_dict() for f in self.findings],
                 "env_settings": [dataclasses.asdict(e) for e in self.env_settings],
-                "monitoring": [dataclasses.asdict(m) for m in self.monitoring]}
+                "monitoring": [dataclasses.asdict(m) for m in self.monitoring],
+                "omitted": [list(o) for o in self.omitted]}
 
     @classmethod
     def from_dict(cls, d) -> CodeCheck:
@@ -62,7 +95,8 @@ class CodeCheck:
                    findings=tuple(Finding(**f) for f in d.get("findings", ())),
                    env_settings=tuple(EnvSetting(**e) for e in d.get("env_settings", ())),
                    monitoring=tuple(MonitoringUse(**m) for m in d.get("monitoring", ())),
-                jax_files=tuple(d.get("jax_files", ())))
+                   jax_files=tuple(d.get("jax_files", ())),
+                   omitted=tuple((str(r), str(s), int(n)) for r, s, n in d.get("omitted", ())))
 
 
 class CodeCheckError(ValueError):

@@ -10,6 +10,7 @@ from migration.codecheck.findings import CodeCheckError
 MAX_BYTES = 1_000_000
 MAX_SOURCE_BYTES = MAX_BYTES  # per file, pasted or uploaded: every entry point refuses more
 MAX_FILES = 20  # files in one check from the app (a paste and uploads)
+FINDINGS_KEPT = 200  # findings a check from the app returns (the first, and the first of every rule; the rest counted)
 
 
 def refuse_unreadable(text: object, filename: str) -> str:

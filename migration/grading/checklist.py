@@ -86,7 +86,12 @@ class Evidence:
         return spec is not None and spec.key == self.plan.target
 
     def findings(self, rules: tuple[str, ...]) -> list:
+        """The findings of these rules that the check kept (a check from the app keeps the first ones)."""
         return [f for f in (self.code.findings if self.code else ()) if f.rule in rules]
+
+    def finding_count(self, rules: tuple[str, ...], severity: str | None = None) -> int:
+        """How many findings of these rules the check made, kept or only counted."""
+        return self.code.count(rules, severity) if self.code else 0
 
 
 Grade = tuple[str, str, str]  # status, evidence, action
@@ -112,8 +117,10 @@ def _elsewhere(ev: Evidence, r: RunReport) -> str:
     return f"measured on {r.device_kind}, not on the target {ev.plan.target_name}"
 
 
-def _lines(findings: list) -> str:
-    return ", ".join(f"{f.rule} {Path(f.file).name}:{f.line}" for f in findings[:8]) + (" …" if len(findings) > 8 else "")
+def _lines(findings: list, total: int = 0) -> str:
+    """The first findings' places; an ellipsis when there are more (`total`: kept and counted ones)."""
+    return ", ".join(f"{f.rule} {Path(f.file).name}:{f.line}" for f in findings[:8]) + \
+        (" …" if max(len(findings), total) > 8 else "")
 
 
 def _code_scope(code: CodeCheck) -> str:
@@ -197,9 +204,11 @@ def grade_apis(ev: Evidence) -> Grade:
     errors = [f for f in found if f.severity == "error"]
     scope = _code_scope(ev.code)
     if errors:
-        return FAIL, f"{scope}: {len(errors)} TPU-only or removed API call(s): {_lines(errors)}", "apply each finding's replacement"
+        n = ev.finding_count(API_RULES, "error")
+        return FAIL, f"{scope}: {n} TPU-only or removed API call(s): {_lines(errors, n)}", "apply each finding's replacement"
     if found:
-        return WARN, f"{scope}: {len(found)} outdated API use(s): {_lines(found)}", "apply each finding's replacement"
+        n = ev.finding_count(API_RULES)
+        return WARN, f"{scope}: {n} outdated API use(s): {_lines(found, n)}", "apply each finding's replacement"
     return PASS, f"{scope}: no TPU-only, pmap-era or removed APIs, fixed slice shapes or Cloud Storage paths " \
                  f"({', '.join(API_RULES)})", "nothing to replace"
 
@@ -393,7 +402,8 @@ def grade_host_sync(ev: Evidence) -> Grade:
         return unchecked
     found = ev.findings(("SYNC001",))
     if found:
-        return WARN, f"{_code_scope(ev.code)}: {len(found)} host sync(s) in the step loop: {_lines(found)}", \
+        n = ev.finding_count(("SYNC001",))
+        return WARN, f"{_code_scope(ev.code)}: {n} host sync(s) in the step loop: {_lines(found, n)}", \
             "keep metrics on the device and fetch them every N steps"
     return PASS, f"{_code_scope(ev.code)}: no host sync in the training loop", "none"
 

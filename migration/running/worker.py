@@ -41,7 +41,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from migration.codecheck import CodeCheckError, check_sources
+from migration.codecheck import FINDINGS_KEPT, CodeCheckError, check_sources
 from migration.common import enable_compile_cache, first_line, is_oom, json_safe
 from migration.config.forms import number
 from migration.config.limits import LIMITS, ConfigError
@@ -244,7 +244,8 @@ def check_code(payload: Any, emit: EventWriter) -> int:
         sources = payload["sources"]
         if not (isinstance(sources, list) and all(isinstance(s, list) and len(s) == 2 for s in sources)):
             raise TypeError("sources must be a list of [name, text] pairs")
-        emit("checked", result=check_sources([(str(name), text) for name, text in sources]).to_dict())
+        checked = check_sources([(str(name), text) for name, text in sources])
+        emit("checked", result=checked.capped(FINDINGS_KEPT).to_dict())  # the server keeps no more than this
     except (CodeCheckError, TypeError, KeyError) as exc:
         emit("failed", kind="invalid", message=first_line(exc, 400))
         return 2
