@@ -16,10 +16,12 @@ Locust to those too, so the server's core serves the server alone (on a GPU box 
 side barely needs the CPU; on this CPU-only box the runs themselves use the other cores). Verified
 after: every submitted run is in the history database exactly once under its label, `ok`.
 
-The report: runs submitted / ok / failed / lost / duplicated; p50 / p95 / max of each light
+The report: runs submitted / ok / failed / refused / lost / duplicated (refused: the server answered with an
+error and recorded nothing; lost: recorded nothing and said nothing); p50 / p95 / max of each light
 endpoint idle and under load (Locust's percentiles, the POST and the event stream of a call timed
-together) and the ratio p95 under load / p95 idle (target: within 3x). Exit 0 when no run is lost
-or failed, 1 otherwise.
+together) and the ratio p95 under load / p95 idle (target: within 3x). Exit 0 when every run is ok,
+1 otherwise. `--users 2 --browsers 1 --runs-per-user 1 --steps 2 --idle-s 3` is the smoke size the
+suite runs (tests/test_benches.py).
 
     python bench/load.py [--users 16] [--browsers 4] [--runs-per-user 2] [--steps 4] [--idle-s 60]
                          [--timeout-s 2400] [--json out.json] [--keep folder]
@@ -75,16 +77,29 @@ def figure(row: dict[str, Any] | None, key: str) -> float | None:
     return None if value in (None, "", "N/A") else float(value)
 
 
-def verify(db: Path, expected: set[str]) -> dict[str, Any]:
+def verify(db: Path, expected: set[str], outcomes: Path) -> dict[str, Any]:
+    """Each submitted run, told apart: ok (recorded ok once), failed (recorded, not ok), refused (the server
+    said no: an error answer and no record), lost (no record, and no refusal either), duplicated."""
     with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as con:
         rows = con.execute("SELECT label, status FROM entries WHERE kind = 'run'").fetchall()
     seen: dict[str, list[str]] = {}
     for label, status in rows:
         seen.setdefault(label, []).append(status)
+    answered = {}
+    if outcomes.exists():
+        for line in outcomes.read_text().splitlines():
+            o = json.loads(line)
+            answered[o["label"]] = o
+    refused = {label for label in expected if label not in seen and answered.get(label, {}).get("event") == "error"}
     return {"submitted": len(expected), "ok": sum(seen.get(label) == ["ok"] for label in expected),
             "failed": sum(bool(seen.get(label)) and seen[label] != ["ok"] for label in expected),
-            "lost": sum(label not in seen for label in expected),
-            "duplicated": sum(len(seen.get(label, [])) > 1 for label in expected)}
+            "refused": len(refused), "lost": sum(label not in seen and label not in refused for label in expected),
+            "duplicated": sum(len(seen.get(label, [])) > 1 for label in expected),
+            "refusals": sorted({str(answered[label]["headline"])[:200] for label in refused})[:5]}
+
+
+def _n(x: float | None, spec: str = ".0f") -> str:
+    return "-" if x is None else format(x, spec)
 
 
 def main() -> int:
@@ -119,7 +134,7 @@ def main() -> int:
         finally:
             server.close()
         expected = {f"load {u} run {i}" for u, _ in runners for i in range(args.runs_per_user)}
-        runs = verify(server.db, expected)
+        runs = verify(server.db, expected, tmp / "outcomes.jsonl")
         if args.keep:
             shutil.copytree(tmp, args.keep, dirs_exist_ok=True,
                             ignore=lambda _, names: [n for n in names if not n.endswith((".csv", ".log", ".jsonl"))])
@@ -132,17 +147,19 @@ def main() -> int:
                      "load_p95_ms": p95_load, "load_max_ms": figure(u, "100%"),
                      "failures": figure(u, "Failure Count"),
                      "ratio": p95_load / p95_idle if p95_idle and p95_load else None})
-    print(f"runs: {runs['submitted']} submitted, {runs['ok']} ok, {runs['failed']} failed, {runs['lost']} lost, "
-          f"{runs['duplicated']} duplicated; load phase {wall:.0f} s")
+    print(f"runs: {runs['submitted']} submitted, {runs['ok']} ok, {runs['failed']} failed, {runs['refused']} refused, "
+          f"{runs['lost']} lost, {runs['duplicated']} duplicated; load phase {wall:.0f} s")
+    for text in runs["refusals"]:
+        print(f"  refused: {text}")
     print("| endpoint | idle calls | idle p50 / p95 ms | load calls | load p50 / p95 / max ms | failures | p95 load / idle |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['endpoint']} | {r['idle_n']:.0f} | {r['idle_p50_ms']:.0f} / {r['idle_p95_ms']:.0f} | "
-              f"{r['load_n']:.0f} | {r['load_p50_ms']:.0f} / {r['load_p95_ms']:.0f} / {r['load_max_ms']:.0f} | "
-              f"{r['failures']:.0f} | {r['ratio']:.2f}x |")
+        print(f"| {r['endpoint']} | {_n(r['idle_n'])} | {_n(r['idle_p50_ms'])} / {_n(r['idle_p95_ms'])} | "
+              f"{_n(r['load_n'])} | {_n(r['load_p50_ms'])} / {_n(r['load_p95_ms'])} / {_n(r['load_max_ms'])} | "
+              f"{_n(r['failures'])} | {_n(r['ratio'], '.2f')}x |")
     if args.json:
         Path(args.json).write_text(json.dumps({"runs": runs, "light": rows, "load_wall_s": wall}, indent=1))
-    return 0 if runs["lost"] == 0 and runs["failed"] == 0 and runs["duplicated"] == 0 else 1
+    return 0 if runs["ok"] == runs["submitted"] else 1
 
 
 if __name__ == "__main__":

@@ -19,18 +19,24 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import sys
 import threading
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import gevent
 from locust import HttpUser, between, events, task
 from locust.exception import StopUser
 
-FORM = json.loads(os.environ.get("LOAD_FORM", "[]")) or [
-    "transformer", "tiny", "tpu-v5e-8", 32, 0, "bf16", "local", 1, 0.8, "multiple8", "auto", "auto", 0, 0, 0, 0, 0, 0,
-    0, 0, "preset", "auto", 8]
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from migration.config.fields import api_values  # noqa: E402  (the form's field table: no JAX)
+
+# The Migrate form's fields by name (LOAD_FORM: a JSON object of more); the rest take the table's defaults,
+# so a field added to the form never shifts the values sent.
+FORM = {"workload": "transformer", "preset": "tiny", "global_batch": 32, "target": "local",
+        **json.loads(os.environ.get("LOAD_FORM", "{}"))}
 HISTORY_ARGS = ["mine", "all", "all", "all"]
 _users = [tuple(p.split(":", 1)) for p in os.environ.get("LOAD_USERS", "").split(",") if ":" in p]
 _runner_users = iter(_users[: int(os.environ.get("LOAD_RUNNERS", len(_users)))])
@@ -135,11 +141,10 @@ class Runner(GradioUser):
     @task
     def plan_then_run(self) -> None:
         label = f"load {self.user_name}"
-        self.call("plan", [*FORM, f"{label} plan"], name="plan (whole job)")
+        self.call("plan", api_values("plan", **FORM, label=f"{label} plan"), name="plan (whole job)")
         for i in range(int(os.environ.get("LOAD_RUNS", "2"))):
-            event, payload = self.call("run", [None, int(os.environ.get("LOAD_STEPS", "4")), 0.003, False, False,
-                                               False, False, False, *FORM, f"{label} run {i}", "", ""],
-                                       name="run (whole job)")
+            run = api_values("run", **FORM, steps=int(os.environ.get("LOAD_STEPS", "4")), label=f"{label} run {i}")
+            event, payload = self.call("run", [None, *run], name="run (whole job)")  # no saved plan file
             headline = payload[0] if event == "complete" and isinstance(payload, list) else str(payload)
             with _lock, open(os.environ.get("LOAD_OUTCOMES", os.devnull), "a") as f:
                 f.write(json.dumps({"user": self.user_name, "label": f"{label} run {i}", "event": event,

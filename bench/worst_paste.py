@@ -6,7 +6,9 @@ alice submits a code check while bob calls /history back to back; printed: how l
 took (or how it was refused), and bob's /history latency during it (p50 / max, calls), beside the
 same calls with nothing else going on (the baseline). Target: bob's max under 1 s throughout.
 
-    python bench/worst_paste.py [--json out.json]
+    python bench/worst_paste.py [--json out.json] [--size 990000] [--uploads 20] [--baseline-s 5]
+
+`--size 2000 --uploads 2 --baseline-s 1` is the smoke size the suite runs (tests/test_benches.py).
 """
 
 from __future__ import annotations
@@ -28,20 +30,20 @@ USERS = {"alice": "pw-alice-1", "bob": "pw-bob-2"}
 HISTORY_ARGS = ("mine", "all", "all", "all")
 
 
-def payloads(tmp: Path) -> dict[str, tuple[str, list[str]]]:
+def payloads(tmp: Path, size: int = 990_000, uploads: int = 20) -> dict[str, tuple[str, list[str]]]:
     common = ("import jax\nimport jax.numpy as jnp\n\n@jax.pmap\ndef step(x):\n    return jax.lax.pmean(x, 'i')\n\n"
               "for i in range(10):\n    loss = step(jnp.ones(8))\n    print(float(loss))\n")
-    script = common * (990_000 // len(common))
+    script = common * max(1, size // len(common))
     files = []
-    for i in range(20):
+    for i in range(uploads):
         path = tmp / f"train_{i}.py"
         path.write_text(script)
         files.append(str(path))
     return {
         "constant bomb ((((((2**64)**64)...)": ("batch_size = ((((((2**64)**64)**64)**64)**64)**64)\n", []),
-        "1 MB line of ignore openings": ("x = 1  " + "#migration:ignore[" * 55_000 + "\n", []),
-        "1 MB training script": (script, []),
-        "20 uploads of 1 MB": ("", files),
+        f"{size / 1e6:g} MB line of ignore openings": ("x = 1  " + "#migration:ignore[" * (size // 18) + "\n", []),
+        f"{size / 1e6:g} MB training script": (script, []),
+        f"{uploads} uploads of {size / 1e6:g} MB": ("", files),
     }
 
 
@@ -58,6 +60,9 @@ def history_latencies(client, seconds: float, stop=None) -> list[float]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", default=None)
+    parser.add_argument("--size", type=int, default=990_000, help="bytes of the large pastes and of each upload")
+    parser.add_argument("--uploads", type=int, default=20)
+    parser.add_argument("--baseline-s", type=float, default=5.0)
     args = parser.parse_args()
     from gradio_client import handle_file
 
@@ -68,10 +73,10 @@ def main() -> int:
                         client=False)
         try:
             alice, bob = server.connect(("alice", USERS["alice"])), server.connect(("bob", USERS["bob"]))
-            base = history_latencies(bob, 5)
+            base = history_latencies(bob, args.baseline_s)
             rows.append({"payload": "nothing (baseline)", "check_s": None, "outcome": "",
                          "p50_ms": 1e3 * statistics.median(base), "max_ms": 1e3 * max(base), "calls": len(base)})
-            for name, (text, files) in payloads(tmp).items():
+            for name, (text, files) in payloads(tmp, args.size, args.uploads).items():
                 with concurrent.futures.ThreadPoolExecutor(1) as pool:
                     t0 = time.monotonic()
                     check = pool.submit(alice.predict, text, [handle_file(f) for f in files], api_name="/code_check")

@@ -524,7 +524,8 @@ def test_alices_files_reach_bob_by_no_path_on_any_file_route(box, alices_run, ro
     for variant in _path_variants(target, server):
         for cookies in (bob_cookies, None):
             r = httpx.get(f"{server.url}{route}{variant}", cookies=cookies, timeout=30)
-            assert r.status_code in (401, 404) and "per_device_batch" not in r.text, (variant, r.status_code)
+            # 404 from the guard; 403 from Gradio for a path inside bob's own folder that it decodes again
+            assert r.status_code in (401, 403, 404) and "per_device_batch" not in r.text, (variant, r.status_code)
 
 
 def test_exports_are_served_from_their_owners_folder_not_from_gradios_cache(box, alices_run):
@@ -600,8 +601,8 @@ def test_uploads_past_a_users_room_are_refused_and_other_users_still_upload(box)
 def test_a_50000_finding_check_returns_a_capped_table_and_counts_the_rest(box, alice):
     server = box["auth"]
     before = _rss_mb(server.proc.pid)
-    summary, table, _ = alice.predict("import jax\n" + "jax.pmap(f)\n" * 50_000, [], api_name="/code_check")
-    assert "50,001 finding(s)" in summary or "50,000 finding(s)" in summary, summary[:300]
+    summary, table = alice.predict("import jax\n" + "jax.pmap(f)\n" * 50_000, [], api_name="/code_check")[:2]
+    assert "50,000 finding(s)" in summary, summary[:300]
     assert "more: PMAP" in summary and "python -m migration check" in summary
     rows = value(table)["data"]
     assert 0 < len(rows) <= 200

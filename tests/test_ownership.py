@@ -135,26 +135,3 @@ def test_a_capped_check_keeps_the_first_findings_and_the_first_of_every_rule_and
     assert CodeCheck.from_dict(capped.to_dict()) == capped
     assert capped.capped(5).total == 52  # capping again keeps the counts
     assert check.capped(100) is check
-
-
-def test_the_checklist_counts_findings_left_out_of_a_capped_check():
-    from migration.grading.checklist import API_RULES, grade_apis, grade_host_sync
-
-    rule = API_RULES[0]
-    many = tuple([_finding(rule, i, "error") for i in range(1, 301)] + [_finding("SYNC001", 400 + i) for i in range(30)])
-    code = CodeCheck(files=("train.py",), findings=many, env_settings=(), monitoring=(), jax_files=("train.py",))
-
-    class Ev:  # the two items read only the code check
-        def __init__(self, code):
-            self.code = code
-
-        def findings(self, rules):
-            return [f for f in self.code.findings if f.rule in rules]
-
-        def finding_count(self, rules, severity=None):
-            return self.code.count(rules, severity)
-
-    full, capped = Ev(code), Ev(code.capped(20))
-    assert grade_apis(full)[:2] == grade_apis(capped)[:2] and "300 TPU-only" in grade_apis(capped)[1]
-    status, evidence, _ = grade_host_sync(capped)
-    assert status == grade_host_sync(full)[0] and "30 host sync" in evidence and evidence.endswith(" …"), evidence

@@ -361,16 +361,20 @@ class WebGuard:
 
     def _file_check(self, wanted: str, user: str, refusal: tuple[int, str] = (404, "no such file of yours")) -> None:
         """A file is served (or taken as an input) only when its one resolved path lies in the user's own
-        exports folder or is an upload of theirs. The path is the router's (decoded once), resolved once."""
-        real = os.path.realpath(wanted) if wanted and "\0" not in wanted else ""
+        exports folder or is an upload of theirs. The path is the router's (decoded once), resolved once;
+        a path that still holds %-escapes must be theirs read both ways, whatever the handler does with it."""
+        for path in dict.fromkeys((wanted, urllib.parse.unquote(wanted))):
+            if not self._owns_file(path, user):
+                raise Refused(*refusal)
+
+    def _owns_file(self, path: str, user: str) -> bool:
+        real = os.path.realpath(path) if path and "\0" not in path else ""
         export_dir = self.policy.export_dir
         if real and export_dir is not None:
             own = os.path.realpath(export_dir / forms.user_folder(user))
             if real.startswith(own + os.sep):
-                return
-        if real and self.ownership.owns_upload(real, user):
-            return
-        raise Refused(*refusal)
+                return True
+        return bool(real) and self.ownership.owns_upload(real, user)
 
     def _forget_session(self, session: str) -> None:
         """A session whose binding expired: Gradio's state for it goes too (its plan, its code check)."""

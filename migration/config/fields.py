@@ -199,6 +199,17 @@ def fields_of(endpoint: str) -> tuple[Field, ...]:
     return tuple(f for f in FIELDS if endpoint in f.endpoints)
 
 
+def api_values(endpoint: str, **given: Any) -> list[Any]:
+    """The positional values of an API call to `endpoint` ("plan", "run", "autotune"): each field's
+    default, or the value given by name. For scripts that drive the app (benchmarks, load tests), so that
+    a field added to the table never shifts their values; ValueError naming a field the endpoint lacks."""
+    fields = fields_of(endpoint)
+    unknown = sorted(set(given) - {f.name for f in fields})
+    if unknown:
+        raise ValueError(f"/{endpoint} has no field {', '.join(unknown)}")
+    return [given.get(f.name, f.default) for f in fields]
+
+
 def flags_of(command: str) -> tuple[Field, ...]:
     """A command-line subcommand's fields."""
     return tuple(f for f in FIELDS if command in f.commands)

@@ -1,0 +1,49 @@
+"""The benchmarks that drive the app, run at a smoke size of seconds: a change to the form, the API or the
+web guard that breaks one of them fails here, not months later when someone reruns it for the README.
+Each is run as its command line (`python bench/NAME.py ...`) and must exit 0 and print its figures."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.server import ROOT
+
+pytestmark = pytest.mark.slow
+
+
+def bench(name: str, *args: str, timeout_s: float = 400) -> str:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MIGRATION_")}
+    done = subprocess.run([sys.executable, f"bench/{name}", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout_s, env=env)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-3000:]
+    return done.stdout
+
+
+def test_the_load_bench_at_smoke_size_runs_every_run_ok():
+    out = bench("load.py", "--users", "1", "--browsers", "1", "--runs-per-user", "1", "--steps", "2",
+                "--idle-s", "3", "--timeout-s", "300")
+    assert "runs: 1 submitted, 1 ok, 0 failed, 0 refused, 0 lost, 0 duplicated" in out, out
+    assert "| /history |" in out
+
+
+def test_the_soak_at_smoke_size_soaks_runs_and_code_checks():
+    out = bench("soak.py", "--runs", "2", "--steps", "3", "--checks", "2", "--findings", "500", "--every", "1",
+                "--timeout-s", "300")
+    assert "runs: growth from 1 to 2 runs" in out and "runs failed: 0; ok" in out, out
+    assert "checks: growth from 1 to 2 checks" in out and "checks failed: 0; ok" in out, out
+
+
+def test_the_worst_paste_bench_at_smoke_size():
+    out = bench("worst_paste.py", "--size", "2000", "--uploads", "2", "--baseline-s", "1")
+    assert "server alive after: True" in out, out
+    assert "| 2 uploads of 0.002 MB |" in out and "| 0.002 MB training script |" in out, out
+
+
+def test_the_stream_update_cost_bench_at_smoke_size():
+    out = bench("stream_update_cost.py", "--updates", "5")
+    assert "gr.skip()" in out
