@@ -47,3 +47,8 @@ def test_the_worst_paste_bench_at_smoke_size():
 def test_the_stream_update_cost_bench_at_smoke_size():
     out = bench("stream_update_cost.py", "--updates", "5")
     assert "gr.skip()" in out
+
+
+def test_the_guard_overhead_bench_at_smoke_size():
+    out = bench("guard_overhead.py", "--requests", "5")
+    assert "POST /gradio_api/run/history" in out and "x  (status" in out, out
