@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -154,6 +155,6 @@ def test_the_cli_refuses_a_hostile_plan_file(plans, tmp_path):
     data["target"] = "h100-sxm; rm -rf ~"
     path = tmp_path / "plan.json"
     path.write_text(json.dumps(data))
-    done = subprocess.run(["python", "-m", "migration", "run", "--plan", str(path), "--steps", "2"],
+    done = subprocess.run([sys.executable, "-m", "migration", "run", "--plan", str(path), "--steps", "2"],
                           capture_output=True, text=True, timeout=120, cwd=Path(__file__).parents[1])
     assert done.returncode == 2 and "plan.target: must be local or one of" in done.stderr

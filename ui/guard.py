@@ -241,6 +241,14 @@ class WebGuard:
         if room <= 0:
             raise Refused(413, f"upload quota reached ({self.policy.limits.upload_bytes_per_user >> 20} MiB of uploads "
                                "kept per user); wait for older uploads to expire")
+        # A declared length, checked before Gradio writes a byte: a body cut off half-way would leave its
+        # partial file behind in the upload folder.
+        declared = dict(scope.get("headers", [])).get(b"content-length", b"").decode("latin-1")
+        if not declared.isdigit():
+            raise Refused(411, "an upload needs a Content-Length")
+        if int(declared) > min(limit, room):
+            raise Refused(413, f"upload of {int(declared):,} bytes refused: at most {limit:,} a request, and "
+                               f"{room:,} left of your {self.policy.limits.upload_bytes_per_user >> 20} MiB of uploads")
         capped = _CappedBody(receive, min(limit, room))
         start: dict[str, Any] = {}
         chunks: list[bytes] = []
