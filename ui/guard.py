@@ -16,6 +16,7 @@ import secrets
 import socket
 import urllib.parse
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 from starlette._utils import get_route_path
@@ -24,6 +25,30 @@ from migration.config import forms
 from migration.service.accounts import USER_NAME, AccountsError, Authenticator, hash_password, read_users
 from ui.ownership import Ownership, OwnershipLimits, Refused
 from ui.routes import SMALL, Access, Resolved, RouteMatcher
+
+
+def holding_response(send: Any, finish: Callable[[bytes], bytes]) -> Any:
+    """A `send` that holds a response until its body is complete, passes the body through `finish`, then
+    sends it with its new length."""
+    start: dict[str, Any] = {}
+    chunks: list[bytes] = []
+
+    async def hold(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            start.update(message)
+            return
+        if message["type"] != "http.response.body":
+            await send(message)
+            return
+        chunks.append(message.get("body", b""))
+        if message.get("more_body"):
+            return
+        body = finish(b"".join(chunks))
+        chunks.clear()
+        headers = [(k, v) for k, v in start.get("headers", []) if k.lower() != b"content-length"]
+        await send({**start, "headers": [*headers, (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+    return hold
 
 
 class LoginPageWithoutApi:
@@ -40,25 +65,7 @@ class LoginPageWithoutApi:
         if scope["type"] != "http" or scope["method"] != "GET" or not scope["path"].endswith("/"):
             await self.app(scope, receive, send)
             return
-        start: dict[str, Any] = {}
-        chunks: list[bytes] = []
-
-        async def capture(message: dict[str, Any]) -> None:
-            if message["type"] == "http.response.start":
-                start.update(message)
-                return
-            if message["type"] != "http.response.body":
-                await send(message)
-                return
-            chunks.append(message.get("body", b""))
-            if message.get("more_body"):
-                return
-            body = self.strip(b"".join(chunks))
-            headers = [(k, v) for k, v in start.get("headers", []) if k.lower() != b"content-length"]
-            await send({**start, "headers": [*headers, (b"content-length", str(len(body)).encode())]})
-            await send({"type": "http.response.body", "body": body})
-
-        await self.app(scope, receive, capture)
+        await self.app(scope, receive, holding_response(send, self.strip))
 
     def strip(self, body: bytes) -> bytes:
         found = self.CONFIG.search(body)
@@ -78,7 +85,6 @@ TOKEN_HEADER = b"x-migration-token"
 TOKEN_FREE_PATHS = ("/gradio_api/startup-events",)  # Gradio calls it on itself while it launches
 EVENT_CREATING = frozenset({"/gradio_api/queue/join", "/gradio_api/call/{api_name}", "/gradio_api/call/{api_name}/",
                             "/gradio_api/call/v2/{api_name}", "/gradio_api/call/v2/{api_name}/"})
-NAMES_READ = 1 << 16  # the most of a response the guard reads for the event id it creates
 
 
 @dataclasses.dataclass
@@ -209,30 +215,13 @@ class WebGuard:
     def _binding_events(self, send: Any, user: str) -> Any:
         """`send` for a route that creates an event: its response (a small JSON object) is held until the
         event id in it is bound to `user`, so that the caller's next request finds it theirs."""
-        start: dict[str, Any] = {}
-        chunks: list[bytes] = []
-
-        async def bind(message: dict[str, Any]) -> None:
-            if message["type"] == "http.response.start":
-                start.update(message)
-                return
-            if message["type"] != "http.response.body":
-                await send(message)
-                return
-            chunks.append(message.get("body", b""))
-            if message.get("more_body") and sum(map(len, chunks)) < NAMES_READ:
-                return
-            body = b"".join(chunks)
-            chunks.clear()
+        def bind(body: bytes) -> bytes:
             with contextlib.suppress(ValueError, AttributeError, TypeError):
                 event_id = json.loads(body).get("event_id")
                 if isinstance(event_id, str) and event_id:
                     self.ownership.bind_event(event_id, user)
-            if start:
-                await send(dict(start))
-                start.clear()
-            await send({**message, "body": body})
-        return bind
+            return body
+        return holding_response(send, bind)
 
     async def _upload(self, scope: dict[str, Any], receive: Any, send: Any, user: str, limit: int) -> None:
         """An upload: within the user's room on disk; the files it made become theirs; past the files a
