@@ -107,8 +107,8 @@ def app_server(tmp_path_factory):
 # The suite runs on two pytest-xdist workers, a file at a time each (pytest.ini: --dist loadfile),
 # handed out in collection order. The files that take longest (minutes on 2 cores) go first, so
 # that none of them starts last while the other worker sits idle.
-LONGEST_FIRST = ("test_planner.py", "test_faults.py", "test_app.py", "test_memory_properties.py", "test_numerics.py",
-                 "test_planner_sharding.py", "test_ray.py", "test_serving_plan.py", "test_attacks.py",
+LONGEST_FIRST = ("test_planner.py", "test_faults.py", "test_app.py", "test_attacks.py", "test_memory_properties.py",
+                 "test_numerics.py", "test_planner_sharding.py", "test_ray.py", "test_serving_plan.py", "test_benches.py",
                  "test_serving_run.py", "test_runner.py", "test_sharding.py", "test_security_and_input.py",
                  "test_multiprocess.py", "test_before_after.py", "test_serving_tp.py", "test_api_shape.py")
 
