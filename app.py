@@ -20,6 +20,7 @@ import urllib.parse
 from pathlib import Path
 from typing import Any
 
+from migration import version
 from migration.config.limits import LIMITS
 from migration.running.worker import WORKER_CPUS_VARIABLE
 from migration.service.accounts import Authenticator
@@ -42,8 +43,15 @@ def main() -> None:
 
 def parse_flags(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line; a flag left out takes its MIGRATION_* variable, else its default."""
+    return flags_parser().parse_args(argv)
+
+
+def flags_parser() -> argparse.ArgumentParser:
+    """The app's flags, each defaulting to its MIGRATION_* variable when set (the reference page in docs/ is
+    generated from this parser)."""
     env = os.environ.get
-    parser = argparse.ArgumentParser(description="TPU -> GPU migration explorer (Gradio app)")
+    parser = argparse.ArgumentParser(prog="python app.py", description="TPU -> GPU migration explorer (Gradio app)")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     parser.add_argument("--host", default=env("MIGRATION_HOST", "127.0.0.1"),
                         help="address to listen on (default loopback); 0.0.0.0 serves every interface: use with auth")
     parser.add_argument("--port", type=bounded(int, 1, 65535), default=env("MIGRATION_PORT", "7860"))
@@ -73,7 +81,7 @@ def parse_flags(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--ray-address", default=env("MIGRATION_RAY_ADDRESS", ""),
                         help="run the runs, and plans for catalog GPUs, on this Ray cluster (host:port, "
                              "ray://host:port or auto); default: here")
-    return parser.parse_args(argv)
+    return parser
 
 
 def limit_flags(parser: argparse.ArgumentParser) -> None:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench import record  # noqa: E402
 from migration.config.requests import PlanRequest, RunConfig  # noqa: E402
 from migration.running.worker_env import planner_environment  # noqa: E402
 
@@ -32,6 +33,7 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--depths", default="4,32")
     parser.add_argument("--repeat", type=int, default=2, help="compiles per depth, interleaved; the best is kept")
+    parser.add_argument("--json", metavar="PATH", help="write the figures as a record (bench/results/compile_depth.json)")
     args = parser.parse_args()
     os.environ.update(planner_environment(PlanRequest(target=args.target, gpus=args.gpus)))
 
@@ -66,6 +68,13 @@ def main() -> int:
         print(f"  {depth:>3} layers: {best[depth]:6.1f} s   predicted peak {peaks[depth] / 2**30:6.2f} GiB per GPU")
     print(f"ratio {depths[-1]} / {depths[0]} layers: {best[depths[-1]] / best[depths[0]]:.2f}x compile time "
           f"for {depths[-1] / depths[0]:.0f}x the layers")
+    record.write(args.json, "compile_depth", [record.table(
+        f"Lower and compile of the train step: llama {args.preset} layout at sequence {args.seq}, bf16, remat full, "
+        f"FSDP over {args.gpus} x {spec.name} without the devices, batch {args.batch} per GPU, best of {args.repeat}",
+        ["layers", "compile", "predicted peak per GPU"],
+        [[str(d), f"{best[d]:.1f} s", f"{peaks[d] / 2**30:.2f} GiB"] for d in depths])],
+        [f"Ratio {depths[-1]} / {depths[0]} layers: {best[depths[-1]] / best[depths[0]]:.2f}x the compile time for "
+         f"{depths[-1] / depths[0]:.0f}x the layers (the layers are one `lax.scan`)."])
     return 0
 
 

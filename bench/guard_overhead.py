@@ -29,6 +29,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import httpx  # noqa: E402
 
+from bench import record  # noqa: E402
 from tests.server import free_port  # noqa: E402
 from ui.demo import build_demo  # noqa: E402
 from ui.guard import WebGuard, WebPolicy  # noqa: E402
@@ -52,7 +53,7 @@ async def timed(client: httpx.AsyncClient, method: str, path: str, **kw) -> tupl
     return time.perf_counter() - t0, r.status_code
 
 
-async def main_async(requests: int) -> None:
+async def main_async(requests: int) -> list[list[str]]:
     demo = build_demo(Settings(history_db=os.path.join(_TMP, "history.sqlite")))
     demo.queue()
     app, _, _ = demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True,
@@ -65,6 +66,7 @@ async def main_async(requests: int) -> None:
              "GET a route outside the table": ("GET", "/gradio_api/no-such-route", {})}
     clients = {name: httpx.AsyncClient(transport=httpx.ASGITransport(app=a), base_url="http://test")
                for name, a in (("without", app), ("with", guard))}
+    rows: list[list[str]] = []
     print(f"{'request':<32} {'without guard':>14} {'with guard':>11} {'ratio':>6}  (median of {requests}, in-process ASGI)")
     try:
         for name, (method, path, kw) in cases.items():
@@ -78,17 +80,24 @@ async def main_async(requests: int) -> None:
             a, b = statistics.median(times["without"]), statistics.median(times["with"])
             print(f"{name:<32} {a * 1e3:>11.2f} ms {b * 1e3:>8.2f} ms {b / a:>5.2f}x  "
                   f"(status {sorted(statuses['without'])} / {sorted(statuses['with'])})")
+            rows.append([name, f"{a * 1e3:.2f} ms", f"{b * 1e3:.2f} ms", f"{b / a:.2f}x",
+                         f"{sorted(statuses['without'])} / {sorted(statuses['with'])}"])
     finally:
         for c in clients.values():
             await c.aclose()
         demo.close()
+    return rows
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=300)
+    parser.add_argument("--json", metavar="PATH", help="write the table as a record (bench/results/guard_overhead.json)")
     args = parser.parse_args()
-    asyncio.run(main_async(args.requests))
+    rows = asyncio.run(main_async(args.requests))
+    record.write(args.json, "guard_overhead", [record.table(
+        f"Median of {args.requests} requests each, alternating, in-process ASGI",
+        ["request", "without the guard", "with the guard", "ratio", "status without / with"], rows)])
     return 0
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench import record  # noqa: E402
 from migration.config.requests import RunConfig  # noqa: E402
 from migration.running.worker_env import worker_environment  # noqa: E402
 from migration.running.runner import run  # noqa: E402
@@ -49,7 +50,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--platform", default="cpu", choices=["cpu", "gpu", "auto"])
     parser.add_argument("--only", default="", help="run only cases whose preset contains this text")
+    parser.add_argument("--json", metavar="PATH", help="write the figures as a record (bench/results/harness_overhead.json)")
     args = parser.parse_args()
+    rows = []
     print(f"{'case':<28} {'runner steps/s':>15} {'minimal steps/s':>16} {'ratio':>7}")
     for workload, preset, batch, precision, steps, warmup in CASES:
         if args.only and args.only not in preset:
@@ -63,7 +66,12 @@ def main() -> None:
         ratio = max(runner) / max(minimal)
         name = f"{workload}/{preset} b{batch} {precision}"
         print(f"{name:<28} {max(runner):>15.2f} {max(minimal):>16.2f} {ratio:>7.3f}", flush=True)
+        rows.append([name, f"{max(runner):.2f}", f"{max(minimal):.2f}", f"{ratio:.3f}"])
     print(f"(best of {args.repeats} alternating repeats each; platform {args.platform}; target ratio >= 0.97)")
+    record.write(args.json, "harness_overhead", [record.table(
+        f"The runner against a minimal jax.jit loop of the same model, best of {args.repeats} alternating repeats, "
+        f"platform {args.platform} (target ratio >= 0.97)",
+        ["case", "runner steps/s", "minimal steps/s", "ratio"], rows)])
 
 
 if __name__ == "__main__":

@@ -44,6 +44,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from bench import record  # noqa: E402
 from tests.server import Server, users_file  # noqa: E402  (the launcher the app's tests use)
 
 LIGHT = ("/history", "/export_history_csv")
@@ -110,7 +111,8 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--idle-s", type=float, default=60)
     parser.add_argument("--timeout-s", type=float, default=2400)
-    parser.add_argument("--json", default=None)
+    parser.add_argument("--json", metavar="PATH", default=None,
+                        help="write the figures as a record (bench/results/load.json), the raw counts under data")
     parser.add_argument("--keep", default=None, help="a folder to copy Locust's CSVs (with each second's "
                                                     "percentiles) and logs into")
     args = parser.parse_args()
@@ -157,8 +159,17 @@ def main() -> int:
         print(f"| {r['endpoint']} | {_n(r['idle_n'])} | {_n(r['idle_p50_ms'])} / {_n(r['idle_p95_ms'])} | "
               f"{_n(r['load_n'])} | {_n(r['load_p50_ms'])} / {_n(r['load_p95_ms'])} / {_n(r['load_max_ms'])} | "
               f"{_n(r['failures'])} | {_n(r['ratio'], '.2f')}x |")
-    if args.json:
-        Path(args.json).write_text(json.dumps({"runs": runs, "light": rows, "load_wall_s": wall}, indent=1))
+    record.write(args.json, "load", [record.table(
+        f"{args.users} users planning and queueing {args.runs_per_user} runs of {args.steps} steps each, {args.browsers} "
+        f"browsing; baseline: the {args.browsers} browsing for {args.idle_s:g} s with nothing queued",
+        ["endpoint", "idle calls", "idle p50 / p95 ms", "calls under load", "load p50 / p95 / max ms", "failures",
+         "p95 load / idle"],
+        [[r["endpoint"], _n(r["idle_n"]), f"{_n(r['idle_p50_ms'])} / {_n(r['idle_p95_ms'])}", _n(r["load_n"]),
+          f"{_n(r['load_p50_ms'])} / {_n(r['load_p95_ms'])} / {_n(r['load_max_ms'])}", _n(r["failures"]),
+          f"{_n(r['ratio'], '.2f')}x"] for r in rows])],
+        [f"Runs: {runs['submitted']} submitted, {runs['ok']} ok, {runs['failed']} failed, {runs['refused']} refused, "
+         f"{runs['lost']} lost, {runs['duplicated']} duplicated; load phase {wall:.0f} s."],
+        data={"runs": runs, "light": rows, "load_wall_s": wall})
     return 0 if runs["ok"] == runs["submitted"] else 1
 
 

@@ -31,6 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from bench import record  # noqa: E402
+
 EQUIVALENT = ROOT / "bench" / "mutation_equivalent.txt"
 GOAL = 0.85
 REUSE_ENV = "MIGRATION_TEST_REUSE"
@@ -213,6 +216,7 @@ def main(argv=None) -> int:
                         help="mutate only this module of the group (repeatable), e.g. migration/codecheck/sync.py")
     parser.add_argument("--diffs", action="store_true", help="print each survivor's diff, not only its name")
     parser.add_argument("--report-only", action="store_true", help="report the last run's results again")
+    parser.add_argument("--json", metavar="PATH", help="write the table as a record (bench/results/mutation.json)")
     args = parser.parse_args(argv)
     if args.list:
         for name, g in GROUPS.items():
@@ -236,7 +240,7 @@ def main(argv=None) -> int:
             print(diffs(r["dest"], survived) if args.diffs else "\n".join(survived), flush=True)
     print(f"\n{'module':<40} {'mutants':>7} {'killed':>6} {'survived':>8} {'equivalent':>10} {'killed %':>8}  "
           f"goal {GOAL:.0%}")
-    failed = False
+    failed, rows = False, []
     for r in reports:
         by_module: dict[str, dict[str, str]] = {}
         for mutant, status in r["statuses"].items():
@@ -249,8 +253,14 @@ def main(argv=None) -> int:
             note += f" ({m['timeouts']} of the killed ran out of time)" if m["timeouts"] else ""
             print(f"{module:<40} {m['mutants']:>7} {m['killed']:>6} {len(m['survived']):>8} {m['equivalent']:>10} "
                   f"{m['score']:>8.1%}  {'met' if ok else 'not met'}{note}")
+            rows.append([f"`{module}`", str(m["mutants"]), str(m["killed"]), str(len(m["survived"])),
+                         str(m["equivalent"]), f"{m['score']:.1%}{note}"])
         cut = ", cut at the time limit" if r["cut"] else ""
         print(f"  {r['group']}: {len(r['statuses'])} mutants in {r['elapsed_s'] / 60:.1f} min{cut}")
+    record.write(args.json, "mutation", [record.table(
+        f"Mutants killed per module (goal {GOAL:.0%} of those not listed as equivalent)",
+        ["module", "mutants", "killed", "survived", "equivalent", "killed % of the rest"], rows)],
+        [f"{r['group']}: {len(r['statuses'])} mutants in {r['elapsed_s'] / 60:.1f} min" for r in reports])
     return 1 if failed else 0
 
 

@@ -31,6 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench import record  # noqa: E402
 from migration.config.requests import PlanRequest, validate_plan_request  # noqa: E402
 from migration.running.worker_env import planner_environment  # noqa: E402
 
@@ -43,6 +44,7 @@ def main() -> int:
     parser.add_argument("--global-batch", type=int, default=256)
     parser.add_argument("--workers", type=int, default=None,
                         help="compile workers for the first planner run (default: as the cores allow, at least 1)")
+    parser.add_argument("--json", metavar="PATH", help="write the figures as a record (bench/results/planner_cost.json)")
     args = parser.parse_args()
     req = PlanRequest(workload=args.workload, preset=args.preset, target=args.target, global_batch=args.global_batch,
                       compile_for_tpu=False)
@@ -101,6 +103,16 @@ def main() -> int:
     print(f"{'linear scan, same policies (cold cache)':<44} {scan.compiles:>9} {linear_s:>9.1f}")
     print(f"ratio planner / linear scan: compiles {p.compiles / scan.compiles:.3f}, seconds {planner_s / linear_s:.3f}; "
           f"planner with / without compile workers: seconds {planner_s / serial_s:.3f}")
+    record.write(args.json, "planner_cost", [record.table(
+        f"{args.workload}/{args.preset}, global batch {args.global_batch} -> {p.target_name}: plan {p.per_device_batch} per "
+        f"GPU x {p.accumulation_steps}, remat {p.remat}, {p.predicted_peak_bytes / 2**30:.2f} of "
+        f"{p.budget_bytes / 2**30:.2f} GiB",
+        ["", "compiles", "seconds"],
+        [[f"planner, {workers} compile worker(s) (cold; {p.ruled_out_by_bound} ruled out by the lower bound)",
+          f"{p.compiles} ({p.parallel_compiles} in the workers)", f"{planner_s:.1f}"],
+         ["planner, no compile worker (cold)", str(serial.compiles), f"{serial_s:.1f}"],
+         ["planner again (warm cache)", str(warm.compiles), f"{warm_s:.1f}"],
+         ["linear scan, same policies (cold)", str(scan.compiles), f"{linear_s:.1f}"]])])
     same = linear_max == p.max_batch_by_remat == serial.max_batch_by_remat == warm.max_batch_by_remat
     print("largest batch per policy, planner: " + ", ".join(f"{k} {v}" for k, v in p.max_batch_by_remat.items())
           + "; linear scan: " + ", ".join(f"{k} {v}" for k, v in linear_max.items())

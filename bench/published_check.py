@@ -40,6 +40,7 @@ from pathlib import Path  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench import record  # noqa: E402
 from migration.common import cache_dir, read_json, write_json_atomic  # noqa: E402
 from migration.hardware import GPU_SPECS, link_bandwidth  # noqa: E402
 from migration.planning import steptime  # noqa: E402
@@ -164,7 +165,9 @@ def error(predicted: float, published: float) -> float:
     return predicted / published - 1
 
 
-def table(entries: list[dict], programs: dict[str, list[Kernel]], cal: steptime.Calibration) -> dict[str, float]:
+def table(entries: list[dict], programs: dict[str, list[Kernel]], cal: steptime.Calibration,
+          rows: list[list[str]] | None = None) -> dict[str, float]:
+    """Prints each entry's published and predicted step time (and appends them to `rows` for the record)."""
     from workloads import get_workload
 
     print(f"{'entry':<42} {'split':<8} {'GPUs':>9} {'batch':>9} {'published':>10} {'predicted':>10} {'error':>7} "
@@ -183,6 +186,9 @@ def table(entries: list[dict], programs: dict[str, list[Kernel]], cal: steptime.
         print(f"{e['id']:<42} {split:<8} {e['gpus']:>4}x{e['gpu']:<4.4} {e['global_batch']:>4}/{e['per_device_batch']:<4} "
               f"{published:>9.3f}s {p.seconds:>9.3f}s {err:>+7.1%} {model_flops / published / 1e12:>15.0f} "
               f"{model_flops / p.seconds / 1e12:>6.0f}  {p.exposed_communication_s * 1e3:,.0f} ms")
+        if rows is not None:
+            rows.append([e["id"], split, f"{e['gpus']}x{e['gpu']}", f"{e['global_batch']}/{e['per_device_batch']}",
+                         f"{published:.3f}s", f"{p.seconds:.3f}s", f"{err:+.1%}"])
     print("\nTFLOP/s per GPU: this product's model FLOPs (workload.flops_per_example, PaLM's convention: no remat, "
           "full attention) over the published and the predicted step time.")
     for group, value in sorted(worst.items()):
@@ -210,15 +216,21 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fit", action="store_true", help="search the calibration on the tuning entries")
     parser.add_argument("--only", help="one entry by id")
+    parser.add_argument("--json", metavar="PATH", help="write the table as a record (bench/results/published_check.json)")
     args = parser.parse_args(argv)
     entries = [e for e in json.loads(PUBLISHED.read_text()) if not args.only or e["id"] == args.only]
     cache = read_json(cache_dir() / "published_programs.json", {})
     programs = {e["id"]: kernels_for(e, cache) for e in entries}
     cal = fit(entries, programs) if args.fit else steptime.CALIBRATION
     print(f"calibration: {cal}\n")
-    table(entries, programs, cal)
+    rows: list[list[str]] = []
+    worst = table(entries, programs, cal, rows)
     for e in entries:
         print(f"  {e['id']}: {published_step(e)[1]}; {e['source_url']}")
+    notes = [f"Worst error, {group}: {value:.1%}." for group, value in sorted(worst.items())]
+    record.write(args.json, "published_check", [record.table(
+        f"Predicted step time against {len(entries)} published measurements (calibration: {cal})",
+        ["entry", "split", "GPUs", "global / per GPU", "published step", "predicted", "error"], rows)], notes)
     return 0
 
 

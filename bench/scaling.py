@@ -18,6 +18,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench import record  # noqa: E402
 from migration.common import write_csv  # noqa: E402
 from migration.config.limits import ConfigError  # noqa: E402
 from migration.grading.scaling import loss_tolerance  # noqa: E402
@@ -74,6 +75,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3, help="warm-up steps, not timed (default 3)")
     parser.add_argument("--csv", type=Path, help="also write the table as CSV")
+    parser.add_argument("--json", metavar="PATH", help="write the table as a record (bench/results/scaling.json)")
     args = parser.parse_args()
 
     progress = lambda ev: print(ev["message"], file=sys.stderr, flush=True)  # noqa: E731
@@ -89,6 +91,8 @@ def main() -> int:
           f"step's samples/s over the pmap step's at the same n. Losses match: every step's loss within "
           f"{loss_tolerance('fp32'):g} relative (fp32). XLA's CPU devices share this host's cores, so efficiency here falls with n "
           f"by construction; the figures compare the two step styles, they do not predict GPU scaling.")
+    record.write(args.json, "scaling", [record.table(
+        label(rows), [title for title, _, _ in COLUMNS], [[cell(r, key, fmt) for _, key, fmt in COLUMNS] for r in rows])])
     failed = [r for r in rows if r["status"] != "ok"]
     for r in failed:
         print(f"{r['style']} on {r['devices']} device(s) {r['status']}: {r['message']}")

@@ -25,7 +25,6 @@ the target, 1 otherwise.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
@@ -33,6 +32,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from bench import record  # noqa: E402
 from migration.config.fields import api_values  # noqa: E402  (the form's field table)
 from tests.server import Server  # noqa: E402  (the launcher the app's tests use)
 
@@ -96,7 +96,8 @@ def main() -> int:
     parser.add_argument("--findings", type=int, default=50_000)
     parser.add_argument("--every", type=int, default=10)
     parser.add_argument("--timeout-s", type=float, default=3600)
-    parser.add_argument("--json", default=None)
+    parser.add_argument("--json", metavar="PATH", default=None,
+                        help="write the figures as a record (bench/results/soak.json), the samples under data")
     args = parser.parse_args()
     deadline = time.monotonic() + args.timeout_s
     with tempfile.TemporaryDirectory(prefix="soak-") as tmp:
@@ -107,7 +108,7 @@ def main() -> int:
             checks, checks_failed = soak_checks(server, client, args, deadline) if args.checks else ([], 0)
         finally:
             server.close()
-    ok = True
+    ok, rows = True, []
     for what, samples, failed in (("runs", runs, runs_failed), ("checks", checks, checks_failed)):
         if not samples and not failed:
             continue
@@ -117,11 +118,16 @@ def main() -> int:
         first, last = (samples[0][what], samples[-1][what]) if samples else (0, 0)
         print(f"{what}: growth from {first} to {last} {what}: {grew:+.1f} MB (target < {TARGET_GROWTH_MB:g} MB); "
               f"{what} failed: {failed}; {'ok' if good else 'NOT OK'}", flush=True)
-    if args.json:
-        Path(args.json).write_text(json.dumps({"runs": {"samples": runs, "growth_mb": growth(runs), "failed": runs_failed},
-                                               "checks": {"samples": checks, "growth_mb": growth(checks),
-                                                          "findings": args.findings, "failed": checks_failed}},
-                                              indent=1))
+        phase = (f"{args.runs} runs of {args.steps} steps" if what == "runs"
+                 else f"{args.checks} checks of {args.findings:,} findings")
+        rows.append([phase, f"{samples[0]['rss_mb']:.1f} MB ({first})" if samples else "",
+                     f"{samples[-1]['rss_mb']:.1f} MB ({last})" if samples else "", f"{grew:+.1f} MB", str(failed)])
+    record.write(args.json, "soak", [record.table(
+        f"The server's resident memory, one client session (target growth < {TARGET_GROWTH_MB:g} MB)",
+        ["phase", "first sample", "last sample", "growth", "failed"], rows)],
+        data={"runs": {"samples": runs, "growth_mb": growth(runs), "failed": runs_failed},
+              "checks": {"samples": checks, "growth_mb": growth(checks), "findings": args.findings,
+                         "failed": checks_failed}})
     return 0 if ok else 1
 
 

@@ -22,12 +22,14 @@ os.environ.setdefault("MIGRATION_CACHE", tempfile.mkdtemp(prefix="stream-cost-")
 import gradio as gr  # noqa: E402
 from gradio.state_holder import SessionState  # noqa: E402
 
+from bench import record  # noqa: E402
 from ui.demo import build_demo  # noqa: E402
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--updates", type=int, default=200)
+    parser.add_argument("--json", metavar="PATH", help="write the figures as a record (bench/results/stream_update_cost.json)")
     args = parser.parse_args()
     demo = build_demo()
     run = next(f for f in demo.fns.values() if f.api_name == "run")
@@ -50,6 +52,10 @@ def main() -> None:
         print(f"{name:28s} {ms:6.2f} ms per update of the Run event's {n} outputs")
     before, now = times.values()
     print(f"ratio before / now: {before / now:.1f}x")
+    record.write(args.json, "stream_update_cost", [record.table(
+        f"Gradio's postprocessing of one streamed update of the Run event ({n} outputs), best of 2 x {args.updates}",
+        ["update", "ms of the event loop per update"], [[name, f"{ms:.2f}"] for name, ms in times.items()])],
+        [f"Ratio before / now: {before / now:.1f}x."])
 
 
 if __name__ == "__main__":

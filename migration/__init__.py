@@ -19,3 +19,26 @@ order; `lint-imports` checks it):
 Never imports gradio or the UI (`ui/`). This package's top level imports nothing heavy: a worker
 process sets JAX's environment before JAX is first imported.
 """
+
+from pathlib import Path as _Path
+
+DISTRIBUTION = "tpu-gpu-migration"
+
+
+def version() -> str:
+    """The product's version: `pyproject.toml`'s in a source checkout (the file beside this package), else the
+    installed distribution's. One number, reported by `python -m migration --version`, `python app.py --version`,
+    `python -m migration.codecheck --version` and kept in CHANGELOG.md."""
+    pyproject = _Path(__file__).resolve().parent.parent / "pyproject.toml"
+    if pyproject.is_file():
+        import tomllib
+
+        project = tomllib.loads(pyproject.read_text(encoding="utf-8")).get("project", {})
+        if project.get("name") == DISTRIBUTION and "version" in project:
+            return str(project["version"])
+    from importlib import metadata
+
+    try:
+        return metadata.version(DISTRIBUTION)
+    except metadata.PackageNotFoundError:
+        return "unknown"

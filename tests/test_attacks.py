@@ -1,7 +1,7 @@
 """The shared box attacked as a signed-in user would attack another: two users (alice, bob) and an
 anonymous client against the running app with auth, plus a server without auth. One test per
-finding of the hosting review; each failed on the code before these defences (see README's
-"Running on a shared GPU box" for the threat model).
+finding of the hosting review; each failed on the code before these defences (see
+docs/hosting.md for the threat model).
 
 The fuzz drives every API endpoint with payloads hypothesis makes (types, sizes, unicode, NaN,
 nesting) and asserts no 500, no traceback, another user's /history answering within a second

@@ -1,9 +1,10 @@
 """The benchmarks that drive the app, run at a smoke size of seconds: a change to the form, the API or the
-web guard that breaks one of them fails here, not months later when someone reruns it for the README.
+web guard that breaks one of them fails here, not months later when someone reruns it for the docs' benchmark page.
 Each is run as its command line (`python bench/NAME.py ...`) and must exit 0 and print its figures."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -38,9 +39,11 @@ def test_the_soak_at_smoke_size_soaks_runs_and_code_checks():
     assert "checks: growth from 1 to 2 checks" in out and "checks failed: 0; ok" in out, out
 
 
-def test_the_worst_paste_bench_at_smoke_size():
-    out = bench("worst_paste.py", "--size", "2000", "--uploads", "2", "--baseline-s", "1")
+def test_the_worst_paste_bench_at_smoke_size(tmp_path):
+    out = bench("worst_paste.py", "--size", "2000", "--uploads", "2", "--baseline-s", "1",
+                "--json", str(tmp_path / "worst.json"))
     assert "server alive after: True" in out, out
+    assert "| nothing (baseline) |" in rendered(tmp_path / "worst.json")
     assert "| 2 uploads of 0.002 MB |" in out and "| 0.002 MB training script |" in out, out
 
 
@@ -49,6 +52,15 @@ def test_the_stream_update_cost_bench_at_smoke_size():
     assert "gr.skip()" in out
 
 
-def test_the_guard_overhead_bench_at_smoke_size():
-    out = bench("guard_overhead.py", "--requests", "5")
+def test_the_guard_overhead_bench_at_smoke_size(tmp_path):
+    out = bench("guard_overhead.py", "--requests", "5", "--json", str(tmp_path / "guard.json"))
     assert "POST /gradio_api/run/history" in out and "x  (status" in out, out
+    page = rendered(tmp_path / "guard.json")  # the record renders as the docs' benchmark page would show it
+    assert "| GET /config |" in page and "`python bench/guard_overhead.py --requests 5 --json" in page, page
+
+
+def rendered(path) -> str:
+    sys.path.insert(0, str(ROOT / "docs"))
+    import generate  # docs/generate.py
+
+    return generate.render_record(json.loads(path.read_text(encoding="utf-8")))

@@ -1,5 +1,6 @@
 """One real-browser test: Debian's Chromium driven by Playwright against the launched app."""
 
+import json
 import os
 import re
 import shutil
@@ -13,6 +14,17 @@ playwright = pytest.importorskip("playwright.sync_api")
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 pytestmark = pytest.mark.slow
 
+DOCS_IMG = Path(__file__).resolve().parent.parent / "docs" / "img"
+UPDATE = os.environ.get("MIGRATION_UPDATE_SCREENSHOTS") == "1"  # rewrite the docs' screenshots and their manifest
+SCRIPT = """import jax
+from flax import jax_utils
+
+state = jax_utils.replicate(state)
+p_step = jax.pmap(train_step, axis_name="batch")
+for batch in loader:
+    state, loss = p_step(state, batch)
+    print(float(loss))
+"""
 FLAGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
@@ -22,6 +34,14 @@ def app(app_server):
     """The app with no extra flags, shared with tests/test_app.py (see conftest): this test reads only
     its own page's session and the two runs it makes, the newest in the history."""
     return app_server
+
+
+def shoot(page, tmp_path, name: str) -> None:
+    """A screenshot for the docs (docs/img/NAME when updating them, else beside the test's other files)."""
+    size = page.viewport_size
+    page.set_viewport_size({"width": 1280, "height": 1000})  # a screen's worth, where the element was scrolled to
+    page.screenshot(path=str((DOCS_IMG if UPDATE else tmp_path) / name), full_page=False)
+    page.set_viewport_size(size)
 
 
 def test_plan_run_checklist_compare_and_export_in_chromium(app, tmp_path):
@@ -35,6 +55,10 @@ def test_plan_run_checklist_compare_and_export_in_chromium(app, tmp_path):
         page = browser.new_page(accept_downloads=True, viewport={"width": 1280, "height": 2400})
         page.goto(f"{app.url}?token={app.token}")  # the URL the server prints
         page.get_by_label("Global batch").wait_for(timeout=60_000)
+        tabs = [t.strip() for t in page.get_by_role("tab").all_inner_texts()]
+        if not UPDATE:  # the docs' screenshots show this page's tabs, or are retaken
+            manifest = json.loads((DOCS_IMG / "screenshots.json").read_text(encoding="utf-8"))
+            assert tabs == manifest["tabs"], "the docs' screenshots are stale: MIGRATION_UPDATE_SCREENSHOTS=1"
         # Nothing has run: no empty tables or plots fill the page.
         for label in ("Results", "Choices that fit", "Side by side", "Decisions with their reasons"):
             assert not page.get_by_text(label, exact=False).first.is_visible()
@@ -63,6 +87,8 @@ def test_plan_run_checklist_compare_and_export_in_chromium(app, tmp_path):
         saved = tmp_path / "report.csv"
         download.value.save_as(saved)
         page.screenshot(path=str(tmp_path / "results.png"), full_page=True)
+        page.get_by_text("Run finished").first.scroll_into_view_if_needed()
+        shoot(page, tmp_path, "migrate.png")
 
         # A second run of the same plan, then compare the two in the History tab.
         run.click()  # the first run's headline goes, then the second's comes
@@ -94,7 +120,25 @@ def test_plan_run_checklist_compare_and_export_in_chromium(app, tmp_path):
         exported = tmp_path / "selection.csv"
         download.value.save_as(exported)
         page.screenshot(path=str(tmp_path / "history.png"), full_page=True)
+        page.locator("#compare-table").scroll_into_view_if_needed()
+        shoot(page, tmp_path, "history.png")
+
+        # The code check in the browser: a pasted pmap-era loop gives its findings.
+        page.get_by_role("tab", name="Code check").click()
+        page.locator(".cm-content").first.click()
+        page.keyboard.insert_text(SCRIPT)
+        page.get_by_role("button", name="Check", exact=True).click()
+        page.get_by_text("PMAP001", exact=False).first.wait_for(timeout=120_000)
+        assert page.get_by_text("SYNC001", exact=False).first.is_visible()
+        shoot(page, tmp_path, "codecheck.png")
+        page.get_by_role("tab", name="Serve").click()
+        page.get_by_role("button", name="Plan serving").wait_for(timeout=30_000)
+        shoot(page, tmp_path, "serve.png")
         browser.close()
+    if UPDATE:
+        images = ["migrate.png", "history.png", "codecheck.png", "serve.png"]
+        (DOCS_IMG / "screenshots.json").write_text(json.dumps({"tabs": tabs, "images": images}, indent=1) + "\n",
+                                                  encoding="utf-8")
     frame = pd.read_csv(saved)
     assert frame.loc[0, "status"] == "ok" and frame.loc[0, "global_batch"] == 32
     selection = pd.read_csv(exported)

@@ -10,7 +10,7 @@ import pytest
 
 from migration.codecheck import (RULES, CodeCheck, CodeCheckError, check_files, check_paths, check_source,
                                  check_sources)
-from migration.codecheck import SEVERITIES, rules_markdown
+from migration.codecheck import SEVERITIES
 
 ROOT = Path(__file__).resolve().parent.parent
 TPU_ERA = ROOT / "tests" / "fixtures" / "codecheck" / "tpu_era_train.py"
@@ -389,16 +389,7 @@ def test_deeply_nested_expressions_are_checked_or_refused_clearly():
         check_source(chain(20_000))
 
 
-# -- the rule table --------------------------------------------------------------------------
-README = ROOT / "README.md"
-RULES_START, RULES_END = "<!-- rules:start -->", "<!-- rules:end -->"
-
-
-def test_the_readme_rule_table_is_the_generated_one():
-    text = README.read_text(encoding="utf-8")
-    assert text.count(RULES_START) == 1 and text.count(RULES_END) == 1
-    table = text.split(RULES_START, 1)[1].split(RULES_END, 1)[0]
-    assert table == "\n" + rules_markdown(), "the README's rule table is not rules_markdown(): paste it in"
+# -- the rule table (its page, docs/reference/rules.md, is generated: tests/test_docs.py) --------------
 
 
 @pytest.mark.parametrize("rule_id", sorted(RULES))

@@ -110,7 +110,7 @@ def test_a_silent_worker_is_killed_and_reported_as_timeout(app):
     assert time.monotonic() - stopped_at < 3 + 12 and holds_within(lambda: gone(worker), 5)
 
 
-# The README's bound: a run's worker is killed within two seconds of its tab or connection going.
+# The documented bound (docs/hosting.md): a run's worker is killed within two seconds of its tab or connection going.
 # The test waits for that on a loaded 2-core box, where the server's event loop, the job's thread and
 # the kill queue for the CPU behind other tests' compiles, so it allows a margin of 13 s on top. A
 # worker the server never stops runs its 100,000 steps for many minutes: the wait still fails then.

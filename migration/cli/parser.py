@@ -10,6 +10,7 @@ import argparse
 import os
 from typing import Any
 
+from migration import version
 from migration.config import forms
 from migration.config.fields import DIMENSIONS, FIELD, FIELDS, Field, flags_of
 from migration.config.limits import LIMITS, PLATFORMS, PRECISIONS, REMAT_NAMES, SHARDINGS, STEP_STYLES
@@ -116,6 +117,7 @@ def value_range(field: str) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog=PROG, description="Explore TPU-to-GPU migration of JAX training jobs.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     env = sub.add_parser("env", help="backend, devices, versions, JAX/XLA variables, GPU memory used by others")
     env.add_argument("--json", metavar="PATH", help="also write the environment as JSON")

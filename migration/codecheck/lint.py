@@ -31,6 +31,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from migration import version
 from migration.codecheck.engine import analyse
 from migration.codecheck.fix import FixResult, fix_source
 from migration.codecheck.findings import CodeCheckError, Finding
@@ -180,6 +181,7 @@ WRITERS = {"text": as_text, "json": as_json, "sarif": as_sarif, "github": as_git
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m migration.codecheck",
                                 description="Read Python files (never run them) for TPU-specific or outdated JAX.")
+    p.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     p.add_argument("paths", nargs="+", metavar="PATH", help="files or folders (searched for *.py)")
     p.add_argument("--format", choices=FORMATS, default="text")
     p.add_argument("--output", metavar="FILE", help="write the report here instead of standard output")

@@ -1,5 +1,5 @@
 """The rule table: each rule's id, severity, title, replacement, why it matters on GPUs, and an example
-that triggers it. `rules_markdown` renders the table the README shows."""
+that triggers it. `rules_markdown` renders the table of the docs' rule reference (docs/reference/rules.md)."""
 
 from __future__ import annotations
 
@@ -196,7 +196,7 @@ RULES: dict[str, Rule] = {r.id: r for r in [
 
 
 def rules_markdown() -> str:
-    """The rule table as Markdown, one row per rule in table order (the README shows it verbatim)."""
+    """The rule table as Markdown, one row per rule in table order (docs/reference/rules.md shows it verbatim)."""
     rows = ["| Rule | Severity | What it finds and why it matters |", "| --- | --- | --- |"]
     for rule in RULES.values():
         text = f"**{rule.title}.** {rule.rationale}".replace("|", "\\|")

@@ -1,0 +1,151 @@
+"""The documentation stays true: its generated parts are what the code makes now, every benchmark record is on
+a page, the screenshots show the app's tabs, the README's two commands are CI's, and one version number is
+reported everywhere."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+
+import pytest
+
+from tests.server import ROOT
+
+sys.path.insert(0, str(ROOT / "docs"))
+import generate  # noqa: E402  (docs/generate.py)
+
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+CI = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+SCREENSHOTS = ROOT / "docs" / "img" / "screenshots.json"
+
+
+def test_every_generated_part_of_the_docs_is_current():
+    stale = generate.stale()
+    assert stale == [], f"out of date: {stale}; run `python docs/generate.py` and commit the pages"
+
+
+def test_a_changed_source_makes_its_region_stale():
+    page = "intro\n<!-- generated:layers -->\nwhat it said last year\n<!-- /generated:layers -->\nafter\n"
+    made: dict[str, str] = {}
+    new = generate.regenerate(page, made)
+    assert new != page and new.startswith("intro\n<!-- generated:layers -->\n") and new.endswith(
+        "<!-- /generated:layers -->\nafter\n")
+    assert "`migration.codecheck`" in new and "what it said last year" not in new
+    assert generate.regenerate(new, made) == new  # regenerating a current page changes nothing
+    with pytest.raises(KeyError, match="no generator for the region 'nonsense'"):
+        generate.regenerate("<!-- generated:nonsense -->\n<!-- /generated:nonsense -->", {})
+
+
+def test_the_reference_pages_hold_every_flag_field_rule_and_endpoint():
+    from migration.cli.parser import build_parser
+    from migration.codecheck.rules import RULES
+    from migration.config.fields import FIELDS
+
+    pages = {name: (ROOT / "docs" / "reference" / f"{name}.md").read_text(encoding="utf-8")
+             for name in ("cli", "fields", "rules", "api")}
+    for name, sub in generate.subcommands(build_parser()):
+        assert f"## `{name}`" in pages["cli"]
+        for action in sub._actions:
+            for flag in action.option_strings:
+                assert flag in pages["cli"], f"{name} {flag}"
+    for flag in ("--auth-file", "--worker-cpus", "--ray-address", "--fail-on", "--fix"):
+        assert flag in pages["cli"]
+    assert all(f"| `{f.name}` |" in pages["fields"] for f in FIELDS)
+    assert all(f"`{rule}`" in pages["rules"] for rule in RULES)
+    for endpoint in ("/plan", "/run", "/code_check", "/serve_plan", "/history", "/export_history_csv"):
+        assert f"### `{endpoint}`" in pages["api"]
+
+
+def test_every_benchmark_record_is_complete_and_on_the_benchmarks_page():
+    page = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    records = sorted((ROOT / "bench" / "results").glob("*.json"))
+    assert len(records) >= 10
+    for path in records:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        assert {"bench", "command", "machine", "date", "tables", "notes"} <= set(record), path.name
+        assert re.fullmatch(r"\d{4}-\d{2}-\d{2}", record["date"]) and record["tables"], path.name
+        assert record["command"].startswith(("python bench/", "bash bench/")), path.name
+        for t in record["tables"]:
+            assert t["rows"] and all(len(row) == len(t["columns"]) for row in t["rows"]), path.name
+        assert f"<!-- generated:bench:{path.stem} -->" in page, f"{path.name} is on no page"
+
+
+def test_the_readme_is_a_front_page_whose_two_commands_are_what_ci_runs():
+    assert len(README.splitlines()) <= 150
+    blocks = re.findall(r"```bash\n(.*?)```", README, re.S)
+    app = next(b for b in blocks if "python app.py" in b).strip()
+    tests = next(b for b in blocks if "python -m pytest" in b).strip()
+    assert app.endswith("pip install -r requirements.txt -c constraints.txt && python app.py")
+    steps = [s.strip() for s in tests.split("&&")]
+    assert steps == ["python3 -m venv .venv", ". .venv/bin/activate",
+                     "pip install -r requirements-dev.txt -c constraints.txt", "python -m pytest"]
+    lines = [line.strip() for line in CI.splitlines()]
+    at = [next(i for i, line in enumerate(lines) if line == s or line.startswith(s + " ")) for s in steps]
+    assert at == sorted(at), "CI runs the README's steps in another order"
+    assert "mkdocs build --strict" in CI and "lint-imports" in CI
+    getting_started = (ROOT / "docs" / "getting-started.md").read_text(encoding="utf-8")
+    assert app in getting_started and tests in getting_started
+
+
+def test_constraints_pin_every_requirement_that_ci_installs():
+    pinned = {}
+    for line in (ROOT / "constraints.txt").read_text(encoding="utf-8").splitlines():
+        m = re.match(r"^([A-Za-z0-9_.\-]+)==(\S+)", line)
+        if m:
+            pinned[re.sub(r"[-_.]+", "-", m[1]).lower()] = m[2]
+    required = set()
+    for name in ("requirements.txt", "requirements-dev.txt", "requirements-ray.txt", "requirements-docs.txt",
+                 "requirements-fix.txt", "requirements-export.txt"):
+        for line in (ROOT / name).read_text(encoding="utf-8").splitlines():
+            m = re.match(r"^([A-Za-z0-9_.\-]+)", line.split("#")[0].strip())
+            if m:
+                required.add(re.sub(r"[-_.]+", "-", m[1]).lower())
+    assert required - {"torch"} <= set(pinned), sorted(required - set(pinned))  # torch: its own == in requirements
+    assert pinned["jax"] == "0.10.2"
+
+
+def version_lines() -> dict[str, str]:
+    commands = {"cli": [sys.executable, "-m", "migration", "--version"],
+                "linter": [sys.executable, "-m", "migration.codecheck", "--version"],
+                "app": [sys.executable, "app.py", "--version"]}
+    return {k: subprocess.run(c, cwd=ROOT, capture_output=True, text=True, timeout=120).stdout.strip()
+            for k, c in commands.items()}
+
+
+@pytest.mark.slow
+def test_one_version_in_pyproject_changelog_and_every_command():
+    from migration import version
+
+    number = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["version"]
+    changelog = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
+    releases = re.findall(r"^## \[(\d+\.\d+\.\d+)\] - (\d{4}-\d{2}-\d{2})$", changelog, re.M)
+    assert "## [Unreleased]" in changelog and releases[0][0] == number
+    assert version() == number
+    assert version_lines() == {"cli": f"python -m migration {number}",
+                               "linter": f"python -m migration.codecheck {number}",
+                               "app": f"python app.py {number}"}
+
+
+def test_the_screenshots_show_the_tabs_the_app_has():
+    """The browser test takes the screenshots and writes this manifest (MIGRATION_UPDATE_SCREENSHOTS=1); a tab
+    added, renamed or removed since makes them stale."""
+    manifest = json.loads(SCREENSHOTS.read_text(encoding="utf-8"))
+    assert manifest["tabs"] == generate.app_tabs()
+    for name in manifest["images"]:
+        image = ROOT / "docs" / "img" / name
+        assert image.is_file() and image.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+        assert f"img/{name}" in (ROOT / "docs" / "app.md").read_text(encoding="utf-8")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("mkdocs") is None and not (ROOT / ".venv" / "bin" / "mkdocs").exists(),
+                    reason="mkdocs is not installed (requirements-docs.txt)")
+def test_the_site_builds_strict(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (tmp_path / "reference" / "cli" / "index.html").is_file()
