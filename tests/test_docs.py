@@ -106,6 +106,9 @@ def test_constraints_pin_every_requirement_that_ci_installs():
                 required.add(re.sub(r"[-_.]+", "-", m[1]).lower())
     assert required - {"torch"} <= set(pinned), sorted(required - set(pinned))  # torch: its own == in requirements
     assert pinned["jax"] == "0.10.2"
+    command = "uv pip compile requirements-dev.txt --python-version 3.11 --no-emit-package torch -o constraints.txt"
+    assert command in (ROOT / "constraints.txt").read_text(encoding="utf-8").split("\n", 3)[1]  # uv's header
+    assert command in (ROOT / "docs" / "getting-started.md").read_text(encoding="utf-8")
 
 
 def version_lines() -> dict[str, str]:
