@@ -5,6 +5,7 @@ values or log."""
 from __future__ import annotations
 
 import ast
+import bisect
 import dataclasses
 
 from migration.codecheck.ast_helpers import dotted, is_step_name, last_name, name_tokens, scope_nodes, target_names
@@ -53,6 +54,16 @@ class Context:
         self.bound_here |= {c.name for c in classes}  # the file's own class is no snippet's pmap or DataLoader
         self.bound_here |= {a.arg for n in nodes if isinstance(n, ast.arguments)
                             for a in n.posonlyargs + n.args + n.kwonlyargs}
+        # name -> sorted (line, callee name) of each `name = Callee(...)`: which class last made an object,
+        # looked up per call by bisection (a scan of the file per call was quadratic in the file's length)
+        self.made_by: dict[str, list[tuple[int, str]]] = {}
+        for n in nodes:
+            if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call) and isinstance(n.value.func, ast.Name):
+                for t in n.targets:
+                    if isinstance(t, ast.Name):
+                        self.made_by.setdefault(t.id, []).append((n.lineno, n.value.func.id))
+        for made in self.made_by.values():
+            made.sort()
 
     def _read_uses(self) -> None:
         """Whether the file uses JAX at all, pmap, shard_map (or xmap), and loss scaling anywhere."""
@@ -248,12 +259,11 @@ class Context:
         return defs[0] if len(defs) == 1 and id(defs[0]) not in self.transforms else None
 
     def _method_of_instance(self, name: str, method: str, line: int) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
-        made = [(n.lineno, n.value.func.id) for n in self.nodes if isinstance(n, ast.Assign) and n.lineno < line
-                and isinstance(n.value, ast.Call) and isinstance(n.value.func, ast.Name)
-                and any(isinstance(t, ast.Name) and t.id == name for t in n.targets)]
-        if not made:
+        made = self.made_by.get(name, [])
+        before = bisect.bisect_left(made, (line,))  # the assignments on earlier lines
+        if not before:
             return None
-        cls = self.classes.get(max(made)[1])
+        cls = self.classes.get(made[before - 1][1])
         return next((m for m in cls.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))
                      and m.name == method), None) if cls is not None else None
 
