@@ -76,7 +76,7 @@ def test_fsdp_spec_shards_the_largest_divisible_axis():
 
 
 def test_sharding_is_validated():
-    with pytest.raises(ConfigError, match="sharding: must be one of replicated, fsdp"):
+    with pytest.raises(ConfigError, match="sharding: must be replicated, fsdp or hybrid:G"):
         validate(RunConfig(sharding="zero2"))
 
 

@@ -107,6 +107,14 @@ class Workload(abc.ABC):
     # Activations the model tags with `jax.ad_checkpoint.checkpoint_name`: the named remat policies
     # (save or offload these, recompute the rest) apply only to a workload that names theirs.
     checkpoint_names: ClassVar[tuple[str, ...]] = ()
+    # Whether `tensor_parallel_spec` splits any weight (a layout with +tpT applies only then).
+    tensor_parallel: ClassVar[bool] = False
+
+    def tensor_parallel_spec(self, path: tuple[str, ...], shape: tuple[int, ...], shards: int,
+                             axis: str) -> jax.sharding.PartitionSpec:
+        """How the weight at `path` (names, e.g. ("blocks", "attn", "q", "kernel")) of `shape` splits over
+        `shards` GPUs on mesh axis `axis` under tensor parallelism; whole (P()) unless a workload says."""
+        return jax.sharding.PartitionSpec()
 
     def config(self, preset: str, overrides: Mapping[str, Any] | None = None) -> Any:
         """The preset's config with `overrides` (field -> value) applied and checked."""

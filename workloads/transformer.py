@@ -527,6 +527,11 @@ class _DecoderWorkload(Workload):
 
     free_dimensions = tuple(f.name for f in dataclasses.fields(TransformerConfig))
     checkpoint_names = CHECKPOINT_NAMES
+    tensor_parallel = True
+
+    def tensor_parallel_spec(self, path: tuple[str, ...], shape: tuple[int, ...], shards: int,
+                             axis: str) -> jax.sharding.PartitionSpec:
+        return tensor_parallel_spec(path, shape, shards, axis)
 
     def build(self, cfg: TransformerConfig, *, dtype, block_wrap: BlockWrap, rngs: nnx.Rngs) -> Decoder:
         return Decoder(cfg, dtype=dtype, block_wrap=block_wrap, rngs=rngs)

@@ -15,6 +15,7 @@ from typing import Any
 
 from migration.common import shown
 from migration.config.distributed import check_distributed
+from migration.config.layouts import parse_layout
 from migration.config.limits import (
     LIMITS,
     MATMUL_PRECISIONS,
@@ -186,7 +187,7 @@ def validate(cfg: RunConfig) -> RunConfig:
     _check_choice(cfg, "remat", REMAT_NAMES)
     _check_choice(cfg, "matmul_precision", MATMUL_PRECISIONS)
     check_remat_applies(cfg)
-    _check_choice(cfg, "sharding", SHARDINGS)
+    check_run_layout(cfg)
     _check_choice(cfg, "step_style", STEP_STYLES)
     if cfg.step_style == "pmap" and cfg.sharding != "replicated":
         raise ConfigError("step_style", "pmap replicates the state on every device; use sharding replicated with it")
@@ -310,6 +311,30 @@ def _check_range(obj: Any, field: str, limits: dict[str, tuple[float, float]], i
         raise ConfigError(field, f"must be {kind} from {bounds}; got {shown(value)}")
 
 
+def _check_tensor_split(obj: Any, tensor: int) -> None:
+    # reason: workloads import JAX (not its backend); kept out of this module's import
+    from workloads import resolve_workload
+
+    if tensor > 1 and not resolve_workload(obj.workload).tensor_parallel:
+        raise ConfigError("sharding", f"{obj.workload} names no weights to split: tensor parallelism (+tp) "
+                                      "applies to the transformer and llama families")
+
+
+def check_run_layout(cfg: Any) -> None:
+    """A run's layout over its devices: those of one process form a node (a multi-process job's
+    processes are its nodes)."""
+    lay = parse_layout(cfg.sharding)
+    _check_tensor_split(cfg, lay.tensor)
+    if isinstance(cfg.devices, int) and isinstance(cfg.num_processes, int) and cfg.num_processes >= 1:
+        lay.check(cfg.devices, max(1, cfg.devices // cfg.num_processes))
+
+
+def check_plan_layout(req: "PlanRequest") -> None:
+    lay = parse_layout(req.sharding)
+    _check_tensor_split(req, lay.tensor)
+    lay.check(req.gpus, min(req.gpus, req.gpus_per_node))
+
+
 def validate_plan_request(req: PlanRequest) -> PlanRequest:
     check_model(req)
     _check_choice(req, "source", tuple(TPU_SPECS))
@@ -321,9 +346,10 @@ def validate_plan_request(req: PlanRequest) -> PlanRequest:
                                   f"{req.gpus_per_node} (or at most {req.gpus_per_node} on one node)")
     if req.target == "local" and req.gpus > req.gpus_per_node:
         raise ConfigError("gpus", f"target local is this machine (one node): at most {req.gpus_per_node}; got {req.gpus}")
-    for field in ("sharding", "source_sharding"):
-        if getattr(req, field) is not None:
-            _check_choice(req, field, SHARDINGS)
+    if req.source_sharding is not None:
+        _check_choice(req, "source_sharding", SHARDINGS)
+    if req.sharding is not None:
+        check_plan_layout(req)
     if req.per_core_batch is not None:
         _check_range(req, "per_core_batch", PLAN_LIMITS, integer=True)
     for field in ("memory_fraction", "safety_margin", "timeout_s", "silence_timeout_s"):

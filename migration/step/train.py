@@ -38,6 +38,7 @@ import optax
 from flax import nnx
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
+from migration.config.layouts import parse_layout
 from migration.config.requests import RunConfig
 from migration.step.policies import (
     PRECISION_POLICIES,
@@ -52,6 +53,7 @@ from workloads import get_workload
 from workloads.base import Batch, Workload
 
 DATA_AXIS = "data"
+FSDP_AXIS, TENSOR_AXIS = "fsdp", "tensor"
 
 
 class TrainState(NamedTuple):
@@ -120,19 +122,22 @@ class TrainProgram:
         Under FSDP the block's input is also held split by examples (its first axis): the weights
         outside the blocks (an embedding, a head) are sharded along whichever axis the device count
         divides, and without the constraint XLA may carry that split into the activations and run
-        every example on every GPU (a GPT with a 50,304-word vocabulary on 256 GPUs did)."""
+        every example on every GPU (a GPT with a 50,304-word vocabulary on 256 GPUs did). Under
+        tensor parallelism the gathered weights keep their tensor split."""
         remat = self.remat.block_wrap()
-        if self.sharding != "fsdp" or mesh is None:
+        if not parse_layout(self.sharding).shards_state() or mesh is None:
             return remat
-        whole, dtype = replicated(mesh), self.precision.compute_dtype
-        by_example = NamedSharding(mesh, P(DATA_AXIS))
+        dtype = self.precision.compute_dtype
+        by_example = NamedSharding(mesh, P(batch_axes(mesh)))
+        tensor = tensor_split(self.workload, mesh)
 
         def gathered(fn):
             def call(block, x, *args):
                 graphdef, params, rest = nnx.split(block, nnx.Param, ...)
-                params = jax.tree.map(
-                    lambda p: jax.lax.with_sharding_constraint(p.astype(dtype) if jnp.issubdtype(p.dtype, jnp.floating)
-                                                               else p, whole), params)
+                params = jax.tree_util.tree_map_with_path(
+                    lambda path, p: jax.lax.with_sharding_constraint(
+                        p.astype(dtype) if jnp.issubdtype(p.dtype, jnp.floating) else p,
+                        NamedSharding(mesh, tensor(path, p.shape))), params)
                 x = jax.lax.with_sharding_constraint(x, by_example)
                 return fn(nnx.merge(graphdef, params, rest), x, *args)
             return call
@@ -238,35 +243,79 @@ def make_data_mesh(devices: list[Any]) -> Mesh:
     return jax.make_mesh((len(devices),), (DATA_AXIS,), axis_types=(AxisType.Auto,), devices=devices)
 
 
+def make_mesh(devices: list[Any], layout: str = "replicated") -> Mesh:
+    """The mesh of a layout (migration/config/layouts.py) over `devices`, numbered node by node:
+    replicated and plain FSDP on one "data" axis (`make_data_mesh`); hybrid sharding and tensor
+    parallelism on ("data", "fsdp", "tensor"), the innermost axes inside a node."""
+    lay = parse_layout(layout)
+    if lay.kind != "hybrid" and lay.tensor == 1:
+        return make_data_mesh(devices)
+    sizes = lay.axes(len(devices))
+    return jax.make_mesh(tuple(sizes.values()), tuple(sizes), axis_types=(AxisType.Auto,) * 3, devices=devices)
+
+
+def batch_axes(mesh: Mesh) -> str | tuple[str, ...]:
+    """The mesh axes a batch is split over: every axis but the tensor split."""
+    names = tuple(a for a in mesh.axis_names if a != TENSOR_AXIS)
+    return names[0] if len(names) == 1 else names
+
+
+def fsdp_axis(mesh: Mesh) -> str:
+    return FSDP_AXIS if FSDP_AXIS in mesh.axis_names else DATA_AXIS
+
+
 def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, P())
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
-    """(accumulation_steps, micro_batch, ...): micro-batch split over the data axis."""
-    return NamedSharding(mesh, P(None, DATA_AXIS))
+    """(accumulation_steps, micro_batch, ...): micro-batch split over the data axes."""
+    return NamedSharding(mesh, P(None, batch_axes(mesh)))
 
 
-def fsdp_spec(shape: tuple[int, ...], devices: int) -> P:
+def fsdp_spec(shape: tuple[int, ...], devices: int, axis: str = DATA_AXIS, taken: P | None = None) -> P:
     """Shard an array's largest dimension that the device count divides (the last such on a tie),
-    over the data axis; replicate it when none does (scalars, small vectors). A stacked layer axis
-    is never the largest in practice, so the scanned layer loop slices an unsharded axis."""
+    over `axis`; replicate it when none does (scalars, small vectors). A stacked layer axis
+    is never the largest in practice, so the scanned layer loop slices an unsharded axis. `taken`:
+    a spec already splitting some dimensions (tensor parallelism): those are left as they are."""
+    used = tuple(taken) + (None,) * (len(shape) - len(tuple(taken))) if taken is not None else (None,) * len(shape)
     best = None
-    for axis, size in enumerate(shape):
-        if size % devices == 0 and size >= devices and (best is None or size >= shape[best]):
-            best = axis
+    for dim, size in enumerate(shape):
+        if used[dim] is None and size % devices == 0 and size >= devices and (best is None or size >= shape[best]):
+            best = dim
     if best is None or devices == 1:
-        return P()
-    return P(*[DATA_AXIS if axis == best else None for axis in range(len(shape))])
+        return P(*used) if any(u is not None for u in used) else P()
+    return P(*[axis if dim == best else used[dim] for dim in range(len(shape))])
+
+
+def tensor_split(workload: Workload, mesh: Mesh) -> Callable[..., P]:
+    """`(path, shape) -> PartitionSpec` of a parameter's (or its optimizer moment's) tensor-parallel
+    split over the mesh's tensor axis: the workload's `tensor_parallel_spec`, by the names on the
+    path; P() on a mesh without a tensor axis."""
+    shards = mesh.shape.get(TENSOR_AXIS, 1)
+
+    def spec(path: Any, shape: tuple[int, ...]) -> P:
+        if shards == 1:
+            return P()
+        names = tuple(n for n in (str(getattr(k, "key", getattr(k, "name", k))) for k in path) if n != "value")
+        return workload.tensor_parallel_spec(names, tuple(shape), shards, TENSOR_AXIS)
+
+    return spec
 
 
 def state_shardings(program: TrainProgram, mesh: Mesh) -> TrainState:
-    """A NamedSharding per state array: replicated, or FSDP (`fsdp_spec`) for the "fsdp" mode."""
+    """A NamedSharding per state array: replicated, FSDP over the FSDP axis (`fsdp_spec`), and the
+    tensor split of each weight where the layout has one."""
     shapes = jax.eval_shape(program.init_state)
-    if program.sharding != "fsdp":
-        return jax.tree.map(lambda _: replicated(mesh), shapes)
-    n = mesh.shape[DATA_AXIS]
-    return jax.tree.map(lambda s: NamedSharding(mesh, fsdp_spec(s.shape, n)), shapes)
+    lay = parse_layout(program.sharding)
+    tensor = tensor_split(program.workload, mesh)
+    n = mesh.shape[fsdp_axis(mesh)] if lay.shards_state() else 1
+
+    def place(path: Any, s: Any) -> NamedSharding:
+        taken = tensor(path, s.shape)
+        return NamedSharding(mesh, fsdp_spec(s.shape, n, fsdp_axis(mesh), taken) if n > 1 else taken)
+
+    return jax.tree_util.tree_map_with_path(place, shapes)
 
 
 def abstract_state(program: TrainProgram, mesh: Mesh) -> TrainState:
@@ -402,6 +451,6 @@ def step_parts(program: TrainProgram, devices: Sequence[Any], style: str = "jit"
                          pmap_batch_maker(program, mesh), unreplicate, mesh)
     if style != "jit":
         raise ValueError(f"step style must be jit or pmap; got {style!r}")
-    mesh = make_data_mesh(list(devices))
+    mesh = make_mesh(list(devices), program.sharding)
     return StepParts(jit_step(program, mesh), lambda: init_state_on(program, mesh), batch_maker(program, mesh),
                      lambda metrics: metrics, mesh)
