@@ -159,18 +159,51 @@ def host_link_bandwidth(compute_capability: tuple[int, int] | None) -> float | N
     return HOST_LINK_BYTES_PER_S.get(compute_capability[0]) if compute_capability else None
 
 
-def link_bandwidth(key: str, nodes: int, gpus_per_node: int = 8) -> tuple[float | None, str]:
-    """Bytes/s per GPU of a collective over the target's GPUs, and why.
+def network_note(network_bytes_per_s: float | None) -> str:
+    if not network_bytes_per_s or network_bytes_per_s == INTER_NODE_BYTES_PER_S:
+        return INTER_NODE_NOTE
+    return f"{network_bytes_per_s * 8 / 1e9:,.0f} Gb/s of network per GPU between nodes (as given)"
+
+
+def link_bandwidth(key: str, nodes: int, gpus_per_node: int = 8,
+                   network_bytes_per_s: float | None = None) -> tuple[float | None, str]:
+    """Bytes/s per GPU of a collective over all the target's GPUs, and why.
 
     In one node: the GPU's own link. Across nodes NCCL runs one ring per NIC, each carrying a
     1/gpus_per_node share of the data over its GPU's NIC, so a GPU's collectives move at most its
-    NIC's bandwidth times the GPUs in a node, and never more than its link inside the node."""
+    NIC's bandwidth times the GPUs in a node, and never more than its link inside the node.
+    `network_bytes_per_s`: each GPU's network bandwidth (NICs per GPU x their speed; default one
+    400 Gb/s port)."""
     link, note = LINK_BYTES_PER_S.get(key, (None, "unknown interconnect"))
     if nodes > 1:
-        rings = INTER_NODE_BYTES_PER_S * max(1, gpus_per_node)
-        return min(link or rings, rings), (f"{INTER_NODE_NOTE}: {max(1, gpus_per_node)} rings, one per NIC, "
+        network = network_bytes_per_s or INTER_NODE_BYTES_PER_S
+        rings = network * max(1, gpus_per_node)
+        return min(link or rings, rings), (f"{network_note(network)}: {max(1, gpus_per_node)} rings, one per NIC, "
                                            f"{min(link or rings, rings) / 1e9:,.0f} GB/s per GPU at most")
     return link, note
+
+
+@dataclasses.dataclass(frozen=True)
+class Links:
+    """Bytes/s per GPU, one direction, of the links a collective can cross: inside a node (NVLink or
+    PCIe) and between nodes (each GPU's network share; None on one node)."""
+
+    intra: float | None
+    network: float | None = None
+
+    @classmethod
+    def of(cls, key: str, nodes: int, network_bytes_per_s: float | None = None) -> "Links":
+        intra = LINK_BYTES_PER_S.get(key, (None, ""))[0]
+        return cls(intra, (network_bytes_per_s or INTER_NODE_BYTES_PER_S) if nodes > 1 else None)
+
+    def for_group(self, group: int, nodes: int) -> float | None:
+        """A collective over `group` GPUs on `nodes` nodes: inside a node its link; across nodes one
+        ring per member GPU of a node, each over that GPU's network share (so the group's GPUs per
+        node times it), never faster than the link inside the node."""
+        if nodes <= 1 or not self.network:
+            return self.intra
+        rings = self.network * max(1, group // nodes)
+        return min(self.intra or rings, rings)
 
 
 def gpu_spec_for_device_kind(device_kind: str) -> GpuSpec | None:
@@ -293,6 +326,10 @@ TPU_SPECS: dict[str, TpuSpec] = {
         TpuSpec("tpu-v5p-32", "TPU v5p-32", "v5p", 16, 95 * GB, 459, 2765e9, "v5p:2x2x4"),
         TpuSpec("tpu-v5p-64", "TPU v5p-64", "v5p", 32, 95 * GB, 459, 2765e9, "v5p:2x4x4"),
         TpuSpec("tpu-v5p-128", "TPU v5p-128", "v5p", 64, 95 * GB, 459, 2765e9, "v5p:4x4x4"),
+        TpuSpec("tpu-v5p-256", "TPU v5p-256", "v5p", 128, 95 * GB, 459, 2765e9, "v5p:4x4x8"),
+        TpuSpec("tpu-v5p-512", "TPU v5p-512", "v5p", 256, 95 * GB, 459, 2765e9, "v5p:4x8x8"),
+        TpuSpec("tpu-v5p-1024", "TPU v5p-1024", "v5p", 512, 95 * GB, 459, 2765e9, "v5p:8x8x8"),
+        TpuSpec("tpu-v5p-2048", "TPU v5p-2048", "v5p", 1024, 95 * GB, 459, 2765e9, "v5p:8x8x16"),
         TpuSpec("tpu-v5e-16", "TPU v5e-16", "v5e", 16, 16 * GB, 197, 819e9, "v5e:4x4"),
         TpuSpec("tpu-v5e-32", "TPU v5e-32", "v5e", 32, 16 * GB, 197, 819e9, "v5e:4x8"),
         TpuSpec("tpu-v5e-64", "TPU v5e-64", "v5e", 64, 16 * GB, 197, 819e9, "v5e:8x8"),

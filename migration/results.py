@@ -247,6 +247,11 @@ class Plan(JsonExport):
     parallel_compiles: int = 0  # of `compiles`, those that ran in a compile worker beside the search
     # the predicted step time's method and parts (planning/steptime.py): compiled program or analytic
     step_time: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # how the choice was ranked: by compiled step time (how many candidates were compiled and why the others
+    # were not) or by the analytic estimate where no program could be timed
+    ranking: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # the layout's mesh: axes and sizes, the PartitionSpecs of its state and batch, how to launch it
+    mesh: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Plan":
@@ -292,10 +297,14 @@ class Plan(JsonExport):
         for c in self.ranked:
             step = (f"{c['predicted_step_s'] * 1e3:.1f} ms" if c["predicted_step_s"] is not None
                     else f"{c['relative_cost']:.3g} (relative)")
+            if c.get("compiled_step_s") is None and c.get("estimate_s") is not None:
+                step = f"~{c['estimate_s'] * 1e3:.1f} ms"  # not compiled: the estimate that ordered it
             rows.append({"remat": c["remat"], "per_device_batch": c["per_device_batch"],
                          "accumulation_steps": c["accumulation_steps"], "global_batch": c["global_batch"],
                          "device_fill": f"{c['fill']:.0%}", "predicted_step": step,
                          "state": c.get("sharding", "replicated"),
+                         "how": "compiled" if c.get("compiled_step_s") is not None else "estimate",
+                         "status": c.get("status", ""),
                          "chosen": "✔" if (c["remat"], c["per_device_batch"], c["accumulation_steps"],
                                           c.get("sharding", "replicated")) ==
                                          (self.remat, self.per_device_batch, self.accumulation_steps,

@@ -187,7 +187,7 @@ BAD = [
     Bad("plan-unknown-precision", "/plan", {"precision": "fp64"}, "precision", "one of auto, fp32, bf16, fp16"),
     Bad("plan-unknown-remat", "/plan", {"remat": "everything"}, "remat", "one of auto, none, dots"),
     Bad("plan-unknown-granularity", "/plan", {"granularity": "pow3"}, "granularity", "one of multiple8, pow2"),
-    Bad("plan-unknown-sharding", "/plan", {"sharding": "zero3"}, "sharding", "one of auto, replicated, fsdp"),
+    Bad("plan-unknown-sharding", "/plan", {"sharding": "zero3"}, "sharding", "must be replicated, fsdp or hybrid:G"),
     Bad("plan-unknown-embeddings", "/plan", {"embeddings": "shared"}, "embeddings", "one of preset, tied, untied"),
     Bad("plan-workload-reference", "/plan", {"workload": "os:system"}, "workload", "one of mlp, cnn, transformer"),
     # model dimensions: ranges, consistency, and dimensions the workload does not have

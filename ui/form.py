@@ -29,7 +29,7 @@ def component(f: Field, defaults: dict[str, Any]) -> Component:
     value = defaults.get(f.name, f.default)
     if f.kind in ("int", "float"):
         return gr.Number(value, label=f.label, **({"step": f.step} if f.step else {}))
-    if f.kind == "choice":
+    if f.kind in ("choice", "layout"):
         return gr.Dropdown(list(f.allowed()), value=value, label=f.label, allow_custom_value=True)
     if f.kind == "bool":
         return gr.Checkbox(value, label=f.label)

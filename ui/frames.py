@@ -64,9 +64,10 @@ def plan_markdown(p: Plan) -> str:
 
 
 def ranked_frame(p: Plan) -> pd.DataFrame:
-    """The fitting choices, fastest predicted step first (the planner's choice rule)."""
+    """The ranked choices: those compiled and timed first, fastest first (the planner's choice rule), then
+    the others by the estimate that ordered them; what became of each."""
     return pd.DataFrame(p.ranked_rows(), columns=["remat", "per_device_batch", "accumulation_steps", "global_batch",
-                                                  "device_fill", "predicted_step", "state", "chosen"])
+                                                  "device_fill", "predicted_step", "state", "chosen", "how", "status"])
 
 
 def decisions_frame(p: Plan) -> pd.DataFrame:
@@ -78,7 +79,7 @@ def memory_frame(rows: list[dict[str, Any]], budget: int | None) -> pd.DataFrame
     """Predicted GiB per batch and remat policy (single micro-batch compiles; candidates ruled out by
     the lower bound were not compiled and are not drawn), with the budget."""
     points = [{"per_device_batch": r["per_device_batch"], "predicted_GiB": r["predicted_bytes"] / GiB,
-               "series": f"remat {r['remat']}" + (" (fsdp)" if r.get("sharding") == "fsdp" else "")} for r in rows
+               "series": f"remat {r['remat']}" + (f" ({r['sharding']})" if r.get("sharding", "replicated") != "replicated" else "")} for r in rows
               if r.get("predicted_bytes") is not None and r.get("accumulation_steps", 1) == 1
               and not r.get("lower_bound")]
     batches = sorted({r["per_device_batch"] for r in points}) or [1]

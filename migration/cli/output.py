@@ -157,11 +157,17 @@ def print_ranked(plan: Any) -> None:
     rows = plan.ranked_rows()
     if not rows:
         return
-    print("choices that fit, fastest predicted step first (those that change the global batch last):")
-    print(f"  {'state':<11} {'remat':<14} {'batch':>6} {'accum':>6} {'global':>7} {'fill':>6} {'step (predicted)':>17}")
+    ranking = getattr(plan, "ranking", {}) or {}
+    print("ranked choices: those compiled and timed first, fastest first; then the others by the estimate that "
+          "ordered them (~); those that change the global batch last")
+    if ranking.get("method"):
+        print(f"  ranking: {ranking['method']}; {ranking.get('timed', 0)} timed"
+              + "".join(f"; {n} {why}" for why, n in (ranking.get("not_timed") or {}).items()))
+    print(f"  {'layout':<14} {'remat':<22} {'batch':>6} {'accum':>6} {'global':>7} {'fill':>6} {'step':>12}  status")
     for r in rows:
-        print(f"  {r['state']:<11} {r['remat']:<14} {r['per_device_batch']:>6} {r['accumulation_steps']:>6} "
-              f"{r['global_batch']:>7} {r['device_fill']:>6} {r['predicted_step']:>17}{'  <- plan' if r['chosen'] else ''}")
+        print(f"  {r['state']:<14} {r['remat']:<22} {r['per_device_batch']:>6} {r['accumulation_steps']:>6} "
+              f"{r['global_batch']:>7} {r['device_fill']:>6} {r['predicted_step']:>12}  {r['status']}"
+              f"{'  <- plan' if r['chosen'] else ''}")
 
 
 def print_autotune(result: Any) -> None:

@@ -65,7 +65,7 @@ def add_field_flags(parser: argparse.ArgumentParser, command: str) -> None:
         if f.kind == "choice" and not callable(f.choices) and len(f.choices) <= CHOICES_LISTED:
             options["choices"] = f.choices
         else:
-            options["metavar"] = "N" if f.kind == "int" else "X" if f.kind == "float" else "NAME"
+            options["metavar"] = {"int": "N", "float": "X", "layout": "LAYOUT"}.get(f.kind, "NAME")
         where.add_argument(f.cli_flag, **options)
         if f.name == "embeddings":
             model.add_argument("--tied", dest="embeddings", action="store_const", const="tied",

@@ -24,7 +24,8 @@ from typing import Any, Literal
 from migration.config.limits import GRANULARITIES, LIMITS, PLAN_LIMITS, PRECISIONS, REMAT_NAMES, SHARDINGS
 from migration.hardware import GPU_SPECS, TPU_SPECS
 
-Kind = Literal["int", "float", "choice", "bool", "text", "folder"]
+# "layout": a layout name (migration/config/layouts.py) or auto; `choices` are suggestions, not a list.
+Kind = Literal["int", "float", "choice", "bool", "text", "folder", "layout"]
 # What a field fills: the plan request, the run config, the run options (extra runs), the autotune
 # settings, or the job itself (its label, its checkpoints).
 Fills = Literal["plan", "run", "options", "autotune", "job"]
@@ -161,8 +162,10 @@ FIELDS: tuple[Field, ...] = (
     *(dimension(name, "nodes") for name in ("vocab_size", "seq_len")),
     Field("embeddings", "choice", "plan", "preset", "Embeddings", "nodes", commands=MODEL, choices=EMBEDDINGS,
           help="tied: the output projection shares the input embedding; untied: a separate one"),
-    Field("sharding", "choice", "plan", AUTO, "State (auto: replicated while it fits, else FSDP)", "nodes",
-          choices=(AUTO, *SHARDINGS), help="override the state decision: replicated, or fsdp (sharded over the GPUs)"),
+    Field("sharding", "layout", "plan", AUTO, "Layout (auto: the fastest that fits)", "nodes",
+          choices=(AUTO, *SHARDINGS, "hybrid:8", "hybrid:16", "fsdp+tp2", "hybrid:8+tp2"),
+          help="override the layout: replicated, fsdp (over every GPU), hybrid:G (FSDP over groups of G GPUs, data "
+               "parallelism across them), each optionally +tpT (tensor parallelism over T GPUs of a node)"),
     Field("gpus_per_node", "int", "plan", 8, "GPUs per node (GPUs above it: several nodes)", "nodes",
           limits=PLAN_LIMITS["gpus_per_node"], help="GPUs per node"),
     Field("top", "int", "autotune", 3, "Autotune: ranked choices to measure (1 to 10)", "autotune",
@@ -190,6 +193,15 @@ FIELDS: tuple[Field, ...] = (
           RUN, RUN, limits=LIMITS["tpu_step_ms"], zero="not given", flag="tpu-step-ms",
           help="with --plan: your TPU job's measured time per optimizer step (ms) at the plan's requested global "
                "batch; the benchmark item compares the migrated run with it"),
+    Field("network_gbps", "float", "plan", 0.0, "Network per GPU between nodes, Gb/s (0: one 400 Gb/s port)", "nodes",
+          limits=PLAN_LIMITS["network_gbps"], flag="network-gbps",
+          help="each GPU's network bandwidth between nodes in Gb/s, NICs per GPU x their speed (0: one 400 Gb/s "
+               "InfiniBand port per GPU, as in a DGX H100)"),
+    Field("attention", "choice", "plan", AUTO, "Attention your code runs (auto: cuDNN's fused kernel where it can)",
+          "model", choices=(AUTO, "cudnn", "xla"),
+          help="the attention kernel your code uses: xla (scores materialised, e.g. jax.nn.dot_product_attention "
+               "with implementation='xla' or a hand-written softmax(q k^T) v), cudnn (the fused kernel); auto: "
+               "cuDNN's where the GPU and precision allow; transformer and llama"),
 )
 FIELD = {f.name: f for f in FIELDS}
 

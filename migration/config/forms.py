@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from migration.common import shown
+from migration.config.layouts import parse_layout
 from migration.config.fields import AUTO, DIMENSIONS, FIELD, FIELDS, LABEL_MAX_CHARS, Field
 from migration.config.limits import ConfigError
 from migration.config.requests import CHECKPOINT_META_FILE, PlanRequest, validate_plan_request
@@ -129,6 +130,8 @@ def parse(field: Field, value: Any, *, hi: float | None = None, note: str = "") 
         return number(value, name, *field.bounds())
     if field.kind == "choice":
         return choice(value, name, field.allowed())
+    if field.kind == "layout":
+        return value if value == AUTO else parse_layout(value, name).name
     if field.kind == "bool":
         return flag(value, name)
     if field.kind == "folder":
@@ -177,8 +180,12 @@ def plan_request(*values: Any, registered_only: bool = True, **named: Any) -> Pl
         elif f.name == "embeddings":
             if value != "preset":
                 model["tied_embeddings"] = value == "tied"
+        elif f.name == "attention":
+            if value != AUTO:
+                model["attention"] = value
         else:
-            kwargs[f.target] = None if (f.kind == "choice" and value == AUTO) or (f.zero and value == 0) else value
+            auto = f.kind in ("choice", "layout") and value == AUTO
+            kwargs[f.target] = None if auto or (f.zero and value == 0) else value
     return validate_plan_request(PlanRequest(**kwargs, model=model))
 
 

@@ -20,7 +20,8 @@ REMAT_NAMED: dict[str, tuple[str, ...]] = {
     "offload_dot_except_mlp": ("query_proj", "kv_proj", "attention_out", "attention_proj"),
 }
 Platform = Literal["auto", "cpu", "gpu"]
-# How parameters, gradients and optimizer state live on the devices (see migration/step/train.py).
+# How parameters, gradients and optimizer state live on the devices (see migration/step/train.py): the
+# choices a form offers; hybrid:G and +tpT layouts are written out (migration/config/layouts.py).
 Sharding = Literal["replicated", "fsdp"]
 SHARDINGS: tuple[str, ...] = get_args(Sharding)
 # The step a run times: "jit" is the migrated step (migration/step/train.py); "pmap" is the TPU-era step
@@ -62,8 +63,9 @@ GRANULARITIES: tuple[str, ...] = get_args(Granularity)
 PLAN_LIMITS: dict[str, tuple[float, float]] = {
     "global_batch": (1, 1_048_576),
     "per_core_batch": (1, 65536),
-    "gpus": (1, 256),
+    "gpus": (1, 4096),  # 512 nodes of 8: the size of job a large TPU pod slice moves to
     "gpus_per_node": (1, 16),
+    "network_gbps": (0, 12800),  # each GPU's network between nodes, Gb/s (0: one 400 Gb/s port, assumed)
     "memory_fraction": (0.05, 1.0),
     "safety_margin": (0.0, 0.5),
     "max_per_device_batch": (1, 65536),

@@ -52,7 +52,7 @@ class RunConfig:
     model: dict[str, Any] = dataclasses.field(default_factory=dict)
     per_device_batch: int = 8
     devices: int = 1
-    sharding: Sharding = "replicated"
+    sharding: str = "replicated"  # a layout name (migration/config/layouts.py)
     step_style: StepStyle = "jit"
     precision: Precision = "fp32"
     remat: RematName = "none"
@@ -269,6 +269,9 @@ class PlanRequest:
     target: str = "h100-sxm"  # a catalog GPU key, or "local" for this machine's devices
     gpus: int = 1  # in all; more than gpus_per_node means several nodes
     gpus_per_node: int = 8
+    # Each GPU's network bandwidth between nodes in Gb/s (NICs per GPU x their speed); 0: one 400 Gb/s
+    # InfiniBand NDR port per GPU, as in NVIDIA's DGX H100 reference design.
+    network_gbps: float = 0.0
     # How the TPU job held its state: None = as the source's memory forces it (replicated under
     # pmap when 16 bytes per parameter fit a chip's HBM, else sharded over the slice).
     source_sharding: Sharding | None = None
@@ -278,7 +281,8 @@ class PlanRequest:
     max_per_device_batch: int = 1024
     precision: Precision | None = None  # override; default: bf16 where native, else fp16
     remat: RematName | None = None  # override; default: the cheapest policy that fits
-    sharding: Sharding | None = None  # override; default: replicated while it fits, FSDP when it does not or is faster
+    # Override (a layout name, migration/config/layouts.py); default: the fastest of the layouts that fit.
+    sharding: str | None = None
     accumulation_steps: int | None = None  # override
     compile_for_tpu: bool = True  # also compile the TPU-style setup for the source TPU where libtpu is installed
     timeout_s: float = 900.0
@@ -287,6 +291,11 @@ class PlanRequest:
     @property
     def nodes(self) -> int:
         return max(1, -(-self.gpus // self.gpus_per_node))
+
+    @property
+    def network_bytes_per_s(self) -> float | None:
+        """Each GPU's network share between nodes, bytes/s (None: the catalog's assumption)."""
+        return self.network_gbps * 1e9 / 8 if self.network_gbps else None
 
     @property
     def source_per_core_batch(self) -> int:
@@ -352,7 +361,7 @@ def validate_plan_request(req: PlanRequest) -> PlanRequest:
         check_plan_layout(req)
     if req.per_core_batch is not None:
         _check_range(req, "per_core_batch", PLAN_LIMITS, integer=True)
-    for field in ("memory_fraction", "safety_margin", "timeout_s", "silence_timeout_s"):
+    for field in ("memory_fraction", "safety_margin", "timeout_s", "silence_timeout_s", "network_gbps"):
         _check_range(req, field, PLAN_LIMITS, integer=False)
     _check_choice(req, "source_precision", ("bf16", "fp32"))
     _check_choice(req, "granularity", GRANULARITIES)

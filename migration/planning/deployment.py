@@ -19,6 +19,7 @@ import shlex
 from typing import Any
 
 from migration.common import model_name
+from migration.config.layouts import parse_layout
 from migration.hardware import GPU_SPECS, gpu_spec_for_device_kind
 
 DEFAULT_PORT = 1234  # in the launch scripts: any port free on the coordinator's host
@@ -43,7 +44,7 @@ def xla_flags_for(sharding: str, precision: str, block_params: int) -> list[tupl
     compute = 4 if precision == "fp32" else 2  # FSDP gathers parameters in the compute dtype
     flags = [("--xla_gpu_enable_latency_hiding_scheduler=true",
               "schedule collectives early and overlap them with compute")]
-    if sharding == "fsdp":
+    if parse_layout(sharding).shards_state():
         gather = combine_threshold(block_params * compute)
         flags += [
             (f"--xla_gpu_all_gather_combine_threshold_bytes={gather}",

@@ -16,7 +16,8 @@ program text XLA prints after optimisation, read the way XLA's own GPU cost mode
   from outside writes only the update (a layer of a scanned stack, not the stack; a decode step's
   new keys and values, not the KV cache);
 - collectives: the bytes of each all-gather, reduce-scatter, all-reduce, all-to-all and
-  collective-permute, the size of its replica group, and whether it runs asynchronously (the
+  collective-permute, the size of its replica group, how many nodes that group spans (devices are
+  numbered node by node, `per_node` to a node), and whether it runs asynchronously (the
   latency-hiding scheduler's start/done pairs).
 
 Pure text: no JAX here, so it is tested on any program text and runs where JAX is absent.
@@ -70,6 +71,7 @@ class Kernel:
     count: float  # launches per step
     group: int = 1  # collectives: devices in the replica group
     asynchronous: bool = False
+    nodes: int = 1  # collectives: nodes the replica group spans (1: inside a node)
 
 
 def arrays(shape_text: str) -> list[tuple[str, list[int]]]:
@@ -129,9 +131,10 @@ def parse(text: str) -> tuple[dict[str, list[Instruction]], str]:
 class ProgramReader:
     """Kernels of one optimized HLO module (see the module docstring)."""
 
-    def __init__(self, text: str, fp32_unit: str = "tf32"):
+    def __init__(self, text: str, fp32_unit: str = "tf32", per_node: int | None = None):
         self.computations, self.entry = parse(text)
         self.fp32_unit = fp32_unit  # the unit fp32 products run on (the platform's default precision)
+        self.per_node = per_node  # devices per node (None: one node)
         self.kernels: list[Kernel] = []
 
     def read(self) -> list[Kernel]:
@@ -311,8 +314,10 @@ class ProgramReader:
             inner = _tuple_parts(result)
             result = inner[1] if len(inner) > 1 else result
         moved = {"all-gather": nbytes(result), "reduce-scatter": operand_bytes}.get(kind, operand_bytes)
+        members = first_group(ins.attrs)
+        nodes = len({d // self.per_node for d in members}) if members and self.per_node else 1
         return Kernel(ins.name, kind, 0.0, moved * times, None, times, group=_group_size(ins.attrs),
-                      asynchronous=ins.opcode.endswith("-start"))
+                      asynchronous=ins.opcode.endswith("-start"), nodes=nodes)
 
 
 def _tuple_parts(text: str) -> list[str]:
@@ -342,6 +347,46 @@ def _group_size(attrs: str) -> int:
     return 2 if pairs else 1
 
 
+def first_group(attrs: str) -> list[int]:
+    """The device numbers of a collective's first replica group (its peers), in any of the forms
+    XLA prints: `mesh['a'=4,'b'=8] {'b'}` (row-major over the mesh's axes), `[G,S]<=[dims]T(perm)`
+    (an iota over dims, transposed, cut into G groups of S), `{{0,1,...},...}`, or a permute's
+    `source_target_pairs={{0,1},...}`; [] when none is printed."""
+    mesh = re.search(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}", attrs)
+    if mesh:
+        axes = [(k, int(v)) for k, v in re.findall(r"'([^']+)'=(\d+)", mesh.group(1))]
+        chosen = set(re.findall(r"'([^']+)'", mesh.group(2)))
+        strides, stride = {}, 1
+        for name, size in reversed(axes):
+            strides[name] = stride
+            stride *= size
+        ids = [0]
+        for name, size in axes:
+            if name in chosen:
+                ids = [i + k * strides[name] for i in ids for k in range(size)]
+        return sorted(ids)
+    iota = re.search(r"replica_groups=\[(\d+),(\d+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?", attrs)
+    if iota:
+        size = int(iota.group(2))
+        dims = [int(d) for d in iota.group(3).split(",")]
+        perm = [int(d) for d in iota.group(4).split(",")] if iota.group(4) else list(range(len(dims)))
+        strides = [math.prod(dims[i + 1:]) for i in range(len(dims))]
+        shape = [dims[p] for p in perm]
+        out = []
+        for flat in range(min(size, math.prod(dims))):  # the first group: the first `size` of the transposed iota
+            index, rest = [], flat
+            for extent in reversed(shape):
+                index.append(rest % extent)
+                rest //= extent
+            index.reverse()
+            out.append(sum(index[j] * strides[perm[j]] for j in range(len(perm))))
+        return out
+    listed = re.search(r"(?:replica_groups|source_target_pairs)=\{\{([0-9,]*)\}", attrs)
+    if listed:
+        return [int(d) for d in listed.group(1).split(",") if d]
+    return []
+
+
 def _backend_config(attrs: str) -> dict[str, Any]:
     start = attrs.find("backend_config=")
     if start < 0:
@@ -353,23 +398,25 @@ def _backend_config(attrs: str) -> dict[str, Any]:
         return {}
 
 
-def read_program(text: str, fp32_unit: str = "tf32") -> list[Kernel]:
-    """The kernels and collectives of an optimized HLO module's text."""
-    return ProgramReader(text, fp32_unit).read()
+def read_program(text: str, fp32_unit: str = "tf32", per_node: int | None = None) -> list[Kernel]:
+    """The kernels and collectives of an optimized HLO module's text (`per_node`: devices per node,
+    for the nodes each collective spans; None: one node)."""
+    return ProgramReader(text, fp32_unit, per_node).read()
 
 
 def pack(kernels: list[Kernel]) -> list[list[Any]]:
     """Kernels as compact rows for a JSON cache, alike ones merged (their launches added):
-    [kind, flops per launch, bytes per launch, unit, launches, group, asynchronous]."""
+    [kind, flops per launch, bytes per launch, unit, launches, group, asynchronous, nodes]."""
     merged: dict[tuple, float] = {}
     for k in kernels:
         per = max(k.count, 1e-12)
-        key = (k.kind, round(k.flops / per), round(k.bytes / per), k.unit, k.group, k.asynchronous)
+        key = (k.kind, round(k.flops / per), round(k.bytes / per), k.unit, k.group, k.asynchronous, k.nodes)
         merged[key] = merged.get(key, 0.0) + k.count
-    return [[kind, flops, size, unit, count, group, asynchronous]
-            for (kind, flops, size, unit, group, asynchronous), count in merged.items()]
+    return [[kind, flops, size, unit, count, group, asynchronous, nodes]
+            for (kind, flops, size, unit, group, asynchronous, nodes), count in merged.items()]
 
 
 def unpack(rows: list[list[Any]]) -> list[Kernel]:
-    return [Kernel(f"{kind}#{i}", kind, flops * count, size * count, unit, count, group, asynchronous)
-            for i, (kind, flops, size, unit, count, group, asynchronous) in enumerate(rows)]
+    return [Kernel(f"{kind}#{i}", kind, flops * count, size * count, unit, count, group, asynchronous,
+                   row[7] if len(row) > 7 else 1)
+            for i, row in enumerate(rows) for (kind, flops, size, unit, count, group, asynchronous) in [row[:7]]]

@@ -35,6 +35,7 @@ from migration.hardware import (
     nvidia_gpus,
     GPU_SPECS,
     GpuSpec,
+    Links,
     compute_capability,
     fp32_matmul_precision,
     gpu_spec_for_device_kind,
@@ -45,7 +46,8 @@ from migration.hardware import (
 from migration.planning.deployment import block_params
 from migration.planning.hlo_cost import Kernel, pack, read_program, unpack
 from migration.planning.search import ROWS_PER_SM_TO_FILL
-from migration.step.train import TrainProgram, abstract_batch, abstract_state, jit_step, make_data_mesh
+from migration.config.layouts import parse_layout
+from migration.step.train import TrainProgram, abstract_batch, abstract_state, jit_step, make_mesh
 from workloads import get_workload
 
 Emit = Callable[..., None]
@@ -116,7 +118,7 @@ def workload_fingerprint(workload: Any) -> str:
     return digest.hexdigest()[:16]
 
 
-def compile_memory(program: TrainProgram, mesh: Any, kernels: bool = False) -> dict[str, Any]:
+def compile_memory(program: TrainProgram, mesh: Any, kernels: bool = False, per_node: int | None = None) -> dict[str, Any]:
     """Peak bytes per device of the real train step compiled on abstract inputs for `mesh`'s devices,
     and the bytes of its state arguments per device (allocates nothing; raises what XLA raises,
     e.g. when even the compiler finds it cannot fit). With `kernels`, the program's kernels and
@@ -128,7 +130,7 @@ def compile_memory(program: TrainProgram, mesh: Any, kernels: bool = False) -> d
     state = None if stats is None else int(stats.argument_size_in_bytes) - batch_bytes
     found: dict[str, Any] = {"peak_bytes": compiled_peak_bytes(compiled), "state_bytes": state}
     if kernels:
-        found["kernels"] = pack(read_program(compiled.as_text()))
+        found["kernels"] = pack(read_program(compiled.as_text(), per_node))
     return found
 
 
@@ -198,6 +200,7 @@ class Target:
     device_kind: str | None = None
     link_bytes_per_s: float | None = None  # slowest GPU-to-GPU link of the target (hardware.link_bandwidth)
     link_note: str = ""
+    links: Links | None = None  # inside a node and between nodes: what each collective crosses
 
     def peak_flops(self, precision: str) -> float | None:
         """Dense peak per device for the precision (fp32 as the default matmul precision runs it)."""
@@ -210,10 +213,11 @@ class Target:
 def resolve_target(req: PlanRequest) -> Target:
     if req.target != "local":
         spec = GPU_SPECS[req.target]
-        link, link_note = link_bandwidth(spec.key, req.nodes, min(req.gpus, req.gpus_per_node))
+        link, link_note = link_bandwidth(spec.key, req.nodes, min(req.gpus, req.gpus_per_node), req.network_bytes_per_s)
         return Target(spec.name, spec, spec.memory_bytes, _budget(spec.memory_bytes * req.memory_fraction, req),
                       f"{fmt_gib(spec.memory_bytes)} from {spec.source}", spec.bf16_native, spec.compute_capability,
-                      "gpu", spec.sm_count * ROWS_PER_SM_TO_FILL, None, link, link_note)
+                      "gpu", spec.sm_count * ROWS_PER_SM_TO_FILL, None, link, link_note,
+                      Links.of(spec.key, req.nodes, req.network_bytes_per_s))
     device = jax.devices()[0]
     name = f"this machine: {device.device_kind} ({device.platform})"
     if device.platform == "gpu":
@@ -243,7 +247,7 @@ def _local_gpu_target(device: Any, name: str, req: PlanRequest) -> Target:
     sms = spec.sm_count if spec else int(getattr(device, "core_count", 0) or 100)
     link, link_note = link_bandwidth(spec.key, 1) if spec else (None, "unknown interconnect")
     return Target(name, spec, total, _budget(share, req), source, cc >= (8, 0), cc, "gpu",
-                  sms * ROWS_PER_SM_TO_FILL, device.device_kind, link, link_note)
+                  sms * ROWS_PER_SM_TO_FILL, device.device_kind, link, link_note, Links(link))
 
 
 def nvml_index(device: Any) -> int:
@@ -282,11 +286,6 @@ def _host_memory() -> int:
     return 16 * 2**30
 
 
-def deviceless_mesh(spec: GpuSpec, nodes: int, per_node: int) -> Any:
-    """A data mesh over `nodes` x `per_node` devices of `spec` (deviceless_devices)."""
-    return make_data_mesh(deviceless_devices(spec, nodes, per_node))
-
-
 def deviceless_devices(spec: GpuSpec, nodes: int, per_node: int) -> list[Any]:
     """`nodes` x `per_node` devices of `spec` described without the devices (the CUDA plugin's
     topology for a deviceless compile); raises what the plugin raises where it cannot."""
@@ -323,10 +322,10 @@ class MemoryPredictor:
         self._inflight: dict[str, Future] = {}
         self.table: list[dict[str, Any]] = []
         if estimate_because:
-            self.method, self.note, self.mesh, self.target_id = (
+            self.method, self.note, self.devices, self.target_id = (
                 "estimate", f"analytic estimate: {estimate_because}", None, f"estimate:{req.target}")
         else:
-            self.method, self.note, self.mesh, self.target_id = self._setup()
+            self.method, self.note, self.devices, self.target_id = self._setup()
         # A GPU program's kernels are read for its step time; a CPU-backend program says nothing of a GPU's.
         self.reads_kernels = self.method == "compiled-for-target" or (
             self.method == "compiled-local" and jax.default_backend() == "gpu")
@@ -344,13 +343,13 @@ class MemoryPredictor:
             if jax.default_backend() == "cpu":
                 note += ("; a CPU-backend compile is not a GPU prediction (on CPU, remat savings do not "
                          "show in the memory analysis)")
-            return "compiled-local", note, make_data_mesh(devices[: req.gpus]), f"local:{kind}"
+            return "compiled-local", note, list(devices[: req.gpus]), f"local:{kind}"
         spec = GPU_SPECS[req.target]
         text = gpu_target_config(spec)
         per_node = req.gpus if req.nodes == 1 else req.gpus_per_node
         topology = f"1x{req.nodes}x{per_node}"
         try:
-            mesh = deviceless_mesh(spec, req.nodes, per_node)
+            mesh = deviceless_devices(spec, req.nodes, per_node)
         except Exception as exc:  # noqa: BLE001 - plugin missing or unable to describe the target: estimate instead
             return ("estimate", f"analytic estimate: no compile for {spec.name} was possible here ({first_line(exc)})",
                     None, f"estimate:{spec.key}")
@@ -456,7 +455,9 @@ class MemoryPredictor:
                         sharding=sharding)
         self.compiles += 1
         try:
-            return compile_memory(TrainProgram.from_config(cfg), self.mesh, kernels=self.reads_kernels)
+            mesh = make_mesh(self.devices, sharding)
+            per_node = min(self.req.gpus, self.req.gpus_per_node)
+            return compile_memory(TrainProgram.from_config(cfg), mesh, kernels=self.reads_kernels, per_node=per_node)
         except Exception as exc:  # noqa: BLE001 - XLA raises several types; memory is told apart by its message
             if is_oom(str(exc)):
                 return {"peak_bytes": None, "state_bytes": None}
@@ -464,7 +465,7 @@ class MemoryPredictor:
 
     def estimate_memory(self, precision: str, remat: str, batch: int, accum: int, sharding: str) -> dict[str, int]:
         p = get_workload(self.req.workload).param_count(self._model_cfg())
-        share = self.req.gpus if sharding == "fsdp" else 1
+        share = parse_layout(sharding).state_shards(self.req.gpus)
         return {"peak_bytes": self.estimate(precision, remat, batch, accum, sharding),
                 "state_bytes": int(12 * p / share)}
 
@@ -478,7 +479,7 @@ class MemoryPredictor:
         w = get_workload(self.req.workload)
         cfg = self._model_cfg()
         p = w.param_count(cfg)
-        share = self.req.gpus if sharding == "fsdp" else 1
+        share = parse_layout(sharding).state_shards(self.req.gpus)
         state = (STATE_BYTES_PER_PARAM * p + (4 * p if accum > 1 else 0)) / share
         prof = w.activation_profile(cfg)
         elem = 4 if precision == "fp32" else 2
@@ -496,7 +497,8 @@ class MemoryPredictor:
         14 GB for an 8B model in bf16); another policy gathers them again block by block (two blocks
         live: the one computing and the next arriving). Weights outside the blocks (embeddings, a
         head) are gathered whole. Nothing under replicated state."""
-        if sharding != "fsdp" or self.req.gpus == 1:
+        lay = parse_layout(sharding)
+        if not lay.shards_state() or lay.state_shards(self.req.gpus) == 1:
             return 0.0
         w = get_workload(self.req.workload)
         cfg = self._model_cfg()
@@ -504,7 +506,7 @@ class MemoryPredictor:
         blocks = w.activation_profile(cfg).n_blocks
         per_block = block_params(w, cfg)
         outside = max(0, w.param_count(cfg) - blocks * per_block)
-        return elem * ((blocks if remat == "none" else min(2, blocks)) * per_block + outside)
+        return elem * ((blocks if remat == "none" else min(2, blocks)) * per_block + outside) / lay.tensor
 
     def lower_bound(self, precision: str, remat: str, batch: int, sharding: str = "replicated") -> int:
         """Bytes per device the step needs at the least: the float32 parameters and AdamW moments
@@ -516,7 +518,7 @@ class MemoryPredictor:
         impossible, so a candidate above the budget by this bound alone is never compiled."""
         w = get_workload(self.req.workload)
         cfg = self._model_cfg()
-        share = self.req.gpus if sharding == "fsdp" else 1
+        share = parse_layout(sharding).state_shards(self.req.gpus)
         prof = w.activation_profile(cfg)
         elem = 4 if precision == "fp32" else 2
         if prof.named:  # a decoder's blocks are all alike: each keeps at least its input

@@ -20,7 +20,8 @@ import typing
 from typing import Any, Union
 
 from migration.common import shown
-from migration.config.limits import LIMITS, PRECISIONS, REMAT_NAMES, SHARDINGS, ConfigError
+from migration.config.layouts import parse_layout
+from migration.config.limits import LIMITS, PRECISIONS, REMAT_NAMES, ConfigError
 from migration.config.requests import PlanRequest, check_model, validate_plan_request
 from migration.planning.deployment import environment_of, one_line
 from migration.hardware import GPU_SPECS, TPU_SPECS
@@ -167,7 +168,8 @@ def checked_plan(data: Any, where: str = "plan") -> Plan:
         raise ConfigError("plan.source", f"must be one of {', '.join(TPU_SPECS)}; got {_shown(plan.source)}")
     if plan.target != "local" and plan.target not in GPU_SPECS:
         raise ConfigError("plan.target", f"must be local or one of {', '.join(GPU_SPECS)}; got {_shown(plan.target)}")
-    for field, allowed in (("precision", PRECISIONS), ("remat", REMAT_NAMES), ("sharding", SHARDINGS)):
+    parse_layout(plan.sharding, "plan.sharding")
+    for field, allowed in (("precision", PRECISIONS), ("remat", REMAT_NAMES)):
         if getattr(plan, field) not in allowed:
             raise ConfigError(f"plan.{field}", f"must be one of {', '.join(allowed)}; got {_shown(getattr(plan, field))}")
     check_model(plan)

@@ -1,11 +1,14 @@
 """The migration planner: from a TPU-style setup to the fastest GPU plan that fits.
 
 Runs inside a planner worker. Fitting is a constraint, found by the compiler (`migration/planning/memory.py`);
-the choice among fitting (remat, per-device batch, accumulation) triples that keep the global batch
-is by predicted step time (`migration/planning/search.py`: model FLOPs x the policy's recompute factor over
-the target's peak, with a penalty for micro-batches too small to fill the device). The winning
-choice is compiled with its accumulation before it is accepted: a plan is never `ok` with a
-predicted peak over the budget.
+the choice among fitting (layout, remat, per-device batch, accumulation) choices that keep the global
+batch is by the step time of each one's compiled program (`migration/planning/steptime.py`), the same
+figure the plan reports. An analytic estimate (`migration/planning/search.py`: model FLOPs x the
+policy's recompute factor over the target's peak, a penalty for micro-batches too small to fill the
+device, what every micro-batch repeats, the collectives over the links they cross), scaled by the
+compiled programs the search already has, only orders the candidates and prunes those that cannot
+win; the first COMPILED_TOP_K that fit are compiled with their accumulation and timed, and the
+fastest is chosen. A plan is never `ok` with a predicted peak over the budget.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import Any
 import jax
 
 from migration.common import fmt_gib
+from migration.config.layouts import parse_layout
 from migration.config.limits import LIMITS, REMAT_NAMED
 from migration.config.requests import PlanRequest, remat_applies
 from migration.planning.deployment import block_params, plan_environment
@@ -46,7 +50,12 @@ from workloads.transformer import CUDNN_HEAD_DIM_MAX
 
 Emit = Callable[..., None]
 RANKED_SHOWN = 10  # ranked choices kept in the plan
-VERIFY_AT_MOST = 6  # ranked choices compiled with their accumulation before giving up
+# Fitting choices timed from their compiled programs before the fastest is chosen (each compile with its
+# accumulation: 3-20 s for 7B-70B models on two cores; those the search compiled already are free).
+COMPILED_TOP_K = 4
+# A choice whose ordering estimate is this much slower than the fastest compiled one is not compiled:
+# the estimate, scaled by the search's own compiles, is within this of the compiled figure.
+PRUNE_MARGIN = 1.25
 
 
 def plan_migration(req: PlanRequest, emit: Emit) -> Plan:
@@ -76,11 +85,17 @@ def planned_model(req: PlanRequest, target: Target, precision: str) -> tuple[dic
     cfg = w.config(req.preset, req.model)
     if "attention" not in {f.name for f in dataclasses.fields(cfg)}:
         return dict(req.model), None
-    if "attention" in req.model:
-        return dict(req.model), Decision("attention", req.model["attention"], "override")
     head_ok = cfg.head_dim % 8 == 0 and cfg.head_dim <= CUDNN_HEAD_DIM_MAX
     fused = (target.platform == "gpu" and (target.compute_capability or (0, 0)) >= (8, 0)
              and precision in ("bf16", "fp16") and head_ok)
+    if "attention" in req.model:
+        value = req.model["attention"]
+        why = "override: the attention your code runs"
+        if value == "xla":
+            why += (": XLA's implementation, which stores the T x T scores per head; the plan compiles and times "
+                    "the step with it" + (" (cuDNN's fused kernel would run here: see the attention_saving "
+                                          "decision)" if fused else ""))
+        return dict(req.model), Decision("attention", value, why)
     if fused:
         why = (f"{target.name} runs cuDNN's fused attention (jax.nn.dot_product_attention, implementation='cudnn') "
                f"in {precision} with head size {cfg.head_dim}: memory linear in the sequence ({cfg.seq_len}), the "
@@ -114,7 +129,9 @@ class _Planner:
         # its compiled program where there is one (`_step_time`).
         cal = steptime.CALIBRATION
         link = target.link_bytes_per_s * cal.link if target.link_bytes_per_s else None
-        comm = Communication(self.params, req.gpus, elem, link)
+        links = target.links
+        comm = Communication(self.params, req.gpus, elem, link, min(req.gpus, req.gpus_per_node),
+                             links.intra if links else None, links.network if links else None)
         prof = w.activation_profile(cfg)
         offloaded = prof.n_blocks * sum(prof.named.get(n, 0.0) for n in REMAT_NAMED["offload_dot_except_mlp"]) * elem
         peak = target.peak_flops(self.precision)
@@ -123,7 +140,8 @@ class _Planner:
                                     convolutional=getattr(w, "convolutional", False))
         self.cost = StepCostModel(w.flops_per_example(cfg), w.rows_per_example(cfg), target.fill_rows,
                                   peak * cal.matmul if peak else None, w.matmul_width(cfg), comm, factors,
-                                  offloaded, host_link_bandwidth(target.compute_capability))
+                                  offloaded, host_link_bandwidth(target.compute_capability),
+                                  target.spec.bandwidth_bytes_per_s * cal.memory if target.spec else None)
         # Policies that apply: the named ones only to a model that names their activations.
         self.policies = [r for r in REMAT_ORDER if remat_applies(w, r)]
         predictor.budget = target.budget_bytes
@@ -134,7 +152,15 @@ class _Planner:
         self.decisions = [Decision("precision", self.precision, self._precision_reason())]
         if attention:
             self.decisions.append(attention)
+        self.per_node = min(req.gpus, req.gpus_per_node)
+        self.replicated_note: str | None = None
         self.modes, self.sharding_forced = self._sharding_modes()
+        # Compiled step times (seconds) by (layout, remat, batch, accumulation), and what became of each
+        # ranked choice (compiled and timed, did not fit, not compiled and why).
+        self.timed: dict[tuple[str, str, int, int], float] = {}
+        self.assessed: dict[tuple[str, str, int, int], dict[str, Any]] = {}
+        self.timing = self.predictor.reads_kernels and target.spec is not None
+        self.searched: set[Key] = set()
 
     # -- stages ------------------------------------------------------------------------------
     def plan(self) -> Plan:
@@ -153,6 +179,13 @@ class _Planner:
             self.skipped = {}
             ranked = self.rank(max_batch)
             chosen, peak, rejected = self.verify(ranked)
+        if chosen is None and self.tensor_modes():
+            # Nothing fits with whole weights on every GPU of a group: split each block's weights.
+            self.modes = self.modes + self.tensor_modes()
+            policies = [self.req.remat] if self.req.remat else self.policies
+            max_batch.update(self.search_policies([(m, r) for m in self.tensor_modes() for r in policies]))
+            ranked = self.rank(max_batch)
+            chosen, peak, rejected = self.verify(ranked)
         if chosen is None:
             return self._infeasible(max_batch, ranked, rejected)
         return self._ok(chosen, peak, max_batch, ranked, rejected)
@@ -162,19 +195,40 @@ class _Planner:
         return [(mode, remat) for mode in self.modes for remat in policies]
 
     def _sharding_modes(self) -> tuple[list[str], str | None]:
-        """The ways of holding the state worth searching, and the reason when only one is."""
+        """The layouts worth searching, and the reason when only one is. Replicated while the state fits
+        a GPU; FSDP over every GPU; on several nodes FSDP inside a node with data parallelism across
+        nodes (MaxText's ici_fsdp x dcn_data, Paxml's FSDP + DP), or, where a node's share of the state
+        would take more than half the budget, FSDP over the fewest whole nodes whose share does not
+        (dcn_fsdp). Tensor parallelism is searched only when none of these fits (`plan`)."""
         req, budget = self.req, self.target.budget_bytes
         if req.sharding:
-            return [req.sharding], f"override: {req.sharding}"
+            lay = parse_layout(req.sharding)
+            return [req.sharding], f"override: {req.sharding} ({lay.describe(req.gpus, self.per_node)})"
         if req.gpus == 1:
             return ["replicated"], "one GPU: nothing to shard over (FSDP over one device is the same program)"
         state = STATE_BYTES_PER_PARAM * self.params
-        if state > budget:
-            return ["fsdp"], (
-                f"replicated, the float32 parameters, gradients and AdamW state need {fmt_gib(state)} on every GPU "
-                f"({self.params:,} parameters x 16 bytes), more than the {fmt_gib(budget)} budget; sharded over "
-                f"{req.gpus} GPUs they need {fmt_gib(state / req.gpus)} each")
-        return ["replicated", "fsdp"], None
+        modes = ["replicated"] if state <= budget else []
+        modes.append("fsdp")
+        if req.nodes > 1:
+            group = self.per_node
+            while group < req.gpus and state / group > budget / 2:
+                group *= 2
+            if group < req.gpus and req.gpus % group == 0:
+                modes.append(f"hybrid:{group}")
+        self.replicated_note = None if state <= budget else (
+            f"replicated, the float32 parameters, gradients and AdamW state need {fmt_gib(state)} on every GPU "
+            f"({self.params:,} parameters x 16 bytes), more than the {fmt_gib(budget)} budget")
+        if len(modes) == 1:
+            return modes, (f"{self.replicated_note}; sharded over {req.gpus} GPUs they need "
+                           f"{fmt_gib(state / req.gpus)} each")
+        return modes, None
+
+    def tensor_modes(self) -> list[str]:
+        """Tensor-parallel layouts for a model whose layers fit no other way: FSDP over the groups, the
+        weights of each block split over 2, 4 or 8 GPUs of a node (Megatron's split)."""
+        if self.req.sharding or not get_workload(self.req.workload).tensor_parallel:
+            return []
+        return [f"fsdp+tp{t}" for t in (2, 4, 8) if t <= self.per_node and self.req.gpus % t == 0]
 
     def rank(self, max_batch: dict[Key, int]) -> list[Choice]:
         return rank_choices(max_batch, self.candidates, self.req.global_batch, self.req.gpus, self.cost,
@@ -194,7 +248,7 @@ class _Planner:
         best = math.inf
         known: dict[str, int] = {}
         for mode, remat in keys:
-            bound = self.cost.best_possible(remat, self.needed, mode, self.limit)
+            bound = self.cost.best_possible(remat, self.needed, mode, self.limit) * self._least_ratio()
             if prune and bound >= best:
                 self.skipped[(mode, remat)] = bound
                 self.emit("skip_policy", remat=remat, sharding=mode, reason="cannot beat the best verified choice found so far")
@@ -205,6 +259,7 @@ class _Planner:
             tried = any(k[0] == mode for k in found)
             guess = self.candidates[0] if tried and not kept else self._guess(mode, remat)
             self._prefetch_second_probe(mode, remat, kept, guess)
+            self.searched.add((mode, remat))
             found[(mode, remat)] = largest_fitting(self.candidates, measure, self.target.budget_bytes,
                                                    known_fit=kept, first_guess=guess)
             known[mode] = max(kept, found[(mode, remat)])
@@ -213,35 +268,174 @@ class _Planner:
 
     def _verified_best(self, mode: str, remat: str, top: int, best: float) -> float:
         """The fastest choice under (mode, remat) that keeps the global batch and fits once compiled
-        with its accumulation, when faster than `best`; else `best`. Policies are pruned only against
-        such a verified choice: one that fits at accumulation 1 may not with its accumulation, and a
-        policy pruned against it would be lost (`verify` finds the compile in the cache)."""
-        for c in (c for c in self.rank({(mode, remat): top}) if c.exact):
-            if c.step_cost >= best:
+        with its accumulation, when faster than `best`; else `best`. Its time is its compiled program's
+        where the planner can time one (else the analytic estimate's): policies are pruned only
+        against such a verified choice (`verify` finds the compile in the cache)."""
+        for c in sorted((c for c in self.rank({(mode, remat): top}) if c.exact), key=self.estimate):
+            if self.estimate(c) >= best:
                 break
             peak = self.predictor.predict(self.precision, remat, c.per_device_batch, c.accumulation_steps,
                                           sharding=mode)
             if peak is not None and peak <= self.target.budget_bytes:
-                return c.step_cost
+                seconds = self.compiled_seconds(c)
+                return min(best, seconds if seconds is not None else c.step_cost)
         return best
 
     def verify(self, ranked: list[Choice]) -> tuple[Choice | None, int | None, list[dict[str, Any]]]:
-        """The first ranked choice whose compile with its accumulation fits the budget. A choice is
-        not compiled when one with the same sharding and policy and a batch no larger already
-        failed (its peak can only be larger)."""
+        """The chosen choice: of the ranked ones that fit once compiled with their accumulation, the one
+        whose compiled program is fastest. Choices are compiled in the order of `estimate` until
+        COMPILED_TOP_K fit, skipping one whose estimate is over PRUNE_MARGIN times the fastest compiled
+        so far, and one whose layout and policy already failed at a batch no larger (its peak can only
+        be larger); every choice whose program the search compiled already is timed too (free). An
+        exact choice (the global batch kept) always wins over an inexact one. Without a program to
+        time (an analytic estimate, or this machine's CPU backend) the first fitting choice by the
+        analytic estimate wins, as before."""
         rejected: list[dict[str, Any]] = []
         failed: dict[Key, int] = {}
-        for choice in ranked:
-            key = (choice.sharding, choice.remat)
-            if choice.accumulation_steps > 1 and choice.per_device_batch >= failed.get(key, math.inf):
+        fitting: list[tuple[Choice, int]] = []
+        order = sorted(ranked, key=lambda c: (not c.exact, self.estimate(c))) if self.timing else ranked
+        for choice in order:
+            key, full = (choice.sharding, choice.remat), self._full_key(choice)
+            fastest = min((self.timed[self._full_key(c)] for c, _ in fitting), default=math.inf)
+            if full in self.timed or self.timing and self._compiled(choice):
+                pass  # compiled already: timing it costs nothing
+            elif choice.accumulation_steps > 1 and choice.per_device_batch >= failed.get(key, math.inf):
+                self._assess(choice, "not compiled: a batch no larger failed under the same layout and policy")
+                continue
+            elif self.timing and len(fitting) >= COMPILED_TOP_K:
+                self._assess(choice, f"not compiled: {COMPILED_TOP_K} fitting choices were compiled and timed already")
+                continue
+            elif self.timing and fitting and self.estimate(choice) > PRUNE_MARGIN * fastest:
+                self._assess(choice, f"not compiled: its estimate is over {PRUNE_MARGIN:g}x the fastest compiled choice")
                 continue
             peak = self.predictor.predict(self.precision, choice.remat, choice.per_device_batch,
                                           choice.accumulation_steps, sharding=choice.sharding)
-            if peak is not None and peak <= self.target.budget_bytes:
+            if peak is None or peak > self.target.budget_bytes:
+                failed[key] = min(failed.get(key, math.inf), choice.per_device_batch)
+                rejected.append({**choice.to_dict(self.cost), "predicted_peak_bytes": peak})
+                self._assess(choice, "compiled: does not fit", peak)
+                continue
+            if not self.timing:
+                self._assess(choice, "chosen (first fitting choice by the analytic estimate)", peak)
                 return choice, peak, rejected
-            failed[key] = min(failed.get(key, math.inf), choice.per_device_batch)
-            rejected.append({**choice.to_dict(self.cost), "predicted_peak_bytes": peak})
-        return None, None, rejected
+            self.compiled_seconds(choice)
+            self._assess(choice, "compiled and timed", peak)
+            fitting.append((choice, peak))
+        if not fitting:
+            return None, None, rejected
+        exact = [f for f in fitting if f[0].exact] or fitting
+        chosen, peak = min(exact, key=lambda f: (self.timed[self._full_key(f[0])], f[0].accumulation_steps))
+        self.assessed[self._full_key(chosen)]["status"] = "chosen: the fastest compiled choice"
+        return chosen, peak, rejected
+
+    # -- the compiled step time and the estimate that orders ------------------------------------
+    @staticmethod
+    def _full_key(c: Choice) -> tuple[str, str, int, int]:
+        return c.sharding, c.remat, c.per_device_batch, c.accumulation_steps
+
+    def _compiled(self, c: Choice) -> bool:
+        return (c.sharding, c.remat, c.per_device_batch, c.accumulation_steps, self.precision) in self.predictor.programs
+
+    def _program_seconds(self, sharding: str, remat: str, batch: int, accum: int) -> float | None:
+        key = (sharding, remat, batch, accum)
+        if key not in self.timed:
+            kernels = self.predictor.programs.get((*key, self.precision))
+            if not kernels or self.target.spec is None:
+                return None
+            links = self.target.links or self.target.link_bytes_per_s
+            self.timed[key] = steptime.predict(kernels, self.target.spec, links).seconds
+        return self.timed[key]
+
+    def compiled_seconds(self, c: Choice) -> float | None:
+        """The step time of the choice's compiled program (steptime.py), or None when it has none."""
+        return self._program_seconds(*self._full_key(c))
+
+    def _least_ratio(self) -> float:
+        """The smallest ratio of a compiled step time to the analytic estimate of the same choice seen so
+        far (1 before any): the analytic bound times it stays a bound in the compiled figures' scale."""
+        ratios = [seconds / self.cost.step_seconds(r, b, a, s) for (s, r, b, a), seconds in self._all_timed()
+                  if self.cost.step_seconds(r, b, a, s) > 0]
+        return min(ratios, default=1.0)
+
+    def _all_timed(self) -> list[tuple[tuple[str, str, int, int], float]]:
+        out = []
+        for (s, r, b, a, precision) in list(self.predictor.programs):
+            if precision == self.precision:
+                seconds = self._program_seconds(s, r, b, a)
+                if seconds is not None:
+                    out.append(((s, r, b, a), seconds))
+        return out
+
+    def estimate(self, c: Choice) -> float:
+        """The figure that orders the candidates: with programs of the same layout and policy at one
+        micro-batch compiled already, their step times as a line in the batch (what a micro-batch costs
+        whatever its size, and per example) times the micro-batches; with one such program, the analytic
+        estimate scaled by that program's ratio to it; else the analytic estimate scaled by the smallest
+        ratio seen. Ordering only: the choice is made on compiled figures."""
+        if not self.cost.peak_flops:
+            return c.step_cost
+        seconds = self.compiled_seconds(c)
+        if seconds is not None:
+            return seconds
+        points = sorted((b, t) for (s, r, b, a), t in self._all_timed()
+                        if (s, r, a) == (c.sharding, c.remat, 1))
+        if len(points) >= 2:
+            n = len(points)
+            mean_b, mean_t = sum(b for b, _ in points) / n, sum(t for _, t in points) / n
+            spread = sum((b - mean_b) ** 2 for b, _ in points)
+            slope = sum((b - mean_b) * (t - mean_t) for b, t in points) / spread if spread else 0.0
+            per_micro = mean_t + slope * (c.per_device_batch - mean_b)
+            if per_micro > 0:
+                return c.accumulation_steps * per_micro
+        if points:
+            b0, t0 = points[-1]
+            return c.step_cost * t0 / self.cost.step_seconds(c.remat, b0, 1, c.sharding)
+        return c.step_cost * self._least_ratio()
+
+    def _assess(self, c: Choice, status: str, peak: int | None = None) -> None:
+        seconds = self.compiled_seconds(c)
+        analytic = c.step_cost if self.cost.peak_flops else None
+        self.assessed[self._full_key(c)] = {
+            "status": status, "compiled_step_s": seconds, "estimate_s": self.estimate(c) if analytic else None,
+            "analytic_s": analytic, "predicted_peak_bytes": peak,
+            "disagreement": None if seconds is None or not analytic else round(analytic / seconds - 1, 4)}
+
+    def ranked_rows(self, ranked: list[Choice]) -> list[dict[str, Any]]:
+        """The ranked choices as the plan shows them: compiled ones first, fastest first, then the rest
+        in the order of their estimate; each with its compiled and analytic figures and what became of it."""
+        def order(c: Choice) -> tuple:
+            seconds = self.timed.get(self._full_key(c))
+            return (not c.exact, seconds is None, seconds if seconds is not None else self.estimate(c))
+
+        rows = []
+        for c in sorted(ranked, key=order)[:RANKED_SHOWN]:
+            row = c.to_dict(self.cost)
+            found = self.assessed.get(self._full_key(c)) or {"status": "not compiled: not reached", "compiled_step_s":
+                                                             self.compiled_seconds(c), "analytic_s": row["predicted_step_s"]}
+            row.update({k: v for k, v in found.items() if k != "predicted_peak_bytes"})
+            if found.get("compiled_step_s") is not None:
+                row["predicted_step_s"] = found["compiled_step_s"]
+            rows.append(row)
+        return rows
+
+    def ranking_summary(self) -> dict[str, Any]:
+        statuses = [a["status"] for a in self.assessed.values()]
+        timed = sum(1 for a in self.assessed.values() if a.get("compiled_step_s") is not None
+                    and a["status"].startswith(("compiled and timed", "chosen")))
+        why: dict[str, int] = {}
+        for status in statuses:
+            if status.startswith("not compiled") or status == "compiled: does not fit":
+                why[status] = why.get(status, 0) + 1
+        if not self.timing:
+            method = ("analytic: no compiled program to time here (" + self.predictor.method + "); the first fitting "
+                      "choice by the analytic estimate")
+        else:
+            method = (f"compiled step time: the fitting choices compiled with their accumulation and timed from their "
+                      f"programs (steptime.py); the analytic estimate, scaled by the search's compiles, only ordered "
+                      f"them (at most {COMPILED_TOP_K} compiled beyond those the search had)")
+        return {"method": method, "timed": timed, "top_k": COMPILED_TOP_K, "prune_margin": PRUNE_MARGIN,
+                "not_timed": why, "candidates": len(self.assessed), "layouts": list(self.modes),
+                "layouts_not_searched": sorted({k[0] for k in self.skipped} - {k[0] for k in self.searched})}
 
     # -- helpers -----------------------------------------------------------------------------
     def _prefetch_second_probe(self, mode: str, remat: str, kept: int, guess: int | None) -> None:
@@ -303,32 +497,42 @@ class _Planner:
         return key[1] if len(self.modes) == 1 else f"{key[0]}/{key[1]}"
 
     def _sharding_reason(self, chosen: Choice, ranked: list[Choice]) -> str:
+        lay = parse_layout(chosen.sharding)
+        what = lay.describe(self.req.gpus, self.per_node)
         if self.sharding_forced:
             why = self.sharding_forced
         else:
-            other = next((c for c in ranked if c.sharding != chosen.sharding and c.exact), None)
-            if other is None:
-                why = (f"{chosen.sharding}: the only way searched that fits the global batch"
+            others = {}
+            for c in ranked:
+                seconds = self.timed.get(self._full_key(c))
+                if c.sharding != chosen.sharding and c.exact and seconds is not None:
+                    if c.sharding not in others or seconds < others[c.sharding][0]:
+                        others[c.sharding] = (seconds, c)
+            mine = self.compiled_seconds(chosen)
+            if not others:
+                why = (f"{what}: the only layout searched that fits the global batch"
                        if not any(k[0] != chosen.sharding for k in self.skipped) else
-                       f"{chosen.sharding}: the other way cannot beat it even at its fastest possible step (not searched)")
+                       f"{what}: the other layouts cannot beat it even at their fastest possible step (not searched)")
             else:
-                why = (f"fastest predicted step: {chosen.sharding} {self._step_text(chosen.step_cost)} against "
-                       f"{other.sharding} {self._step_text(other.step_cost)} (its best fitting choice, "
-                       f"{other.per_device_batch} per GPU x {other.accumulation_steps})")
+                why = f"{what}: fastest compiled step, {self._step_text(mine)} against " + ", ".join(
+                    f"{name} {self._step_text(t)} ({c.per_device_batch} per GPU x {c.accumulation_steps})"
+                    for name, (t, c) in sorted(others.items(), key=lambda kv: kv[1][0]))
+            if self.replicated_note:
+                why += f"; not replicated: {self.replicated_note}"
         comm = self.cost.communication
         if comm and self.req.gpus > 1:
             moved = comm.bytes_per_micro_batch(chosen.sharding, chosen.remat)
             why += (f"; collectives move {fmt_gib(moved)} per GPU per micro-batch"
                     + (f", {self._step_text(self.cost.comm_seconds(chosen.sharding, chosen.accumulation_steps, chosen.remat))} "
                        f"per step over {self.target.link_note}" if self.target.link_bytes_per_s else "")
-                    + " (predicted; overlapped with compute by XLA's latency-hiding scheduler)")
+                    + " (analytic; overlapped with compute by XLA's latency-hiding scheduler)")
         return why
 
     def _state(self, chosen: Choice) -> dict[str, Any]:
         """Bytes of the state per GPU: the compiled step's state arguments (parameters and AdamW's two
         moments) against 12 bytes per parameter over the GPUs holding a share, and with the
         gradients (4 bytes per parameter, same share) against the usual 16 bytes per parameter."""
-        share = self.req.gpus if chosen.sharding == "fsdp" else 1
+        share = parse_layout(chosen.sharding).state_shards(self.req.gpus)
         compiled = self.predictor.state_bytes.get((chosen.sharding, chosen.remat, chosen.per_device_batch,
                                                    chosen.accumulation_steps, self.precision))
         arithmetic = STATE_BYTES_PER_PARAM * self.params / share
@@ -362,7 +566,7 @@ class _Planner:
                                                chosen.accumulation_steps, self.precision))
         spec = self.target.spec
         if kernels and spec is not None:
-            p = steptime.predict(kernels, spec, self.target.link_bytes_per_s)
+            p = steptime.predict(kernels, spec, self.target.links or self.target.link_bytes_per_s)
             model = get_workload(self.req.workload).config(self.req.preset, self.predictor.model)
             error = (steptime.EXPECTED_ERROR_XLA_ATTENTION if getattr(model, "attention", "") == "xla"
                      and getattr(model, "seq_len", 0) >= 1024 else steptime.EXPECTED_ERROR)
@@ -378,6 +582,36 @@ class _Planner:
                 "method": (f"analytic: the model's FLOPs at {steptime.CALIBRATION.matmul:.0%} of the dense peak, scaled "
                            f"by the device fill and the policy's recompute, collectives over the link; not checked "
                            f"against a compiled program ({self.predictor.method})")}
+
+    def _cudnn_saving(self, chosen: Choice, peak: int, seconds: float | None) -> Decision | None:
+        """Where the user's code runs XLA's attention on a GPU that runs cuDNN's fused kernel: the same
+        choice compiled with the fused kernel, its step time and peak beside the plan's (one more compile,
+        by the same model that times the plan), as a recommendation."""
+        if self.predictor.model.get("attention") != "xla" or not self.timing or seconds is None:
+            return None
+        fused_model, fused = planned_model(dataclasses.replace(self.req, model={
+            k: v for k, v in self.req.model.items() if k != "attention"}), self.target, self.precision)
+        if fused is None or fused.value != "cudnn":
+            return None
+        other = MemoryPredictor(self.req, lambda *a, **k: None, model=fused_model, workers=0)
+        try:
+            other_peak = other.predict(self.precision, chosen.remat, chosen.per_device_batch,
+                                       chosen.accumulation_steps, record=False, sharding=chosen.sharding)
+            kernels = other.programs.get(self._full_key(chosen) + (self.precision,))
+        except CompileFailed:
+            return None
+        finally:
+            other.close()
+        if not kernels or other_peak is None:
+            return None
+        links = self.target.links or self.target.link_bytes_per_s
+        fused_s = steptime.predict(kernels, self.target.spec, links).seconds
+        return Decision("attention_saving", round(1 - fused_s / seconds, 4), (
+            f"recommendation: cuDNN's fused attention (jax.nn.dot_product_attention(..., implementation='cudnn')) "
+            f"for the same choice: compiled step {fused_s * 1e3:,.1f} ms instead of {seconds * 1e3:,.1f} ms "
+            f"({1 - fused_s / seconds:+.0%} time saved), peak {fmt_gib(other_peak)} instead of {fmt_gib(peak)} per GPU; "
+            "the scores are never stored, so a larger batch or a cheaper remat policy may then fit (plan again "
+            "with attention cudnn)"))
 
     def _step_text(self, seconds: float | None) -> str:
         return "n/a (no peak for this device)" if seconds is None or not self.cost.peak_flops else f"{seconds * 1e3:.1f} ms"
@@ -405,7 +639,8 @@ class _Planner:
             gpus_per_node=min(req.gpus, req.gpus_per_node), source_job=self._source_job(),
             interconnect=t.link_note,
             table=self.predictor.table, candidates=self.candidates,
-            ranked=[c.to_dict(self.cost) for c in ranked[:RANKED_SHOWN]],
+            ranked=self.ranked_rows(ranked), ranking=self.ranking_summary(),
+            mesh=mesh_of(sharding, req.gpus, self.per_node, req.nodes),
             rule_of_thumb_batch=rot, rule_of_thumb_note=rot_note, matmul_precision=_matmul_precision_notes(t, self.precision),
             environment=plan_environment(memory_fraction=req.memory_fraction, gpus=req.gpus, nodes=req.nodes,
                                          gpus_per_node=req.gpus_per_node, sharding=sharding, precision=self.precision,
@@ -422,11 +657,17 @@ class _Planner:
         d = self.decisions
         d.append(Decision("sharding", chosen.sharding, self._sharding_reason(chosen, ranked)))
         d.append(Decision("remat", chosen.remat, self._remat_reason(chosen, max_batch, ranked)))
+        seconds = self.compiled_seconds(chosen)
+        summary = self.ranking_summary()
+        timed = (f"compiled step {self._step_text(seconds)}, the fastest of {summary['timed']} fitting choice(s) "
+                 f"compiled and timed (analytic estimate {self._step_text(chosen.step_cost)})" if seconds is not None
+                 else f"predicted step {self._step_text(chosen.step_cost)} (analytic: no compiled program to time)")
         d.append(Decision("per_device_batch", chosen.per_device_batch,
                           f"predicted peak {fmt_gib(peak)} of a {fmt_gib(self.target.budget_bytes)} budget per GPU "
-                          f"(compiled with its {chosen.accumulation_steps} accumulation step(s)); predicted step "
-                          f"{self._step_text(chosen.step_cost)}, device fill {chosen.fill:.0%}"
-                          + (f"; {len(rejected)} faster choice(s) did not fit once accumulation was added" if rejected else "")))
+                          f"(compiled with its {chosen.accumulation_steps} accumulation step(s)); {timed}, device fill "
+                          f"{chosen.fill:.0%}"
+                          + (f"; {len(rejected)} choice(s) ranked before it did not fit once accumulation was added"
+                             if rejected else "")))
         d.append(Decision("accumulation_steps", chosen.accumulation_steps,
                           (f"override: {req.accumulation_steps}; " if req.accumulation_steps else "")
                           + describe_choice(chosen, req.global_batch, req.gpus)))
@@ -441,6 +682,9 @@ class _Planner:
         tpu_setup = tpu_setup_on_target(req, self.predictor, self.target.budget_bytes, chosen.sharding)
         source_compile = compile_for_source_tpu(req) if req.compile_for_tpu else {"status": "not requested"}
         step = self._step_time(chosen)
+        saving = self._cudnn_saving(chosen, peak, step.get("seconds"))
+        if saving:
+            d.append(saving)
         d.append(Decision("step_time", None if step["seconds"] is None else round(step["seconds"], 6), step["method"]))
         return Plan(status="ok", per_device_batch=chosen.per_device_batch, accumulation_steps=chosen.accumulation_steps,
                     global_batch=chosen.global_batch, global_batch_exact=chosen.exact, remat=chosen.remat,
@@ -471,12 +715,13 @@ class _Planner:
             tried = ", ".join(self._name(k) for k in max_batch) or policy
             why = (f"does not fit even at batch 1 with remat {policy} (policies tried: {tried}), because the step "
                    f"needs {fmt_gib(floor)} per GPU against a budget of {{budget}}")
-        state_bytes = STATE_BYTES_PER_PARAM * self.params / (req.gpus if mode == "fsdp" else 1)
+        shards = parse_layout(mode).state_shards(req.gpus)
+        state_bytes = STATE_BYTES_PER_PARAM * self.params / shards
         budget_text = (f"{fmt_gib(budget)} ({req.memory_fraction:.0%} of {fmt_gib(self.target.device_memory_bytes)} "
                        f"minus a {req.safety_margin:.0%} margin)")
         message = (why.format(budget=budget_text) + "; parameters, "
                    f"gradients and AdamW state alone take {fmt_gib(state_bytes)} per GPU ({self.params:,} parameters x 16 "
-                   f"bytes{f' / {req.gpus} GPUs (FSDP)' if mode == 'fsdp' else ''}). "
+                   f"bytes{f' / {shards} GPUs ({mode})' if shards > 1 else ''}). "
                    "What would help: " + "; ".join(_what_would_help(req, mode)) + ".")
         self.emit("infeasible", message=message)
         return Plan(status="infeasible", per_device_batch=0, accumulation_steps=0, global_batch=0,
@@ -492,13 +737,51 @@ def _what_would_help(req: PlanRequest, mode: str) -> list[str]:
         helps.insert(0, "a larger memory share")
     if req.remat and req.remat != "full":
         helps.insert(0, "remat full (or let the planner choose the policy)")
-    if mode == "fsdp":
+    if parse_layout(mode).shards_state():
         helps.append(f"more GPUs than {req.gpus} (FSDP shares parameters, gradients and optimizer state among them)")
     elif req.sharding == "replicated":
         helps.append("sharding the state over the GPUs (leave sharding to the planner, or FSDP)")
     else:
         helps.append("several GPUs with the state sharded over them (FSDP: 16 bytes per parameter / GPUs)")
     return helps
+
+
+def mesh_of(layout: str, gpus: int, per_node: int, nodes: int) -> dict[str, Any]:
+    """What the plan file and the deployment snippet say of the layout: the mesh's axes and sizes, the
+    specs of the state and the batch, and how the job launches."""
+    lay = parse_layout(layout)
+    axes = lay.axes(gpus) if lay.kind == "hybrid" or lay.tensor > 1 else {"data": gpus}
+    state_axis = "fsdp" if "fsdp" in axes else "data"
+    batch = [a for a in axes if a != "tensor"]
+    return {
+        "layout": layout, "axes": axes, "describe": lay.describe(gpus, per_node),
+        "mesh": f"jax.make_mesh({tuple(axes.values())}, {tuple(axes)})",
+        "batch_spec": f"P(None, {tuple(batch) if len(batch) > 1 else repr(batch[0])})",
+        "state_spec": ("P() (whole on every GPU)" if not lay.shards_state() else
+                       f"each array's largest dimension divisible by {axes.get(state_axis, gpus)} over {state_axis!r}")
+                      + (f"; block weights split over 'tensor' (q, kv, up: outputs; out, down: inputs)"
+                         if lay.tensor > 1 else ""),
+        "maxtext": maxtext_parallelism(lay, gpus, per_node),
+        "launch": (f"{nodes} processes, one per node, each calling jax.distributed.initialize() first; devices in "
+                   "node order, so the innermost mesh axes stay inside a node" if nodes > 1 else
+                   "one process over the node's GPUs"),
+        "code": "migration/step/train.py make_mesh, state_shardings, batch_sharding",
+    }
+
+
+def maxtext_parallelism(lay: Any, gpus: int, per_node: int) -> dict[str, int]:
+    """The layout in MaxText's settings: ici_* inside a node, dcn_* across nodes."""
+    nodes = max(1, gpus // per_node)
+    inside = per_node // lay.tensor
+    if lay.kind == "replicated":
+        return {"ici_data_parallelism": inside, "dcn_data_parallelism": nodes, "ici_tensor_parallelism": lay.tensor}
+    if lay.kind == "fsdp":
+        return {"ici_fsdp_parallelism": inside, "dcn_fsdp_parallelism": nodes, "ici_tensor_parallelism": lay.tensor}
+    group_nodes = max(1, lay.group // per_node)
+    return {"ici_fsdp_parallelism": min(lay.group, per_node) // lay.tensor,
+            "ici_data_parallelism": max(1, per_node // lay.group),
+            "dcn_fsdp_parallelism": group_nodes, "dcn_data_parallelism": nodes // group_nodes,
+            "ici_tensor_parallelism": lay.tensor}
 
 
 def _matmul_precision_notes(target: Target, precision: str) -> dict[str, str]:

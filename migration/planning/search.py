@@ -12,6 +12,8 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from migration.config.layouts import parse_layout
+
 MiB = 2**20
 # Most memory kept (least recompute) first: the order in which policies are searched. A policy
 # never needs more memory than the one before it, so each search starts where the last one fit.
@@ -188,32 +190,76 @@ def rule_of_thumb_batch(memory_bytes: float, param_count: int) -> tuple[int, str
 
 @dataclasses.dataclass(frozen=True)
 class Communication:
-    """Seconds of collectives per optimizer step for a way of holding the state, from the bytes
-    each device sends (ring algorithms: a share (n-1)/n of the data) over the slowest link the
+    """Seconds of collectives per optimizer step for a layout (migration/config/layouts.py), from the
+    bytes each device sends (ring algorithms: a share (n-1)/n of the data) over the link each
     collective crosses. Per micro-batch, since the step accumulates gradients in a sharded or
     replicated carry: replicated state all-reduces the float32 gradients (2 x 4 bytes per
     parameter); FSDP gathers the parameters in the compute dtype for the forward pass and again
-    for the backward pass, and reduce-scatters the gradients in that dtype (3 x its bytes)."""
+    for the backward pass, and reduce-scatters the gradients in that dtype (3 x its bytes) over its
+    group; hybrid sharding then all-reduces each group's gradient shard across the groups. A tensor
+    split divides the bytes of the weights each GPU gathers (its activations' all-reduces are left
+    to the compiled program).
+
+    Links: inside a node `intra_bytes_per_s`; across nodes one ring per GPU of the group in a node,
+    each over that GPU's network share (`network_bytes_per_s`); without them, every collective over
+    `link_bytes_per_s` (the slowest link of the whole target)."""
 
     param_count: int
     devices: int
     compute_bytes: int  # bytes per element of the compute dtype
     link_bytes_per_s: float | None  # None: unknown (a CPU target): no communication term
+    per_node: int = 0  # GPUs per node (0: all in one node)
+    intra_bytes_per_s: float | None = None
+    network_bytes_per_s: float | None = None
+
+    def parts(self, sharding: str, remat: str = "full") -> list[tuple[float, int]]:
+        """(bytes per GPU per micro-batch, GPUs in the collective's group) of each collective."""
+        if self.devices == 1:
+            return []
+        lay = parse_layout(sharding)
+        axes = lay.axes(self.devices)
+        weights = self.param_count / lay.tensor
+        share = lambda n: (n - 1) / n
+        out = []
+        if lay.shards_state() and axes["fsdp"] > 1:
+            transfers = 2 if remat == "none" else 3
+            out.append((transfers * share(axes["fsdp"]) * weights * self.compute_bytes, axes["fsdp"] * lay.tensor))
+        if axes["data"] > 1:
+            if lay.shards_state():  # each group's gradient shard, all-reduced across the groups
+                out.append((2 * share(axes["data"]) * weights / axes["fsdp"] * self.compute_bytes, axes["data"]))
+            else:
+                out.append((2 * share(axes["data"]) * weights * 4, self.devices))
+        return out
 
     def bytes_per_micro_batch(self, sharding: str, remat: str = "full") -> float:
         """FSDP gathers the weights again for the backward pass unless the policy keeps the forward's
         gathered copies (`none` keeps every residual): two transfers then, else three."""
-        if self.devices == 1:
-            return 0.0
-        share = (self.devices - 1) / self.devices
-        if sharding == "fsdp":
-            return (2 if remat == "none" else 3) * share * self.param_count * self.compute_bytes
-        return 2 * share * self.param_count * 4
+        return sum(b for b, _ in self.parts(sharding, remat))
+
+    def link(self, group: int, sharding: str) -> float | None:
+        """Bytes/s per GPU of a collective over `group` GPUs of the layout: consecutive GPUs for FSDP's
+        group, one GPU in every group for the data axis of a hybrid layout."""
+        per_node = self.per_node or self.devices
+        if self.intra_bytes_per_s is None or self.devices <= per_node:
+            return self.link_bytes_per_s
+        lay = parse_layout(sharding)
+        consecutive = group == lay.axes(self.devices)["fsdp"] * lay.tensor or group == self.devices
+        if consecutive:
+            nodes = max(1, group // per_node)
+            in_node = min(group, per_node)
+        else:  # strided across the groups: spread over the nodes, as few per node as the layout allows
+            nodes = min(group, self.devices // per_node)
+            in_node = max(1, group // nodes)
+        if nodes <= 1:
+            return self.intra_bytes_per_s
+        return min(self.intra_bytes_per_s, (self.network_bytes_per_s or self.link_bytes_per_s or 0) * in_node) \
+            if self.network_bytes_per_s else self.link_bytes_per_s
 
     def seconds(self, sharding: str, accumulation: int, remat: str = "full") -> float:
         if not self.link_bytes_per_s:
             return 0.0
-        return accumulation * self.bytes_per_micro_batch(sharding, remat) / self.link_bytes_per_s
+        return accumulation * sum(b / (self.link(g, sharding) or self.link_bytes_per_s)
+                                  for b, g in self.parts(sharding, remat))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -238,14 +284,36 @@ class StepCostModel:
     # each way, over the host link (bytes/s); overlapped with compute, like the collectives.
     offload_bytes_per_example: float = 0.0
     host_link_bytes_per_s: float | None = None
+    # HBM bandwidth (bytes/s, at its calibrated share) for the memory-bound work every micro-batch repeats
+    # whatever its size (`micro_step_seconds`); None: not counted.
+    hbm_bytes_per_s: float | None = None
 
     def fill(self, batch: int) -> float:
         tiles_across = max(1.0, self.matmul_width / 128)
         return min(1.0, batch * self.rows_per_example * tiles_across / max(1, self.fill_rows))
 
-    def compute_seconds(self, remat: str, batch: int, accumulation: int) -> float:
+    def compute_seconds(self, remat: str, batch: int, accumulation: int, sharding: str = "replicated") -> float:
         work = self.flops_per_example * batch * self.recompute[remat]
-        return accumulation * work / ((self.peak_flops or 1.0) * self.fill(batch))
+        return accumulation * (work / ((self.peak_flops or 1.0) * self.fill(batch))
+                               + self.micro_step_seconds(sharding, remat))
+
+    def micro_step_seconds(self, sharding: str, remat: str = "full") -> float:
+        """What a micro-batch costs whatever its size, so what accumulation repeats: the memory-bound
+        passes over the weights (their cast to the compute dtype, FSDP's gathered copies written and
+        read by the forward, the backward and a policy's recompute, the weight gradients written and
+        added to the float32 accumulator). A floor: compiled programs show two to three times these bytes
+        (the planner scales it by theirs)."""
+        comm = self.communication
+        if not (self.hbm_bytes_per_s and comm and self.peak_flops):
+            return 0.0
+        lay = parse_layout(sharding)
+        p, e = comm.param_count, comm.compute_bytes
+        shards = lay.state_shards(comm.devices)
+        local = p / shards
+        gathered = p / lay.tensor if lay.shards_state() and shards > 1 else 0.0
+        passes = 2 if remat == "none" else 3
+        moved = local * (4 + e) + local * 8 + 2 * gathered * e * passes + p / lay.tensor * e
+        return moved / self.hbm_bytes_per_s
 
     def offload_seconds(self, remat: str, examples: int) -> float:
         """Host copies of an offloading policy for `examples` per device: out and back in."""
@@ -258,7 +326,8 @@ class StepCostModel:
             else 0.0
 
     def step_seconds(self, remat: str, batch: int, accumulation: int, sharding: str = "replicated") -> float:
-        return max(self.compute_seconds(remat, batch, accumulation), self.comm_seconds(sharding, accumulation, remat),
+        return max(self.compute_seconds(remat, batch, accumulation, sharding),
+                   self.comm_seconds(sharding, accumulation, remat),
                    self.offload_seconds(remat, batch * accumulation))
 
     def best_possible(self, remat: str, examples_per_device: int, sharding: str = "replicated",
@@ -267,9 +336,10 @@ class StepCostModel:
         examples per step with micro-batches of at most `max_batch`: the fill of the largest
         micro-batch allowed, and the fewest micro-batches."""
         largest = min(examples_per_device, max_batch or examples_per_device)
+        micro = math.ceil(examples_per_device / largest)
         compute = (self.flops_per_example * examples_per_device * self.recompute[remat]
-                   / ((self.peak_flops or 1.0) * self.fill(largest)))
-        return max(compute, self.comm_seconds(sharding, math.ceil(examples_per_device / largest), remat),
+                   / ((self.peak_flops or 1.0) * self.fill(largest))) + micro * self.micro_step_seconds(sharding, remat)
+        return max(compute, self.comm_seconds(sharding, micro, remat),
                    self.offload_seconds(remat, examples_per_device))
 
 
@@ -289,8 +359,8 @@ class Choice:
                 "accumulation_steps": self.accumulation_steps, "global_batch": self.global_batch,
                 "exact": self.exact, "fill": round(self.fill, 3),
                 "predicted_step_s": self.step_cost if model.peak_flops else None,
-                "compute_s": model.compute_seconds(self.remat, self.per_device_batch, self.accumulation_steps)
-                if model.peak_flops else None,
+                "compute_s": model.compute_seconds(self.remat, self.per_device_batch, self.accumulation_steps,
+                                                   self.sharding) if model.peak_flops else None,
                 "communication_s": model.comm_seconds(self.sharding, self.accumulation_steps, self.remat)
                 if model.peak_flops else None,
                 "relative_cost": self.step_cost}

@@ -4,7 +4,8 @@ the modelled links, overlap as XLA's latency-hiding scheduler allows.
 For each kernel: the longer of its FLOPs at the unit's dense peak and its bytes at the HBM bandwidth,
 each derated by a measured efficiency (`Calibration`), plus a fixed launch cost. For each collective:
 the bytes a ring algorithm sends per device ((n-1)/n of the data; twice for an all-reduce) over the
-slowest link its replica group crosses, plus a fixed latency. Asynchronous collectives (start/done
+slowest link its replica group crosses (inside a node, or each member GPU's network share between
+nodes: `hardware.Links`), plus a fixed latency. Asynchronous collectives (start/done
 pairs) overlap the kernels: only what exceeds the compute is exposed; synchronous ones add.
 
 The efficiencies are calibrated against published measurements of JAX/XLA training on NVIDIA GPUs
@@ -17,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 
-from migration.hardware import GpuSpec
+from migration.hardware import GpuSpec, Links
 from migration.planning.hlo_cost import Kernel
 
 
@@ -73,7 +74,8 @@ def kernel_seconds(k: Kernel, spec: GpuSpec, cal: Calibration = CALIBRATION) -> 
     return max(compute, memory) + cal.launch_s * k.count
 
 
-def collective_seconds(k: Kernel, link_bytes_per_s: float | None, cal: Calibration = CALIBRATION) -> float:
+def collective_seconds(k: Kernel, links: Links | float | None, cal: Calibration = CALIBRATION) -> float:
+    link_bytes_per_s = links.for_group(k.group, k.nodes) if isinstance(links, Links) else links
     if k.group <= 1 or not link_bytes_per_s:
         return 0.0
     factor = RING_FACTOR.get(k.kind)
@@ -81,14 +83,15 @@ def collective_seconds(k: Kernel, link_bytes_per_s: float | None, cal: Calibrati
     return share * k.bytes / (link_bytes_per_s * cal.link) + cal.collective_s * k.count
 
 
-def predict(kernels: Iterable[Kernel], spec: GpuSpec, link_bytes_per_s: float | None,
+def predict(kernels: Iterable[Kernel], spec: GpuSpec, links: Links | float | None,
             cal: Calibration = CALIBRATION) -> StepPrediction:
-    """The step time of a compiled program's kernels on `spec`, collectives over `link_bytes_per_s`."""
+    """The step time of a compiled program's kernels on `spec`, each collective over the link its
+    group crosses (`links`; a number: every collective over that link)."""
     matmul = memory = asynchronous = synchronous = flops = 0.0
     launches = 0.0
     for k in kernels:
         if k.kind in RING_FACTOR:
-            t = collective_seconds(k, link_bytes_per_s, cal)
+            t = collective_seconds(k, links, cal)
             if k.asynchronous:
                 asynchronous += t
             else:
