@@ -112,7 +112,7 @@ def test_the_environment_field_of_a_file_is_never_used(plans, tmp_path):
     ("source", "tpu-v99", "plan.source: must be one of"),
     ("precision", "fp8", "plan.precision: must be one of"),
     ("remat", "everything", "plan.remat: must be one of"),
-    ("sharding", "zero3", "plan.sharding: must be one of"),
+    ("sharding", "zero3", "plan.sharding: must be replicated, fsdp or hybrid:G"),
     ("gpus", 100_000, "gpus: must be"),
     ("gpus", "2", "plan.gpus: must be int"),
     ("per_device_batch", 10**30, "plan.per_device_batch: must be int"),

@@ -67,7 +67,7 @@ def ranked_frame(p: Plan) -> pd.DataFrame:
     """The ranked choices: those compiled and timed first, fastest first (the planner's choice rule), then
     the others by the estimate that ordered them; what became of each."""
     return pd.DataFrame(p.ranked_rows(), columns=["remat", "per_device_batch", "accumulation_steps", "global_batch",
-                                                  "device_fill", "predicted_step", "state", "chosen", "how", "status"])
+                                                  "device_fill", "predicted_step", "state", "how", "status", "chosen"])
 
 
 def decisions_frame(p: Plan) -> pd.DataFrame:

@@ -405,7 +405,8 @@ class _Planner:
         in the order of their estimate; each with its compiled and analytic figures and what became of it."""
         def order(c: Choice) -> tuple:
             seconds = self.timed.get(self._full_key(c))
-            return (not c.exact, seconds is None, seconds if seconds is not None else self.estimate(c))
+            chosen = self.assessed.get(self._full_key(c), {}).get("status", "").startswith("chosen")
+            return (not c.exact, seconds is None, seconds if seconds is not None else self.estimate(c), not chosen)
 
         rows = []
         for c in sorted(ranked, key=order)[:RANKED_SHOWN]:
@@ -759,7 +760,7 @@ def mesh_of(layout: str, gpus: int, per_node: int, nodes: int) -> dict[str, Any]
         "batch_spec": f"P(None, {tuple(batch) if len(batch) > 1 else repr(batch[0])})",
         "state_spec": ("P() (whole on every GPU)" if not lay.shards_state() else
                        f"each array's largest dimension divisible by {axes.get(state_axis, gpus)} over {state_axis!r}")
-                      + (f"; block weights split over 'tensor' (q, kv, up: outputs; out, down: inputs)"
+                      + ("; block weights split over 'tensor' (q, kv, up: outputs; out, down: inputs)"
                          if lay.tensor > 1 else ""),
         "maxtext": maxtext_parallelism(lay, gpus, per_node),
         "launch": (f"{nodes} processes, one per node, each calling jax.distributed.initialize() first; devices in "
