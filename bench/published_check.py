@@ -82,6 +82,12 @@ MAPPING = {
     "dgxc-paxml-gpt5b-128xh100-bf16": ("dots", "cudnn", "fsdp", "held-out"),
     "gpurecipes-a3mega-llama2-7b-256gpu-bf16": ("dots_no_batch", "cudnn", "fsdp", "held-out"),
     "gpurecipes-a3ultra-llama3.1-70b-256gpu-bf16": ("save_dot_except_mlp", "cudnn", "fsdp", "held-out"),
+    # Added with hybrid layouts, never used to choose a constant: the other columns of the same DGX Cloud 70B
+    # tables, 256 to 2,048 H100s. From 512 GPUs the recipe runs FSDP over 128 GPUs (16 nodes: ici_fsdp 8 x
+    # dcn_fsdp 16) and data parallelism across those groups (dcn_data): this product's hybrid:128.
+    **{f"dgxc-maxtext-{family}-70b-{gpus}xh100-bf16": ("save_qkv", "cudnn", "fsdp" if gpus == 256 else "hybrid:128",
+                                                        "held-out")
+       for family in ("llama2", "llama3") for gpus in (256, 512, 1024, 2048)},
 }
 
 

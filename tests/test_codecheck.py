@@ -56,6 +56,8 @@ CORPUS = {
                 "import jax.numpy as jnp\nloss_scale = 2.0 ** 15\nx = y.astype(jnp.float16)\n"),
     "PREC001": ("import jax\njax.config.update('jax_default_matmul_precision', 'bfloat16')\n",
                 "import jax\njax.config.update('jax_enable_x64', False)\n"),
+    "ATTN001": ("import jax\ndef attend(q, k, v):\n    return jax.nn.softmax(q @ k.T) @ v\n",
+                "import jax\ndef attend(q, k, v):\n    return jax.nn.dot_product_attention(q, k, v, implementation='cudnn')\n"),
     "IGNORE001": ("import jax\ndevs = jax.devices('tpu')  # migration: ignore[TPU001]\n",
                   "import jax\ndevs = jax.devices('tpu')  # migration: ignore[TPU001] only runs on the pod fleet\n"),
 }

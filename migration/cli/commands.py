@@ -32,7 +32,7 @@ from migration.cli.parser import FLAGS, build_parser, given_fields, model_overri
 from migration.codecheck import CodeCheckError, check_files, check_paths, has_errors
 from migration.common import model_name, write_csv
 from migration.config import forms
-from migration.config.fields import DIMENSIONS, FIELD, flags_of
+from migration.config.fields import AUTO, DIMENSIONS, FIELD, flags_of
 from migration.config.limits import ConfigError
 from migration.config.requests import PlanRequest, RunConfig
 from migration.config.serving import serve_request, serve_run_request
@@ -185,6 +185,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"error: invalid plan request: {exc}", file=sys.stderr)
         return 2
+    except (CodeCheckError, OSError) as exc:
+        print(f"error: --code: {exc}", file=sys.stderr)
+        return 2
 
     try:
         result = handle.wait(None if args.quiet else plan_progress)
@@ -211,6 +214,12 @@ def plan_request(args: argparse.Namespace) -> PlanRequest:
     given.update({name: value for name, value in model.items() if name in DIMENSIONS})
     if "tied_embeddings" in model:
         given["embeddings"] = "tied" if model["tied_embeddings"] else "untied"
+    if getattr(args, "code", None) and given.get("attention", AUTO) == AUTO:
+        found = next((f for f in check_paths(args.code).findings if f.rule == "ATTN001"), None)
+        if found is not None:
+            given["attention"] = "xla"
+            print(f"the code check found attention that stores the scores at {found.file}:{found.line} (ATTN001): "
+                  "planning with XLA's attention (--attention cudnn to plan the fused kernel instead)")
     req = forms.plan_request(registered_only=False, **{**given, "preset": args.preset})
     return dataclasses.replace(req, compile_for_tpu=args.compile_for_tpu)
 

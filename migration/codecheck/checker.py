@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 
 from migration.codecheck.ast_helpers import last_name
+from migration.codecheck.attention_rules import AttentionRules
 from migration.codecheck.cloud_rules import CloudRules
 from migration.codecheck.context import Context
 from migration.codecheck.device_rules import DeviceRules
@@ -16,7 +17,7 @@ from migration.codecheck.topology_rules import TopologyRules
 
 
 class Checker(ast.NodeVisitor):
-    """TPU001, PMAP001/002, REMOVED001/002, TRACE001, SHAPE001, BATCH001, FP16001 and PREC001, in the
+    """TPU001, PMAP001/002, REMOVED001/002, TRACE001, SHAPE001, BATCH001, FP16001, PREC001 and ATTN001, in the
     order the nodes are visited (`found`)."""
 
     def __init__(self, ctx: Context):
@@ -27,6 +28,7 @@ class Checker(ast.NodeVisitor):
         self.settings = SettingsRules(ctx, self.found)
         self.cloud = CloudRules(ctx, self.found)
         self.topology = TopologyRules(ctx, self.found)
+        self.attention = AttentionRules(ctx, self.found)
 
     # imports and names ---------------------------------------------------------------------
     def visit_Import(self, node: ast.Import) -> None:
@@ -92,6 +94,7 @@ class Checker(ast.NodeVisitor):
         self.settings.precision(node, name)
         self.cloud.call(node, name)
         self.topology.call(node, last)
+        self.attention.call(node, name, last)
         self.generic_visit(node)
 
     def visit_Subscript(self, node: ast.Subscript) -> None:

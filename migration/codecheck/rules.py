@@ -185,6 +185,19 @@ RULES: dict[str, Rule] = {r.id: r for r in [
                    "multiply float32 matrices in bf16 passes, GPUs of compute capability 8.0+ in TF32, so results "
                    "differ from the TPU run's.",
          example="import jax\njax.config.update(\"jax_default_matmul_precision\", \"bfloat16\")\n"),
+    Rule("ATTN001", "info", "attention that stores the scores (XLA's)",
+         replacement="jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation='cudnn') in bf16 or fp16 "
+                     "(head size a multiple of 8 up to 128); plan with --attention xla to see what it saves",
+         rationale="Finds a softmax over a product of two arrays (`softmax(einsum(q, k) / sqrt(d))`, `softmax(q @ "
+                   "k.T)`, or over a variable assigned such a product in the same function), "
+                   "`jax.nn.dot_product_attention(..., implementation=\"xla\")` and Flax's "
+                   "`dot_product_attention`. They compute the T x T attention scores per head in HBM, which at long "
+                   "sequences makes the step memory-bound and its peak grow with T squared; on NVIDIA GPUs of "
+                   "compute capability 8.0+ cuDNN's fused kernel never stores them. The planner plans such code "
+                   "with XLA's attention and names the saving.",
+         example="import jax\nimport jax.numpy as jnp\n\ndef attend(q, k, v):\n"
+                 "    scores = jnp.einsum(\"bqhd,bkhd->bhqk\", q, k)\n"
+                 "    return jnp.einsum(\"bhqk,bkhd->bqhd\", jax.nn.softmax(scores, axis=-1), v)\n"),
     Rule("IGNORE001", "info", "ignore comment without a reason",
          replacement=f"say why the finding stays, after the rule list: `# migration: ignore[RULE] reason` with at "
                      f"least {MIN_REASON_WORDS} words",
