@@ -4,6 +4,7 @@ on models and targets of several shapes: one node, several nodes (where hybrid l
 an override of the layout."""
 
 import dataclasses
+import json
 
 import pytest
 
@@ -66,6 +67,15 @@ def test_a_hybrid_layout_forced_is_planned_and_timed_over_its_mesh():
     assert "override: hybrid:8" in {d.decision: d.reason for d in p.decisions}["sharding"]
     # The state is shared among a node's 8 GPUs, not all 16.
     assert p.state["shared_by"] == 8
+    # The plan file keeps the layout, and the deployment snippet says it.
+    from migration.planning.deployment import deployment_snippet
+    from migration.planning.planfile import read_plan
+
+    again = read_plan(json.dumps(p.to_dict()))
+    assert again.sharding == "hybrid:8" and again.mesh == p.mesh and again.ranking == p.ranking
+    snippet = deployment_snippet(p)
+    assert "# mesh = jax.make_mesh((2, 8, 1), ('data', 'fsdp', 'tensor'))" in snippet
+    assert "dcn_data_parallelism=2" in snippet and "ici_fsdp_parallelism=8" in snippet
 
 
 def test_replica_groups_read_in_every_form():

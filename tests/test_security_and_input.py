@@ -128,8 +128,9 @@ FORM = {"workload": "transformer", "preset": "tiny", "source": "tpu-v5e-8", "glo
 RUN_OPTIONS = {"plan_file": None, "steps": 3, "learning_rate": 0.003, "compare_tpu": False, "profile": False,
                "fp32_reference": False, "pmap_before": False, "scaling": False}
 INPUTS = {
-    "/plan": [*FORM, "label"],
-    "/run": [*RUN_OPTIONS, *FORM, "label", "save_checkpoint", "restore_checkpoint"],
+    "/plan": [*FORM, "label", "network_gbps", "attention"],
+    "/run": [*RUN_OPTIONS, *FORM, "label", "save_checkpoint", "restore_checkpoint", "seed", "tpu_step_ms", "network_gbps",
+             "attention"],
     "/history": ["scope", "kind", "workload", "status"],  # workload: "transformer" is a valid filter too
     "/compare": ["ids", "scope"],
     "/export_csv": ["ids", "scope"],
@@ -137,7 +138,7 @@ INPUTS = {
     "/cancel_job": ["job_id"],
 }
 DEFAULTS = {**FORM, **RUN_OPTIONS, "label": "", "save_checkpoint": "", "restore_checkpoint": "", "scope": "mine", "kind": "all", "status": "all", "ids": "1,2",
-            "job_id": "1"}
+            "job_id": "1", "seed": 0, "tpu_step_ms": 0.0, "network_gbps": 0.0, "attention": "auto"}
 NOT_A_PLAN = object()  # replaced by an uploaded JSON file that is not a plan
 WHOLE = "must be a whole number from 1 to"
 SERVER_STEPS = f"from 1 to {MAX_STEPS} (this server's per-user limit)"
@@ -188,6 +189,18 @@ BAD = [
     Bad("plan-unknown-remat", "/plan", {"remat": "everything"}, "remat", "one of auto, none, dots"),
     Bad("plan-unknown-granularity", "/plan", {"granularity": "pow3"}, "granularity", "one of multiple8, pow2"),
     Bad("plan-unknown-sharding", "/plan", {"sharding": "zero3"}, "sharding", "must be replicated, fsdp or hybrid:G"),
+    Bad("plan-layout-shell", "/plan", {"sharding": "fsdp; rm -rf /"}, "sharding", "must be replicated, fsdp or hybrid:G"),
+    Bad("plan-layout-long", "/plan", {"sharding": "hybrid:" + "9" * 10000}, "sharding", "hybrid:G"),
+    Bad("plan-layout-none", "/plan", {"sharding": None}, "sharding", "must be replicated, fsdp or hybrid:G"),
+    Bad("plan-layout-group-too-big", "/plan", {"sharding": "hybrid:99999", "gpus": 8, "target": "h100-sxm"}, "sharding",
+        "the FSDP group must divide the GPUs"),
+    Bad("plan-layout-tp-odd", "/plan", {"sharding": "fsdp+tp3", "gpus": 8, "target": "h100-sxm"}, "sharding",
+        "a power of two"),
+    Bad("plan-network-negative", "/plan", {"network_gbps": -400}, "network_gbps", "number from 0 to 12800"),
+    Bad("plan-network-nan", "/plan", {"network_gbps": math.nan}, "network_gbps", "number from 0 to 12800", http=True),
+    Bad("plan-network-text", "/plan", {"network_gbps": "fast"}, "network_gbps", "number from 0 to 12800"),
+    Bad("plan-attention-path", "/plan", {"attention": "../../etc/passwd"}, "attention", "one of auto, cudnn, xla"),
+    Bad("run-layout-shell", "/run", {"sharding": "$(reboot)"}, "sharding", "must be replicated, fsdp or hybrid:G"),
     Bad("plan-unknown-embeddings", "/plan", {"embeddings": "shared"}, "embeddings", "one of preset, tied, untied"),
     Bad("plan-workload-reference", "/plan", {"workload": "os:system"}, "workload", "one of mlp, cnn, transformer"),
     # model dimensions: ranges, consistency, and dimensions the workload does not have

@@ -136,11 +136,23 @@ def deployment_snippet(plan: Any, command: str = RUN_COMMAND) -> str:
              one_line(f"# Environment for {model_name(plan.workload, plan.preset, plan.model)} on {plan.gpus} x {plan.target_name}:"),
              one_line(f"# {plan.per_device_batch} per GPU x {plan.accumulation_steps} accumulation = global batch "
                       f"{plan.global_batch}, {plan.precision}, remat {plan.remat}."),
+             *mesh_lines(plan),
              "set -euo pipefail", *export_lines(plan)]
     if plan.nodes > 1:  # one job of several processes: the sbatch, Kubernetes and by-hand launches
         return "\n".join(lines) + "\n" + multi_node_launch(plan, command)
     lines.append(command)
     return "\n".join(lines) + "\n"
+
+
+def mesh_lines(plan: Any) -> list[str]:
+    """The layout as comments: its mesh, the specs of the state and the batch, MaxText's settings for it."""
+    mesh = getattr(plan, "mesh", None) or {}
+    if not mesh:
+        return []
+    maxtext = " ".join(f"{k}={v}" for k, v in (mesh.get("maxtext") or {}).items())
+    return [one_line(f"# layout {mesh.get('layout')}: {mesh.get('describe')}"),
+            one_line(f"# mesh = {mesh.get('mesh')}; batch {mesh.get('batch_spec')}; state: {mesh.get('state_spec')}"),
+            one_line(f"# MaxText: {maxtext}; {mesh.get('launch')}")]
 
 
 def job_name(plan: Any) -> str:
