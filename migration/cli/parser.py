@@ -13,7 +13,7 @@ from typing import Any
 from migration import version
 from migration.config import forms
 from migration.config.fields import DIMENSIONS, FIELD, FIELDS, Field, flags_of
-from migration.config.limits import LIMITS, PLATFORMS, PRECISIONS, REMAT_NAMES, SHARDINGS, STEP_STYLES
+from migration.config.limits import LIMITS, PLATFORMS, PRECISIONS, REMAT_NAMES, STEP_STYLES
 from migration.config.requests import RunConfig
 from migration.config.serving import DECODER_WORKLOADS, MEMORY_FRACTION, SERVE_PRECISIONS
 from migration.hardware import GPU_SPECS, TPU_SPECS
@@ -146,8 +146,9 @@ def add_run_flags(run: argparse.ArgumentParser) -> None:
     run.add_argument("--batch", dest="per_device_batch", type=int, default=d.per_device_batch,
                      help=f"per-device micro-batch ({value_range('per_device_batch')})")
     run.add_argument("--devices", type=int, default=d.devices, help="data-parallel devices (on CPU: XLA CPU devices)")
-    run.add_argument("--sharding", choices=SHARDINGS, default=d.sharding, help="replicated state, or parameters, "
-                     "gradients and optimizer state sharded over the devices (fsdp)")
+    run.add_argument("--sharding", metavar="LAYOUT", default=d.sharding,
+                     help="the layout: replicated, fsdp (over the devices), hybrid:G (FSDP over groups of G devices, "
+                          "data parallelism across them), each optionally +tpT (tensor parallelism over T devices)")
     run.add_argument("--step-style", dest="step_style", choices=STEP_STYLES, default=d.step_style,
                      help="jit: the migrated step; pmap: the TPU-era step (pmap + lax.pmean, replicated state)")
     run.add_argument("--precision", choices=PRECISIONS, default=d.precision)
