@@ -55,9 +55,10 @@ PUBLISHED = Path(__file__).with_name("published.json")
 # MaxText's minimal_flash saves the dots without batch dimensions (and the flash output): ours
 # dots_no_batch. Pax SAVE_DOT_WITH_NO_BATCH_DIM is dots_no_batch, SAVE_NOTHING full, SAVE_DOT_ONLY
 # dots; MaxText's save_qkv_proj and the custom qkv policy are save_qkv. Flash / TE attention is
-# cuDNN's fused attention; Pax's 126M ran without it. DP-only jobs hold the state replicated; FSDP
-# (and FSDP within nodes with data parallelism between them, which this product runs as FSDP over
-# every GPU) is fsdp.
+# cuDNN's fused attention; Pax's 126M ran without it, and with its layers unrolled (GPT126MBase:
+# USE_REPEATED_LAYER=False, in the entries' notes since they were recorded): `UNROLLED`. DP-only jobs
+# hold the state replicated; FSDP (and FSDP within nodes with data parallelism between them up to 256
+# GPUs, which this product runs as FSDP over every GPU) is fsdp.
 MAPPING = {
     "jaxtoolbox-maxtext-llama2-7b-8xh100-bf16": ("dots_no_batch", "cudnn", "fsdp", "tune"),
     "maxtext-a3-llama2-7b-1node-h100-bf16": ("dots_no_batch", "cudnn", "fsdp", "tune"),
@@ -91,6 +92,10 @@ MAPPING = {
 }
 
 
+# Entries whose model runs its layers as a Python loop, not one scan over stacked layers.
+UNROLLED = {"pax-gpt126m-64xa100-bf16", "pax-gpt126m-64xh100-tebf16"}
+
+
 def run_config(entry: dict):
     from migration.config.requests import RunConfig
 
@@ -100,6 +105,8 @@ def run_config(entry: dict):
     model = {"n_layers": m["n_layers"], "d_model": m["d_model"], "n_heads": m["n_heads"], "n_kv_heads": m["n_kv_heads"],
              "d_ff": m["d_ff"], "vocab_size": m["vocab_size"], "seq_len": m["seq_len"], "attention": attention,
              "tied_embeddings": m["tied_embeddings"]}
+    if entry["id"] in UNROLLED:
+        model["layer_loop"] = "unrolled"
     if swiglu:
         model["rope_scaling"] = 1.0  # Llama 2 and Llama 3 70B (3.0): no frequency scaling
     return RunConfig(workload="llama" if swiglu else "transformer", preset="8b" if swiglu else "gpt2-small",

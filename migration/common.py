@@ -62,10 +62,10 @@ def fmt_model(overrides: Mapping[str, Any]) -> str:
 
 def model_name(workload: str, preset: str, overrides: Mapping[str, Any] | None) -> str:
     """How a model is named to the user: "llama/8b" for a preset as published; a model given by its
-    dimensions is not that preset, so it is "llama custom (d_model=8192 n_layers=80; from 8b)". The
-    planner's own choices (the attention kernel) do not make a model custom."""
+    dimensions is not that preset, so it is "llama custom (d_model=8192 n_layers=80; from 8b)". How the
+    code runs it (the attention kernel, the layer loop) does not make a model custom."""
     overrides = dict(overrides or {})
-    kernel = {k: overrides.pop(k) for k in ("attention",) if k in overrides}
+    kernel = {k: overrides.pop(k) for k in ("attention", "layer_loop") if k in overrides}
     if not overrides:
         return f"{workload}/{preset}" + (f" ({fmt_model(kernel)})" if kernel else "")
     return f"{workload} custom ({fmt_model({**overrides, **kernel})}; from {preset})"

@@ -52,7 +52,7 @@ def test_every_field_fills_a_field_of_what_it_fills(f):
     homes = {"plan": PlanRequest, "run": RunConfig, "options": RunOptions, "autotune": AutotuneSettings}
     if f.fills == "job":
         assert f.name in ("label", "save_checkpoint", "restore_checkpoint")
-    elif f.name in ("embeddings", "attention") or f.zero == "the preset's":
+    elif f.name in ("embeddings", "attention", "layer_loop") or f.zero == "the preset's":
         assert "model" in inspect.signature(PlanRequest).parameters  # dimensions go into the model overrides
     else:
         assert f.target in inspect.signature(homes[f.fills]).parameters, f
@@ -74,11 +74,11 @@ def test_the_endpoints_take_their_fields_in_table_order_with_the_new_ones_last()
     """API callers pass the fields positionally, so an endpoint's fields keep their order and a new
     field goes at the end: /run's parameters as they were, then `seed`."""
     assert [f.name for f in fields_of("plan")][:3] == ["workload", "preset", "source"]
-    assert [f.name for f in fields_of("plan")][-3:] == ["label", "network_gbps", "attention"]
+    assert [f.name for f in fields_of("plan")][-4:] == ["label", "network_gbps", "attention", "layer_loop"]
     run = [f.name for f in fields_of("run")]
     assert run[:7] == ["steps", "learning_rate", "compare_tpu", "profile", "fp32_reference", "pmap_before", "scaling"]
-    assert run[-7:] == ["label", "save_checkpoint", "restore_checkpoint", "seed", "tpu_step_ms", "network_gbps",
-                        "attention"]
+    assert run[-8:] == ["label", "save_checkpoint", "restore_checkpoint", "seed", "tpu_step_ms", "network_gbps",
+                        "attention", "layer_loop"]
     assert [f.name for f in fields_of("autotune")] == ["top", "timed_steps", "label"]
 
 

@@ -128,9 +128,9 @@ FORM = {"workload": "transformer", "preset": "tiny", "source": "tpu-v5e-8", "glo
 RUN_OPTIONS = {"plan_file": None, "steps": 3, "learning_rate": 0.003, "compare_tpu": False, "profile": False,
                "fp32_reference": False, "pmap_before": False, "scaling": False}
 INPUTS = {
-    "/plan": [*FORM, "label", "network_gbps", "attention"],
+    "/plan": [*FORM, "label", "network_gbps", "attention", "layer_loop"],
     "/run": [*RUN_OPTIONS, *FORM, "label", "save_checkpoint", "restore_checkpoint", "seed", "tpu_step_ms", "network_gbps",
-             "attention"],
+             "attention", "layer_loop"],
     "/history": ["scope", "kind", "workload", "status"],  # workload: "transformer" is a valid filter too
     "/compare": ["ids", "scope"],
     "/export_csv": ["ids", "scope"],
@@ -138,7 +138,7 @@ INPUTS = {
     "/cancel_job": ["job_id"],
 }
 DEFAULTS = {**FORM, **RUN_OPTIONS, "label": "", "save_checkpoint": "", "restore_checkpoint": "", "scope": "mine", "kind": "all", "status": "all", "ids": "1,2",
-            "job_id": "1", "seed": 0, "tpu_step_ms": 0.0, "network_gbps": 0.0, "attention": "auto"}
+            "job_id": "1", "seed": 0, "tpu_step_ms": 0.0, "network_gbps": 0.0, "attention": "auto", "layer_loop": "scan"}
 NOT_A_PLAN = object()  # replaced by an uploaded JSON file that is not a plan
 WHOLE = "must be a whole number from 1 to"
 SERVER_STEPS = f"from 1 to {MAX_STEPS} (this server's per-user limit)"
@@ -200,6 +200,8 @@ BAD = [
     Bad("plan-network-nan", "/plan", {"network_gbps": math.nan}, "network_gbps", "number from 0 to 12800", http=True),
     Bad("plan-network-text", "/plan", {"network_gbps": "fast"}, "network_gbps", "number from 0 to 12800"),
     Bad("plan-attention-path", "/plan", {"attention": "../../etc/passwd"}, "attention", "one of auto, cudnn, xla"),
+    Bad("plan-layer-loop-code", "/plan", {"layer_loop": "__import__('os')"}, "layer_loop", "one of scan, unrolled"),
+    Bad("plan-layer-loop-mlp", "/plan", {"workload": "mlp", "layer_loop": "unrolled"}, "layer_loop", "not a dimension"),
     Bad("run-layout-shell", "/run", {"sharding": "$(reboot)"}, "sharding", "must be replicated, fsdp or hybrid:G"),
     Bad("plan-unknown-embeddings", "/plan", {"embeddings": "shared"}, "embeddings", "one of preset, tied, untied"),
     Bad("plan-workload-reference", "/plan", {"workload": "os:system"}, "workload", "one of mlp, cnn, transformer"),

@@ -8,7 +8,10 @@ random one. A model learns the permutation within a few dozen steps at the tiny 
 curve means something; the floor is set by the noise.
 
 Layers are stacked (every block parameter has a leading `n_layers` axis) and run by one
-`lax.scan`, so XLA compiles one block body whatever the depth.
+`lax.scan`, so XLA compiles one block body whatever the depth; `layer_loop="unrolled"` runs them
+as a Python loop instead (the code of a model that loops over its layers, or Paxml's
+`USE_REPEATED_LAYER=False`): one copy of the block per layer in the program, no stacked buffer of
+saved activations between forward and backward, and a compile that grows with the depth.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ NORMS = ("layernorm", "rmsnorm")
 MLPS = ("gelu", "swiglu")
 POSITIONS = ("learned", "rope")
 ATTENTIONS = ("xla", "cudnn")
+LAYER_LOOPS = ("scan", "unrolled")
 # Names of the activations a block tags with `checkpoint_name`, which the named remat policies
 # (migration/step/policies.py) save, offload or recompute.
 CHECKPOINT_NAMES = ("query_proj", "kv_proj", "attention_out", "attention_proj", "mlp_hidden", "mlp_out")
@@ -82,6 +86,7 @@ class TransformerConfig:
     norm_eps: float = 1e-5  # the norms' epsilon (GPT-2's layer_norm_epsilon, Llama 3's rms_norm_eps)
     noise: float = 0.05
     attention: str = "xla"  # jax.nn.dot_product_attention's implementation: "xla" (every backend) or "cudnn" (NVIDIA GPUs)
+    layer_loop: str = "scan"  # "scan": one lax.scan over the stacked layers; "unrolled": a Python loop over them
 
     @property
     def head_dim(self) -> int:
@@ -94,7 +99,8 @@ def check_config(cfg: TransformerConfig) -> TransformerConfig:
         value = getattr(cfg, name)
         if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
             raise ModelConfigError(name, f"must be an integer from {lo} to {hi}; got {value!r}")
-    for name, allowed in (("norm", NORMS), ("mlp", MLPS), ("positions", POSITIONS), ("attention", ATTENTIONS)):
+    for name, allowed in (("norm", NORMS), ("mlp", MLPS), ("positions", POSITIONS), ("attention", ATTENTIONS),
+                          ("layer_loop", LAYER_LOOPS)):
         if getattr(cfg, name) not in allowed:
             raise ModelConfigError(name, f"must be one of {', '.join(allowed)}; got {getattr(cfg, name)!r}")
     for name in ("tied_embeddings", "bias"):
@@ -337,7 +343,11 @@ class Decoder(nnx.Module):
         def layer(x: jax.Array, params: Any) -> tuple[jax.Array, None]:
             return self.block_call(nnx.merge(graphdef, params), x, rope), None
 
-        x, _ = jax.lax.scan(layer, x, layers)
+        if cfg.layer_loop == "unrolled":
+            for i in range(cfg.n_layers):
+                x, _ = layer(x, jax.tree.map(lambda a: a[i], layers))
+        else:
+            x, _ = jax.lax.scan(layer, x, layers)
         return self.norm_f(x)
 
 

@@ -202,6 +202,11 @@ FIELDS: tuple[Field, ...] = (
           help="the attention kernel your code uses: xla (scores materialised, e.g. jax.nn.dot_product_attention "
                "with implementation='xla' or a hand-written softmax(q k^T) v), cudnn (the fused kernel); auto: "
                "cuDNN's where the GPU and precision allow; transformer and llama"),
+    Field("layer_loop", "choice", "plan", "scan", "How your code runs the layers", "model", choices=("scan", "unrolled"),
+          flag="layer-loop",
+          help="scan: one lax.scan (or nnx.scan) over stacked layers, MaxText's scan_layers; unrolled: a Python loop "
+               "over the layers (Paxml's USE_REPEATED_LAYER=False): no stacked buffer of saved activations, a compile "
+               "that grows with the depth; transformer and llama"),
 )
 FIELD = {f.name: f for f in FIELDS}
 

@@ -183,6 +183,9 @@ def plan_request(*values: Any, registered_only: bool = True, **named: Any) -> Pl
         elif f.name == "attention":
             if value != AUTO:
                 model["attention"] = value
+        elif f.name == "layer_loop":
+            if value != FIELD["layer_loop"].default:
+                model["layer_loop"] = value
         else:
             auto = f.kind in ("choice", "layout") and value == AUTO
             kwargs[f.target] = None if auto or (f.zero and value == 0) else value
