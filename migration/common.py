@@ -189,6 +189,21 @@ def remove_older_than(folder: str | Path, age_s: float, keep: tuple[str, ...] = 
 SHOWN_MAX_CHARS = 60  # characters of a received value quoted back in a message
 
 
+def one_of(allowed: Iterable[str]) -> str:
+    """The allowed values of a choice for a refusal, "a, b, c"; a long list of names that share prefixes
+    ("tpu-v4-8", "tpu-v4-16", ...) grouped by the part before their last "-": "tpu-v4-{8,16}, ...", so that
+    the message stays a readable line and still names every value."""
+    allowed = list(allowed)
+    if len(allowed) <= 16:
+        return ", ".join(allowed)
+    groups: dict[str, list[str]] = {}
+    for value in allowed:
+        prefix, _, rest = value.rpartition("-")
+        groups.setdefault(prefix if prefix else value, []).append(rest if prefix else "")
+    return ", ".join(prefix if values == [""] else f"{prefix}-{{{','.join(values)}}}" if len(values) > 1
+                     else f"{prefix}-{values[0]}" for prefix, values in groups.items())
+
+
 def shown(value: Any) -> str:
     """`repr(value)`, cut to a readable length (the message stays one line)."""
     try:

@@ -14,6 +14,7 @@ matrix product per dtype once per machine and caches it (see `cpu_peak_flops`).
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import time
 from typing import Any
@@ -294,11 +295,46 @@ def cpu_peak_flops(precision: str) -> tuple[float, str]:
 # -- TPUs (migration sources) -------------------------------------------------------------------
 
 @dataclasses.dataclass(frozen=True)
+class TpuChip:
+    """One TPU generation's chip, as Google Cloud's TPU pages state it (per chip)."""
+
+    generation: str
+    name: str
+    bf16_tflops: float  # dense peak
+    int8_tops: float | None  # None: not stated
+    fp8_tflops: float | None
+    hbm_bytes: int
+    bandwidth_bytes_per_s: float  # HBM
+    ici_bytes_per_s: float | None  # inter-chip interconnect, bidirectional, per chip (None: not stated)
+    torus: str  # "2D" or "3D"
+    devices_per_chip: int  # JAX devices: TensorCores on v3 and TPU7x, one per chip (megacore) on v4 and v5p
+    cores_in_name: bool  # slice names count TensorCores (two per chip), not chips
+    pod_chips: int  # the largest pod (or superpod)
+    source: str
+
+
+TPU_CHIPS: dict[str, TpuChip] = {c.generation: c for c in [
+    TpuChip("v3", "TPU v3", 123, None, None, 32 * GiB, 900e9, None, "2D", 2, True, 1024,
+            "https://cloud.google.com/tpu/docs/v3"),
+    TpuChip("v4", "TPU v4", 275, 275, None, 32 * GiB, 1200e9, None, "3D", 1, True, 4096,
+            "https://cloud.google.com/tpu/docs/v4"),
+    TpuChip("v5e", "TPU v5e", 197, 393, None, 16 * GB, 819e9, 400e9, "2D", 1, False, 256,
+            "https://cloud.google.com/tpu/docs/v5e"),
+    TpuChip("v5p", "TPU v5p", 459, None, 459, 95 * GiB, 2765e9, 1200e9, "3D", 1, True, 8960,
+            "https://cloud.google.com/tpu/docs/v5p"),
+    TpuChip("v6e", "TPU v6e (Trillium)", 918, 1836, 918, 32 * GB, 1638e9, 800e9, "2D", 1, False, 256,
+            "https://cloud.google.com/tpu/docs/v6e"),
+    TpuChip("tpu7x", "TPU7x (Ironwood)", 2307, None, 4614, 192 * GiB, 7380e9, 1200e9, "3D", 2, True, 9216,
+            "https://cloud.google.com/tpu/docs/tpu7x"),
+]}
+
+
+@dataclasses.dataclass(frozen=True)
 class TpuSpec:
     key: str
     name: str
     generation: str
-    devices: int  # JAX devices in the slice (TensorCores on v2/v3, chips from v4 on)
+    devices: int  # JAX devices in the slice (TensorCores on v3 and TPU7x, chips on v4, v5e, v5p, v6e)
     hbm_bytes_per_device: int
     bf16_tflops_per_device: float
     bandwidth_bytes_per_s_per_chip: float
@@ -308,37 +344,57 @@ class TpuSpec:
     def is_pod_slice(self) -> bool:
         return self.devices > 8
 
+    @property
+    def chip(self) -> TpuChip:
+        return TPU_CHIPS[self.generation]
 
+    @property
+    def chips(self) -> int:
+        return self.devices // self.chip.devices_per_chip
+
+    @property
+    def compile_options(self) -> dict[str, Any]:
+        """libtpu's description of the slice for a compile without its chips, as live Cloud TPU hosts
+        configure them (MaxText's and AXLearn's ahead-of-time compiles): v4 and v5p in megacore mode, one
+        JAX device per chip; the others one device per TensorCore; hosts of 2 x 2 chips (a one-chip VM
+        alone); one slice."""
+        megacore = self.generation in ("v4", "v5p")
+        return {"chip_config_name": "megacore" if megacore else "default",
+                "chips_per_host_bounds": (1, 1, 1) if self.chips == 1 else (2, 2, 1), "num_slices": 1}
+
+
+def _tpu_slice(generation: str, size: int, shape: str) -> TpuSpec:
+    """The slice a user rents as `<generation>-<size>` (v5e's API name: v5litepod-<size>), of `shape` chips."""
+    chip = TPU_CHIPS[generation]
+    chips = math.prod(int(d) for d in shape.split("x"))
+    if chips != (size // 2 if chip.cores_in_name else size):
+        raise ValueError(f"{generation}-{size}: topology {shape} has {chips} chips")
+    devices = chips * chip.devices_per_chip
+    key = f"{generation}-{size}" if generation == "tpu7x" else f"tpu-{generation}-{size}"
+    alias = {"v5e": f" (v5litepod-{size})", "v6e": " (Trillium)", "tpu7x": " (Ironwood)"}.get(generation, "")
+    name = f"TPU {generation}-{size}{alias}" if generation != "tpu7x" else f"TPU7x-{size}{alias}"
+    return TpuSpec(key, name, generation, devices, chip.hbm_bytes // chip.devices_per_chip,
+                   chip.bf16_tflops / chip.devices_per_chip, chip.bandwidth_bytes_per_s, f"{generation}:{shape}")
+
+
+# The slices a user can rent, by the name Google Cloud gives them, and their chip topology: the TPU pages'
+# topology tables (v4, v5e, v5p; v5p's largest single slice is v5p-12288) and XPK's system characteristics
+# (https://github.com/AI-Hypercomputer/xpk/blob/367c838253bea41e7d7716145ad6513f44c1a21e/src/xpk/core/
+# system_characteristics.py) for v6e and TPU7x. v3, v4, v5p and TPU7x names count TensorCores (two per chip);
+# v5e and v6e names count chips.
+_TPU_SLICES = {
+    "v3": {8: "2x2", 32: "4x4"},
+    "v4": {8: "2x2x1", 16: "2x2x2", 32: "2x2x4", 64: "2x4x4", 128: "4x4x4", 256: "4x4x8", 512: "4x8x8",
+           1024: "8x8x8", 1536: "8x8x12", 2048: "8x8x16", 4096: "8x16x16", 8192: "16x16x16"},
+    "v5e": {1: "1x1", 4: "2x2", 8: "2x4", 16: "4x4", 32: "4x8", 64: "8x8", 128: "8x16", 256: "16x16"},
+    "v5p": {8: "2x2x1", 16: "2x2x2", 32: "2x2x4", 64: "2x4x4", 128: "4x4x4", 256: "4x4x8", 512: "4x8x8",
+            1024: "8x8x8", 2048: "8x8x16", 4096: "8x16x16", 8192: "16x16x16", 12288: "16x16x24"},
+    "v6e": {1: "1x1", 4: "2x2", 8: "2x4", 16: "4x4", 32: "4x8", 64: "8x8", 128: "8x16", 256: "16x16"},
+    "tpu7x": {8: "2x2x1", 16: "2x2x2", 32: "2x2x4", 64: "2x4x4", 128: "4x4x4", 256: "4x4x8", 512: "4x8x8",
+              1024: "8x8x8", 2048: "8x8x16", 4096: "8x16x16", 8192: "16x16x16"},
+}
 TPU_SPECS: dict[str, TpuSpec] = {
-    s.key: s
-    for s in [
-        # v3: two TensorCores per chip, each its own JAX device with 16 GiB; 123 TFLOP/s per chip.
-        TpuSpec("tpu-v3-8", "TPU v3-8", "v3", 8, 16 * GiB, 123 / 2, 900e9, "v3:2x2"),
-        TpuSpec("tpu-v4-8", "TPU v4-8", "v4", 4, 32 * GiB, 275, 1228e9, "v4:2x2x1"),
-        TpuSpec("tpu-v5e-8", "TPU v5e-8 (v5 lite)", "v5e", 8, 16 * GB, 197, 819e9, "v5e:2x4"),
-        TpuSpec("tpu-v5p-8", "TPU v5p-8", "v5p", 4, 95 * GB, 459, 2765e9, "v5p:2x2x1"),
-        TpuSpec("tpu-v6e-8", "TPU v6e-8 (Trillium)", "v6e", 8, 32 * GB, 918, 1640e9, "v6e:2x4"),
-        # Pod slices. v3 and v4/v5p names count TensorCores (two per chip), v5e and v6e names count chips.
-        TpuSpec("tpu-v3-32", "TPU v3-32", "v3", 32, 16 * GiB, 123 / 2, 900e9, "v3:4x4"),
-        TpuSpec("tpu-v4-32", "TPU v4-32", "v4", 16, 32 * GiB, 275, 1228e9, "v4:2x2x4"),
-        TpuSpec("tpu-v4-64", "TPU v4-64", "v4", 32, 32 * GiB, 275, 1228e9, "v4:2x4x4"),
-        TpuSpec("tpu-v4-128", "TPU v4-128", "v4", 64, 32 * GiB, 275, 1228e9, "v4:4x4x4"),
-        TpuSpec("tpu-v5p-32", "TPU v5p-32", "v5p", 16, 95 * GB, 459, 2765e9, "v5p:2x2x4"),
-        TpuSpec("tpu-v5p-64", "TPU v5p-64", "v5p", 32, 95 * GB, 459, 2765e9, "v5p:2x4x4"),
-        TpuSpec("tpu-v5p-128", "TPU v5p-128", "v5p", 64, 95 * GB, 459, 2765e9, "v5p:4x4x4"),
-        TpuSpec("tpu-v5p-256", "TPU v5p-256", "v5p", 128, 95 * GB, 459, 2765e9, "v5p:4x4x8"),
-        TpuSpec("tpu-v5p-512", "TPU v5p-512", "v5p", 256, 95 * GB, 459, 2765e9, "v5p:4x8x8"),
-        TpuSpec("tpu-v5p-1024", "TPU v5p-1024", "v5p", 512, 95 * GB, 459, 2765e9, "v5p:8x8x8"),
-        TpuSpec("tpu-v5p-2048", "TPU v5p-2048", "v5p", 1024, 95 * GB, 459, 2765e9, "v5p:8x8x16"),
-        TpuSpec("tpu-v5e-16", "TPU v5e-16", "v5e", 16, 16 * GB, 197, 819e9, "v5e:4x4"),
-        TpuSpec("tpu-v5e-32", "TPU v5e-32", "v5e", 32, 16 * GB, 197, 819e9, "v5e:4x8"),
-        TpuSpec("tpu-v5e-64", "TPU v5e-64", "v5e", 64, 16 * GB, 197, 819e9, "v5e:8x8"),
-        TpuSpec("tpu-v5e-128", "TPU v5e-128", "v5e", 128, 16 * GB, 197, 819e9, "v5e:8x16"),
-        TpuSpec("tpu-v5e-256", "TPU v5e-256", "v5e", 256, 16 * GB, 197, 819e9, "v5e:16x16"),
-        TpuSpec("tpu-v6e-16", "TPU v6e-16", "v6e", 16, 32 * GB, 918, 1640e9, "v6e:4x4"),
-        TpuSpec("tpu-v6e-64", "TPU v6e-64", "v6e", 64, 32 * GB, 918, 1640e9, "v6e:8x8"),
-        TpuSpec("tpu-v6e-256", "TPU v6e-256", "v6e", 256, 32 * GB, 918, 1640e9, "v6e:16x16"),
-    ]
+    s.key: s for s in (_tpu_slice(g, size, shape) for g, slices in _TPU_SLICES.items() for size, shape in slices.items())
 }
 
 

@@ -1,6 +1,7 @@
 """Test setup: the CPU backend with 8 XLA CPU devices, set before JAX is first imported, in the
-planner worker's environment (deviceless GPU compiles allowed, XLA's own rematerialisation off), so
-that tests can compile for catalog GPUs in-process exactly as a planner worker does.
+planner worker's environment (deviceless GPU and TPU compiles allowed, XLA's own rematerialisation
+off), so that tests can compile for catalog GPUs and TPU slices in-process exactly as a planner
+worker does.
 
 The tests' own process also compiles without LLVM's optimisations (IN_PROCESS_ONLY): the programs
 it compiles run a few steps, so optimising their machine code costs far more than it saves (the
@@ -16,11 +17,13 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from migration.running.worker_env import DISABLE_XLA_REMAT  # noqa: E402  (imports no JAX)
+from migration.running.worker_env import DISABLE_XLA_REMAT, LIBTPU_COMPILE_ONLY  # noqa: E402  (imports no JAX)
 
 os.environ["JAX_PLATFORMS"] = "cpu"
 os.environ["JAX_NUM_CPU_DEVICES"] = "8"
 os.environ["JAX_SKIP_CUDA_CONSTRAINTS_CHECK"] = "1"
+for _name, _value in LIBTPU_COMPILE_ONLY.items():
+    os.environ.setdefault(_name, _value)
 IN_PROCESS_ONLY = "--xla_backend_optimization_level=0"
 _outer_xla_flags = os.environ.get("XLA_FLAGS")
 os.environ["XLA_FLAGS"] = " ".join(f for f in (_outer_xla_flags or "", DISABLE_XLA_REMAT, IN_PROCESS_ONLY) if f)

@@ -92,3 +92,63 @@ def test_every_matmul_precision_name_maps_to_its_unit_and_peak(setting, unit, a1
     assert unit in MATMUL_UNITS
     assert fp32_matmul_precision("gpu", (7, 0), setting) == ("fp16" if unit == "fp16" else "fp32")  # V100
     assert fp32_matmul_precision("cpu", None, setting) == "fp32"
+
+
+# Each TPU generation's figures as Google Cloud's TPU pages state them (per chip), with the line quoted.
+TPU_CITED = {
+    "v3": ("https://cloud.google.com/tpu/docs/v3",
+           "| Peak compute per chip | 123 teraflops (bf16) | ... | HBM2 capacity and bandwidth | 32 GiB, 900 GBps |",
+           dict(bf16_tflops=123, hbm_bytes=32 * 2**30, bandwidth_bytes_per_s=900e9, ici_bytes_per_s=None, pod_chips=1024)),
+    "v4": ("https://cloud.google.com/tpu/docs/v4",
+           "Peak compute per chip 275 teraflops (bf16 or int8) ... HBM2 capacity and bandwidth 32 GiB, 1200 GBps",
+           dict(bf16_tflops=275, int8_tops=275, hbm_bytes=32 * 2**30, bandwidth_bytes_per_s=1200e9, pod_chips=4096)),
+    "v5e": ("https://cloud.google.com/tpu/docs/v5e",
+            "| Peak compute per chip (bf16) | 197 TFLOPs | ... | HBM2 capacity and bandwidth | 16 GB, 819 GBps | ... "
+            "| Bidirectional inter-chip interconnect (ICI) bandwidth (per chip) | 400 GBps | (Int8) | 393 TOPs |",
+            dict(bf16_tflops=197, int8_tops=393, hbm_bytes=16 * 10**9, bandwidth_bytes_per_s=819e9,
+                 ici_bytes_per_s=400e9, pod_chips=256)),
+    "v5p": ("https://cloud.google.com/tpu/docs/v5p",
+            "| Peak compute per chip (BF16) (TFLOPs) | 459 | Peak compute per chip (FP8) (TFLOPs) | 459 | HBM capacity "
+            "per chip (GiB) | 95 | HBM bandwidth per chip (GBps) | 2765 | ... (ICI) bandwidth per chip (GBps) | 1200",
+            dict(bf16_tflops=459, fp8_tflops=459, hbm_bytes=95 * 2**30, bandwidth_bytes_per_s=2765e9,
+                 ici_bytes_per_s=1200e9, pod_chips=8960)),
+    "v6e": ("https://cloud.google.com/tpu/docs/v6e",
+            "| Peak compute per chip (bf16) | 918 TFLOPs | Peak compute per chip (Int8) | 1836 TOPs | HBM capacity per "
+            "chip | 32 GB | HBM bandwidth per chip | 1638 GBps | ... (ICI) bandwidth per chip (GBps) | 800",
+            dict(bf16_tflops=918, int8_tops=1836, hbm_bytes=32 * 10**9, bandwidth_bytes_per_s=1638e9,
+                 ici_bytes_per_s=800e9, pod_chips=256)),
+    "tpu7x": ("https://cloud.google.com/tpu/docs/tpu7x",
+              "| Peak compute per chip (BF16) (TFLOPs) | 459 | 918 | 2307 | Peak compute per chip (FP8) (TFLOPs) | 459 | "
+              "918 | 4614 | HBM capacity per chip (GiB) | 95 | 32 | 192 | ... | Number of TensorCores per chip | 2 | 1 | 2",
+              dict(bf16_tflops=2307, fp8_tflops=4614, hbm_bytes=192 * 2**30, bandwidth_bytes_per_s=7380e9,
+                   ici_bytes_per_s=1200e9, pod_chips=9216, devices_per_chip=2)),
+}
+
+
+@pytest.mark.parametrize("generation", list(TPU_CITED))
+def test_each_tpu_generation_states_the_figures_its_page_gives(generation):
+    from migration.hardware import TPU_CHIPS
+
+    url, quote, figures = TPU_CITED[generation]
+    chip = TPU_CHIPS[generation]
+    assert chip.source == url and quote
+    for name, value in figures.items():
+        assert getattr(chip, name) == value, (generation, name)
+
+
+def test_each_tpu_slice_has_the_chips_its_name_says_and_a_share_of_each_chip():
+    from migration.hardware import TPU_SPECS
+
+    generations = {s.generation for s in TPU_SPECS.values()}
+    assert {"v4", "v5e", "v5p", "v6e", "tpu7x"} <= generations
+    for key, spec in TPU_SPECS.items():
+        size = int(key.rsplit("-", 1)[1])
+        chip = spec.chip
+        assert spec.chips == (size // 2 if chip.cores_in_name else size), key
+        assert spec.chips <= chip.pod_chips, key
+        assert spec.hbm_bytes_per_device * chip.devices_per_chip == chip.hbm_bytes
+        assert spec.bf16_tflops_per_device * chip.devices_per_chip == pytest.approx(chip.bf16_tflops)
+    # Single hosts through full pods (v5p: its largest single slice, 6,144 chips; TPU7x: 4,096 chips).
+    assert TPU_SPECS["tpu-v5e-256"].chips == TPU_SPECS["tpu-v6e-256"].chips == 256
+    assert TPU_SPECS["tpu-v5p-12288"].chips == 6144 and TPU_SPECS["tpu-v4-8192"].chips == 4096
+    assert TPU_SPECS["tpu7x-8"].chips == 4 and TPU_SPECS["tpu7x-8"].devices == 8

@@ -19,7 +19,7 @@ import unicodedata
 from pathlib import Path
 from typing import Any
 
-from migration.common import shown
+from migration.common import one_of, shown
 from migration.config.layouts import parse_layout
 from migration.config.fields import AUTO, DIMENSIONS, FIELD, FIELDS, LABEL_MAX_CHARS, Field
 from migration.config.limits import ConfigError
@@ -91,7 +91,7 @@ def number(value: Any, field: str, lo: float, hi: float) -> float:
 def choice(value: Any, field: str, allowed: tuple[str, ...] | list[str]) -> str:
     """`value` if it is one of `allowed` (exactly: no case folding, no stripping)."""
     if not isinstance(value, str) or value not in allowed:
-        raise ConfigError(field, f"must be one of {', '.join(allowed)}; got {shown(value)}")
+        raise ConfigError(field, f"must be one of {one_of(allowed)}; got {shown(value)}")
     return value
 
 

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from migration.common import shown
+from migration.common import one_of, shown
 from migration.config.distributed import check_distributed
 from migration.config.layouts import parse_layout
 from migration.config.limits import (
@@ -122,7 +122,7 @@ def _finite(value: float) -> bool:
 def _check_choice(cfg: RunConfig, field: str, allowed: tuple[str, ...]) -> None:
     value = getattr(cfg, field)
     if value not in allowed:
-        raise ConfigError(field, f"must be one of {', '.join(allowed)}; got {shown(value)}")
+        raise ConfigError(field, f"must be one of {one_of(allowed)}; got {shown(value)}")
 
 
 def check_model(obj: Any) -> Any:

@@ -1,14 +1,16 @@
 """The TPU job a plan starts from: how it held its state, how its unchanged setup fares on the target
-GPU, and (where libtpu is installed) what the TPU compiler says of it on the source TPU.
+GPU, and what the TPU compiler (libtpu, compiling for the slice without its chips) says of it on the
+source TPU.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from migration.common import first_line, fmt_gib, is_oom
 from migration.config.requests import PlanRequest, RunConfig
-from migration.hardware import TPU_SPECS
+from migration.hardware import TPU_SPECS, TpuSpec
 from migration.planning.memory import STATE_BYTES_PER_PARAM, CompileFailed, MemoryPredictor, compile_peak
 from migration.step.train import TrainProgram, make_data_mesh
 from workloads import get_workload
@@ -43,31 +45,43 @@ def tpu_setup_on_target(req: PlanRequest, predictor: MemoryPredictor, budget: in
                            + (f" ({peak / budget:.1f}x)" if peak else "")))}
 
 
+def tpu_topology(source: TpuSpec) -> Any:
+    """The source slice described for a compile without its chips (libtpu's compile-only devices), with
+    the chip configuration that live Cloud TPU hosts use: one JAX device per chip (megacore) on v4 and
+    v5p, one per TensorCore on TPU7x. Raises where libtpu is not installed."""
+    from jax.experimental import topologies
+
+    return topologies.get_topology_desc(topology_name=source.topology, platform="tpu", **source.compile_options)
+
+
 def compile_for_source_tpu(req: PlanRequest) -> dict[str, Any]:
-    """The TPU-style setup compiled for the source TPU, where libtpu is installed."""
+    """The TPU-style setup compiled for the source TPU (libtpu, installed with the product)."""
     source = TPU_SPECS[req.source]
     try:
-        from jax.experimental import topologies
-
-        topo = topologies.get_topology_desc(source.topology, "tpu")
+        topo = tpu_topology(source)
     except Exception as exc:  # noqa: BLE001 - no TPU compiler here; JAX raises several types for it
         return {"status": "unavailable",
-                "reason": 'no TPU compiler on this machine; to compare, install libtpu: pip install "jax[tpu]" '
-                          "(Python 3.12+)",
+                "reason": "no TPU compiler on this machine: libtpu is not installed or cannot load (pip install -r "
+                          'requirements.txt installs it, through jax[tpu]; for JAX 0.10.2 it is libtpu 0.0.42.x)',
                 "detail": first_line(exc, 200)}
+    if len(topo.devices) != source.devices:
+        return {"status": "failed", "reason": f"libtpu describes {source.topology} with {len(topo.devices)} devices, "
+                                              f"the catalog {source.devices}"}
     try:
         w = get_workload(req.workload)
         sharding = source_sharding(req, w.param_count(w.config(req.preset, req.model)))
         cfg = RunConfig(workload=req.workload, preset=req.preset, model=req.model,
                         per_device_batch=req.source_per_core_batch, devices=source.devices,
                         precision=req.source_precision, remat="none", sharding=sharding)
+        t0 = time.perf_counter()
         peak = compile_peak(TrainProgram.from_config(cfg), make_data_mesh(topo.devices))
-        return {"status": "ok", "peak_bytes_per_chip": peak,
-                "hbm_bytes_per_device": source.hbm_bytes_per_device, "device_kind": topo.devices[0].device_kind}
+        seconds = time.perf_counter() - t0  # migration: ignore[TIME001] compile() returns when compiled: nothing runs
+        return {"status": "ok", "peak_bytes_per_chip": peak, "hbm_bytes_per_device": source.hbm_bytes_per_device,
+                "device_kind": topo.devices[0].device_kind, "topology": source.topology, "compile_s": round(seconds, 2)}
     except Exception as exc:  # noqa: BLE001 - XLA raises several types; memory is told apart by its message
         text = first_line(exc, 400)
         if is_oom(text):
             # The TPU compiler itself says the unchanged setup exceeds the source's HBM.
             return {"status": "does-not-fit", "reason": text, "hbm_bytes_per_device": source.hbm_bytes_per_device,
-                    "device_kind": topo.devices[0].device_kind}
+                    "device_kind": topo.devices[0].device_kind, "topology": source.topology}
         return {"status": "failed", "reason": text}

@@ -31,6 +31,8 @@ JAX_ENV_VARS = (
     "XLA_PYTHON_CLIENT_ALLOCATOR",
     "CUDA_VISIBLE_DEVICES",
     "TF_CPP_MIN_LOG_LEVEL",
+    "TPU_WORKER_HOSTNAMES",
+    "TPU_ACCELERATOR_TYPE",
 )
 
 
@@ -82,6 +84,12 @@ def worker_environment(cfg: RunConfig, base: Mapping[str, str] | None = None) ->
 DISABLE_XLA_REMAT = "--xla_disable_hlo_passes=rematerialization"
 
 
+# libtpu, compiling for a TPU slice without its chips, first looks for the TPU host it runs on and logs
+# that it found none unless these say: a compiling process is its own host (the slice compiled for is the
+# topology asked for, whatever these name).
+LIBTPU_COMPILE_ONLY = {"TPU_WORKER_HOSTNAMES": "localhost", "TPU_ACCELERATOR_TYPE": "v5p-8"}
+
+
 def compile_environment(base: Mapping[str, str] | None = None, platform: str = "cpu") -> dict[str, str]:
     """The environment of a process that compiles to read programs, not to run them: no preallocation,
     XLA's own rematerialisation off, and (platform "cpu") deviceless GPU compiles through the CUDA
@@ -93,6 +101,8 @@ def compile_environment(base: Mapping[str, str] | None = None, platform: str = "
     env["JAX_SKIP_CUDA_CONSTRAINTS_CHECK"] = "1"
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     env["JAX_PLATFORMS"] = platform
+    for name, value in LIBTPU_COMPILE_ONLY.items():
+        env.setdefault(name, value)
     return env
 
 
