@@ -276,3 +276,50 @@ def test_a_scatter_into_a_buffer_from_outside_costs_its_updates_and_one_made_ins
     assert kernels["update"].bytes == 8 * 3 * 4 + 2 * (8 * 8 * 64) * 2
     # an embedding gradient scattered into zeros made in the fusion: the whole table is written
     assert kernels["grad"].bytes == 8 * 4 + 8 * 64 * 4 + 1000 * 64 * 4
+
+
+def _tpu_program(fn, *shapes) -> str:
+    """`fn` compiled for one chip of a TPU v5p slice without the chip (libtpu), as optimized HLO text."""
+    import jax
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    from migration.hardware import TPU_SPECS
+    from migration.planning.source import tpu_topology
+
+    mesh = Mesh(np.array(tpu_topology(TPU_SPECS["tpu-v5p-8"]).devices[:1]), ("x",))
+    args = [jax.ShapeDtypeStruct(s, "bfloat16", sharding=NamedSharding(mesh, PartitionSpec())) for s in shapes]
+    return jax.jit(fn).lower(*args).compile().as_text()
+
+
+def test_a_tpu_programs_loops_run_as_often_as_their_condition_says():
+    import jax
+    import jax.numpy as jnp
+
+    def ten_products(x, w):
+        return jax.lax.fori_loop(0, 10, lambda i, x: jnp.tanh(x @ w), x)
+
+    text = _tpu_program(ten_products, (512, 512), (512, 512))
+    assert "known_trip_count" not in text  # the TPU compiler does not write it: the condition says it
+    flops = sum(k.flops for k in read_program(text))
+    assert flops == pytest.approx(10 * 2 * 512**3, rel=0.01)
+
+
+@pytest.mark.parametrize("case", ["batched", "conv"])
+def test_a_tpu_programs_convolutions_count_the_products_they_are(case):
+    """The TPU compiler writes batched products as convolutions whose batch dimension is a window over
+    padding; a real 2D convolution with SAME padding has fewer taps at its borders. Both counted exactly."""
+    import jax
+
+    if case == "batched":
+        b, i, j, k = 16, 256, 128, 512
+        text = _tpu_program(lambda x, y: jax.numpy.einsum("bij,bjk->bik", x, y), (b, i, j), (b, j, k))
+        expected = 2 * b * i * j * k
+    else:
+        n, h, w, cin, cout, kh = 8, 32, 32, 64, 128, 3
+        text = _tpu_program(lambda x, f: jax.lax.conv_general_dilated(
+            x, f, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")), (n, h, w, cin), (kh, kh, cin, cout))
+        taps_per_dim = sum(sum(1 for t in range(kh) if 0 <= o + t - 1 < h) for o in range(h))  # SAME pads 1 each side
+        expected = 2 * n * cout * cin * taps_per_dim**2
+        assert taps_per_dim < h * kh
+    assert sum(k.flops for k in read_program(text)) == pytest.approx(expected, rel=0.01)

@@ -5,12 +5,15 @@ JAX 0.10's `cost_analysis()` answers None for a deviceless GPU compile, so the f
 program text XLA prints after optimisation, read the way XLA's own GPU cost model reads it:
 
 - a kernel is a top-level instruction of the entry computation (or of a loop body, counted as many
-  times as the loop's known trip count; a called computation is inlined; a conditional counts its
-  costliest branch); a fusion is one kernel;
+  times as the loop runs: XLA GPU's known trip count, or, in a TPU program, what its condition
+  `counter < N` says; a called computation is inlined; a conditional counts its costliest branch); a
+  fusion is one kernel;
 - FLOPs: 2 x output elements x contracted size for every dot (inside fusions too, and cuBLAS
-  custom-calls with their dimension numbers), 2 x output x filter / output channels for
-  convolutions, and for cuDNN's fused attention 4 x query elements x key length forward (half of it
-  under a causal mask, which the kernel skips), 2.5 times that backward (five products for two);
+  custom-calls with their dimension numbers); for convolutions 2 x batch x output and input
+  features x the (output position, kernel tap) pairs that meet the input, exact under padding,
+  strides and dilations (a TPU program writes batched products as such convolutions); for cuDNN's
+  fused attention 4 x query elements x key length forward (half of it under a causal mask, which
+  the kernel skips), 2.5 times that backward (five products for two);
 - bytes: what a kernel reads and writes in HBM: its operands and results, except that an operand
   only sliced inside a fusion costs the slices, and a dynamic-update-slice or scatter of a buffer
   from outside writes only the update (a layer of a scanned stack, not the stack; a decode step's
@@ -152,9 +155,7 @@ class ProgramReader:
             if op in FREE or op.endswith("-done"):
                 continue
             if op == "while":
-                body = ins.attr("body")
-                trips = re.search(r'"known_trip_count":\{"n":"(\d+)"', ins.attrs)
-                self._walk(body, times * (int(trips.group(1)) if trips else 1), seen)
+                self._walk(ins.attr("body"), times * self._trips(ins, computation), seen)
             elif op in ("call", "async-start") and ins.attr("calls") and not self._is_collective(ins):
                 self._walk(ins.attr("calls"), times, seen)
             elif op == "conditional":
@@ -163,6 +164,35 @@ class ProgramReader:
                 self.kernels.append(self._collective(ins, shapes, times))
             else:
                 self.kernels.append(self._kernel(ins, shapes, times))
+
+    def _trips(self, loop: Instruction, computation: str) -> int:
+        """A while loop's trip count: XLA GPU's `known_trip_count`, else (a TPU program) read from its
+        condition, `counter < N` (or <=, !=) with the counter's start from the loop's initial tuple when it
+        is a constant (0 otherwise); 1 where the condition is not of that form."""
+        known = re.search(r'"known_trip_count":\{"n":"(\d+)"', loop.attrs)
+        if known:
+            return int(known.group(1))
+        cond = {i.name: i for i in self.computations.get(loop.attr("condition") or "", [])}
+        compare = next((i for i in reversed(list(cond.values())) if i.opcode == "compare"), None)
+        direction = re.search(r"direction=(\w+)", compare.attrs) if compare else None
+        if compare is None or direction is None or len(compare.operands) != 2:
+            return 1
+        counter, bound = (cond.get(o) for o in compare.operands)
+        if counter is None or bound is None or bound.opcode != "constant" or counter.opcode != "get-tuple-element":
+            return 1
+        index = re.search(r"index=(\d+)", counter.attrs)
+        start = 0
+        outer = {i.name: i for i in self.computations.get(computation, [])}
+        init = outer.get(loop.operands[0]) if loop.operands else None
+        if index and init is not None and init.opcode == "tuple" and int(index.group(1)) < len(init.operands):
+            first = outer.get(init.operands[int(index.group(1))])
+            if first is not None and first.opcode == "constant" and _integer(first.args) is not None:
+                start = _integer(first.args)
+        end = _integer(bound.args)
+        if end is None:
+            return 1
+        trips = {"LT": end - start, "NE": end - start, "LE": end - start + 1}.get(direction.group(1), 1)
+        return max(1, trips)
 
     def _walk_costliest(self, ins: Instruction, times: float, seen: set[str]) -> None:
         branches = re.findall(r"%([\w.\-]+)", (re.search(r"branch_computations=\{([^}]*)\}", ins.attrs) or
@@ -293,17 +323,27 @@ class ProgramReader:
         return forward * (BACKWARD_ATTENTION if backward else 1.0)
 
     def _convolution(self, ins: Instruction, operands: list[str]) -> float:
+        """2 x output batch x output features x input features per group x the (output position, kernel
+        tap) pairs that meet the input, per spatial dimension: exact under padding, strides and dilations,
+        so that the batched products a TPU program writes as convolutions (a batch dimension as a window
+        over padding) count as the products they are."""
         labels = re.search(r"dim_labels=(\w+)_(\w+)->(\w+)", ins.attrs)
         tensors = [arrays(s)[0][1] for s in operands[:2] if arrays(s)] + [d for _, d in arrays(ins.shape)[:1]]
         if not labels or len(tensors) < 3:
             return 0.0
-        lhs, rhs, out = tensors[0], tensors[1], tensors[2]
-        filter_labels = labels.group(2)
-        if "o" not in filter_labels or len(filter_labels) != len(rhs):
+        lhs, rhs, out = tensors
+        lhs_l, rhs_l, out_l = labels.groups()
+        if len(lhs_l) != len(lhs) or len(rhs_l) != len(rhs) or len(out_l) != len(out) or "o" not in rhs_l:
             return 0.0
-        out_channels = rhs[filter_labels.index("o")]
-        biggest = max(math.prod(lhs), math.prod(out))  # the output (or its gradient) at the largest resolution
-        return 2.0 * biggest * math.prod(rhs) / max(1, out_channels)
+        window = _window(ins.attrs)
+        taps = 1.0
+        for d in sorted(c for c in out_l if c.isdigit()):
+            w = {k: v[int(d)] if int(d) < len(v) else None for k, v in window.items()}
+            taps *= _valid_pairs(in_size=lhs[lhs_l.index(d)], out_size=out[out_l.index(d)],
+                                 size=w["size"] or rhs[rhs_l.index(d)], stride=w["stride"] or 1,
+                                 pad_low=w["pad"] or 0, lhs_dilate=w["lhs_dilate"] or 1,
+                                 rhs_dilate=w["rhs_dilate"] or 1)
+        return 2.0 * out[out_l.index("b")] * rhs[rhs_l.index("o")] * rhs[rhs_l.index("i")] * taps
 
     # -- collectives -----------------------------------------------------------------------
     def _collective(self, ins: Instruction, shapes: dict[str, str], times: float) -> Kernel:
@@ -318,6 +358,43 @@ class ProgramReader:
         nodes = len({d // self.per_node for d in members}) if members and self.per_node else 1
         return Kernel(ins.name, kind, 0.0, moved * times, None, times, group=_group_size(ins.attrs),
                       asynchronous=ins.opcode.endswith("-start"), nodes=nodes)
+
+
+def _integer(text: str) -> int | None:
+    return int(text) if re.fullmatch(r"-?\d+", text.strip()) else None
+
+
+def _window(attrs: str) -> dict[str, list[int]]:
+    """A convolution's window attribute, per spatial dimension: size, stride, low padding and dilations."""
+    m = re.search(r"window=\{([^}]*)\}", attrs)
+    fields = dict(re.findall(r"(\w+)=([\w\-x]+)", m.group(1))) if m else {}
+    out = {}
+    for key in ("size", "stride", "lhs_dilate", "rhs_dilate"):
+        out[key] = [int(v) for v in fields[key].split("x")] if key in fields else []
+    out["pad"] = [int(v.split("_")[0]) for v in fields["pad"].split("x")] if "pad" in fields else []
+    return out
+
+
+def _valid_pairs(*, in_size: int, out_size: int, size: int, stride: int, pad_low: int, lhs_dilate: int,
+                 rhs_dilate: int) -> int:
+    """How many (output position, kernel tap) pairs of one spatial dimension read an input element: the
+    tap's position o x stride + k x rhs_dilate - pad_low in the dilated input lies on an element."""
+    last = (in_size - 1) * lhs_dilate
+    pairs = 0
+    for k in range(size):
+        shift = k * rhs_dilate - pad_low  # input position of output 0 under this tap
+        lo = -(shift // stride) if shift < 0 else 0  # the first output position whose tap is past the padding
+        hi = min(out_size - 1, (last - shift) // stride) if last - shift >= 0 else -1
+        if hi < lo:
+            continue
+        if lhs_dilate == 1:
+            pairs += hi - lo + 1
+            continue
+        step = lhs_dilate // math.gcd(stride, lhs_dilate)
+        first = next((o for o in range(lo, min(hi, lo + step - 1) + 1) if (o * stride + shift) % lhs_dilate == 0), None)
+        if first is not None:
+            pairs += (hi - first) // step + 1
+    return pairs
 
 
 def _tuple_parts(text: str) -> list[str]:
