@@ -60,3 +60,47 @@ def test_without_libtpu_the_plan_says_the_tpu_compile_is_unavailable_and_why():
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["status"] == "unavailable"
     assert "libtpu" in out["reason"] and "requirements.txt" in out["reason"] and "\n" not in out["reason"]
+
+
+def test_the_tpu_side_runs_splash_attention_and_the_reader_counts_its_products():
+    """A model whose heads and sequence suit Pallas' splash kernel is compiled for the TPU with it (the TPU's
+    fused attention, as MaxText runs it): three kernels (forward, dK/dV, dQ) whose FLOPs the program reader
+    counts, and a peak below the same step with the scores materialised."""
+    from migration.config.requests import RunConfig
+    from migration.planning.hlo_cost import read_program
+    from migration.planning.source import tpu_model
+    from migration.step.train import TrainProgram, abstract_batch, abstract_state, jit_step, make_mesh
+
+    dims = {"n_layers": 2, "d_model": 256, "n_heads": 2, "n_kv_heads": 1, "d_ff": 512, "vocab_size": 1024,
+            "seq_len": 1024}
+    req = PlanRequest(workload="llama", preset="tiny", model=dims, source="tpu-v5p-8", global_batch=8)
+    assert tpu_model(req)["attention"] == "splash"
+    assert tpu_model(PlanRequest(workload="llama", preset="tiny", model={**dims, "attention": "xla"},
+                                 source="tpu-v5p-8"))["attention"] == "xla"
+    topo = tpu_topology(TPU_SPECS["tpu-v5p-8"])
+    peaks, attention_flops = {}, {}
+    for attention in ("splash", "xla"):
+        cfg = RunConfig(workload="llama", preset="tiny", model={**dims, "attention": attention}, per_device_batch=2,
+                        devices=4, precision="bf16", remat="none", sharding="fsdp")
+        program = TrainProgram.from_config(cfg)
+        mesh = make_mesh(topo.devices, "fsdp")
+        compiled = jit_step(program, mesh).lower(abstract_state(program, mesh), abstract_batch(program, mesh)).compile()
+        kernels = read_program(compiled.as_text())
+        peaks[attention] = compiled.memory_analysis().temp_size_in_bytes
+        attention_flops[attention] = sum(k.flops for k in kernels if k.kind == "attention")
+    # 2 layers x (2 forward + 4 + 3 backward) products of 2 x B x H x T^2 x Dh, half of them masked.
+    assert attention_flops["splash"] == pytest.approx(2 * 9 * 2 * 2 * 2 * 1024**2 * 128 / 2)
+    assert attention_flops["xla"] == 0 and peaks["splash"] < peaks["xla"]
+
+
+def test_a_run_here_refuses_the_tpu_kernel_and_a_gpu_plan_takes_cudnns_for_it():
+    from migration.config.limits import ConfigError
+    from migration.config.requests import RunConfig, validate
+    from migration.planning.planner import planned_model
+    from migration.planning.memory import resolve_target
+
+    with pytest.raises(ConfigError, match="attention: splash .* runs on TPUs only"):
+        validate(RunConfig(workload="llama", preset="tiny", model={"attention": "splash"}))
+    req = PlanRequest(workload="llama", preset="tiny", model={"attention": "splash"}, target="h100-sxm")
+    model, decision = planned_model(req, resolve_target(req), "bf16")
+    assert model["attention"] == "cudnn" and "splash" in decision.reason

@@ -39,7 +39,8 @@ def plan_markdown(p: Plan) -> str:
         return head + f"**Not feasible.** {p.message}"
     exact = "" if p.global_batch_exact else f" (**not** the requested {p.requested_global_batch})"
     src = p.source_tpu_compile
-    source_line = (f"On the source TPU ({src['device_kind']}): {gib(src['peak_bytes_per_chip'])} per device; "
+    kernel = f", {src['attention']} attention" if src.get("attention") else ""
+    source_line = (f"On the source TPU ({src['device_kind']}{kernel}): {gib(src['peak_bytes_per_chip'])} per device; "
                    f"the plan uses {gib(p.predicted_peak_bytes)} per GPU.\n\n" if src.get("status") == "ok" else
                    f"Source TPU compile: {src.get('status')} — {src.get('reason', '')}\n\n" if src else "")
     env = "\n".join(f"export {k}={v['value']!r}  # {v['why']}" for k, v in p.environment.items())

@@ -41,7 +41,7 @@ from workloads.base import (
 NORMS = ("layernorm", "rmsnorm")
 MLPS = ("gelu", "swiglu")
 POSITIONS = ("learned", "rope")
-ATTENTIONS = ("xla", "cudnn")
+ATTENTIONS = ("xla", "cudnn", "splash")
 LAYER_LOOPS = ("scan", "unrolled")
 # Names of the activations a block tags with `checkpoint_name`, which the named remat policies
 # (migration/step/policies.py) save, offload or recompute.
@@ -85,7 +85,9 @@ class TransformerConfig:
     rope_original_context: int = 8192
     norm_eps: float = 1e-5  # the norms' epsilon (GPT-2's layer_norm_epsilon, Llama 3's rms_norm_eps)
     noise: float = 0.05
-    attention: str = "xla"  # jax.nn.dot_product_attention's implementation: "xla" (every backend) or "cudnn" (NVIDIA GPUs)
+    # jax.nn.dot_product_attention's implementation: "xla" (every backend) or "cudnn" (NVIDIA GPUs); or
+    # "splash": Pallas' block-sparse flash attention for TPUs (MaxText's), compiled for a TPU slice only
+    attention: str = "xla"
     layer_loop: str = "scan"  # "scan": one lax.scan over the stacked layers; "unrolled": a Python loop over them
 
     @property
@@ -177,6 +179,8 @@ class _Attention(nnx.Module):
     def _causal(self, q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
         if self.implementation == "xla" and q.dtype == jnp.float16:
             return _causal_attention(q, k, v)  # the CPU backend rejects jax.nn's fp16 version (float32 accumulation)
+        if self.implementation == "splash":
+            return _splash_attention(q, k, v)
         # K < H heads are taken as they are (grouped-query attention)
         return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=self.implementation)
 
@@ -199,6 +203,34 @@ class _Attention(nnx.Module):
         cache_v = cache[1].at[layer, rows, cols].set(v.astype(cache[1].dtype), mode="drop")
         y = self._causal(q, k, v) if prefill else _cached_attention(q, cache_k[layer], cache_v[layer], start)
         return self.out(y.reshape(b, s, -1)), (cache_k, cache_v)
+
+
+def _splash_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+    """Causal attention by Pallas' splash kernel for TPUs (block-sparse flash attention: masked blocks
+    skipped, the scores never stored), as MaxText runs it: queries scaled first, grouped key and value
+    heads repeated, one kernel per sequence, inside `shard_map` over the mesh the step set (a custom call
+    is not partitioned by XLA): the batch over every axis but "tensor", the heads over "tensor"."""
+    # reason: Pallas' TPU kernels are needed only by a program compiled for a TPU slice
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as masks
+
+    group = q.shape[2] // k.shape[2]
+    q = (q * (1.0 / math.sqrt(q.shape[-1]))).astype(k.dtype)
+    q, k, v = (x.transpose(0, 2, 1, 3) for x in (q, jnp.repeat(k, group, axis=2), jnp.repeat(v, group, axis=2)))
+
+    def local(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:  # (B, H, T, Dh) on one device
+        heads, t = q.shape[1], q.shape[2]
+        kernel = splash.make_splash_mha(masks.MultiHeadMask([masks.CausalMask((t, t))] * heads),
+                                        head_shards=1, q_seq_shards=1)
+        return jax.vmap(kernel)(q, k, v)
+
+    mesh = jax.sharding.get_abstract_mesh()
+    if not mesh.axis_names:
+        return local(q, k, v).transpose(0, 2, 1, 3)
+    batch = tuple(a for a in mesh.axis_names if a != "tensor")
+    spec = jax.sharding.PartitionSpec(batch, "tensor" if "tensor" in mesh.axis_names else None, None, None)
+    out = jax.shard_map(local, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec, check_vma=False)(q, k, v)
+    return out.transpose(0, 2, 1, 3)
 
 
 def _cached_attention(q: jax.Array, k: jax.Array, v: jax.Array, start: jax.Array) -> jax.Array:

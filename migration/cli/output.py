@@ -135,7 +135,8 @@ def print_plan(plan: Any) -> None:
     print(f"the TPU-style setup on this target: {plan.tpu_setup_on_target.get('summary', 'n/a')}")
     src = plan.source_tpu_compile
     if src.get("status") == "ok":
-        print(f"on the source TPU ({src['device_kind']}): {fmt_bytes(src['peak_bytes_per_chip'])} per device "
+        kernel = f", {src['attention']} attention" if src.get("attention") else ""
+        print(f"on the source TPU ({src['device_kind']}{kernel}): {fmt_bytes(src['peak_bytes_per_chip'])} per device "
               f"of {fmt_bytes(src['hbm_bytes_per_device'])}; the plan uses {fmt_bytes(plan.predicted_peak_bytes)} per GPU")
     elif src.get("status") == "does-not-fit":
         print(f"on the source TPU ({src['device_kind']}): the TPU compiler says this setup does not fit its "

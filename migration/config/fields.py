@@ -198,10 +198,11 @@ FIELDS: tuple[Field, ...] = (
           help="each GPU's network bandwidth between nodes in Gb/s, NICs per GPU x their speed (0: one 400 Gb/s "
                "InfiniBand port per GPU, as in a DGX H100)"),
     Field("attention", "choice", "plan", AUTO, "Attention your code runs (auto: cuDNN's fused kernel where it can)",
-          "model", choices=(AUTO, "cudnn", "xla"),
+          "model", choices=(AUTO, "cudnn", "xla", "splash"),
           help="the attention kernel your code uses: xla (scores materialised, e.g. jax.nn.dot_product_attention "
-               "with implementation='xla' or a hand-written softmax(q k^T) v), cudnn (the fused kernel); auto: "
-               "cuDNN's where the GPU and precision allow; transformer and llama"),
+               "with implementation='xla' or a hand-written softmax(q k^T) v), cudnn (the fused kernel), splash "
+               "(your TPU code's Pallas splash kernel, as MaxText's: the TPU side compiles it, the GPU side plans "
+               "cuDNN's); auto: the fused kernel where the chip and precision allow; transformer and llama"),
     Field("layer_loop", "choice", "plan", "scan", "How your code runs the layers", "model", choices=("scan", "unrolled"),
           flag="layer-loop",
           help="scan: one lax.scan (or nnx.scan) over stacked layers, MaxText's scan_layers; unrolled: a Python loop "

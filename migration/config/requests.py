@@ -148,7 +148,11 @@ def check_model(obj: Any) -> Any:
 
 def check_attention(cfg: Any, model_cfg: Any, platform: str) -> None:
     """cuDNN's fused attention exists on NVIDIA GPUs only, in bf16 or fp16: refused on the CPU
-    backend (`platform` as resolved, where the caller can) and in fp32, naming what runs instead."""
+    backend (`platform` as resolved, where the caller can) and in fp32, naming what runs instead. TPU's
+    splash kernel is compiled for a TPU slice only (the TPU side of a plan): a run here never takes it."""
+    if getattr(model_cfg, "attention", None) == "splash":
+        raise ConfigError("attention", "splash (Pallas' TPU kernel) runs on TPUs only; a run here uses cudnn (the "
+                                       "fused kernel, NVIDIA GPUs) or xla")
     if getattr(model_cfg, "attention", None) != "cudnn":
         return
     if cfg.precision == "fp32":

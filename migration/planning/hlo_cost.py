@@ -13,7 +13,8 @@ program text XLA prints after optimisation, read the way XLA's own GPU cost mode
   features x the (output position, kernel tap) pairs that meet the input, exact under padding,
   strides and dilations (a TPU program writes batched products as such convolutions); for cuDNN's
   fused attention 4 x query elements x key length forward (half of it under a causal mask, which
-  the kernel skips), 2.5 times that backward (five products for two);
+  the kernel skips), 2.5 times that backward (five products for two); for TPU's splash attention
+  (Pallas) the same per product, two forward, four in its dK/dV kernel and three in its dQ kernel;
 - bytes: what a kernel reads and writes in HBM: its operands and results, except that an operand
   only sliced inside a fusion costs the slices, and a dynamic-update-slice or scatter of a buffer
   from outside writes only the update (a layer of a scanned stack, not the stack; a decode step's
@@ -283,6 +284,8 @@ class ProgramReader:
         if "conv" in target.lower():
             return self._convolution(ins, operands), self._unit(operands[0] if operands else ins.shape), \
                 "convolution", written
+        if target == "tpu_custom_call" and ins.name.startswith("splash_mha"):
+            return self._splash(ins, operands), self._unit(ins.shape), "attention", written
         return 0.0, None, "memory", written
 
     # -- FLOPs -----------------------------------------------------------------------------
@@ -321,6 +324,16 @@ class ProgramReader:
         if config.get("mask_type") == "CAUSAL":
             forward /= 2
         return forward * (BACKWARD_ATTENTION if backward else 1.0)
+
+    def _splash(self, ins: Instruction, operands: list[str]) -> float:
+        """TPU splash attention (a Pallas kernel, causal: the blocks above the diagonal are skipped), from its
+        query-shaped (B, H, T, Dh) operand: forward 2 products (4 x B x H x T^2 x Dh / 2); backward its dK/dV
+        kernel recomputes the scores and takes 4 (8 x ... / 2), its dQ kernel 3 (6 x ... / 2)."""
+        q = next((dims for s in operands for _, dims in arrays(s)[:1] if len(dims) == 4), None)
+        if q is None:
+            return 0.0
+        products = 3 if "dq" in ins.name else 4 if "dkv" in ins.name else 2
+        return 2.0 * products * math.prod(q) * q[2] / 2
 
     def _convolution(self, ins: Instruction, operands: list[str]) -> float:
         """2 x output batch x output features x input features per group x the (output position, kernel

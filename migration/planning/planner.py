@@ -88,6 +88,9 @@ def planned_model(req: PlanRequest, target: Target, precision: str) -> tuple[dic
     head_ok = cfg.head_dim % 8 == 0 and cfg.head_dim <= CUDNN_HEAD_DIM_MAX
     fused = (target.platform == "gpu" and (target.compute_capability or (0, 0)) >= (8, 0)
              and precision in ("bf16", "fp16") and head_ok)
+    tpu_kernel = req.model.get("attention") == "splash"
+    if tpu_kernel:  # the TPU code's fused kernel: its GPU counterpart is cuDNN's, where the GPU allows
+        req = dataclasses.replace(req, model={k: v for k, v in req.model.items() if k != "attention"})
     if "attention" in req.model:
         value = req.model["attention"]
         why = "override: the attention your code runs"
@@ -107,6 +110,8 @@ def planned_model(req: PlanRequest, target: Target, precision: str) -> tuple[dic
                f"size that is a multiple of 8 up to {CUDNN_HEAD_DIM_MAX} (here: {target.name}, {precision}, head size "
                f"{cfg.head_dim})")
     value = "cudnn" if fused else "xla"
+    if tpu_kernel:
+        why = "your TPU code runs Pallas' splash attention (the TPU's fused kernel); on the GPU: " + why
     return {**req.model, "attention": value}, Decision("attention", value, why)
 
 

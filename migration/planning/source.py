@@ -45,6 +45,21 @@ def tpu_setup_on_target(req: PlanRequest, predictor: MemoryPredictor, budget: in
                            + (f" ({peak / budget:.1f}x)" if peak else "")))}
 
 
+SPLASH_BLOCK = 128
+
+
+def tpu_model(req: PlanRequest) -> dict[str, Any]:
+    """The model as the TPU job runs it: with a choice of attention, Pallas' splash kernel (the TPU's fused
+    attention, MaxText's) unless the user's code materialises the scores (attention xla) or the shapes do
+    not suit the kernel (a sequence of whole 128-token blocks, heads of a multiple of 128)."""
+    cfg = get_workload(req.workload).config(req.preset, req.model)
+    if not hasattr(cfg, "attention"):
+        return dict(req.model)
+    model = {k: v for k, v in req.model.items() if k != "attention"}
+    xla = req.model.get("attention") == "xla" or cfg.seq_len % SPLASH_BLOCK or cfg.head_dim % SPLASH_BLOCK
+    return {**model, "attention": "xla" if xla else "splash"}
+
+
 def tpu_topology(source: TpuSpec) -> Any:
     """The source slice described for a compile without its chips (libtpu's compile-only devices), with
     the chip configuration that live Cloud TPU hosts use: one JAX device per chip (megacore) on v4 and
@@ -70,14 +85,16 @@ def compile_for_source_tpu(req: PlanRequest) -> dict[str, Any]:
     try:
         w = get_workload(req.workload)
         sharding = source_sharding(req, w.param_count(w.config(req.preset, req.model)))
-        cfg = RunConfig(workload=req.workload, preset=req.preset, model=req.model,
+        model = tpu_model(req)
+        cfg = RunConfig(workload=req.workload, preset=req.preset, model=model,
                         per_device_batch=req.source_per_core_batch, devices=source.devices,
                         precision=req.source_precision, remat="none", sharding=sharding)
         t0 = time.perf_counter()
         peak = compile_peak(TrainProgram.from_config(cfg), make_data_mesh(topo.devices))
         seconds = time.perf_counter() - t0  # migration: ignore[TIME001] compile() returns when compiled: nothing runs
         return {"status": "ok", "peak_bytes_per_chip": peak, "hbm_bytes_per_device": source.hbm_bytes_per_device,
-                "device_kind": topo.devices[0].device_kind, "topology": source.topology, "compile_s": round(seconds, 2)}
+                "device_kind": topo.devices[0].device_kind, "topology": source.topology, "compile_s": round(seconds, 2),
+                "attention": model.get("attention")}
     except Exception as exc:  # noqa: BLE001 - XLA raises several types; memory is told apart by its message
         text = first_line(exc, 400)
         if is_oom(text):

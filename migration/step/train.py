@@ -174,11 +174,19 @@ class TrainProgram:
         """`(params, model_state, micro_batch, scale) -> (grads of scale*loss, loss, model_state)`."""
         graphdef, workload = self.graphdef(mesh), self.workload
 
+        # A kernel XLA cannot partition (TPU's splash attention) runs in shard_map over the step's mesh,
+        # which the model reads from the context (only then set: every other program stays as it was).
+        in_mesh = mesh is not None and getattr(self.model_cfg, "attention", "") == "splash"
+
         def micro_step(params, model_state, micro: Batch, scale):
             def scaled_loss(p):
                 # copy=True: fresh Variables at this trace level, so BatchNorm may update its stats
                 model = nnx.merge(graphdef, p, model_state, copy=True)
-                loss = workload.loss(model, micro)
+                if not in_mesh:
+                    loss = workload.loss(model, micro)
+                else:
+                    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+                        loss = workload.loss(model, micro)
                 _, _, new_model_state = nnx.split(model, nnx.Param, ...)
                 return loss * scale, (loss, new_model_state)
 
