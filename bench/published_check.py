@@ -16,6 +16,7 @@ apart, never used to choose a constant.
     python bench/published_check.py --fit      # search the calibration on the tuning entries
     python bench/published_check.py --only ID  # one entry
     python bench/published_check.py --picked   # also plan each entry as a user would and score the picked plan
+    python bench/published_check.py --tpu      # the TPU side against bench/published_tpu.json (tpu_published.py)
 
 Compiles take 5-60 s each on two cores (the first run); later runs read them from the cache.
 """
@@ -26,6 +27,9 @@ import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
+os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")  # libtpu compiles only (worker_env.LIBTPU_COMPILE_ONLY)
+os.environ.setdefault("TPU_ACCELERATOR_TYPE", "v5p-8")
+os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_disable_hlo_passes=rematerialization").strip()
 
 import argparse  # noqa: E402
@@ -281,6 +285,11 @@ def picked_table(entries: list[dict]) -> tuple[list[list[str]], list[str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--tpu" in argv:  # the TPU side against published TPU measurements (bench/tpu_published.py)
+        from bench import tpu_published
+
+        return tpu_published.main([a for a in argv if a != "--tpu"])
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fit", action="store_true", help="search the calibration on the tuning entries")
     parser.add_argument("--only", help="one entry by id")

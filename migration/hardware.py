@@ -352,6 +352,25 @@ class TpuSpec:
     def chips(self) -> int:
         return self.devices // self.chip.devices_per_chip
 
+    def peak_flops(self, unit: str) -> float | None:
+        """Dense peak FLOP/s of one JAX device for a matmul unit: the MXU's bf16 rate for bf16, fp16 and fp32
+        products (TPUs run fp32 products as bf16 passes at JAX's default precision); int8 and fp8 where the
+        chip states them."""
+        per_chip = {"int8": self.chip.int8_tops, "fp8": self.chip.fp8_tflops}.get(unit, self.chip.bf16_tflops)
+        return None if per_chip is None else per_chip * TFLOPS / self.chip.devices_per_chip
+
+    @property
+    def bandwidth_bytes_per_s(self) -> float:
+        """HBM bandwidth of one JAX device (its share of the chip's)."""
+        return self.chip.bandwidth_bytes_per_s / self.chip.devices_per_chip
+
+    @property
+    def ici_bytes_per_s(self) -> float | None:
+        """What one JAX device sends over the chip's inter-chip links, one way (half the stated
+        bidirectional figure, shared by the chip's devices); None where the page states none."""
+        ici = self.chip.ici_bytes_per_s
+        return None if ici is None else ici / 2 / self.chip.devices_per_chip
+
     @property
     def compile_options(self) -> dict[str, Any]:
         """libtpu's description of the slice for a compile without its chips, as live Cloud TPU hosts

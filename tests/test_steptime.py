@@ -323,3 +323,37 @@ def test_a_tpu_programs_convolutions_count_the_products_they_are(case):
         expected = 2 * n * cout * cin * taps_per_dim**2
         assert taps_per_dim < h * kh
     assert sum(k.flops for k in read_program(text)) == pytest.approx(expected, rel=0.01)
+
+
+TPU_PROGRAM = """\
+HloModule step
+
+%negate (p: bf16[4000,1024]) -> bf16[4000,1024] {
+  %p = bf16[4000,1024]{1,0:T(8,128)(2,1)S(1)} parameter(0)
+  ROOT %n = bf16[4000,1024]{1,0:T(8,128)(2,1)} negate(%p)
+}
+
+ENTRY %main (a: bf16[4000,1024], stack: bf16[8,4000,1024], u: bf16[1,4000,1024]) -> bf16[4000,1024] {
+  %a = bf16[4000,1024]{1,0:T(8,128)(2,1)} parameter(0)
+  %stack = bf16[8,4000,1024]{2,1,0:T(8,128)(2,1)S(5)} parameter(1)
+  %u = bf16[1,4000,1024]{2,1,0:T(8,128)(2,1)} parameter(2)
+  %i = s32[] constant(0)
+  %cs = (bf16[4000,1024]{1,0:T(8,128)(2,1)}, bf16[4000,1024]{1,0:T(8,128)(2,1)S(1)}, u32[]{:S(2)}) copy-start(%a)
+  %cd = bf16[4000,1024]{1,0:T(8,128)(2,1)S(1)} copy-done(%cs)
+  %f = bf16[4000,1024]{1,0:T(8,128)(2,1)} fusion(%cd), kind=kLoop, calls=%negate
+  %ds = ((bf16[8,4000,1024]{2,1,0:T(8,128)(2,1)S(5)}, bf16[1,4000,1024]{2,1,0:T(8,128)(2,1)}, s32[], s32[], s32[]), bf16[8,4000,1024]{2,1,0:T(8,128)(2,1)S(5)}, u32[]{:S(2)}) dynamic-update-slice-start(%stack, %u, %i, %i, %i)
+  %dd = bf16[8,4000,1024]{2,1,0:T(8,128)(2,1)S(5)} dynamic-update-slice-done(%ds)
+  ROOT %r = bf16[4000,1024]{1,0:T(8,128)(2,1)} copy(%f)
+}
+"""
+
+
+def test_a_tpu_programs_bytes_leave_out_vector_memory_and_move_offloaded_layers_once():
+    """On a TPU, an operand prefetched into the core's vector memory (S(1)) is read from HBM once, by the
+    copy that brings it; the kernel reading it there costs no HBM traffic. An activation offloaded to the
+    host (an asynchronous dynamic-update-slice into an S(5) stack) moves its own bytes, not the stack's."""
+    layer = 4000 * 1024 * 2
+    kernels = {k.name: k for k in read_program(TPU_PROGRAM)}
+    assert kernels["cs"].bytes == layer  # HBM -> VMEM, once
+    assert kernels["f"].bytes == layer  # reads VMEM (free), writes HBM
+    assert kernels["ds"].bytes == 2 * layer  # the update read and written, not the 8-layer stack

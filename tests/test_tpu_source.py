@@ -39,6 +39,10 @@ def test_one_process_compiles_the_model_for_a_tpu_slice_and_a_gpu_target():
     assert src["device_kind"] == "TPU v4" and src["topology"] == "v4:2x2x1"
     # 8 per chip (32 over the 4 chips of a v4-8), bf16, no remat: a real program's peak, under the chip's HBM.
     assert 0 < src["peak_bytes_per_chip"] < TPU_SPECS["tpu-v4-8"].hbm_bytes_per_device
+    # The TPU step, timed from the TPU program: never faster than its FLOPs at the chip's full peak.
+    assert src["predicted_step_s"] > 0 and "from the compiled TPU program" in src["step_method"]
+    flops = float(src["step_method"].split(" TFLOP per device")[0].rsplit(" ", 1)[1].replace(",", "")) * 1e12
+    assert src["predicted_step_s"] >= flops / TPU_SPECS["tpu-v4-8"].peak_flops("bf16")
 
 
 def test_the_tpu_compiler_says_when_the_stated_setup_exceeds_the_chips_hbm():
@@ -50,10 +54,12 @@ def test_the_tpu_compiler_says_when_the_stated_setup_exceeds_the_chips_hbm():
 
 
 def test_without_libtpu_the_plan_says_the_tpu_compile_is_unavailable_and_why():
-    code = ("import json; from migration.config.requests import PlanRequest; "
+    code = ("import sys; sys.modules['libtpu'] = None; "  # as if libtpu were not installed
+            "import json; from migration.config.requests import PlanRequest; "
             "from migration.planning.source import compile_for_source_tpu; "
             "print(json.dumps(compile_for_source_tpu(PlanRequest(workload='mlp', source='tpu-v5p-8'))))")
-    env = {**os.environ, "TPU_LIBRARY_PATH": "/nonexistent/libtpu.so", "PYTHONPATH": str(ROOT)}
+    # (JAX sets TPU_LIBRARY_PATH in a process that loaded libtpu, as this one has: not passed on)
+    env = {**{k: v for k, v in os.environ.items() if k != "TPU_LIBRARY_PATH"}, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300,
                           cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]

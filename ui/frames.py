@@ -41,7 +41,9 @@ def plan_markdown(p: Plan) -> str:
     src = p.source_tpu_compile
     kernel = f", {src['attention']} attention" if src.get("attention") else ""
     source_line = (f"On the source TPU ({src['device_kind']}{kernel}): {gib(src['peak_bytes_per_chip'])} per device; "
-                   f"the plan uses {gib(p.predicted_peak_bytes)} per GPU.\n\n" if src.get("status") == "ok" else
+                   f"the plan uses {gib(p.predicted_peak_bytes)} per GPU."
+                   + (f" TPU step predicted {src['predicted_step_s'] * 1e3:,.1f} ms ({src['step_method']})."
+                      if src.get("predicted_step_s") else "") + "\n\n" if src.get("status") == "ok" else
                    f"Source TPU compile: {src.get('status')} — {src.get('reason', '')}\n\n" if src else "")
     env = "\n".join(f"export {k}={v['value']!r}  # {v['why']}" for k, v in p.environment.items())
     st = p.state

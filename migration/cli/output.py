@@ -138,6 +138,8 @@ def print_plan(plan: Any) -> None:
         kernel = f", {src['attention']} attention" if src.get("attention") else ""
         print(f"on the source TPU ({src['device_kind']}{kernel}): {fmt_bytes(src['peak_bytes_per_chip'])} per device "
               f"of {fmt_bytes(src['hbm_bytes_per_device'])}; the plan uses {fmt_bytes(plan.predicted_peak_bytes)} per GPU")
+        if src.get("predicted_step_s"):
+            print(f"  TPU step predicted {src['predicted_step_s'] * 1e3:,.1f} ms, {src['step_method']}")
     elif src.get("status") == "does-not-fit":
         print(f"on the source TPU ({src['device_kind']}): the TPU compiler says this setup does not fit its "
               f"{fmt_bytes(src['hbm_bytes_per_device'])} per device: {src['reason']}")

@@ -18,7 +18,7 @@ program text XLA prints after optimisation, read the way XLA's own GPU cost mode
 - bytes: what a kernel reads and writes in HBM: its operands and results, except that an operand
   only sliced inside a fusion costs the slices, and a dynamic-update-slice or scatter of a buffer
   from outside writes only the update (a layer of a scanned stack, not the stack; a decode step's
-  new keys and values, not the KV cache);
+  new keys and values, not the KV cache; an activation offloaded to the host, not the host buffer);
 - collectives: the bytes of each all-gather, reduce-scatter, all-reduce, all-to-all and
   collective-permute, the size of its replica group, how many nodes that group spans (devices are
   numbered node by node, `per_node` to a node), and whether it runs asynchronously (the
@@ -39,6 +39,7 @@ DTYPE_BYTES = {"pred": 1, "s4": 0.5, "u4": 0.5, "s8": 1, "u8": 1, "s16": 2, "u16
                "u64": 8, "f16": 2, "bf16": 2, "f32": 4, "f64": 8, "c64": 8, "c128": 16,
                "f8e4m3fn": 1, "f8e5m2": 1, "f8e4m3fnuz": 1, "f8e5m2fnuz": 1, "f8e4m3": 1, "f8e3m4": 1}
 ARRAY = re.compile(r"\b(" + "|".join(sorted(DTYPE_BYTES, key=len, reverse=True)) + r")\[([0-9,]*)\]")
+ARRAY_WITH_LAYOUT = re.compile(ARRAY.pattern + r"(\{[^}]*\})?")
 INSTRUCTION = re.compile(r"^\s*(ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*?)\s+([a-z][\w\-]*)\((.*)$")
 COMPUTATION = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s*\(.*\)\s*->\s*.*\{\s*$")
 COLLECTIVES = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute", "ragged-all-to-all")
@@ -83,8 +84,15 @@ def arrays(shape_text: str) -> list[tuple[str, list[int]]]:
     return [(m.group(1), [int(d) for d in m.group(2).split(",") if d]) for m in ARRAY.finditer(shape_text)]
 
 
-def nbytes(shape_text: str) -> float:
-    return sum(DTYPE_BYTES[t] * math.prod(dims) for t, dims in arrays(shape_text))
+def nbytes(shape_text: str, in_hbm: bool = True) -> float:
+    """Bytes of the arrays in a type text; with `in_hbm`, only those in HBM (a TPU program marks the arrays
+    it keeps in the core's vector memory, VMEM, with memory space S(1): reading them costs no HBM traffic)."""
+    total = 0.0
+    for m in ARRAY_WITH_LAYOUT.finditer(shape_text):
+        if in_hbm and "S(1)" in (m.group(3) or ""):
+            continue
+        total += DTYPE_BYTES[m.group(1)] * math.prod(int(d) for d in m.group(2).split(",") if d)
+    return total
 
 
 def _top_level(text: str, depth: int) -> tuple[list[int], int]:
@@ -227,8 +235,14 @@ class ProgramReader:
         elif ins.opcode == "convolution":
             flops, unit = self._convolution(ins, [shapes.get(o, "") for o in ins.operands]), self._unit(ins.shape)
             kind = "convolution"
-        elif ins.opcode == "dynamic-update-slice" and len(ins.operands) > 1:
+        elif ins.opcode in ("dynamic-update-slice", "dynamic-update-slice-start") and len(ins.operands) > 1:
+            # in place (the -start form: an asynchronous copy, e.g. an activation offloaded to the host)
             read, written = read[1:2], read[1] if len(read) > 1 else written
+        elif ins.opcode in ("dynamic-slice-start", "copy-start", "slice-start"):
+            # asynchronous: ((operands) or operand, result, context); the result's bytes move once (a TPU
+            # program prefetching into VMEM, or from the host)
+            parts = _tuple_parts(ins.shape)
+            read, written = [], nbytes(parts[1] if len(parts) > 1 else ins.shape, in_hbm=False)
         elif ins.opcode == "scatter" and len(ins.operands) > 2:  # in place: indices and updates read, updates written
             read, written = read[1:3], read[2]
         return Kernel(ins.name, kind, flops * times, (sum(read) + written) * times, unit, times)
@@ -361,12 +375,12 @@ class ProgramReader:
     # -- collectives -----------------------------------------------------------------------
     def _collective(self, ins: Instruction, shapes: dict[str, str], times: float) -> Kernel:
         kind = ins.opcode.removesuffix("-start")
-        operand_bytes = sum(nbytes(shapes.get(o, "")) for o in ins.operands)
+        operand_bytes = sum(nbytes(shapes.get(o, ""), in_hbm=False) for o in ins.operands)  # over the links
         result = ins.shape
         if ins.opcode.endswith("-start") and result.startswith("("):  # (operands, results[, scratch])
             inner = _tuple_parts(result)
             result = inner[1] if len(inner) > 1 else result
-        moved = {"all-gather": nbytes(result), "reduce-scatter": operand_bytes}.get(kind, operand_bytes)
+        moved = {"all-gather": nbytes(result, in_hbm=False), "reduce-scatter": operand_bytes}.get(kind, operand_bytes)
         members = first_group(ins.attrs)
         nodes = len({d // self.per_node for d in members}) if members and self.per_node else 1
         return Kernel(ins.name, kind, 0.0, moved * times, None, times, group=_group_size(ins.attrs),

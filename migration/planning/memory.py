@@ -81,10 +81,10 @@ def code_fingerprint(root: Path = PROJECT_ROOT) -> str:
     return digest.hexdigest()[:16]
 
 
-# The packages whose versions change a compile: JAX and its compiler, the CUDA plugin, the model and
-# optimizer libraries.
+# The packages whose versions change a compile: JAX and its compiler, the CUDA plugin, the TPU compiler,
+# the model and optimizer libraries.
 COMPILE_PACKAGES = ("jax", "jaxlib", "jax-cuda12-plugin", "jax-cuda12-pjrt", "jax-cuda13-plugin", "jax-cuda13-pjrt",
-                    "flax", "optax")
+                    "libtpu", "flax", "optax")
 
 
 def package_versions() -> list[tuple[str, str | None]]:
@@ -118,11 +118,13 @@ def workload_fingerprint(workload: Any) -> str:
     return digest.hexdigest()[:16]
 
 
-def compile_memory(program: TrainProgram, mesh: Any, kernels: bool = False, per_node: int | None = None) -> dict[str, Any]:
+def compile_memory(program: TrainProgram, mesh: Any, kernels: bool = False, per_node: int | None = None,
+                   fp32_unit: str = "tf32") -> dict[str, Any]:
     """Peak bytes per device of the real train step compiled on abstract inputs for `mesh`'s devices,
     and the bytes of its state arguments per device (allocates nothing; raises what XLA raises,
     e.g. when even the compiler finds it cannot fit). With `kernels`, the program's kernels and
-    collectives too (hlo_cost.pack), for the step-time prediction of a GPU target."""
+    collectives too (hlo_cost.pack), for the step-time prediction of a GPU target (or a TPU slice: its fp32
+    products run as bf16 passes, `fp32_unit`)."""
     lowered = jit_step(program, mesh).lower(abstract_state(program, mesh), abstract_batch(program, mesh))
     compiled = lowered.compile()
     stats = compiled.memory_analysis()
@@ -130,7 +132,7 @@ def compile_memory(program: TrainProgram, mesh: Any, kernels: bool = False, per_
     state = None if stats is None else int(stats.argument_size_in_bytes) - batch_bytes
     found: dict[str, Any] = {"peak_bytes": compiled_peak_bytes(compiled), "state_bytes": state}
     if kernels:
-        found["kernels"] = pack(read_program(compiled.as_text(), per_node))
+        found["kernels"] = pack(read_program(compiled.as_text(), fp32_unit, per_node))
     return found
 
 

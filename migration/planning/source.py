@@ -11,7 +11,9 @@ from typing import Any
 from migration.common import first_line, fmt_gib, is_oom
 from migration.config.requests import PlanRequest, RunConfig
 from migration.hardware import TPU_SPECS, TpuSpec
-from migration.planning.memory import STATE_BYTES_PER_PARAM, CompileFailed, MemoryPredictor, compile_peak
+from migration.planning import steptime
+from migration.planning.hlo_cost import unpack
+from migration.planning.memory import STATE_BYTES_PER_PARAM, CompileFailed, MemoryPredictor, compile_memory
 from migration.step.train import TrainProgram, make_data_mesh
 from workloads import get_workload
 
@@ -60,6 +62,17 @@ def tpu_model(req: PlanRequest) -> dict[str, Any]:
     return {**model, "attention": "xla" if xla else "splash"}
 
 
+def tpu_step_method(step: steptime.StepPrediction, source: TpuSpec) -> str:
+    cal = steptime.TPU_CALIBRATION
+    ici = (f"collectives {step.communication_s * 1e3:,.1f} ms over {source.ici_bytes_per_s * 2 / 1e9:,.0f} GB/s of "
+           f"inter-chip links per device ({step.exposed_communication_s * 1e3:,.1f} ms not hidden)"
+           if source.ici_bytes_per_s else "collectives not timed (no inter-chip bandwidth stated for this chip)")
+    return (f"from the compiled TPU program: {step.kernels:,} kernels, {step.flops / 1e12:,.2f} TFLOP per device, each "
+            f"at the longer of its FLOPs at {cal.matmul:.0%} of {source.chip.name}'s bf16 peak and its HBM bytes at "
+            f"{cal.memory:.0%} of the bandwidth; {ici}; expected error about ±{steptime.EXPECTED_ERROR_TPU:.0%} "
+            "(bench/published_check.py --tpu)")
+
+
 def tpu_topology(source: TpuSpec) -> Any:
     """The source slice described for a compile without its chips (libtpu's compile-only devices), with
     the chip configuration that live Cloud TPU hosts use: one JAX device per chip (megacore) on v4 and
@@ -90,11 +103,14 @@ def compile_for_source_tpu(req: PlanRequest) -> dict[str, Any]:
                         per_device_batch=req.source_per_core_batch, devices=source.devices,
                         precision=req.source_precision, remat="none", sharding=sharding)
         t0 = time.perf_counter()
-        peak = compile_peak(TrainProgram.from_config(cfg), make_data_mesh(topo.devices))
+        found = compile_memory(TrainProgram.from_config(cfg), make_data_mesh(topo.devices), kernels=True,
+                               fp32_unit="bf16")
         seconds = time.perf_counter() - t0  # migration: ignore[TIME001] compile() returns when compiled: nothing runs
-        return {"status": "ok", "peak_bytes_per_chip": peak, "hbm_bytes_per_device": source.hbm_bytes_per_device,
-                "device_kind": topo.devices[0].device_kind, "topology": source.topology, "compile_s": round(seconds, 2),
-                "attention": model.get("attention")}
+        step = steptime.predict(unpack(found["kernels"]), source, source.ici_bytes_per_s, steptime.TPU_CALIBRATION)
+        return {"status": "ok", "peak_bytes_per_chip": found["peak_bytes"],
+                "hbm_bytes_per_device": source.hbm_bytes_per_device, "device_kind": topo.devices[0].device_kind,
+                "topology": source.topology, "compile_s": round(seconds, 2), "attention": model.get("attention"),
+                "predicted_step_s": step.seconds, "step_method": tpu_step_method(step, source)}
     except Exception as exc:  # noqa: BLE001 - XLA raises several types; memory is told apart by its message
         text = first_line(exc, 400)
         if is_oom(text):

@@ -87,7 +87,8 @@ DISABLE_XLA_REMAT = "--xla_disable_hlo_passes=rematerialization"
 # libtpu, compiling for a TPU slice without its chips, first looks for the TPU host it runs on and logs
 # that it found none unless these say: a compiling process is its own host (the slice compiled for is the
 # topology asked for, whatever these name).
-LIBTPU_COMPILE_ONLY = {"TPU_WORKER_HOSTNAMES": "localhost", "TPU_ACCELERATOR_TYPE": "v5p-8"}
+LIBTPU_COMPILE_ONLY = {"TPU_WORKER_HOSTNAMES": "localhost", "TPU_ACCELERATOR_TYPE": "v5p-8",
+                       "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
 
 
 def compile_environment(base: Mapping[str, str] | None = None, platform: str = "cpu") -> dict[str, str]:
