@@ -35,9 +35,7 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_disable_hlo
 import argparse  # noqa: E402
 import dataclasses  # noqa: E402
 import hashlib  # noqa: E402
-import itertools  # noqa: E402
 import json  # noqa: E402
-import math  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
@@ -224,19 +222,13 @@ def table(entries: list[dict], programs: dict[str, list[Kernel]], cal: steptime.
 
 
 def fit(entries: list[dict], programs: dict[str, list[Kernel]]) -> steptime.Calibration:
+    from bench.calibration import search
+
     tune = [e for e in entries if MAPPING[e["id"]][3] == "tune"]
-    grid = itertools.product((0.55, 0.6, 0.65, 0.7, 0.75, 0.8), (0.35, 0.45, 0.55, 0.65), (0.6, 0.7, 0.8, 0.9),
-                             (2e-6, 4e-6, 8e-6), (0.6, 0.7, 0.8, 0.9))
-    best, best_cal = math.inf, steptime.CALIBRATION
-    for mm, att, mem, launch, link in grid:
-        cal = steptime.Calibration(mm, att, mem, launch, link, steptime.CALIBRATION.collective_s)
-        logs = [math.log(predict(e, programs[e["id"]], cal).seconds / published_step(e)[0]) for e in tune]
-        rms = math.sqrt(sum(x * x for x in logs) / len(logs))
-        if rms < best:
-            best, best_cal = rms, cal
-    print(f"best on {len(tune)} tuning entries (least root-mean-square log error): {best_cal} "
-          f"(rms {math.exp(best) - 1:.1%})")
-    return best_cal
+    grid = ((0.55, 0.6, 0.65, 0.7, 0.75, 0.8), (0.35, 0.45, 0.55, 0.65), (0.6, 0.7, 0.8, 0.9), (2e-6, 4e-6, 8e-6),
+            (0.6, 0.7, 0.8, 0.9))
+    return search(tune, lambda e, cal: predict(e, programs[e["id"]], cal).seconds, lambda e: published_step(e)[0],
+                  grid, steptime.CALIBRATION)
 
 
 def picked_plan(entry: dict):

@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import itertools
 import json
-import math
 import os
 import statistics
 import sys
@@ -151,19 +149,13 @@ def predict(entry: dict, kernels: list[Kernel], cal: steptime.Calibration) -> st
 
 
 def fit(entries: list[dict], programs: dict[str, list[Kernel]]) -> steptime.Calibration:
+    from bench.calibration import search
+
     tune = [e for e in entries if e["id"] in TUNE]
-    best, best_cal = math.inf, steptime.TPU_CALIBRATION
-    grid = itertools.product([0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9], [0.3, 0.4, 0.5, 0.6, 0.7, 0.8],
-                             [0.6, 0.7, 0.8, 0.9], [2e-6, 5e-6, 1e-5], [0.3, 0.45, 0.6, 0.75, 0.9, 1.0])
-    for mm, att, mem, launch, link in grid:
-        cal = steptime.Calibration(mm, att, mem, launch, link, steptime.TPU_CALIBRATION.collective_s)
-        logs = [math.log(predict(e, programs[e["id"]], cal).seconds / published_step(e)[0]) for e in tune]
-        rms = math.sqrt(sum(x * x for x in logs) / len(logs))
-        if rms < best:
-            best, best_cal = rms, cal
-    print(f"best on {len(tune)} tuning entries (least root-mean-square log error): {best_cal} "
-          f"(rms {math.exp(best) - 1:.1%})")
-    return best_cal
+    grid = ((0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9), (0.3, 0.4, 0.5, 0.6, 0.7, 0.8), (0.6, 0.7, 0.8, 0.9),
+            (2e-6, 5e-6, 1e-5), (0.3, 0.45, 0.6, 0.75, 0.9, 1.0))
+    return search(tune, lambda e, cal: predict(e, programs[e["id"]], cal).seconds, lambda e: published_step(e)[0],
+                  grid, steptime.TPU_CALIBRATION)
 
 
 def main(argv: list[str]) -> int:
