@@ -313,6 +313,7 @@ class TpuChip:
     source: str
 
 
+# Each figure with the line of the page it comes from: bench/tpu_facts_sources.json (retrieved 2026-12-02).
 TPU_CHIPS: dict[str, TpuChip] = {c.generation: c for c in [
     TpuChip("v3", "TPU v3", 123, None, None, 32 * GiB, 900e9, None, "2D", 2, True, 1024,
             "https://cloud.google.com/tpu/docs/v3"),
