@@ -27,9 +27,6 @@ import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
-os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")  # libtpu compiles only (worker_env.LIBTPU_COMPILE_ONLY)
-os.environ.setdefault("TPU_ACCELERATOR_TYPE", "v5p-8")
-os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_disable_hlo_passes=rematerialization").strip()
 
 import argparse  # noqa: E402
@@ -43,6 +40,11 @@ from pathlib import Path  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from migration.running.worker_env import LIBTPU_COMPILE_ONLY  # noqa: E402  (imports no JAX)
+
+for _name, _value in LIBTPU_COMPILE_ONLY.items():  # libtpu compiles only, in any number of processes
+    os.environ.setdefault(_name, _value)
 
 from bench import record  # noqa: E402
 from migration.common import cache_dir, read_json, write_json_atomic  # noqa: E402
