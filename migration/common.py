@@ -28,6 +28,39 @@ def fmt_gib(n: float | None, digits: int = 2, missing: str = "n/a") -> str:
     return missing if n is None else f"{n / GiB:.{digits}f} GiB"
 
 
+def fmt_seconds(s: float | None, missing: str = "n/a") -> str:
+    """A short duration in the unit that fits it, three significant digits: "480 µs", "1.15 ms", "2.31 s"."""
+    if s is None or not math.isfinite(s):
+        return missing
+    scale, unit = next(((k, u) for k, u in ((1.0, "s"), (1e-3, "ms")) if abs(s) >= k), (1e-6, "µs"))
+    v = s / scale
+    return f"{v:.3g} {unit}" if abs(v) < 1000 else f"{v:,.0f} {unit}"
+
+
+def duration_unit(s: float) -> tuple[str, float]:
+    """The unit a long duration reads best in, and its seconds: hours below two days, days below two
+    years, then years."""
+    hours = s / 3600
+    return ("h", 3600.0) if hours < 48 else ("days", 86400.0) if hours < 2 * 8766 else ("years", 8766 * 3600.0)
+
+
+def fmt_duration(s: float | None, missing: str = "n/a", like: float | None = None) -> str:
+    """A long duration (time to train) in hours, days or years: "5.2 h", "38.4 days", "2.1 years"; in the
+    unit that suits `like` where given (two figures side by side in one unit)."""
+    if s is None or not math.isfinite(s):
+        return missing
+    unit, scale = duration_unit(like if like is not None and math.isfinite(like) else s)
+    v = s / scale
+    return f"{v:,.3g} {unit}" if v < 1000 else f"{v:,.0f} {unit}"
+
+
+def fmt_usd(x: float | None, missing: str = "n/a") -> str:
+    """Dollars, to the cent below $100, whole dollars above: "$12.34", "$1,234,567"."""
+    if x is None or not math.isfinite(x):
+        return missing
+    return f"${x:,.2f}" if x < 100 else f"${x:,.0f}"
+
+
 def fmt_loss(value: object, digits: int = 4) -> str:
     """A loss as the worker reports it: a float, or None / "inf" / "-inf" where it was not finite."""
     if isinstance(value, (int, float)) and math.isfinite(value):

@@ -13,7 +13,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from migration.common import fmt_model, json_safe, write_csv as write_csv_rows
+from migration.common import fmt_model, fmt_seconds, json_safe, write_csv as write_csv_rows
 from migration.config.requests import RunConfig
 
 
@@ -181,6 +181,15 @@ class Decision:
     value: Any
     reason: str
 
+    def shown(self) -> str:
+        """The value as people read it: a step time in the unit that fits it, a saving as a percentage."""
+        number = isinstance(self.value, (int, float)) and not isinstance(self.value, bool)
+        if self.decision == "step_time":
+            return fmt_seconds(self.value) if number else "n/a"
+        if self.decision == "attention_saving" and number:
+            return f"{self.value:+.0%} time"
+        return str(self.value)
+
 
 @dataclasses.dataclass
 class Plan(JsonExport):
@@ -252,6 +261,16 @@ class Plan(JsonExport):
     ranking: dict[str, Any] = dataclasses.field(default_factory=dict)
     # the layout's mesh: axes and sizes, the PartitionSpecs of its state and batch, how to launch it
     mesh: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # the TPU job and this plan side by side (planning/compare.py): memory, step, throughput, MFU, time and
+    # cost to train, the GPUs that match the TPU job's throughput, which TPU step to trust
+    comparison: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def measured_tpu_step_ms(self) -> float | None:
+        """The TPU step time the user measured, as the plan was given it (None: not given)."""
+        tpu = (self.comparison or {}).get("tpu") or {}
+        measured = tpu.get("measured_step_s")
+        return measured * 1e3 if isinstance(measured, (int, float)) and not isinstance(measured, bool) else None
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Plan":
@@ -284,7 +303,7 @@ class Plan(JsonExport):
         error = error if isinstance(error, (int, float)) and not isinstance(error, bool) else None
         source = st.get("source") if isinstance(st.get("source"), str) else None
         how = ", ".join(x for x in (source, f"expected error ±{error:.0%}" if error else "") if x)
-        return f"{self.predicted_step_s * 1e3:,.1f} ms" + (f" ({how})" if how else "")
+        return fmt_seconds(self.predicted_step_s) + (f" ({how})" if how else "")
 
     @property
     def reasons(self) -> dict[str, str]:
@@ -295,10 +314,10 @@ class Plan(JsonExport):
         has no known peak), whether it keeps the global batch, and which one the plan is."""
         rows = []
         for c in self.ranked:
-            step = (f"{c['predicted_step_s'] * 1e3:.1f} ms" if c["predicted_step_s"] is not None
+            step = (fmt_seconds(c["predicted_step_s"]) if c["predicted_step_s"] is not None
                     else f"{c['relative_cost']:.3g} (relative)")
             if c.get("compiled_step_s") is None and c.get("estimate_s") is not None:
-                step = f"~{c['estimate_s'] * 1e3:.1f} ms"  # not compiled: the estimate that ordered it
+                step = f"~{fmt_seconds(c['estimate_s'])}"  # not compiled: the estimate that ordered it
             rows.append({"remat": c["remat"], "per_device_batch": c["per_device_batch"],
                          "accumulation_steps": c["accumulation_steps"], "global_batch": c["global_batch"],
                          "device_fill": f"{c['fill']:.0%}", "predicted_step": step,

@@ -29,11 +29,12 @@ def test_no_parameter_is_required(api):
 
 def test_the_form_parameters_keep_their_names_and_order(api):
     assert [p["parameter_name"] for p in api["/plan"]["parameters"]] == [*FORM, "label", "network_gbps", "attention",
-                                                                            "layer_loop"]
+                                                                            "layer_loop", "train_tokens", "prices",
+                                                                            "tpu_step_ms"]
     assert [p["parameter_name"] for p in api["/run"]["parameters"]] == [
         "plan_file", "steps", "learning_rate", "compare_tpu", "profile", "fp32_reference", "pmap_before", "scaling",
-        *FORM, "label", "save_checkpoint", "restore_checkpoint", "seed", "tpu_step_ms", "network_gbps",
-        "attention", "layer_loop"]  # new fields go last
+        *FORM, "label", "save_checkpoint", "restore_checkpoint", "seed", "network_gbps",
+        "attention", "layer_loop", "train_tokens", "prices", "tpu_step_ms"]  # new fields go last
     assert [p["parameter_name"] for p in api["/autotune"]["parameters"]] == ["plan_file", "top", "timed_steps", "label"]
     assert [p["parameter_name"] for p in api["/serve_plan"]["parameters"]] == [
         "workload", "preset", "target", "precision", "prompt_len", "gen_len", "batches", "memory_fraction", "label",
@@ -47,15 +48,18 @@ def test_every_output_is_named_by_a_label(api):
     unnamed = {name: [r["label"] for r in endpoint["returns"] if re.fullmatch(r"value_\d+", str(r["label"]))]
                for name, endpoint in api.items()}
     assert unnamed == {name: [] for name in api}
-    assert [r["label"] for r in api["/plan"]["returns"]][:3] == ["Progress", "Plan", "Predicted peak memory per GPU"]
-    assert len(api["/run"]["returns"]) == 11 and len(api["/plan"]["returns"]) == 5  # the tab's states are not sent
+    assert [r["label"] for r in api["/plan"]["returns"]] == [
+        "Progress", "Before and after", "Time to train", "Cost to train", "Before and after (CSV)", "Plan",
+        "Predicted peak memory per GPU", "Choices that fit, fastest predicted step first", "Decisions with their reasons"]
+    assert len(api["/run"]["returns"]) == 11  # the tab's states are not sent
 
 
 @pytest.mark.slow
 def test_a_keyword_plan_call_names_only_what_it_changes(app_server):
     client = app_server.connect()  # its own session
-    progress, markdown, memory, ranked, decisions = [
+    progress, comparison, _, _, _, markdown, memory, ranked, decisions = [
         value(o) for o in client.predict(global_batch=32, preset="tiny", api_name="/plan")]
+    assert "Before and after" in comparison and "time to train 1T tokens" in comparison
     assert "Plan:" in markdown and "transformer/tiny" in markdown and "global batch 32" in markdown  # others: defaults
     assert any(row[2] == "budget" for row in memory["data"])
     assert ranked["data"][0][-1] == "✔"

@@ -33,15 +33,29 @@ def run_args(steps, *, compare=False, profile=False, fp32=False, pmap=False, sca
 
 def test_plan_streams_each_compile_then_the_plan(app):
     job = app.client.submit(*FORM, "", api_name="/plan")
-    progress, markdown, memory, ranked, decisions = [value(o) for o in job.result(timeout=300)]
+    progress, comparison, time_plot, cost_plot, comparison_csv, markdown, memory, ranked, decisions = [
+        value(o) for o in job.result(timeout=300)]
     lines = [str(value(o[0])) for o in job.outputs()]
     assert any(line.startswith("Compiled batch") and "GiB" in line for line in lines)  # streamed, per compile
     assert "compiled-for-target" in markdown and "Plan:" in markdown and "rule of thumb" in markdown
-    assert [row[0] for row in decisions["data"]][:6] == ["precision", "attention", "sharding", "remat", "per_device_batch",
-                                                        "accumulation_steps"]
+    # decisions: every reason whole, values in units (no raw seconds)
+    names = re.findall(r'data-decision="([a-z_]+)"', decisions)
+    assert names[:6] == ["precision", "attention", "sharding", "remat", "per_device_batch", "accumulation_steps"]
+    step = re.search(r'data-decision="step_time".*?<code>([^<]+)</code>', decisions).group(1)
+    assert re.fullmatch(r"[0-9.]+ (µs|ms|s)", step), step
     assert any(row[2] == "budget" for row in memory["data"])
     assert ranked["headers"][:3] == ["remat", "per_device_batch", "accumulation_steps"]
-    assert ranked["data"][0][-1] == "✔" and "ms" in ranked["data"][0][5]  # the plan is the fastest choice
+    assert ranked["data"][0][-1] == "✔" and re.fullmatch(r"[0-9.]+ (µs|ms|s)", ranked["data"][0][5])
+    assert not any(re.fullmatch(r"~?0\.0 ms", row[5]) for row in ranked["data"])  # a step in the unit that fits it
+    # the before/after panel: both sides compiled (libtpu installed), time and cost charted, exported as CSV
+    assert "Before and after" in comparison and "TPU v5e-8" in comparison and "H100" in comparison
+    assert "predicted from the compiled TPU program" in comparison, comparison
+    assert [row[0] for row in time_plot["data"]] == ["TPU v5e-8 (v5litepod-8) (before)", "H100 SXM5 80GB (after)"]
+    assert len(cost_plot["data"]) == 2 and all(row[1] > 0 for row in cost_plot["data"])
+    frame = pd.read_csv(value(comparison_csv))
+    assert list(frame.columns) == ["metric", "tpu", "gpu", "unit"]
+    rows = frame.set_index("metric")
+    assert float(rows.loc["price", "gpu"]) == 11.0612 and float(rows.loc["price", "tpu"]) == 1.2
 
 
 def test_run_streams_progress_then_results_and_exports_csv(app):

@@ -236,11 +236,13 @@ def test_run_values_fill_the_run_config_and_options_with_defaults():
     config, options = forms.run_values()
     assert config == {"steps": 20, "learning_rate": 3e-3, "seed": 0}
     assert options == {"tpu_style": False, "profile": False, "fp32_reference": False, "pmap_before": False,
-                       "scaling": False, "tpu_step_ms": 0.0}
-    config, options = forms.run_values(5, "0.01", 1, seed="7", tpu_step_ms="12.5", scaling=True)
+                       "scaling": False}
+    config, options = forms.run_values(5, "0.01", 1, seed="7", scaling=True)
     assert config == {"steps": 5, "learning_rate": 0.01, "seed": 7}
     assert options == {"tpu_style": True, "profile": False, "fp32_reference": False, "pmap_before": False,
-                       "scaling": True, "tpu_step_ms": 12.5}
+                       "scaling": True}
+    # the measured TPU step is the TPU job's: a plan field, which the run's benchmark item also reads
+    assert forms.plan_request(tpu_step_ms="12.5").tpu_step_ms == 12.5 and forms.plan_request().tpu_step_ms is None
 
 
 def test_raw_values_refuse_extra_values_and_unknown_names():

@@ -33,12 +33,15 @@ def bad_values(f: Field) -> list:
         return ["yes", 2, None]
     if f.kind == "folder":
         return ["../elsewhere", "/etc", "a/b", 5]
+    if f.kind == "prices":
+        return ["tpu-v5p=-1", "tpu-v5p=0", "tpu-v5p=nan", "tpu-v5p=inf", "h100-sxm=1e9", "tpu-v99=1", "h100-sxm",
+                "=4", "line\nbreak", "x" * 700, 5, None]
     return ["line\nbreak", "x" * 500, 5]
 
 
 @pytest.mark.parametrize("f", FIELDS, ids=IDS)
 def test_every_field_takes_its_default_and_refuses_bad_values_naming_itself(f):
-    assert forms.parse(f, f.default) == f.default
+    assert forms.parse(f, f.default) == ({} if f.kind == "prices" else f.default)  # prices: none given
     for value in bad_values(f):
         with pytest.raises(ConfigError) as err:
             forms.parse(f, value)
@@ -74,11 +77,14 @@ def test_the_endpoints_take_their_fields_in_table_order_with_the_new_ones_last()
     """API callers pass the fields positionally, so an endpoint's fields keep their order and a new
     field goes at the end: /run's parameters as they were, then `seed`."""
     assert [f.name for f in fields_of("plan")][:3] == ["workload", "preset", "source"]
-    assert [f.name for f in fields_of("plan")][-4:] == ["label", "network_gbps", "attention", "layer_loop"]
+    assert [f.name for f in fields_of("plan")][-7:] == ["label", "network_gbps", "attention", "layer_loop",
+                                                        "train_tokens", "prices", "tpu_step_ms"]
     run = [f.name for f in fields_of("run")]
     assert run[:7] == ["steps", "learning_rate", "compare_tpu", "profile", "fp32_reference", "pmap_before", "scaling"]
-    assert run[-8:] == ["label", "save_checkpoint", "restore_checkpoint", "seed", "tpu_step_ms", "network_gbps",
-                        "attention", "layer_loop"]
+    # tpu_step_ms moved to the end when the plan took it too (the TPU job's measured step: the plan checks its
+    # prediction against it)
+    assert run[-10:] == ["label", "save_checkpoint", "restore_checkpoint", "seed", "network_gbps", "attention",
+                         "layer_loop", "train_tokens", "prices", "tpu_step_ms"]
     assert [f.name for f in fields_of("autotune")] == ["top", "timed_steps", "label"]
 
 
@@ -92,7 +98,7 @@ def test_run_values_put_each_field_where_it_belongs():
     config, options = forms.run_values(steps="7", seed=3, pmap_before=True)
     assert config == {"steps": 7, "learning_rate": 3e-3, "seed": 3}
     assert options == {"tpu_style": False, "profile": False, "fp32_reference": False, "pmap_before": True,
-                       "scaling": False, "tpu_step_ms": 0.0}
+                       "scaling": False}
     RunConfig(**config)
     RunOptions(**options)
     with pytest.raises(ConfigError, match="seed: must be a whole number from 0 to 2147483647; got -1"):

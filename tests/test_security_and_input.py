@@ -128,9 +128,9 @@ FORM = {"workload": "transformer", "preset": "tiny", "source": "tpu-v5e-8", "glo
 RUN_OPTIONS = {"plan_file": None, "steps": 3, "learning_rate": 0.003, "compare_tpu": False, "profile": False,
                "fp32_reference": False, "pmap_before": False, "scaling": False}
 INPUTS = {
-    "/plan": [*FORM, "label", "network_gbps", "attention", "layer_loop"],
-    "/run": [*RUN_OPTIONS, *FORM, "label", "save_checkpoint", "restore_checkpoint", "seed", "tpu_step_ms", "network_gbps",
-             "attention", "layer_loop"],
+    "/plan": [*FORM, "label", "network_gbps", "attention", "layer_loop", "train_tokens", "prices", "tpu_step_ms"],
+    "/run": [*RUN_OPTIONS, *FORM, "label", "save_checkpoint", "restore_checkpoint", "seed", "network_gbps",
+             "attention", "layer_loop", "train_tokens", "prices", "tpu_step_ms"],
     "/history": ["scope", "kind", "workload", "status"],  # workload: "transformer" is a valid filter too
     "/compare": ["ids", "scope"],
     "/export_csv": ["ids", "scope"],
@@ -138,7 +138,8 @@ INPUTS = {
     "/cancel_job": ["job_id"],
 }
 DEFAULTS = {**FORM, **RUN_OPTIONS, "label": "", "save_checkpoint": "", "restore_checkpoint": "", "scope": "mine", "kind": "all", "status": "all", "ids": "1,2",
-            "job_id": "1", "seed": 0, "tpu_step_ms": 0.0, "network_gbps": 0.0, "attention": "auto", "layer_loop": "scan"}
+            "job_id": "1", "seed": 0, "tpu_step_ms": 0.0, "network_gbps": 0.0, "attention": "auto", "layer_loop": "scan",
+            "train_tokens": 1e12, "prices": ""}
 NOT_A_PLAN = object()  # replaced by an uploaded JSON file that is not a plan
 WHOLE = "must be a whole number from 1 to"
 SERVER_STEPS = f"from 1 to {MAX_STEPS} (this server's per-user limit)"
@@ -203,6 +204,21 @@ BAD = [
     Bad("plan-layer-loop-code", "/plan", {"layer_loop": "__import__('os')"}, "layer_loop", "one of scan, unrolled"),
     Bad("plan-layer-loop-mlp", "/plan", {"workload": "mlp", "layer_loop": "unrolled"}, "layer_loop", "not a dimension"),
     Bad("run-layout-shell", "/run", {"sharding": "$(reboot)"}, "sharding", "must be replicated, fsdp or hybrid:G"),
+    # the comparison's tokens, prices and measured TPU step
+    Bad("plan-train-tokens-small", "/plan", {"train_tokens": 5}, "train_tokens", "number from 1e+06 to 1e+16"),
+    Bad("plan-train-tokens-huge", "/plan", {"train_tokens": 1e30}, "train_tokens", "number from 1e+06 to 1e+16"),
+    Bad("plan-train-tokens-nan", "/plan", {"train_tokens": math.nan}, "train_tokens", "number from 1e+06", http=True),
+    Bad("plan-price-negative", "/plan", {"prices": "tpu-v5e=-1"}, "prices", "a positive number of dollars per chip-hour"),
+    Bad("plan-price-zero", "/plan", {"prices": "h100-sxm=0"}, "prices", "a positive number of dollars per GPU-hour"),
+    Bad("plan-price-text", "/plan", {"prices": "h100-sxm=cheap"}, "prices", "a positive number"),
+    Bad("plan-price-nan-text", "/plan", {"prices": "h100-sxm=nan"}, "prices", "a positive number"),
+    Bad("plan-price-unknown-key", "/plan", {"prices": "tpu-v9=3"}, "prices", "tpu-{v3,v4,v5e,v5p,v6e}"),
+    Bad("plan-price-no-equals", "/plan", {"prices": "h100-sxm 3"}, "prices", "key=dollars"),
+    Bad("plan-price-shell", "/plan", {"prices": "h100-sxm=$(reboot)"}, "prices", "a positive number"),
+    Bad("plan-price-long", "/plan", {"prices": "h100-sxm=1," * 200}, "prices", "at most 600 characters"),
+    Bad("plan-price-none", "/plan", {"prices": None}, "prices", "key=dollars pairs"),
+    Bad("plan-tpu-step-negative", "/plan", {"tpu_step_ms": -5}, "tpu_step_ms", "number from 0 to"),
+    Bad("run-price-negative", "/run", {"prices": "tpu-v5e=-1"}, "prices", "a positive number"),
     Bad("plan-unknown-embeddings", "/plan", {"embeddings": "shared"}, "embeddings", "one of preset, tied, untied"),
     Bad("plan-workload-reference", "/plan", {"workload": "os:system"}, "workload", "one of mlp, cnn, transformer"),
     # model dimensions: ranges, consistency, and dimensions the workload does not have

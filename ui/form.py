@@ -17,7 +17,7 @@ from migration.config.fields import FIELDS, Field, fields_of
 
 # The form's panels, top to bottom: a title (None: always open) and the sections of its rows.
 PANELS: tuple[tuple[str | None, tuple[str, ...]], ...] = (
-    (None, ("source", "target")),
+    (None, ("source", "target", "cost")),
     ("Your model's dimensions, sharding and nodes (0: the preset's)", ("model", "nodes")),
     ("Advanced", ("choices", "extra runs", "checkpoint", "autotune")),
 )
@@ -34,7 +34,7 @@ def component(f: Field, defaults: dict[str, Any]) -> Component:
     if f.kind == "bool":
         return gr.Checkbox(value, label=f.label)
     return gr.Textbox(value, label=f.label, max_lines=1, placeholder=f.placeholder or None,
-                      **({"scale": 2} if f.kind == "text" else {}))
+                      **({"scale": 2} if f.kind in ("text", "prices") else {}))
 
 
 def section_row(section: str, defaults: dict[str, Any]) -> dict[str, Component]:

@@ -11,8 +11,9 @@ from typing import Any
 import pandas as pd
 
 from migration.codecheck import Finding
-from migration.common import GiB, fmt_gib, model_name
+from migration.common import GiB, duration_unit, fmt_gib, fmt_seconds, model_name
 from migration.grading import checklist
+from migration.planning.compare import headline, price_sources, shown_rows
 from migration.results import Plan, RunReport
 from migration.service.history import SERVING_KINDS
 from migration.service.orchestrate import MigrationResult
@@ -42,7 +43,7 @@ def plan_markdown(p: Plan) -> str:
     kernel = f", {src['attention']} attention" if src.get("attention") else ""
     source_line = (f"On the source TPU ({src['device_kind']}{kernel}): {gib(src['peak_bytes_per_chip'])} per device; "
                    f"the plan uses {gib(p.predicted_peak_bytes)} per GPU."
-                   + (f" TPU step predicted {src['predicted_step_s'] * 1e3:,.1f} ms ({src['step_method']})."
+                   + (f" TPU step predicted {fmt_seconds(src['predicted_step_s'])} ({src['step_method']})."
                       if src.get("predicted_step_s") else "") + "\n\n" if src.get("status") == "ok" else
                    f"Source TPU compile: {src.get('status')} — {src.get('reason', '')}\n\n" if src else "")
     env = "\n".join(f"export {k}={v['value']!r}  # {v['why']}" for k, v in p.environment.items())
@@ -66,6 +67,36 @@ def plan_markdown(p: Plan) -> str:
             f"```bash\n{env}\n```")
 
 
+def comparison_markdown(p: Plan) -> str:
+    """The before/after panel's text: the headline (time and cost on each side), the side-by-side table, what
+    the TPU compiler or the user's measurement says, and where each figure comes from."""
+    c = p.comparison
+    if not c:
+        return ""
+    rows = shown_rows(c)
+    keys = list(rows[0])
+    table = "\n".join(["| " + " | ".join(k or "figure" for k in keys) + " |", "|" + "---|" * len(keys),
+                       *("| " + " | ".join(html.escape(r[k]).replace("|", "\\|") for k in keys) + " |" for r in rows)])
+    notes = [c.get("tpu_fit"), (c.get("trust") or {}).get("text"), c.get("matching_note"), c.get("note"),
+             *(f"Price of {line}" for line in price_sources(c))]
+    return (f"### Before and after\n**{html.escape(headline(c))}**\n\n{table}\n\n"
+            + "\n".join(f"- {html.escape(n)}" for n in notes if n))
+
+
+def comparison_frames(p: Plan) -> tuple[pd.DataFrame, str, pd.DataFrame]:
+    """The bar charts' data: time to train on each side (in one unit, named in the second value) and cost, the
+    sides without a figure left out."""
+    c = p.comparison or {}
+    sides = [(f"{s['name']} ({label})", s) for label, s in (("before", c.get("tpu")), ("after", c.get("gpu"))) if s]
+    times = [s["time_s"] for _, s in sides if s["time_s"] is not None]
+    unit, scale = duration_unit(max(times)) if times else ("days", 86400.0)
+    time = pd.DataFrame([{"side": name, "time": s["time_s"] / scale} for name, s in sides if s["time_s"] is not None],
+                        columns=["side", "time"]).astype({"side": "str", "time": "float64"})
+    cost = pd.DataFrame([{"side": name, "cost_usd": s["cost_usd"]} for name, s in sides if s["cost_usd"] is not None],
+                        columns=["side", "cost_usd"]).astype({"side": "str", "cost_usd": "float64"})
+    return time, unit, cost
+
+
 def ranked_frame(p: Plan) -> pd.DataFrame:
     """The ranked choices: those compiled and timed first, fastest first (the planner's choice rule), then
     the others by the estimate that ordered them; what became of each."""
@@ -73,9 +104,15 @@ def ranked_frame(p: Plan) -> pd.DataFrame:
                                                   "device_fill", "predicted_step", "state", "how", "status", "chosen"])
 
 
-def decisions_frame(p: Plan) -> pd.DataFrame:
-    return pd.DataFrame([{"decision": d.decision, "value": str(d.value), "reason": d.reason} for d in p.decisions],
-                        columns=["decision", "value", "reason"])
+def decisions_html(p: Plan) -> str:
+    """Each decision, its value in units and its whole reason, wrapped to the page's width."""
+    cards = "".join(
+        f'<div class="dec-item" data-decision="{html.escape(d.decision)}" style="padding:4px 0;'
+        f'border-bottom:1px solid #d0d7de"><strong>{html.escape(d.decision)}</strong>: '
+        f'<code>{html.escape(d.shown())}</code>'
+        f'<div style="white-space:normal;overflow-wrap:anywhere">{html.escape(d.reason)}</div></div>'
+        for d in p.decisions)
+    return f'<div class="decisions"><h3>Decisions with their reasons</h3>{cards}</div>'
 
 
 def memory_frame(rows: list[dict[str, Any]], budget: int | None) -> pd.DataFrame:

@@ -58,15 +58,26 @@ def form_inputs(default_target: str) -> tuple[dict[str, Component], dict[str, gr
 def result_outputs() -> dict[str, Component]:
     """What a plan, a run and an autotune show, hidden until they have something to show."""
     o = {"progress": gr.Markdown(label="Progress", show_label=False),
+         "comparison": gr.Markdown(visible=False, label="Before and after", show_label=False,
+                                   elem_id="before-after-plan")}
+    with gr.Row():  # the panel's two charts, beside each other under its table
+        o |= {"time_plot": gr.BarPlot(x="side", y="time", color="side", visible=False, height=260,
+                                      title="Time to train (predicted unless measured)", elem_id="time-plot",
+                                      label="Time to train", show_label=False),
+              "cost_plot": gr.BarPlot(x="side", y="cost_usd", color="side", visible=False, height=260,
+                                      title="Cost to train ($)", y_title="$", elem_id="cost-plot",
+                                      label="Cost to train", show_label=False)}
+    o |= {"comparison_file": gr.File(label="Before and after (CSV)", visible=False),
          "plan": gr.Markdown(visible=False, label="Plan", show_label=False),
          "memory_plot": gr.ScatterPlot(x="per_device_batch", y="predicted_GiB", color="series", visible=False,
                                        title="Predicted peak memory per GPU for each batch compiled, and the budget",
+                                       x_axis_format="d", x_title="per-device batch", y_title="GiB",
                                        height=300, label="Predicted peak memory per GPU", show_label=False),
          "ranked": gr.Dataframe(label="Choices that fit, fastest predicted step first", wrap=True, visible=False),
          "autotune_table": gr.Dataframe(label="Autotune: the top choices measured here", wrap=True, visible=False,
                                         elem_id="autotune-table"),
          "autotune_file": gr.File(label="Autotune CSV", visible=False),
-         "decisions": gr.Dataframe(label="Decisions with their reasons", wrap=True, visible=False),
+         "decisions": gr.HTML(visible=False, label="Decisions with their reasons", show_label=False),
          "results": gr.Dataframe(label="Results", wrap=True, visible=False),
          "loss_plot": gr.LinePlot(x="step", y="loss", color="run", title="Loss", height=300, visible=False,
                                   label="Loss", show_label=False),
@@ -98,7 +109,8 @@ def wire_migrate(tab: MigrateTab, handlers: JobHandlers) -> None:
     i["workload"].change(presets_of, i["workload"], i["preset"], api_visibility="private")
     plan_event = tab.buttons["plan"].click(
         handlers.do_plan, [i[name] for name in PLAN_INPUTS],
-        [o["progress"], o["plan"], o["memory_plot"], o["ranked"], o["decisions"], tab.plan_state, job],
+        [o["progress"], o["comparison"], o["time_plot"], o["cost_plot"], o["comparison_file"], o["plan"],
+         o["memory_plot"], o["ranked"], o["decisions"], tab.plan_state, job],
         api_name="plan", concurrency_limit=None)
     run_event = tab.buttons["run"].click(
         handlers.do_run, [tab.plan_state, tab.code_state, *(i[name] for name in RUN_INPUTS)],

@@ -29,12 +29,15 @@ from migration.service.history import HistoryError
 from migration.service.job import Job, LimitError, NotYourJob
 from migration.service.orchestrate import MigrationResult, RunOptions, candidate_text
 from migration.config.fields import FIELD
+from migration.planning.compare import rows as comparison_rows
 from ui.context import AppContext, refuse, user_of
 from ui.form import PLAN_FILE, takes_fields
-from ui.frames import (autotune_frame, before_after_frame, checklist_html, curve_frame, decisions_frame, loss_frame,
-                       memory_frame, plan_markdown, ranked_frame, results_frame, run_headline, scaling_frame)
+from ui.frames import (autotune_frame, before_after_frame, checklist_html, comparison_frames, comparison_markdown,
+                       curve_frame, decisions_html, loss_frame, memory_frame, plan_markdown, ranked_frame, results_frame,
+                       run_headline, scaling_frame)
 from ui.streaming import cleared, follow, waiting_line
 
+PLAN_RESULTS = 8  # /plan's result outputs: the before/after panel (text, two charts, CSV), the plan, its three tables
 PLOT_EVERY_S = 1.0  # a plot that grows while a job works is redrawn at most this often
 PROGRESS_EVERY_S = 0.5  # a job's progress line is sent to its page at most this often
 
@@ -57,7 +60,7 @@ class JobHandlers:
             job = await asyncio.to_thread(service.submit_plan, user_of(request), req, label=label)
         except (ConfigError, LimitError, HistoryError) as exc:
             raise refuse(exc)
-        yield (f"Planning (job #{job.id})…", *cleared(4), gr.skip(), job.id)
+        yield (f"Planning (job #{job.id})…", *cleared(PLAN_RESULTS), gr.skip(), job.id)
         watch = PlanWatch()
         async with contextlib.aclosing(follow(service, job)) as events:
             async for ev in events:
@@ -65,15 +68,27 @@ class JobHandlers:
                 if update is not None:
                     yield update
         if job.state == "cancelled":
-            yield ("Planning stopped.", *[gr.skip()] * 5, None)
+            yield ("Planning stopped.", *[gr.skip()] * (PLAN_RESULTS + 1), None)
             return
         if job.result is None:
             raise refuse(PlanError("failed", job.error or "the planner ended without a plan"))
         p: Plan = job.result
-        yield ("", gr.update(value=plan_markdown(p), visible=True),
+        yield ("", *self.comparison_updates(p, user_of(request)), gr.update(value=plan_markdown(p), visible=True),
                gr.update(value=memory_frame(p.table, p.budget_bytes), visible=True),
-               gr.update(value=ranked_frame(p), visible=True), gr.update(value=decisions_frame(p), visible=True),
+               gr.update(value=ranked_frame(p), visible=True), gr.update(value=decisions_html(p), visible=True),
                p.to_dict(), None)
+
+    def comparison_updates(self, p: Plan, user: str) -> tuple[Any, ...]:
+        """The before/after panel: its text, the time and cost charts (each where it has a bar), its CSV."""
+        if not p.comparison:
+            return (gr.update(visible=False),) * 4
+        time_frame, unit, cost_frame = comparison_frames(p)
+        path = self.context.export_path("comparison", user)
+        write_csv(comparison_rows(p.comparison), path=path)
+        return (gr.update(value=comparison_markdown(p), visible=True),
+                gr.update(value=time_frame, visible=len(time_frame) > 0, y_title=unit),
+                gr.update(value=cost_frame, visible=len(cost_frame) > 0),
+                gr.update(value=str(path), visible=True))
 
     @takes_fields("run", leading=("plan_dict", "code_state", PLAN_FILE))
     async def do_run(self, plan_dict: Any, code_state: Any, plan_file: Any, values: dict[str, Any],
@@ -115,6 +130,7 @@ class JobHandlers:
         base = RunConfig(**config, memory_fraction=source.memory_fraction, warmup_steps=min(2, config["steps"] - 1),
                          timeout_s=limits.max_run_s, save_checkpoint=save_to, restore_checkpoint=restore_from)
         code = CodeCheck.from_dict(code_state) if code_state else None
+        options["tpu_step_ms"] = req.tpu_step_ms or 0.0  # the form's measured TPU step: the benchmark item's
         return await asyncio.to_thread(self.context.service.submit_run, user, source, base, RunOptions(**options),
                                        code=code, label=label)
 
@@ -205,7 +221,7 @@ class PlanWatch:
 
     def update(self, ev: dict[str, Any]) -> tuple[Any, ...] | None:
         if ev["event"] == "waiting":
-            return (waiting_line(ev, "Your plan"), None, self.plot, None, None, gr.skip(), gr.skip())
+            return self.line(waiting_line(ev, "Your plan"))
         if ev["event"] != "planning":
             return None
         wev = ev["worker_event"]
@@ -220,13 +236,17 @@ class PlanWatch:
             if time.monotonic() - self.drawn_at >= PLOT_EVERY_S:  # the final plan draws every candidate
                 self.drawn_at = time.monotonic()
                 now_plot, self.plot = gr.update(value=memory_frame(self.rows, self.budget), visible=True), gr.skip()
-            return (line, None, now_plot, None, None, gr.skip(), gr.skip())
+            return self.line(line, now_plot)
         if wev["event"] == "heartbeat":
             text = f"Planning… {wev['elapsed_s']:.0f} s, {len(self.rows)} compile(s) so far"
             if text != self.heartbeat:  # heartbeats come twice a second; the line changes once
                 self.heartbeat = text
-                return (text, None, self.plot, None, None, gr.skip(), gr.skip())
+                return self.line(text)
         return None
+
+    def line(self, text: str, plot: Any = None) -> tuple[Any, ...]:
+        """A progress line, the memory plot as drawn (or `plot`, redrawn), every other result hidden."""
+        return (text, *[None] * 5, self.plot if plot is None else plot, None, None, gr.skip(), gr.skip())
 
 
 @dataclasses.dataclass

@@ -38,7 +38,9 @@ from migration.config.requests import PlanRequest, RunConfig
 from migration.config.serving import serve_request, serve_run_request
 from migration.grading.checklist import to_csv
 from migration.grading.serving import ServingEvidence, serving_checklist
+from migration.planning.compare import rows as comparison_rows
 from migration.planning.planfile import read_plan
+from migration.prices import fmt_prices, parse_prices, read_prices_file
 from migration.results import Plan
 from migration.running.runner import PlanError, probe_environment, start_plan, start_run
 from migration.running.worker_env import compile_environment, resolve_platform
@@ -54,6 +56,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         model = model_overrides(args)
         config, options = forms.run_values(**given_fields(args, "run", ("run", "options")))
+        if args.tpu_step_ms is not None:  # the TPU job's, as a plan takes it: with --plan, the benchmark item's
+            options["tpu_step_ms"] = forms.parse(FIELD["tpu_step_ms"], args.tpu_step_ms)
     except ConfigError as exc:
         print(f"error: invalid config: {exc}" + (f" (flag {FLAGS[exc.field]})" if exc.field in FLAGS else ""),
               file=sys.stderr)
@@ -203,6 +207,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.json:
         result.to_json(args.json)
         print(f"wrote {args.json}")
+    if args.csv:
+        write_csv(comparison_rows(result.comparison), path=args.csv)
+        print(f"wrote {args.csv}")
     return 0 if result.status == "ok" else 1
 
 
@@ -220,6 +227,9 @@ def plan_request(args: argparse.Namespace) -> PlanRequest:
             given["attention"] = "xla"
             print(f"the code check found attention that stores the scores at {found.file}:{found.line} (ATTN001): "
                   "planning with XLA's attention (--attention cudnn to plan the fused kernel instead)")
+    if args.prices_file:  # the file's prices, then --price's over them
+        given["prices"] = fmt_prices({**read_prices_file(args.prices_file),
+                                      **parse_prices(given.get("prices", ""), "prices")})
     req = forms.plan_request(registered_only=False, **{**given, "preset": args.preset})
     return dataclasses.replace(req, compile_for_tpu=args.compile_for_tpu)
 

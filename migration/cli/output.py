@@ -8,7 +8,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from migration.common import fmt_gib, fmt_loss, model_name
+from migration.common import fmt_gib, fmt_loss, fmt_seconds, model_name
+from migration.planning.compare import headline, price_sources, shown_rows
 from migration.results import write_csv as write_report_csv
 from migration.service.orchestrate import describe
 
@@ -122,7 +123,7 @@ def print_plan(plan: Any) -> None:
           f"{plan.precision}, remat {plan.remat}; predicted peak {fmt_bytes(plan.predicted_peak_bytes)} per GPU"
           + (f", predicted step {plan.step_label()}" if plan.predicted_step_s else ""))
     for d in plan.decisions:
-        print(f"  {d.decision:<20} {str(d.value):<14} {d.reason}")
+        print(f"  {d.decision:<20} {d.shown():<14} {d.reason}")
     for mode, found in (plan.max_batch_by_sharding or {plan.sharding: plan.max_batch_by_remat}).items():
         print(f"largest batch per remat policy searched ({mode} state): " + ", ".join(f"{k} {v}" for k, v in found.items()))
     st = plan.state
@@ -139,7 +140,7 @@ def print_plan(plan: Any) -> None:
         print(f"on the source TPU ({src['device_kind']}{kernel}): {fmt_bytes(src['peak_bytes_per_chip'])} per device "
               f"of {fmt_bytes(src['hbm_bytes_per_device'])}; the plan uses {fmt_bytes(plan.predicted_peak_bytes)} per GPU")
         if src.get("predicted_step_s"):
-            print(f"  TPU step predicted {src['predicted_step_s'] * 1e3:,.1f} ms, {src['step_method']}")
+            print(f"  TPU step predicted {fmt_seconds(src['predicted_step_s'])}, {src['step_method']}")
     elif src.get("status") == "does-not-fit":
         print(f"on the source TPU ({src['device_kind']}): the TPU compiler says this setup does not fit its "
               f"{fmt_bytes(src['hbm_bytes_per_device'])} per device: {src['reason']}")
@@ -153,6 +154,25 @@ def print_plan(plan: Any) -> None:
     print(f"search: {plan.compiles} compile(s) ({plan.parallel_compiles} in a compile worker beside the search), "
           f"{plan.cache_hits} cache hit(s), {plan.ruled_out_by_bound} ruled out "
           f"uncompiled by the lower bound, {plan.search_seconds:.1f} s")
+    print_comparison(plan)
+
+
+def print_comparison(plan: Any) -> None:
+    """The TPU job and the GPU plan side by side (the plan's last lines: what a reader sees first)."""
+    c = plan.comparison
+    if not c:
+        return
+    shown = shown_rows(c)
+    keys = list(shown[0])
+    widths = [max(len(keys[i]), *(len(r[k]) for r in shown)) for i, k in enumerate(keys)]
+    print("\nbefore and after (predictions unless a step says measured):")
+    for row in [dict(zip(keys, keys)), *shown]:
+        print("  " + "  ".join(f"{row[k]:<{w}}" for k, w in zip(keys, widths)).rstrip())
+    print(f"  {headline(c)}")
+    for extra in (c.get("tpu_fit"), (c.get("trust") or {}).get("text"), c.get("matching_note"), c.get("note"),
+                  *("price " + line for line in price_sources(c))):
+        if extra:
+            print(f"  {extra}")
 
 
 def print_ranked(plan: Any) -> None:

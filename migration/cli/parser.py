@@ -207,6 +207,10 @@ def add_plan_flags(pl: argparse.ArgumentParser) -> None:
     pl.add_argument("--no-tpu-compile", dest="compile_for_tpu", action="store_false",
                     help=f"do not try to compile the TPU-style setup for the source TPU ({', '.join(TPU_SPECS)})")
     pl.add_argument("--json", metavar="PATH", help="write the plan as JSON")
+    pl.add_argument("--csv", metavar="PATH", help="write the TPU job and the plan side by side as CSV (metric, tpu, "
+                                                  "gpu, unit)")
+    pl.add_argument("--prices-file", metavar="PATH",
+                    help="your prices: JSON {\"tpu-v5p\": 4.2, ...} or one key=dollars per line (--price overrides)")
     pl.add_argument("--code", nargs="+", metavar="FILE.py",
                     help="your training code, read (never run) by the code check: where it finds attention that "
                          "stores the scores (ATTN001) and --attention is not given, the plan uses XLA's attention")

@@ -25,7 +25,8 @@ from migration.config.limits import GRANULARITIES, LIMITS, PLAN_LIMITS, PRECISIO
 from migration.hardware import GPU_SPECS, TPU_SPECS
 
 # "layout": a layout name (migration/config/layouts.py) or auto; `choices` are suggestions, not a list.
-Kind = Literal["int", "float", "choice", "bool", "text", "folder", "layout"]
+# "prices": key=dollars pairs (migration/prices.py).
+Kind = Literal["int", "float", "choice", "bool", "text", "folder", "layout", "prices"]
 # What a field fills: the plan request, the run config, the run options (extra runs), the autotune
 # settings, or the job itself (its label, its checkpoints).
 Fills = Literal["plan", "run", "options", "autotune", "job"]
@@ -189,10 +190,6 @@ FIELDS: tuple[Field, ...] = (
     Field("plan_timeout_s", "float", "plan", 900.0, "", endpoints=(), limits=PLAN_LIMITS["timeout_s"], to="timeout_s",
           flag="timeout", help="seconds before planning is stopped"),
     Field("seed", "int", "run", 0, "Seed (initial parameters and data)", "choices", RUN, RUN, limits=LIMITS["seed"]),
-    Field("tpu_step_ms", "float", "options", 0.0, "Your TPU job's measured step time, ms (0: not given)", "choices",
-          RUN, RUN, limits=LIMITS["tpu_step_ms"], zero="not given", flag="tpu-step-ms",
-          help="with --plan: your TPU job's measured time per optimizer step (ms) at the plan's requested global "
-               "batch; the benchmark item compares the migrated run with it"),
     Field("network_gbps", "float", "plan", 0.0, "Network per GPU between nodes, Gb/s (0: one 400 Gb/s port)", "nodes",
           limits=PLAN_LIMITS["network_gbps"], flag="network-gbps",
           help="each GPU's network bandwidth between nodes in Gb/s, NICs per GPU x their speed (0: one 400 Gb/s "
@@ -208,6 +205,19 @@ FIELDS: tuple[Field, ...] = (
           help="scan: one lax.scan (or nnx.scan) over stacked layers, MaxText's scan_layers; unrolled: a Python loop "
                "over the layers (Paxml's USE_REPEATED_LAYER=False): no stacked buffer of saved activations, a compile "
                "that grows with the depth; transformer and llama"),
+    Field("train_tokens", "float", "plan", 1e12, "Tokens to train (examples for mlp and cnn)", "cost",
+          limits=PLAN_LIMITS["train_tokens"], flag="train-tokens",
+          help="tokens (examples where the workload has no tokens) the time and cost to train are given for, "
+               "e.g. 1e12"),
+    Field("prices", "prices", "plan", "", "Your prices, $ per chip-hour or GPU-hour (blank: public list prices)",
+          "cost", flag="price", placeholder="tpu-v5p=4.2, h100-sxm=3.99",
+          help="your prices over the table's, key=dollars per chip-hour (TPU generations: tpu-v5p, ...) or "
+               "GPU-hour (catalog GPUs), comma-separated, e.g. tpu-v5p=4.2,h100-sxm=3.99"),
+    Field("tpu_step_ms", "float", "plan", 0.0, "Your TPU job's measured step time, ms (0: not given)", "cost",
+          MODEL, MODEL, limits=LIMITS["tpu_step_ms"], zero="not given", flag="tpu-step-ms",
+          help="your TPU job's measured time per optimizer step (ms) at the requested global batch: the plan "
+               "checks its TPU prediction against it and uses it for the TPU side's time and cost; the run's "
+               "benchmark item compares the migrated run with it"),
 )
 FIELD = {f.name: f for f in FIELDS}
 

@@ -24,6 +24,7 @@ from migration.config.layouts import parse_layout
 from migration.config.fields import AUTO, DIMENSIONS, FIELD, FIELDS, LABEL_MAX_CHARS, Field
 from migration.config.limits import ConfigError
 from migration.config.requests import CHECKPOINT_META_FILE, PlanRequest, validate_plan_request
+from migration.prices import parse_prices
 
 _WHOLE_TEXT = re.compile(r"[+-]?[0-9]+", re.ASCII)
 _NUMBER_TEXT = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?", re.ASCII)
@@ -136,6 +137,8 @@ def parse(field: Field, value: Any, *, hi: float | None = None, note: str = "") 
         return flag(value, name)
     if field.kind == "folder":
         return checkpoint_name(value, name)
+    if field.kind == "prices":
+        return parse_prices(value, name)
     return label_text(value, name, LABEL_MAX_CHARS)
 
 

@@ -38,6 +38,7 @@ from migration.config.limits import (
     check_int,
 )
 from migration.hardware import GPU_SPECS, TPU_SPECS
+from migration.prices import checked_key, checked_price
 
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
@@ -289,6 +290,11 @@ class PlanRequest:
     sharding: str | None = None
     accumulation_steps: int | None = None  # override
     compile_for_tpu: bool = True  # also compile the TPU-style setup for the source TPU where libtpu is installed
+    # The comparison (migration/planning/compare.py): tokens to train (examples where the workload has no
+    # tokens), the user's prices over the table's (migration/prices.py), the TPU step they measured (ms).
+    train_tokens: float = 1e12
+    prices: dict[str, float] = dataclasses.field(default_factory=dict)
+    tpu_step_ms: float | None = None
     timeout_s: float = 900.0
     silence_timeout_s: float = 120.0  # see RunConfig
 
@@ -376,6 +382,13 @@ def validate_plan_request(req: PlanRequest) -> PlanRequest:
         check_remat_applies(req)
     if req.accumulation_steps is not None:
         _check_range(req, "accumulation_steps", LIMITS, integer=True)
+    _check_range(req, "train_tokens", PLAN_LIMITS, integer=False)
+    if req.tpu_step_ms is not None:
+        _check_range(req, "tpu_step_ms", LIMITS, integer=False)
+    if not isinstance(req.prices, dict):
+        raise ConfigError("prices", f"must map keys to dollars per hour, e.g. {{\"tpu-v5p\": 4.2}}; got {shown(req.prices)}")
+    for key, usd in req.prices.items():
+        checked_price(usd, "prices", checked_key(key if isinstance(key, str) else repr(key), "prices", str(key)))
     _check_plan_consistency(req, TPU_SPECS[req.source].devices)
     return req
 

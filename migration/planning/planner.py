@@ -21,7 +21,7 @@ from typing import Any
 
 import jax
 
-from migration.common import fmt_gib
+from migration.common import fmt_gib, fmt_seconds
 from migration.config.layouts import parse_layout
 from migration.config.limits import LIMITS, REMAT_NAMED
 from migration.config.requests import PlanRequest, remat_applies
@@ -31,6 +31,7 @@ from migration.planning.memory import STATE_BYTES_PER_PARAM, CompileFailed, Memo
 from migration.results import Decision, Plan
 from migration.planning.source import compile_for_source_tpu, source_sharding, tpu_setup_on_target
 from migration.planning import steptime
+from migration.planning.compare import compare
 from migration.planning.search import (
     RECOMPUTE_NOTE,
     REMAT_ORDER,
@@ -615,13 +616,13 @@ class _Planner:
         fused_s = steptime.predict(kernels, self.target.spec, links).seconds
         return Decision("attention_saving", round(1 - fused_s / seconds, 4), (
             f"recommendation: cuDNN's fused attention (jax.nn.dot_product_attention(..., implementation='cudnn')) "
-            f"for the same choice: compiled step {fused_s * 1e3:,.1f} ms instead of {seconds * 1e3:,.1f} ms "
+            f"for the same choice: compiled step {fmt_seconds(fused_s)} instead of {fmt_seconds(seconds)} "
             f"({1 - fused_s / seconds:+.0%} time saved), peak {fmt_gib(other_peak)} instead of {fmt_gib(peak)} per GPU; "
             "the scores are never stored, so a larger batch or a cheaper remat policy may then fit (plan again "
             "with attention cudnn)"))
 
     def _step_text(self, seconds: float | None) -> str:
-        return "n/a (no peak for this device)" if seconds is None or not self.cost.peak_flops else f"{seconds * 1e3:.1f} ms"
+        return "n/a (no peak for this device)" if seconds is None or not self.cost.peak_flops else fmt_seconds(seconds)
 
     # -- results -----------------------------------------------------------------------------
     def _common(self, max_batch: dict[Key, int], ranked: list[Choice], rejected: list[dict[str, Any]],
@@ -693,12 +694,30 @@ class _Planner:
         if saving:
             d.append(saving)
         d.append(Decision("step_time", None if step["seconds"] is None else round(step["seconds"], 6), step["method"]))
-        return Plan(status="ok", per_device_batch=chosen.per_device_batch, accumulation_steps=chosen.accumulation_steps,
-                    global_batch=chosen.global_batch, global_batch_exact=chosen.exact, remat=chosen.remat,
-                    remat_chosen_by="override" if req.remat else "search", predicted_peak_bytes=peak,
-                    predicted_step_s=step["seconds"], step_time=step,
-                    tpu_setup_on_target=tpu_setup, source_tpu_compile=source_compile, decisions=d,
-                    state=self._state(chosen), **self._common(max_batch, ranked, rejected, chosen.sharding))
+        return self._compared(Plan(
+            status="ok", per_device_batch=chosen.per_device_batch, accumulation_steps=chosen.accumulation_steps,
+            global_batch=chosen.global_batch, global_batch_exact=chosen.exact, remat=chosen.remat,
+            remat_chosen_by="override" if req.remat else "search", predicted_peak_bytes=peak,
+            predicted_step_s=step["seconds"], step_time=step,
+            tpu_setup_on_target=tpu_setup, source_tpu_compile=source_compile, decisions=d,
+            state=self._state(chosen), **self._common(max_batch, ranked, rejected, chosen.sharding)))
+
+    def _compared(self, plan: Plan) -> Plan:
+        """The plan with the TPU job beside it (planning/compare.py), from the two sides' step times."""
+        req = self.req
+        w = get_workload(req.workload)
+        cfg = w.config(req.preset, self.predictor.model)
+        plan.comparison = compare(
+            plan, train=req.train_tokens, prices=req.prices,
+            measured_tpu_step_s=req.tpu_step_ms / 1e3 if req.tpu_step_ms else None,
+            flops_per_example=w.flops_per_example(cfg), tokens_per_example=w.tokens_per_example(cfg),
+            gpu_peak_flops=self.target.peak_flops(self.precision),
+            local_key=self.target.spec.key if self.target.spec else None)
+        if plan.comparison.get("tpu_fit"):
+            plan.decisions.append(Decision("tpu_setup", "does not fit the TPU", plan.comparison["tpu_fit"]))
+        if (plan.comparison.get("trust") or {}).get("text"):
+            plan.decisions.append(Decision("tpu_step", "measured", plan.comparison["trust"]["text"]))
+        return plan
 
     def _infeasible(self, max_batch: dict[Key, int], ranked: list[Choice], rejected: list[dict[str, Any]]) -> Plan:
         req, budget = self.req, self.target.budget_bytes
@@ -731,11 +750,12 @@ class _Planner:
                    f"bytes{f' / {shards} GPUs ({mode})' if shards > 1 else ''}). "
                    "What would help: " + "; ".join(_what_would_help(req, mode)) + ".")
         self.emit("infeasible", message=message)
-        return Plan(status="infeasible", per_device_batch=0, accumulation_steps=0, global_batch=0,
-                    global_batch_exact=False, remat=policy, remat_chosen_by="override" if req.remat else "search",
-                    predicted_peak_bytes=floor, predicted_step_s=None, tpu_setup_on_target={},
-                    source_tpu_compile={"status": "not requested"}, decisions=self.decisions, message=message,
-                    **self._common(max_batch, ranked, rejected, mode))
+        return self._compared(Plan(
+            status="infeasible", per_device_batch=0, accumulation_steps=0, global_batch=0,
+            global_batch_exact=False, remat=policy, remat_chosen_by="override" if req.remat else "search",
+            predicted_peak_bytes=floor, predicted_step_s=None, tpu_setup_on_target={},
+            source_tpu_compile=compile_for_source_tpu(req) if req.compile_for_tpu else {"status": "not requested"},
+            decisions=self.decisions, message=message, **self._common(max_batch, ranked, rejected, mode)))
 
 
 def _what_would_help(req: PlanRequest, mode: str) -> list[str]:

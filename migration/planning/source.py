@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from migration.common import first_line, fmt_gib, is_oom
+from migration.common import first_line, fmt_gib, fmt_seconds, is_oom
 from migration.config.requests import PlanRequest, RunConfig
 from migration.hardware import TPU_SPECS, TpuSpec
 from migration.planning import steptime
@@ -64,10 +64,10 @@ def tpu_model(req: PlanRequest) -> dict[str, Any]:
 
 def tpu_step_method(step: steptime.StepPrediction, source: TpuSpec) -> str:
     cal = steptime.TPU_CALIBRATION
-    ici = (f"collectives {step.communication_s * 1e3:,.1f} ms over {source.ici_bytes_per_s * 2 / 1e9:,.0f} GB/s of "
-           f"inter-chip links per device ({step.exposed_communication_s * 1e3:,.1f} ms not hidden)"
+    ici = (f"collectives {fmt_seconds(step.communication_s)} over {source.ici_bytes_per_s * 2 / 1e9:,.0f} GB/s of "
+           f"inter-chip links per device ({fmt_seconds(step.exposed_communication_s)} not hidden)"
            if source.ici_bytes_per_s else "collectives not timed (no inter-chip bandwidth stated for this chip)")
-    return (f"from the compiled TPU program: {step.kernels:,} kernels, {step.flops / 1e12:,.2f} TFLOP per device, each "
+    return (f"from the compiled TPU program: {step.kernels:,} kernels, {step.flops / 1e12:,.3g} TFLOP per device, each "
             f"at the longer of its FLOPs at {cal.matmul:.0%} of {source.chip.name}'s bf16 peak and its HBM bytes at "
             f"{cal.memory:.0%} of the bandwidth; {ici}; expected error about ±{steptime.EXPECTED_ERROR_TPU:.0%} "
             "(bench/published_check.py --tpu)")

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 
+from migration.common import fmt_seconds
 from migration.hardware import GpuSpec, Links
 from migration.planning.hlo_cost import Kernel
 
@@ -70,7 +71,7 @@ class StepPrediction:
         return (f"from the compiled program: {self.kernels:,} kernel launches, {self.flops / 1e12:,.2f} TFLOP per GPU; "
                 f"each kernel at the longer of its FLOPs at {CALIBRATION.matmul:.0%} of {spec.name}'s dense peak and "
                 f"its bytes at {CALIBRATION.memory:.0%} of {spec.bandwidth_bytes_per_s / 1e12:.2f} TB/s; collectives "
-                f"{self.communication_s * 1e3:,.1f} ms over {link_note} ({self.exposed_communication_s * 1e3:,.1f} ms "
+                f"{fmt_seconds(self.communication_s)} over {link_note} ({fmt_seconds(self.exposed_communication_s)} "
                 f"not hidden behind compute); expected error about ±{expected_error:.0%} (bench/published_check.py)")
 
 

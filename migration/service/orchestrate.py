@@ -177,7 +177,7 @@ def run_plan(p: Plan, base: RunConfig, options: RunOptions, export_dir: Path, *,
     evidence = checklist.Evidence(
         plan=p, run=done[0][1], ran_plan=here.local_plan, code=code,
         fp32_reference=dict(done).get("fp32 reference"), tpu_style_run=dict(done).get("TPU-style"),
-        pmap_run=dict(done).get("pmap (before)"), tpu_step_ms=options.tpu_step_ms or None,
+        pmap_run=dict(done).get("pmap (before)"), tpu_step_ms=options.tpu_step_ms or p.measured_tpu_step_ms,
         scaling_runs=tuple(_recorded_scaling_runs(recorder, done[0][1])))
     items = checklist.evaluate(evidence)
     scaling = scaling_view(done)
