@@ -237,9 +237,20 @@ def bench_reference(name: str) -> str:
 
 # -- regions -----------------------------------------------------------------------------------------------------
 
+def prices_reference() -> str:
+    """The dated price table the comparison reads (migration/prices.py), each price with its source."""
+    from migration.prices import PRICES, PRICES_AS_OF, price_keys
+
+    rows = [[f"`{p.key}`", f"${p.usd_per_hour:,.2f}" if p.usd_per_hour >= 1 else f"${p.usd_per_hour:.4f}", p.unit, p.note, f"[{p.as_of}]({p.source})"]
+            for p in PRICES.values()]
+    missing = ", ".join(f"`{k}`" for k in price_keys() if k not in PRICES)
+    return (markdown_table(["key", "price", "per", "what it is", "source"], rows)
+            + f"\nRead {PRICES_AS_OF}. No public price in the table: {missing} (give yours).\n")
+
+
 GENERATORS: dict[str, Callable[[], str]] = {
     "cli": cli_reference, "app-flags": app_flags, "linter-flags": linter_flags, "fields": fields_reference,
-    "rules": rules_reference, "api": api_reference, "layers": layers_reference,
+    "rules": rules_reference, "api": api_reference, "layers": layers_reference, "prices": prices_reference,
 }
 
 

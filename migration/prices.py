@@ -107,7 +107,8 @@ def parse_prices(value: Any, field: str = "prices") -> dict[str, float]:
     prices: dict[str, float] = {}
     for pair in (p for p in re.split(r"[,\s]+", value.strip()) if p):
         key, sep, amount = pair.partition("=")
-        prices[checked_key(key, field, pair, sep)] = checked_price(amount, field, key)
+        key = checked_key(key, field, pair, sep)  # the key first: a bad key is named as such
+        prices[key] = checked_price(amount, field, key)
     return prices
 
 
@@ -146,13 +147,14 @@ def read_prices_file(path: str | Path, field: str = "prices_file") -> dict[str, 
             raise ConfigError(field, f"{path}: not valid JSON ({exc})")
         if not isinstance(data, dict):
             raise ConfigError(field, f"{path}: must map keys to dollars per hour, e.g. {{\"tpu-v5p\": 4.2}}")
-        return {checked_key(k, field, k): checked_price(v, field, k) for k, v in data.items()}
+        return {k: checked_price(v, field, k) for k, v in data.items() if checked_key(k, field, k)}
     prices: dict[str, float] = {}
     for line in text.splitlines():
         line = line.split("#", 1)[0].strip()
         if line:
-            key, _, amount = line.replace(",", "=", 1).partition("=")
-            prices[checked_key(key.strip(), field, line, "=" if _ else "")] = checked_price(amount.strip(), field, key)
+            key, sep, amount = line.replace(",", "=", 1).partition("=")
+            key = checked_key(key.strip(), field, line, sep)
+            prices[key] = checked_price(amount.strip(), field, key)
     return prices
 
 

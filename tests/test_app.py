@@ -44,13 +44,13 @@ def test_plan_streams_each_compile_then_the_plan(app):
     step = re.search(r'data-decision="step_time".*?<code>([^<]+)</code>', decisions).group(1)
     assert re.fullmatch(r"[0-9.]+ (µs|ms|s)", step), step
     assert any(row[2] == "budget" for row in memory["data"])
-    assert ranked["headers"][:3] == ["remat", "per_device_batch", "accumulation_steps"]
-    assert ranked["data"][0][-1] == "✔" and re.fullmatch(r"[0-9.]+ (µs|ms|s)", ranked["data"][0][5])
-    assert not any(re.fullmatch(r"~?0\.0 ms", row[5]) for row in ranked["data"])  # a step in the unit that fits it
+    assert ranked["headers"][:4] == ["layout", "remat", "batch", "accum"]
+    assert ranked["data"][0][-1] == "✔" and re.fullmatch(r"[0-9.]+ (µs|ms|s)", ranked["data"][0][6])
+    assert not any(re.fullmatch(r"~?0\.0 ms", row[6]) for row in ranked["data"])  # a step in the unit that fits it
     # the before/after panel: both sides compiled (libtpu installed), time and cost charted, exported as CSV
     assert "Before and after" in comparison and "TPU v5e-8" in comparison and "H100" in comparison
     assert "predicted from the compiled TPU program" in comparison, comparison
-    assert [row[0] for row in time_plot["data"]] == ["TPU v5e-8 (v5litepod-8) (before)", "H100 SXM5 80GB (after)"]
+    assert [row[0] for row in time_plot["data"]] == ["before: TPU v5e-8 (v5litepod-8)", "after: 1 × H100 SXM5 80GB"]
     assert len(cost_plot["data"]) == 2 and all(row[1] > 0 for row in cost_plot["data"])
     frame = pd.read_csv(value(comparison_csv))
     assert list(frame.columns) == ["metric", "tpu", "gpu", "unit"]

@@ -68,6 +68,21 @@ def test_plan_run_checklist_compare_and_export_in_chromium(app, tmp_path):
         page.get_by_text("Plan:", exact=False).first.wait_for(timeout=180_000)
         assert "compiled-for-target" in page.content()
         assert page.get_by_text("Choices that fit", exact=False).first.is_visible()
+        # The before/after panel comes first, above the tables, with its two charts drawn.
+        panel = page.locator("#before-after-plan")
+        panel.get_by_text("time to train 1T tokens").wait_for(timeout=30_000)
+        for chart in ("#time-plot", "#cost-plot"):
+            page.locator(f"{chart} canvas, {chart} svg").first.wait_for(timeout=30_000)
+        tops = page.evaluate("() => ['#before-after-plan', '#time-plot', '.decisions'].map("
+                             "s => document.querySelector(s).getBoundingClientRect().top)")
+        assert tops[0] < tops[1] < tops[2], tops
+        # The decisions wrap their reasons: nothing cut off or scrolled sideways.
+        widths = page.evaluate("() => [document.querySelector('.decisions').scrollWidth, "
+                               "document.querySelector('.decisions').clientWidth]")
+        assert widths[0] <= widths[1] + 1, f"the decisions scroll sideways: {widths}"
+        assert page.locator(".dec-item").count() >= 6
+        page.evaluate("() => document.querySelector('#before-after-plan').scrollIntoView({block: 'start'})")
+        shoot(page, tmp_path, "plan.png")
 
         run = page.get_by_role("button", name="Run on this machine")
         run.click()
@@ -136,7 +151,7 @@ def test_plan_run_checklist_compare_and_export_in_chromium(app, tmp_path):
         shoot(page, tmp_path, "serve.png")
         browser.close()
     if UPDATE:
-        images = ["migrate.png", "history.png", "codecheck.png", "serve.png"]
+        images = ["plan.png", "migrate.png", "history.png", "codecheck.png", "serve.png"]
         (DOCS_IMG / "screenshots.json").write_text(json.dumps({"tabs": tabs, "images": images}, indent=1) + "\n",
                                                   encoding="utf-8")
     frame = pd.read_csv(saved)

@@ -87,7 +87,8 @@ def comparison_frames(p: Plan) -> tuple[pd.DataFrame, str, pd.DataFrame]:
     """The bar charts' data: time to train on each side (in one unit, named in the second value) and cost, the
     sides without a figure left out."""
     c = p.comparison or {}
-    sides = [(f"{s['name']} ({label})", s) for label, s in (("before", c.get("tpu")), ("after", c.get("gpu"))) if s]
+    sides = [(f"{label}: {s['name']}" if label == "before" else f"{label}: {s['devices']} × {s['name']}", s)
+             for label, s in (("before", c.get("tpu")), ("after", c.get("gpu"))) if s]
     times = [s["time_s"] for _, s in sides if s["time_s"] is not None]
     unit, scale = duration_unit(max(times)) if times else ("days", 86400.0)
     time = pd.DataFrame([{"side": name, "time": s["time_s"] / scale} for name, s in sides if s["time_s"] is not None],
@@ -97,11 +98,15 @@ def comparison_frames(p: Plan) -> tuple[pd.DataFrame, str, pd.DataFrame]:
     return time, unit, cost
 
 
+RANKED_COLUMNS = {"state": "layout", "remat": "remat", "per_device_batch": "batch", "accumulation_steps": "accum",
+                  "global_batch": "global", "device_fill": "fill", "predicted_step": "step", "how": "how",
+                  "status": "status", "chosen": "plan"}
+
+
 def ranked_frame(p: Plan) -> pd.DataFrame:
     """The ranked choices: those compiled and timed first, fastest first (the planner's choice rule), then
-    the others by the estimate that ordered them; what became of each."""
-    return pd.DataFrame(p.ranked_rows(), columns=["remat", "per_device_batch", "accumulation_steps", "global_batch",
-                                                  "device_fill", "predicted_step", "state", "how", "status", "chosen"])
+    the others by the estimate that ordered them; what became of each. Short headers, as the CLI's."""
+    return pd.DataFrame(p.ranked_rows(), columns=list(RANKED_COLUMNS)).rename(columns=RANKED_COLUMNS)
 
 
 def decisions_html(p: Plan) -> str:

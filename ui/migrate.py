@@ -61,11 +61,11 @@ def result_outputs() -> dict[str, Component]:
          "comparison": gr.Markdown(visible=False, label="Before and after", show_label=False,
                                    elem_id="before-after-plan")}
     with gr.Row():  # the panel's two charts, beside each other under its table
-        o |= {"time_plot": gr.BarPlot(x="side", y="time", color="side", visible=False, height=260,
+        o |= {"time_plot": gr.BarPlot(x="side", y="time", visible=False, height=260, y_lim=[0, None],
                                       title="Time to train (predicted unless measured)", elem_id="time-plot",
-                                      label="Time to train", show_label=False),
-              "cost_plot": gr.BarPlot(x="side", y="cost_usd", color="side", visible=False, height=260,
-                                      title="Cost to train ($)", y_title="$", elem_id="cost-plot",
+                                      x_title="", label="Time to train", show_label=False),
+              "cost_plot": gr.BarPlot(x="side", y="cost_usd", visible=False, height=260, y_lim=[0, None],
+                                      title="Cost to train ($)", y_title="$", x_title="", elem_id="cost-plot",
                                       label="Cost to train", show_label=False)}
     o |= {"comparison_file": gr.File(label="Before and after (CSV)", visible=False),
          "plan": gr.Markdown(visible=False, label="Plan", show_label=False),
@@ -73,7 +73,8 @@ def result_outputs() -> dict[str, Component]:
                                        title="Predicted peak memory per GPU for each batch compiled, and the budget",
                                        x_axis_format="d", x_title="per-device batch", y_title="GiB",
                                        height=300, label="Predicted peak memory per GPU", show_label=False),
-         "ranked": gr.Dataframe(label="Choices that fit, fastest predicted step first", wrap=True, visible=False),
+         "ranked": gr.Dataframe(label="Choices that fit, fastest predicted step first", wrap=True, visible=False,
+                                column_widths=["10%", "12%", "7%", "7%", "7%", "6%", "9%", "9%", "28%", "5%"]),
          "autotune_table": gr.Dataframe(label="Autotune: the top choices measured here", wrap=True, visible=False,
                                         elem_id="autotune-table"),
          "autotune_file": gr.File(label="Autotune CSV", visible=False),

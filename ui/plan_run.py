@@ -85,9 +85,10 @@ class JobHandlers:
         time_frame, unit, cost_frame = comparison_frames(p)
         path = self.context.export_path("comparison", user)
         write_csv(comparison_rows(p.comparison), path=path)
+        order = list(dict.fromkeys([*time_frame["side"], *cost_frame["side"]]))  # before, then after
         return (gr.update(value=comparison_markdown(p), visible=True),
-                gr.update(value=time_frame, visible=len(time_frame) > 0, y_title=unit),
-                gr.update(value=cost_frame, visible=len(cost_frame) > 0),
+                gr.update(value=time_frame, visible=len(time_frame) > 0, y_title=unit, sort=order),
+                gr.update(value=cost_frame, visible=len(cost_frame) > 0, sort=order),
                 gr.update(value=str(path), visible=True))
 
     @takes_fields("run", leading=("plan_dict", "code_state", PLAN_FILE))

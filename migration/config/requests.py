@@ -388,7 +388,8 @@ def validate_plan_request(req: PlanRequest) -> PlanRequest:
     if not isinstance(req.prices, dict):
         raise ConfigError("prices", f"must map keys to dollars per hour, e.g. {{\"tpu-v5p\": 4.2}}; got {shown(req.prices)}")
     for key, usd in req.prices.items():
-        checked_price(usd, "prices", checked_key(key if isinstance(key, str) else repr(key), "prices", str(key)))
+        checked_key(key if isinstance(key, str) else repr(key), "prices", str(key))
+        checked_price(usd, "prices", key)
     _check_plan_consistency(req, TPU_SPECS[req.source].devices)
     return req
 

@@ -233,7 +233,8 @@ def headline(c: dict[str, Any]) -> str:
     text += f" at {c['cost_ratio']:.2f}x the cost." if c.get("cost_ratio") else "."
     if c.get("matching_gpus"):
         nodes = f" ({c['matching_nodes']} nodes)" if (c.get("matching_nodes") or 1) > 1 else ""
-        text += f" {c['matching_gpus']} × {gpu['name']}{nodes} match the TPU job's {unit}/s."
+        verb = "matches" if c["matching_gpus"] == 1 else "match"
+        text += f" {c['matching_gpus']} × {gpu['name']}{nodes} {verb} the TPU job's {unit}/s."
     if c.get("missing_prices"):
         text += (f" No price for {', '.join(c['missing_prices'])}: give yours (e.g. --price "
                  f"{c['missing_prices'][0]}=2.5).")
