@@ -201,8 +201,10 @@ class Links:
         """A collective over `group` GPUs on `nodes` nodes: inside a node its link; across nodes one
         ring per member GPU of a node, each over that GPU's network share (so the group's GPUs per
         node times it), never faster than the link inside the node."""
-        if nodes <= 1 or not self.network:
+        if nodes <= 1:
             return self.intra
+        if not self.network:
+            return None  # no figure for the network between them: not timed
         rings = self.network * max(1, group // nodes)
         return min(self.intra or rings, rings)
 
@@ -311,6 +313,9 @@ class TpuChip:
     cores_in_name: bool  # slice names count TensorCores (two per chip), not chips
     pod_chips: int  # the largest pod (or superpod)
     source: str
+    # data-centre network between slices (multislice), per chip and one way: the page's "DCN bandwidth per
+    # chip", or its per-host NICs shared by the host's chips; None where the page states none
+    dcn_bytes_per_s: float | None = None
 
 
 # Each figure with the line of the page it comes from: bench/tpu_facts_sources.json (retrieved 2026-12-02).
@@ -320,13 +325,13 @@ TPU_CHIPS: dict[str, TpuChip] = {c.generation: c for c in [
     TpuChip("v4", "TPU v4", 275, 275, None, 32 * GiB, 1200e9, None, "3D", 1, True, 4096,
             "https://cloud.google.com/tpu/docs/v4"),
     TpuChip("v5e", "TPU v5e", 197, 393, None, 16 * GB, 819e9, 400e9, "2D", 1, False, 256,
-            "https://cloud.google.com/tpu/docs/v5e"),
+            "https://cloud.google.com/tpu/docs/v5e", dcn_bytes_per_s=2 * 100e9 / 8 / 8),  # 2 x 100 Gbps per 8 chips
     TpuChip("v5p", "TPU v5p", 459, None, 459, 95 * GiB, 2765e9, 1200e9, "3D", 1, True, 8960,
-            "https://cloud.google.com/tpu/docs/v5p"),
+            "https://cloud.google.com/tpu/docs/v5p", dcn_bytes_per_s=50e9 / 8),  # 50 Gbps per chip
     TpuChip("v6e", "TPU v6e (Trillium)", 918, 1836, 918, 32 * GB, 1638e9, 800e9, "2D", 1, False, 256,
-            "https://cloud.google.com/tpu/docs/v6e"),
+            "https://cloud.google.com/tpu/docs/v6e", dcn_bytes_per_s=4 * 200e9 / 8 / 8),  # 4 x 200 Gbps per 8 chips
     TpuChip("tpu7x", "TPU7x (Ironwood)", 2307, None, 4614, 192 * GiB, 7380e9, 1200e9, "3D", 2, True, 9216,
-            "https://cloud.google.com/tpu/docs/tpu7x"),
+            "https://cloud.google.com/tpu/docs/tpu7x", dcn_bytes_per_s=100e9 / 8),  # 100 Gbps per chip
 ]}
 
 
@@ -371,6 +376,17 @@ class TpuSpec:
         bidirectional figure, shared by the chip's devices); None where the page states none."""
         ici = self.chip.ici_bytes_per_s
         return None if ici is None else ici / 2 / self.chip.devices_per_chip
+
+    def named(self, slices: int = 1) -> str:
+        """The slice's name, or the job's over several slices: "2 × TPU v5p-512"."""
+        return self.name if slices == 1 else f"{slices} × {self.name}"
+
+    @property
+    def dcn_bytes_per_s(self) -> float | None:
+        """What one JAX device sends over the data-centre network to other slices, one way (its share of the
+        chip's); None where the page states none."""
+        dcn = self.chip.dcn_bytes_per_s
+        return None if dcn is None else dcn / self.chip.devices_per_chip
 
     @property
     def compile_options(self) -> dict[str, Any]:

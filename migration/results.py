@@ -264,6 +264,7 @@ class Plan(JsonExport):
     # the TPU job and this plan side by side (planning/compare.py): memory, step, throughput, MFU, time and
     # cost to train, the GPUs that match the TPU job's throughput, which TPU step to trust
     comparison: dict[str, Any] = dataclasses.field(default_factory=dict)
+    source_slices: int = 1  # slices of `source` the TPU job ran on (multislice)
 
     @property
     def measured_tpu_step_ms(self) -> float | None:

@@ -75,6 +75,16 @@ def test_mfu_and_throughput_per_chip_use_chips_not_devices():
     assert c["gpu"]["mfu"] == pytest.approx(6e9 * 2048 * 64 / (8 * 989e12))
 
 
+def test_a_multislice_tpu_job_counts_every_slices_chips():
+    plan = fake_plan(tpu_step=1.0, gpu_step=1.0, source="tpu-v5p-16", batch=256)
+    plan.source_slices = 4  # 4 x v5p-16: 32 chips
+    c = of(plan)
+    assert (c["tpu"]["name"], c["tpu"]["chips"], c["tpu"]["devices"]) == ("4 × TPU v5p-16", 32, 32)
+    assert c["tpu"]["cost_usd"] == pytest.approx(c["tpu"]["time_s"] / 3600 * 32 * 4.2)
+    req = PlanRequest(source="tpu-v5p-16", source_slices=4, global_batch=256)
+    assert req.source_devices == 32 and req.source_per_core_batch == 8
+
+
 def test_a_workload_without_tokens_counts_examples():
     c = of(fake_plan(tpu_step=0.1, gpu_step=0.1), tokens_per_example=None)
     assert c["unit"] == "examples" and c["tpu"]["throughput_per_s"] == pytest.approx(2560)

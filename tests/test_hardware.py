@@ -101,27 +101,28 @@ TPU_CITED = {
            dict(bf16_tflops=123, hbm_bytes=32 * 2**30, bandwidth_bytes_per_s=900e9, ici_bytes_per_s=None, pod_chips=1024)),
     "v4": ("https://cloud.google.com/tpu/docs/v4",
            "Peak compute per chip 275 teraflops (bf16 or int8) ... HBM2 capacity and bandwidth 32 GiB, 1200 GBps",
-           dict(bf16_tflops=275, int8_tops=275, hbm_bytes=32 * 2**30, bandwidth_bytes_per_s=1200e9, pod_chips=4096)),
+           dict(bf16_tflops=275, int8_tops=275, hbm_bytes=32 * 2**30, bandwidth_bytes_per_s=1200e9, pod_chips=4096,
+                dcn_bytes_per_s=None)),
     "v5e": ("https://cloud.google.com/tpu/docs/v5e",
             "| Peak compute per chip (bf16) | 197 TFLOPs | ... | HBM2 capacity and bandwidth | 16 GB, 819 GBps | ... "
             "| Bidirectional inter-chip interconnect (ICI) bandwidth (per chip) | 400 GBps | (Int8) | 393 TOPs |",
             dict(bf16_tflops=197, int8_tops=393, hbm_bytes=16 * 10**9, bandwidth_bytes_per_s=819e9,
-                 ici_bytes_per_s=400e9, pod_chips=256)),
+                 ici_bytes_per_s=400e9, pod_chips=256, dcn_bytes_per_s=2 * 100e9 / 8 / 8)),  # 2 x 100 Gbps NICs per 8 chips
     "v5p": ("https://cloud.google.com/tpu/docs/v5p",
             "| Peak compute per chip (BF16) (TFLOPs) | 459 | Peak compute per chip (FP8) (TFLOPs) | 459 | HBM capacity "
             "per chip (GiB) | 95 | HBM bandwidth per chip (GBps) | 2765 | ... (ICI) bandwidth per chip (GBps) | 1200",
             dict(bf16_tflops=459, fp8_tflops=459, hbm_bytes=95 * 2**30, bandwidth_bytes_per_s=2765e9,
-                 ici_bytes_per_s=1200e9, pod_chips=8960)),
+                 ici_bytes_per_s=1200e9, pod_chips=8960, dcn_bytes_per_s=50e9 / 8)),  # DCN 50 Gbps per chip
     "v6e": ("https://cloud.google.com/tpu/docs/v6e",
             "| Peak compute per chip (bf16) | 918 TFLOPs | Peak compute per chip (Int8) | 1836 TOPs | HBM capacity per "
             "chip | 32 GB | HBM bandwidth per chip | 1638 GBps | ... (ICI) bandwidth per chip (GBps) | 800",
             dict(bf16_tflops=918, int8_tops=1836, hbm_bytes=32 * 10**9, bandwidth_bytes_per_s=1638e9,
-                 ici_bytes_per_s=800e9, pod_chips=256)),
+                 ici_bytes_per_s=800e9, pod_chips=256, dcn_bytes_per_s=4 * 200e9 / 8 / 8)),  # 4 x 200 Gbps per 8 chips
     "tpu7x": ("https://cloud.google.com/tpu/docs/tpu7x",
               "| Peak compute per chip (BF16) (TFLOPs) | 459 | 918 | 2307 | Peak compute per chip (FP8) (TFLOPs) | 459 | "
               "918 | 4614 | HBM capacity per chip (GiB) | 95 | 32 | 192 | ... | Number of TensorCores per chip | 2 | 1 | 2",
               dict(bf16_tflops=2307, fp8_tflops=4614, hbm_bytes=192 * 2**30, bandwidth_bytes_per_s=7380e9,
-                   ici_bytes_per_s=1200e9, pod_chips=9216, devices_per_chip=2)),
+                   ici_bytes_per_s=1200e9, pod_chips=9216, devices_per_chip=2, dcn_bytes_per_s=100e9 / 8)),
 }
 
 

@@ -128,9 +128,10 @@ FORM = {"workload": "transformer", "preset": "tiny", "source": "tpu-v5e-8", "glo
 RUN_OPTIONS = {"plan_file": None, "steps": 3, "learning_rate": 0.003, "compare_tpu": False, "profile": False,
                "fp32_reference": False, "pmap_before": False, "scaling": False}
 INPUTS = {
-    "/plan": [*FORM, "label", "network_gbps", "attention", "layer_loop", "train_tokens", "prices", "tpu_step_ms"],
+    "/plan": [*FORM, "label", "network_gbps", "attention", "layer_loop", "train_tokens", "prices", "source_slices",
+              "tpu_step_ms"],
     "/run": [*RUN_OPTIONS, *FORM, "label", "save_checkpoint", "restore_checkpoint", "seed", "network_gbps",
-             "attention", "layer_loop", "train_tokens", "prices", "tpu_step_ms"],
+             "attention", "layer_loop", "train_tokens", "prices", "source_slices", "tpu_step_ms"],
     "/history": ["scope", "kind", "workload", "status"],  # workload: "transformer" is a valid filter too
     "/compare": ["ids", "scope"],
     "/export_csv": ["ids", "scope"],
@@ -139,7 +140,7 @@ INPUTS = {
 }
 DEFAULTS = {**FORM, **RUN_OPTIONS, "label": "", "save_checkpoint": "", "restore_checkpoint": "", "scope": "mine", "kind": "all", "status": "all", "ids": "1,2",
             "job_id": "1", "seed": 0, "tpu_step_ms": 0.0, "network_gbps": 0.0, "attention": "auto", "layer_loop": "scan",
-            "train_tokens": 1e12, "prices": ""}
+            "train_tokens": 1e12, "prices": "", "source_slices": 1}
 NOT_A_PLAN = object()  # replaced by an uploaded JSON file that is not a plan
 WHOLE = "must be a whole number from 1 to"
 SERVER_STEPS = f"from 1 to {MAX_STEPS} (this server's per-user limit)"
@@ -217,6 +218,10 @@ BAD = [
     Bad("plan-price-shell", "/plan", {"prices": "h100-sxm=$(reboot)"}, "prices", "a positive number"),
     Bad("plan-price-long", "/plan", {"prices": "h100-sxm=1," * 200}, "prices", "at most 600 characters"),
     Bad("plan-price-none", "/plan", {"prices": None}, "prices", "key=dollars pairs"),
+    Bad("plan-slices-0", "/plan", {"source_slices": 0}, "source_slices", "whole number from 1 to 64"),
+    Bad("plan-slices-huge", "/plan", {"source_slices": 10**6}, "source_slices", "whole number from 1 to 64"),
+    Bad("plan-slices-contradict-per-core", "/plan", {"source_slices": 2, "global_batch": 256, "per_core_batch": 32},
+        "per_core_batch", "use per_core_batch 16", extra=("16 cores",)),
     Bad("plan-tpu-step-negative", "/plan", {"tpu_step_ms": -5}, "tpu_step_ms", "number from 0 to"),
     Bad("run-price-negative", "/run", {"prices": "tpu-v5e=-1"}, "prices", "a positive number"),
     Bad("plan-unknown-embeddings", "/plan", {"embeddings": "shared"}, "embeddings", "one of preset, tied, untied"),

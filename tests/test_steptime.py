@@ -5,6 +5,7 @@ FSDP transfers) and the budget of a shared local GPU."""
 
 import dataclasses
 import math
+import re
 
 import pytest
 
@@ -214,6 +215,7 @@ def test_a_shared_gpus_budget_is_capped_by_its_free_memory():
 
 
 def test_a_plan_for_a_catalog_gpu_times_its_chosen_step_from_the_compiled_program():
+    from migration.common import fmt_seconds
     from migration.config.requests import PlanRequest
     from migration.planning.planner import plan_migration
 
@@ -226,7 +228,8 @@ def test_a_plan_for_a_catalog_gpu_times_its_chosen_step_from_the_compiled_progra
     assert step["kernels"] > 0 and step["compiled_flops"] > 0 and step["analytic_s"] > 0
     assert {d.decision: d.value for d in plan.decisions}["step_time"] == pytest.approx(step["seconds"], rel=1e-3)
     assert math.isfinite(step["seconds"])
-    assert plan.step_label() == f"{step['seconds'] * 1e3:,.1f} ms (compiled program, expected error ±25%)"
+    assert plan.step_label() == f"{fmt_seconds(step['seconds'])} (compiled program, expected error ±25%)"
+    assert re.fullmatch(r"[0-9.]+ (µs|ms|s) \(compiled program, expected error ±25%\)", plan.step_label())
 
 
 def test_a_model_given_by_its_dimensions_is_not_named_as_its_preset():

@@ -110,3 +110,21 @@ def test_a_run_here_refuses_the_tpu_kernel_and_a_gpu_plan_takes_cudnns_for_it():
     req = PlanRequest(workload="llama", preset="tiny", model={"attention": "splash"}, target="h100-sxm")
     model, decision = planned_model(req, resolve_target(req), "bf16")
     assert model["attention"] == "cudnn" and "splash" in decision.reason
+
+
+def test_a_multislice_job_compiles_over_its_slices_and_times_the_data_centre_network():
+    """2 x v5p-16 against one v5p-32: the same 16 devices, the same per-core batch and replicated state; the
+    gradient all-reduce that crosses the slices goes over the data-centre network (50 Gb/s per chip), so the
+    two-slice job's collectives take longer; with FSDP the state is sharded inside each slice (hybrid)."""
+    one = compile_for_source_tpu(PlanRequest(workload="transformer", preset="tiny", source="tpu-v5p-32",
+                                             global_batch=64, source_sharding="replicated"))
+    two = compile_for_source_tpu(PlanRequest(workload="transformer", preset="tiny", source="tpu-v5p-16",
+                                             source_slices=2, global_batch=64, source_sharding="replicated"))
+    assert one["status"] == two["status"] == "ok", (one, two)
+    assert two["slices"] == 2 and "between the 2 slices, 50 Gb/s of data-centre network per chip" in two["step_method"]
+    comm = [float(s["step_method"].split("collectives ")[1].split(" ")[0]) *
+            {"µs": 1e-6, "ms": 1e-3, "s": 1.0}[s["step_method"].split("collectives ")[1].split(" ")[1]] for s in (one, two)]
+    assert comm[1] > comm[0], comm
+    fsdp = compile_for_source_tpu(PlanRequest(workload="transformer", preset="tiny", source="tpu-v5p-16",
+                                              source_slices=2, global_batch=64, source_sharding="fsdp"))
+    assert fsdp["status"] == "ok" and fsdp["layout"] == "hybrid:8"

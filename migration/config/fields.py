@@ -213,6 +213,10 @@ FIELDS: tuple[Field, ...] = (
           "cost", flag="price", placeholder="tpu-v5p=4.2, h100-sxm=3.99",
           help="your prices over the table's, key=dollars per chip-hour (TPU generations: tpu-v5p, ...) or "
                "GPU-hour (catalog GPUs), comma-separated, e.g. tpu-v5p=4.2,h100-sxm=3.99"),
+    Field("source_slices", "int", "plan", 1, "TPU slices (multislice: data parallel over the data-centre network)",
+          "source", limits=PLAN_LIMITS["source_slices"], flag="slices",
+          help="slices of the TPU source the job ran on, joined by the data-centre network (MaxText's "
+               "dcn_data_parallelism): the global batch is split over all their cores"),
     Field("tpu_step_ms", "float", "plan", 0.0, "Your TPU job's measured step time, ms (0: not given)", "cost",
           MODEL, MODEL, limits=LIMITS["tpu_step_ms"], zero="not given", flag="tpu-step-ms",
           help="your TPU job's measured time per optimizer step (ms) at the requested global batch: the plan "

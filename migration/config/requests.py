@@ -293,6 +293,7 @@ class PlanRequest:
     # The comparison (migration/planning/compare.py): tokens to train (examples where the workload has no
     # tokens), the user's prices over the table's (migration/prices.py), the TPU step they measured (ms).
     train_tokens: float = 1e12
+    source_slices: int = 1  # slices of `source` the TPU job ran on (multislice: data parallel across them)
     prices: dict[str, float] = dataclasses.field(default_factory=dict)
     tpu_step_ms: float | None = None
     timeout_s: float = 900.0
@@ -308,8 +309,13 @@ class PlanRequest:
         return self.network_gbps * 1e9 / 8 if self.network_gbps else None
 
     @property
+    def source_devices(self) -> int:
+        """JAX devices of the TPU job: the slice's times its slices."""
+        return TPU_SPECS[self.source].devices * self.source_slices
+
+    @property
     def source_per_core_batch(self) -> int:
-        return self.per_core_batch or max(1, self.global_batch // TPU_SPECS[self.source].devices)
+        return self.per_core_batch or max(1, self.global_batch // self.source_devices)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -383,6 +389,7 @@ def validate_plan_request(req: PlanRequest) -> PlanRequest:
     if req.accumulation_steps is not None:
         _check_range(req, "accumulation_steps", LIMITS, integer=True)
     _check_range(req, "train_tokens", PLAN_LIMITS, integer=False)
+    _check_range(req, "source_slices", PLAN_LIMITS, integer=True)
     if req.tpu_step_ms is not None:
         _check_range(req, "tpu_step_ms", LIMITS, integer=False)
     if not isinstance(req.prices, dict):
@@ -390,7 +397,7 @@ def validate_plan_request(req: PlanRequest) -> PlanRequest:
     for key, usd in req.prices.items():
         checked_key(key if isinstance(key, str) else repr(key), "prices", str(key))
         checked_price(usd, "prices", key)
-    _check_plan_consistency(req, TPU_SPECS[req.source].devices)
+    _check_plan_consistency(req, req.source_devices)
     return req
 
 
@@ -404,7 +411,8 @@ def _check_plan_consistency(req: PlanRequest, cores: int) -> None:
                f"use a global_batch that is a multiple of {cores}")
         raise ConfigError(
             "per_core_batch",
-            f"{p} per core × {cores} cores of {req.source} = {p * cores}, but global_batch is {g} (with pmap on a "
+            f"{p} per core × {cores} cores of {req.source if req.source_slices == 1 else f'{req.source_slices} × {req.source}'} "
+            f"= {p * cores}, but global_batch is {g} (with pmap on a "
             f"TPU the global batch is per-core batch × cores); {fix}, or leave per_core_batch unset (global / cores)",
         )
     a, n = req.accumulation_steps, req.gpus

@@ -278,16 +278,16 @@ def grade_benchmark(ev: Evidence) -> Grade:
         here = f"; the TPU-style setup run here {tpu.status} ({tpu.failure_kind or 'no throughput'})"
     migrated = f"migrated {r.samples_per_s:,.1f} samples/s on {device_count(r)} device(s) ({where(r)})"
     if not ev.tpu_step_ms:
-        tpu_peak = src.bf16_tflops_per_device * src.devices
+        tpu_peak = src.bf16_tflops_per_device * plan.source_devices
         estimate = r.samples_per_s * tpu_peak / r.peak_tflops if r.peak_tflops else None
-        guess = (f"; a {src.name} peak-scaled ESTIMATE " + (f"{estimate:,.0f} samples/s" if estimate else "n/a")
+        guess = (f"; a {plan.source_name} peak-scaled ESTIMATE " + (f"{estimate:,.0f} samples/s" if estimate else "n/a")
                  + f" (the same MFU on {tpu_peak:.0f} bf16 TFLOP/s; not a measurement)")
         return NOT_CHECKED, f"no measured figure of your TPU job; {migrated}{here}{guess}", \
             (f"enter your TPU job's measured step time (ms per optimizer step at a global batch of "
              f"{plan.requested_global_batch}) and run again")
     tpu_rate = plan.requested_global_batch / (ev.tpu_step_ms / 1e3)
     ratio = r.samples_per_s / tpu_rate
-    text = (f"{migrated} vs your {src.name} job {tpu_rate:,.1f} samples/s ({ev.tpu_step_ms:g} ms per step at a "
+    text = (f"{migrated} vs your {plan.source_name} job {tpu_rate:,.1f} samples/s ({ev.tpu_step_ms:g} ms per step at a "
             f"global batch of {plan.requested_global_batch}, as you measured it): {ratio:.2f}x{here}")
     if not ev.on_target(r):
         return WARN, f"{text}; {_elsewhere(ev, r)}", f"run the plan on {plan.gpus} x {plan.target_name}"

@@ -101,6 +101,7 @@ def compare(plan: Any, *, train: float, prices: dict[str, float], measured_tpu_s
     """The comparison of a plan (`results.Plan`, its source compile included) for `train` tokens (examples
     where the workload has no tokens) at `prices` (the user's, over the table's)."""
     source = TPU_SPECS[plan.source]
+    slices = getattr(plan, "source_slices", 1) or 1
     src = plan.source_tpu_compile or {}
     unit = "tokens" if tokens_per_example else "examples"
     predicted_tpu = src.get("predicted_step_s") if src.get("status") == "ok" else None
@@ -115,7 +116,7 @@ def compare(plan: Any, *, train: float, prices: dict[str, float], measured_tpu_s
                  "fits": {"ok": True, "does-not-fit": False}.get(src.get("status")),
                  "fit_source": "the TPU compiler" if src.get("status") in ("ok", "does-not-fit") else "not compiled",
                  "measured_step_s": measured_tpu_step_s, "predicted_step_s": predicted_tpu}
-    tpu = _side(name=source.name, devices=source.devices, chips=source.chips, step_s=tpu_step,
+    tpu = _side(name=source.named(slices), devices=source.devices * slices, chips=source.chips * slices, step_s=tpu_step,
                 step_source=tpu_source, error=None if measured_tpu_step_s or not predicted_tpu
                 else steptime.EXPECTED_ERROR_TPU, global_batch=plan.requested_global_batch,
                 per_example=tokens_per_example, flops_per_example=flops_per_example, peak_per_chip=peak_chip,

@@ -179,7 +179,7 @@ def checked_plan(data: Any, where: str = "plan") -> Plan:
         workload=plan.workload, preset=plan.preset, source=plan.source, global_batch=plan.requested_global_batch,
         target=plan.target, gpus=plan.gpus, gpus_per_node=plan.gpus_per_node,
         memory_fraction=plan.memory_fraction, safety_margin=plan.safety_margin, model=model,
-        precision=plan.precision, remat=plan.remat, sharding=plan.sharding))
+        precision=plan.precision, remat=plan.remat, sharding=plan.sharding, source_slices=plan.source_slices))
     _check_step_time(plan)
     if plan.nodes != max(1, -(-plan.gpus // plan.gpus_per_node)):
         raise ConfigError("plan.nodes", f"must be GPUs over GPUs per node ({plan.gpus} / {plan.gpus_per_node}); "
@@ -192,7 +192,8 @@ def checked_plan(data: Any, where: str = "plan") -> Plan:
                                                    f"({plan.per_device_batch} x {plan.gpus} x {plan.accumulation_steps});"
                                                    f" got {plan.global_batch}")
     names = {"target_name": GPU_SPECS[plan.target].name if plan.target in GPU_SPECS else plan.target_name,
-             "source_name": TPU_SPECS[plan.source].name, "source_devices": TPU_SPECS[plan.source].devices}
+             "source_name": TPU_SPECS[plan.source].named(plan.source_slices),
+             "source_devices": TPU_SPECS[plan.source].devices * plan.source_slices}
     plan = dataclasses.replace(plan, **names)
     return dataclasses.replace(plan, environment=environment_of(plan))
 

@@ -557,11 +557,13 @@ class _Planner:
         state = STATE_BYTES_PER_PARAM * self.params
         sharding = source_sharding(req, self.params)
         per_chip = state / (src.devices if sharding == "fsdp" else 1)
-        why = (f"given: {sharding}" if req.source_sharding else
-               "replicated under pmap: the state fits one chip" if sharding == "replicated" else
+        across = "" if req.source_slices == 1 else f", data parallel across its {req.source_slices} slices"
+        why = (f"given: {sharding}{across}" if req.source_sharding else
+               "replicated under pmap: the state fits one chip" + across if sharding == "replicated" else
                f"the state ({fmt_gib(state)}) exceeds one chip's {fmt_gib(src.hbm_bytes_per_device)}: it must have been "
-               f"sharded over the slice's {src.devices} chips")
-        return {"devices": src.devices, "hbm_bytes_per_device": src.hbm_bytes_per_device, "sharding": sharding,
+               f"sharded over the slice's {src.devices} devices{across}")
+        return {"devices": req.source_devices, "hbm_bytes_per_device": src.hbm_bytes_per_device, "sharding": sharding,
+                "slices": req.source_slices,
                 "state_bytes_per_device": int(per_chip), "why": why, "pod_slice": src.is_pod_slice}
 
     def _step_time(self, chosen: Choice) -> dict[str, Any]:
@@ -633,8 +635,9 @@ class _Planner:
             by_sharding.setdefault(mode, {})[remat] = b
         rot, rot_note = rule_of_thumb_batch(t.device_memory_bytes * req.memory_fraction, self.params)
         return dict(
-            workload=req.workload, preset=req.preset, source=req.source, source_name=source.name,
-            source_devices=source.devices, source_per_core_batch=req.source_per_core_batch,
+            workload=req.workload, preset=req.preset, source=req.source, source_name=source.named(req.source_slices),
+            source_devices=req.source_devices, source_slices=req.source_slices,
+            source_per_core_batch=req.source_per_core_batch,
             source_precision=req.source_precision, target=req.target, target_name=t.name, gpus=req.gpus,
             memory_fraction=req.memory_fraction, safety_margin=req.safety_margin, budget_bytes=t.budget_bytes,
             device_memory_bytes=int(t.device_memory_bytes), budget_source=t.budget_source,

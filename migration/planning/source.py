@@ -10,11 +10,11 @@ from typing import Any
 
 from migration.common import first_line, fmt_gib, fmt_seconds, is_oom
 from migration.config.requests import PlanRequest, RunConfig
-from migration.hardware import TPU_SPECS, TpuSpec
+from migration.hardware import TPU_SPECS, Links, TpuSpec
 from migration.planning import steptime
 from migration.planning.hlo_cost import unpack
 from migration.planning.memory import STATE_BYTES_PER_PARAM, CompileFailed, MemoryPredictor, compile_memory
-from migration.step.train import TrainProgram, make_data_mesh
+from migration.step.train import TrainProgram, make_multislice_mesh
 from workloads import get_workload
 
 
@@ -62,10 +62,14 @@ def tpu_model(req: PlanRequest) -> dict[str, Any]:
     return {**model, "attention": "xla" if xla else "splash"}
 
 
-def tpu_step_method(step: steptime.StepPrediction, source: TpuSpec) -> str:
+def tpu_step_method(step: steptime.StepPrediction, source: TpuSpec, slices: int = 1) -> str:
     cal = steptime.TPU_CALIBRATION
+    dcn = ("" if slices == 1 else
+           f" and, between the {slices} slices, {source.chip.dcn_bytes_per_s * 8 / 1e9:,.0f} Gb/s of data-centre "
+           "network per chip" if source.dcn_bytes_per_s else
+           f"; collectives between the {slices} slices not timed (no data-centre network figure for this chip)")
     ici = (f"collectives {fmt_seconds(step.communication_s)} over {source.ici_bytes_per_s * 2 / 1e9:,.0f} GB/s of "
-           f"inter-chip links per device ({fmt_seconds(step.exposed_communication_s)} not hidden)"
+           f"inter-chip links per device{dcn} ({fmt_seconds(step.exposed_communication_s)} not hidden)"
            if source.ici_bytes_per_s else "collectives not timed (no inter-chip bandwidth stated for this chip)")
     return (f"from the compiled TPU program: {step.kernels:,} kernels, {step.flops / 1e12:,.3g} TFLOP per device, each "
             f"at the longer of its FLOPs at {cal.matmul:.0%} of {source.chip.name}'s bf16 peak and its HBM bytes at "
@@ -73,44 +77,60 @@ def tpu_step_method(step: steptime.StepPrediction, source: TpuSpec) -> str:
             "(bench/published_check.py --tpu)")
 
 
-def tpu_topology(source: TpuSpec) -> Any:
-    """The source slice described for a compile without its chips (libtpu's compile-only devices), with
-    the chip configuration that live Cloud TPU hosts use: one JAX device per chip (megacore) on v4 and
-    v5p, one per TensorCore on TPU7x. Raises where libtpu is not installed."""
+def tpu_topology(source: TpuSpec, slices: int = 1) -> Any:
+    """The source slice (`slices` of them, joined by the data-centre network) described for a compile
+    without its chips (libtpu's compile-only devices), with the chip configuration that live Cloud TPU
+    hosts use: one JAX device per chip (megacore) on v4 and v5p, one per TensorCore on TPU7x. Raises
+    where libtpu is not installed."""
     from jax.experimental import topologies
 
-    return topologies.get_topology_desc(topology_name=source.topology, platform="tpu", **source.compile_options)
+    return topologies.get_topology_desc(topology_name=source.topology, platform="tpu",
+                                        **{**source.compile_options, "num_slices": slices})
+
+
+def source_layout(sharding: str, source: TpuSpec, slices: int) -> str:
+    """The TPU job's layout: its state replicated, or sharded over its slice (FSDP; over several slices,
+    FSDP inside each and data parallelism across them, MaxText's default for multislice)."""
+    return f"hybrid:{source.devices}" if sharding == "fsdp" and slices > 1 else sharding
+
+
+def tpu_links(source: TpuSpec, slices: int) -> Links | float | None:
+    """What the TPU job's collectives cross: the inter-chip links, and between slices the data-centre
+    network (each device's share)."""
+    return source.ici_bytes_per_s if slices == 1 else Links(source.ici_bytes_per_s, source.dcn_bytes_per_s)
 
 
 def compile_for_source_tpu(req: PlanRequest) -> dict[str, Any]:
     """The TPU-style setup compiled for the source TPU (libtpu, installed with the product)."""
-    source = TPU_SPECS[req.source]
+    source, slices = TPU_SPECS[req.source], req.source_slices
     try:
-        topo = tpu_topology(source)
+        topo = tpu_topology(source, slices)
     except Exception as exc:  # noqa: BLE001 - no TPU compiler here; JAX raises several types for it
         return {"status": "unavailable",
                 "reason": "no TPU compiler on this machine: libtpu is not installed or cannot load (pip install -r "
                           'requirements.txt installs it, through jax[tpu]; for JAX 0.10.2 it is libtpu 0.0.42.x)',
                 "detail": first_line(exc, 200)}
-    if len(topo.devices) != source.devices:
-        return {"status": "failed", "reason": f"libtpu describes {source.topology} with {len(topo.devices)} devices, "
-                                              f"the catalog {source.devices}"}
+    if len(topo.devices) != req.source_devices:
+        return {"status": "failed", "reason": f"libtpu describes {slices} x {source.topology} with {len(topo.devices)} "
+                                              f"devices, the catalog {req.source_devices}"}
     try:
         w = get_workload(req.workload)
         sharding = source_sharding(req, w.param_count(w.config(req.preset, req.model)))
         model = tpu_model(req)
+        layout = source_layout(sharding, source, slices)
         cfg = RunConfig(workload=req.workload, preset=req.preset, model=model,
-                        per_device_batch=req.source_per_core_batch, devices=source.devices,
-                        precision=req.source_precision, remat="none", sharding=sharding)
+                        per_device_batch=req.source_per_core_batch, devices=req.source_devices,
+                        precision=req.source_precision, remat="none", sharding=layout)
         t0 = time.perf_counter()
-        found = compile_memory(TrainProgram.from_config(cfg), make_data_mesh(topo.devices), kernels=True,
-                               fp32_unit="bf16")
+        found = compile_memory(TrainProgram.from_config(cfg), make_multislice_mesh(topo.devices, layout, slices),
+                               kernels=True, fp32_unit="bf16", per_node=source.devices)
         seconds = time.perf_counter() - t0  # migration: ignore[TIME001] compile() returns when compiled: nothing runs
-        step = steptime.predict(unpack(found["kernels"]), source, source.ici_bytes_per_s, steptime.TPU_CALIBRATION)
+        step = steptime.predict(unpack(found["kernels"]), source, tpu_links(source, slices), steptime.TPU_CALIBRATION)
         return {"status": "ok", "peak_bytes_per_chip": found["peak_bytes"],
                 "hbm_bytes_per_device": source.hbm_bytes_per_device, "device_kind": topo.devices[0].device_kind,
                 "topology": source.topology, "compile_s": round(seconds, 2), "attention": model.get("attention"),
-                "predicted_step_s": step.seconds, "step_method": tpu_step_method(step, source)}
+                "predicted_step_s": step.seconds, "step_method": tpu_step_method(step, source, slices),
+                "slices": slices, "layout": layout}
     except Exception as exc:  # noqa: BLE001 - XLA raises several types; memory is told apart by its message
         text = first_line(exc, 400)
         if is_oom(text):

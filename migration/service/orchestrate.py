@@ -30,7 +30,6 @@ from migration.codecheck import CodeCheck
 from migration.common import first_line, fmt_gib, fmt_loss, write_csv as write_csv_rows
 from migration.config.limits import ConfigError
 from migration.config.requests import PlanRequest, RunConfig, validate
-from migration.hardware import TPU_SPECS
 from migration.service.history import History, HistoryError
 from migration.results import Plan, RunReport
 from migration.running.runner import PlanError, RunHandle, start_plan
@@ -245,7 +244,7 @@ def _consistent_per_core(saved: Plan) -> int | None:
     """The plan's per-core batch when it still multiplies out to its global batch (a plan whose
     global batch changed, or was not a multiple of the cores, leaves it to the default)."""
     per_core = saved.source_per_core_batch
-    return per_core if per_core * TPU_SPECS[saved.source].devices == saved.global_batch else None
+    return per_core if per_core * saved.source_devices == saved.global_batch else None
 
 
 def _local_plan(req: PlanRequest) -> Iterator[dict[str, Any]]:

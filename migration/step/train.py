@@ -262,6 +262,23 @@ def make_mesh(devices: list[Any], layout: str = "replicated") -> Mesh:
     return jax.make_mesh(tuple(sizes.values()), tuple(sizes), axis_types=(AxisType.Auto,) * 3, devices=devices)
 
 
+def make_multislice_mesh(devices: list[Any], layout: str, slices: int) -> Mesh:
+    """`make_mesh` over TPU slices joined by the data-centre network (multislice), ordered slice by slice
+    (each slice's devices in its own ICI order): data parallelism across the slices, as MaxText's
+    dcn_data_parallelism; a hybrid layout's FSDP groups are the slices."""
+    from jax.experimental import mesh_utils
+
+    if slices == 1:
+        return make_mesh(devices, layout)
+    per_slice = len(devices) // slices
+    lay = parse_layout(layout)
+    if lay.kind == "hybrid":
+        grid = mesh_utils.create_hybrid_device_mesh((1, per_slice, 1), (slices, 1, 1), devices)
+        return Mesh(grid, (DATA_AXIS, FSDP_AXIS, TENSOR_AXIS), axis_types=(AxisType.Auto,) * 3)
+    grid = mesh_utils.create_hybrid_device_mesh((per_slice,), (slices,), devices)
+    return Mesh(grid, (DATA_AXIS,), axis_types=(AxisType.Auto,))
+
+
 def batch_axes(mesh: Mesh) -> str | tuple[str, ...]:
     """The mesh axes a batch is split over: every axis but the tensor split."""
     names = tuple(a for a in mesh.axis_names if a != TENSOR_AXIS)
