@@ -212,6 +212,8 @@ def test_compare_charts_and_whole_history_export(app):
     frame = pd.read_csv(value(app.client.predict("mine", api_name="/export_history_csv")))
     assert {"run", "plan"} <= set(frame["kind"])
     assert "peak_memory_bytes" in frame.columns and "samples_per_s" in frame.columns and "user" in frame.columns
+    plans = frame[frame["kind"] == "plan"]  # a plan's row carries the TPU job beside it
+    assert (plans["gpu_cost_usd"] > 0).any() and (plans["tpu_time_s"] > 0).any() and "comparison_matching_gpus" in frame
 
 
 def test_bad_input_gets_a_clear_message(app):

@@ -17,7 +17,7 @@ from migration.config import forms
 from migration.config.limits import ConfigError
 from migration.config.requests import PlanRequest
 from migration.hardware import GPU_SPECS, TPU_SPECS
-from migration.planning.compare import compare, headline, rows, shown_rows, tpu_needs_bytes, trust
+from migration.planning.compare import compare, headline, rows, shown_rows, summary, tpu_needs_bytes, trust
 from migration.prices import PRICES, parse_prices, read_prices_file
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -83,6 +83,14 @@ def test_a_multislice_tpu_job_counts_every_slices_chips():
     assert c["tpu"]["cost_usd"] == pytest.approx(c["tpu"]["time_s"] / 3600 * 32 * 4.2)
     req = PlanRequest(source="tpu-v5p-16", source_slices=4, global_batch=256)
     assert req.source_devices == 32 and req.source_per_core_batch == 8
+
+
+def test_the_history_export_row_of_a_plan_carries_the_comparison():
+    c = of(fake_plan(tpu_step=2.0, gpu_step=1.0, gpus=8))
+    row = summary(c)
+    assert row["tpu_step_s"] == 2.0 and row["gpu_step_s"] == 1.0 and row["comparison_matching_gpus"] == 4
+    assert row["gpu_usd_per_hour"] == PRICES["h100-sxm"].usd_per_hour and row["gpu_cost_usd"] == c["gpu"]["cost_usd"]
+    assert all(not isinstance(v, (dict, list)) for v in row.values())
 
 
 def test_a_workload_without_tokens_counts_examples():

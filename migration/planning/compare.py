@@ -283,6 +283,19 @@ def shown_rows(c: dict[str, Any]) -> list[dict[str, str]]:
     return [{"": m, "TPU (before)": t, "GPU plan (after)": g} for m, t, g in rows]
 
 
+def summary(c: dict[str, Any]) -> dict[str, Any]:
+    """The comparison's figures as flat columns (a history export's row of a plan)."""
+    out: dict[str, Any] = {"comparison_unit": c.get("unit"), "comparison_train": c.get("train"),
+                           "comparison_matching_gpus": c.get("matching_gpus")}
+    for side in ("tpu", "gpu"):
+        s = c.get(side) or {}
+        for key in ("step_s", "step_source", "throughput_per_s", "throughput_per_chip_per_s", "mfu", "time_s",
+                    "cost_usd"):
+            out[f"{side}_{key}"] = s.get(key)
+        out[f"{side}_usd_per_hour"] = (s.get("price") or {}).get("usd_per_hour")
+    return out
+
+
 def price_sources(c: dict[str, Any]) -> list[str]:
     """Where each side's price comes from, one line each."""
     out = []

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from migration.common import write_csv
+from migration.planning.compare import summary as comparison_summary
 from migration.results import Plan, RunReport
 
 SCHEMA = """
@@ -269,6 +270,8 @@ class History:
             for k, v in payload.items():
                 if k not in row and not isinstance(v, (list, dict)):
                     row[k] = v
+            if isinstance(payload.get("comparison"), dict) and payload["comparison"]:
+                row.update(comparison_summary(payload["comparison"]))  # a plan: the TPU job beside it
             rows.append(row)
         fields = list(SUMMARY_COLUMNS)
         for row in rows:
