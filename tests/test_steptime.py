@@ -360,3 +360,30 @@ def test_a_tpu_programs_bytes_leave_out_vector_memory_and_move_offloaded_layers_
     assert kernels["cs"].bytes == layer  # HBM -> VMEM, once
     assert kernels["f"].bytes == layer  # reads VMEM (free), writes HBM
     assert kernels["ds"].bytes == 2 * layer  # the update read and written, not the 8-layer stack
+
+
+SPARSECORE_PROGRAM = """\
+HloModule step
+
+%called_computation.1 (param_0: bf16[1,1024,64], param_1: token[]) -> bf16[1,1024,1024] {
+  %param_1 = token[] parameter(1)
+  %param_0 = bf16[1,1024,64]{1,2,0:T(16,128)(2,1)} parameter(0)
+  ROOT %all-gather.1 = bf16[1,1024,1024]{1,2,0:T(16,128)(2,1)} all-gather(%param_0), channel_id=1, replica_groups=mesh['axis_0'=1,'axis_1'=16] {'axis_1'}, dimensions={2}, use_global_device_ids=true
+}, execution_thread="sparsecore"
+
+ENTRY %main (w: bf16[1,1024,64]) -> bf16[1,1024,1024] {
+  %w = bf16[1,1024,64]{1,2,0:T(16,128)(2,1)} parameter(0)
+  %prep = s32[]{:S(2)} custom-call(), custom_call_target="PrepareAsyncCallStart"
+  %prepd = token[] custom-call(%prep), custom_call_target="PrepareAsyncCallDone"
+  %ag.call-start = ((bf16[1,1024,64]{1,2,0:T(16,128)(2,1)}, token[]), bf16[1,1024,1024]{1,2,0:T(16,128)(2,1)}) call-start(%w, %prepd), async_execution_thread="sparsecore", to_apply=%called_computation.1
+  ROOT %ag.call-done = bf16[1,1024,1024]{1,2,0:T(16,128)(2,1)} call-done(%ag.call-start)
+}
+"""
+
+
+def test_collectives_a_tpu7x_program_offloads_to_its_sparsecore_are_timed_and_overlap():
+    """TPU7x runs FSDP's gathers on its SparseCore: a `call-start` on the "sparsecore" thread whose computation
+    is the collective. The reader counts it (the gathered bytes, its 16-device group) as asynchronous."""
+    gathers = [k for k in read_program(SPARSECORE_PROGRAM, "bf16") if k.kind == "all-gather"]
+    assert len(gathers) == 1
+    assert gathers[0].bytes == 1024 * 1024 * 2 and gathers[0].group == 16 and gathers[0].asynchronous

@@ -154,7 +154,7 @@ class ProgramReader:
         return self.kernels
 
     # -- walking ---------------------------------------------------------------------------
-    def _walk(self, computation: str, times: float, seen: set[str]) -> None:
+    def _walk(self, computation: str, times: float, seen: set[str], asynchronous: bool = False) -> None:
         if computation in seen or computation not in self.computations:
             return
         seen = seen | {computation}
@@ -164,13 +164,17 @@ class ProgramReader:
             if op in FREE or op.endswith("-done"):
                 continue
             if op == "while":
-                self._walk(ins.attr("body"), times * self._trips(ins, computation), seen)
+                self._walk(ins.attr("body"), times * self._trips(ins, computation), seen, asynchronous)
             elif op in ("call", "async-start") and ins.attr("calls") and not self._is_collective(ins):
-                self._walk(ins.attr("calls"), times, seen)
+                self._walk(ins.attr("calls"), times, seen, asynchronous)
+            elif op == "call-start" and ins.attr("to_apply"):
+                # a computation started on another engine (TPU7x offloads its collectives to the SparseCore,
+                # async_execution_thread="sparsecore"): what it runs overlaps the TensorCore's kernels
+                self._walk(ins.attr("to_apply"), times, seen, asynchronous=True)
             elif op == "conditional":
                 self._walk_costliest(ins, times, seen)
             elif self._is_collective(ins):
-                self.kernels.append(self._collective(ins, shapes, times))
+                self.kernels.append(self._collective(ins, shapes, times, asynchronous))
             else:
                 self.kernels.append(self._kernel(ins, shapes, times))
 
@@ -211,6 +215,7 @@ class ProgramReader:
         for branch in branches:
             sub = ProgramReader.__new__(ProgramReader)
             sub.computations, sub.entry, sub.fp32_unit, sub.kernels = self.computations, branch, self.fp32_unit, []
+            sub.per_node = self.per_node
             sub._walk(branch, times, seen)
             if sum(k.flops + k.bytes for k in sub.kernels) > sum(k.flops + k.bytes for k in best):
                 best = sub.kernels
@@ -373,7 +378,7 @@ class ProgramReader:
         return 2.0 * out[out_l.index("b")] * rhs[rhs_l.index("o")] * rhs[rhs_l.index("i")] * taps
 
     # -- collectives -----------------------------------------------------------------------
-    def _collective(self, ins: Instruction, shapes: dict[str, str], times: float) -> Kernel:
+    def _collective(self, ins: Instruction, shapes: dict[str, str], times: float, asynchronous: bool = False) -> Kernel:
         kind = ins.opcode.removesuffix("-start")
         operand_bytes = sum(nbytes(shapes.get(o, ""), in_hbm=False) for o in ins.operands)  # over the links
         result = ins.shape
@@ -384,7 +389,7 @@ class ProgramReader:
         members = first_group(ins.attrs)
         nodes = len({d // self.per_node for d in members}) if members and self.per_node else 1
         return Kernel(ins.name, kind, 0.0, moved * times, None, times, group=_group_size(ins.attrs),
-                      asynchronous=ins.opcode.endswith("-start"), nodes=nodes)
+                      asynchronous=asynchronous or ins.opcode.endswith("-start"), nodes=nodes)
 
 
 def _integer(text: str) -> int | None:
