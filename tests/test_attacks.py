@@ -418,7 +418,8 @@ def alices_names(box, alice, alices_run):
     called = httpx.post(f"{server.url}gradio_api/call/history", json={"data": list(HISTORY_ARGS)}, cookies=cookies,
                         timeout=30)
     assert called.status_code == 200, called.text
-    form = ["mlp", "tiny", "tpu-v5e-8", 8, 0, "bf16", "local", 1, 0.8, "multiple8", "auto", "auto", 0, 0, 0, 0, 0, 0,
+    # a global batch of 512: 100,000 steps outlast the module however slow the machine (8 ended within it once)
+    form = ["mlp", "tiny", "tpu-v5e-8", 512, 0, "bf16", "local", 1, 0.8, "multiple8", "auto", "auto", 0, 0, 0, 0, 0, 0,
             0, 0, "preset", "auto", 8]
     job = alice.submit(None, 100_000, 0.003, False, False, False, False, False, *form, "alice-live", "", "",
                        api_name="/run")

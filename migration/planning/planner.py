@@ -757,7 +757,8 @@ class _Planner:
             status="infeasible", per_device_batch=0, accumulation_steps=0, global_batch=0,
             global_batch_exact=False, remat=policy, remat_chosen_by="override" if req.remat else "search",
             predicted_peak_bytes=floor, predicted_step_s=None, tpu_setup_on_target={},
-            source_tpu_compile=compile_for_source_tpu(req) if req.compile_for_tpu else {"status": "not requested"},
+            source_tpu_compile={"status": "not requested", "reason": "the plan is infeasible: the TPU side is compiled "
+                                                                    "for a feasible plan only"},
             decisions=self.decisions, message=message, **self._common(max_batch, ranked, rejected, mode)))
 
 
