@@ -227,7 +227,7 @@ def one_of(allowed: Iterable[str]) -> str:
     ("tpu-v4-8", "tpu-v4-16", ...) grouped by the part before their last "-": "tpu-v4-{8,16}, ...", so that
     the message stays a readable line and still names every value."""
     allowed = list(allowed)
-    if len(allowed) <= 16:
+    if len(allowed) <= 24:
         return ", ".join(allowed)
     groups: dict[str, list[str]] = {}
     for value in allowed:

@@ -32,6 +32,8 @@ MATMUL_UNITS: dict[str, str] = {
     "tf32": "TF32 tensor cores (XLA's default for fp32 products on compute capability 8.0+)",
     "bf16": "bf16 tensor cores",
     "fp16": "fp16 tensor cores",
+    "fp8": "fp8 tensor cores (e4m3 / e5m2 operands, fp32 accumulation)",
+    "fp4": "fp4 tensor cores (NVFP4 / MXFP4 block-scaled operands)",
     "tf32x3": "three TF32 tensor-core passes per fp32 product (TF32_TF32_F32_X3)",
     "bf16x3": "three bf16 tensor-core passes per fp32 product (BF16_BF16_F32_X3)",
     "bf16x6": "six bf16 tensor-core passes per fp32 product (BF16_BF16_F32_X6)",
@@ -51,7 +53,7 @@ FP32_MATMUL_SETTINGS: dict[str, str] = {
     "BF16_BF16_F32_X9": "bf16x9",
 }
 # The compute capability each unit's tensor cores need (fp32 runs anywhere, on CUDA cores).
-UNIT_MIN_CC = {"fp16": (7, 0), "tf32": (8, 0), "tf32x3": (8, 0), "bf16": (8, 0), "bf16x3": (8, 0),
+UNIT_MIN_CC = {"fp16": (7, 0), "fp8": (8, 9), "fp4": (10, 0), "tf32": (8, 0), "tf32x3": (8, 0), "bf16": (8, 0), "bf16x3": (8, 0),
                "bf16x6": (8, 0), "bf16x9": (8, 0)}
 
 XLA_SPECS = "openxla/xla xla/backends/gpu/target_config/specs/"
@@ -70,6 +72,18 @@ class GpuSpec:
     clock_ghz: float
     peak_tflops: dict[str, float]  # dense peaks by matmul unit (MATMUL_UNITS keys)
     source: str  # where the device numbers come from
+    # GPUs joined by NVLink as the system is sold: 8 on an HGX/DGX board, 72 in a GB200/GB300 NVL72 rack,
+    # 2 for NVLink-bridged PCIe pairs, 1 for a PCIe card without a bridge (its GPUs talk over PCIe)
+    nvlink_domain: int = 8
+    # GPUs one host (one process of a multi-node job) drives at most: 4 on an NVL72 compute tray; None: no
+    # limit beyond the request's
+    gpus_per_host: int | None = None
+    peaks_source: str = ""  # where the dense peaks come from
+
+    @property
+    def fp8(self) -> bool:
+        """fp8 tensor cores (Ada, Hopper, Blackwell: compute capability 8.9 and up)."""
+        return "fp8" in self.peak_tflops
 
     @property
     def bf16_native(self) -> bool:
@@ -82,8 +96,8 @@ class GpuSpec:
         return None if value is None else value * TFLOPS / passes
 
 
-def _spec(key, name, kinds, cc, sms, memory, bandwidth, l2, clock, peaks, source) -> GpuSpec:
-    return GpuSpec(key, name, kinds, cc, sms, int(memory), float(bandwidth), int(l2), clock, peaks, source)
+def _spec(key, name, kinds, cc, sms, memory, bandwidth, l2, clock, peaks, source, **more) -> GpuSpec:
+    return GpuSpec(key, name, kinds, cc, sms, int(memory), float(bandwidth), int(l2), clock, peaks, source, **more)
 
 
 # Peaks: NVIDIA datasheets, dense (the datasheets print sparse figures twice as large); the RTX 4090
@@ -97,14 +111,15 @@ GPU_SPECS: dict[str, GpuSpec] = {
         _spec("v100-32gb", "V100 SXM2 32GB", ("Tesla V100-SXM2-32GB",), (7, 0), 80, 32 * GB, 900e9,
               6 * 2**20, 1.53, {"fp16": 125, "fp32": 15.7}, "V100 datasheet (no public capture)"),
         _spec("t4", "T4", ("Tesla T4",), (7, 5), 40, 16 * GB, 320e9, 4 * 2**20, 1.59,
-              {"fp16": 65, "fp32": 8.1}, "T4 datasheet (no public capture)"),
+              {"fp16": 65, "fp32": 8.1}, "T4 datasheet (no public capture)", nvlink_domain=1),
         _spec("a10", "A10", ("NVIDIA A10",), (8, 6), 72, 24 * GB, 600e9, 6 * 2**20, 1.695,
-              {"bf16": 125, "fp16": 125, "tf32": 62.5, "fp32": 31.2}, "A10 datasheet (no public capture)"),
+              {"bf16": 125, "fp16": 125, "tf32": 62.5, "fp32": 31.2}, "A10 datasheet (no public capture)", nvlink_domain=1),
         _spec("l4", "L4", ("NVIDIA L4",), (8, 9), 58, 24 * GB, 300e9, 48 * 2**20, 2.04,
-              {"bf16": 121, "fp16": 121, "tf32": 60, "fp32": 30.3}, "L4 datasheet (no public capture)"),
+              {"bf16": 121, "fp16": 121, "tf32": 60, "fp32": 30.3, "fp8": 242.5}, "L4 datasheet (no public capture)",
+              nvlink_domain=1),
         _spec("rtx-4090", "GeForce RTX 4090", ("NVIDIA GeForce RTX 4090",), (8, 9), 128, 24 * GB, 1008e9,
-              72 * 2**20, 2.52, {"bf16": 165, "fp16": 165, "tf32": 82.6, "fp32": 82.6},
-              "Ada whitepaper (no public capture)"),
+              72 * 2**20, 2.52, {"bf16": 165, "fp16": 165, "tf32": 82.6, "fp32": 82.6, "fp8": 330.3},
+              "Ada whitepaper (no public capture)", nvlink_domain=1),
         _spec("a100-40gb", "A100 SXM4 40GB", ("NVIDIA A100-SXM4-40GB",), (8, 0), 108, 42331013120,
               1555200000000, 41943040, 1.41, {"bf16": 312, "fp16": 312, "tf32": 156, "fp32": 19.5},
               XLA_SPECS + "a100_sxm_40.txtpb"),
@@ -113,16 +128,39 @@ GPU_SPECS: dict[str, GpuSpec] = {
               XLA_SPECS + "a100_sxm_80.txtpb"),
         _spec("a100-80gb-pcie", "A100 PCIe 80GB", ("NVIDIA A100 80GB PCIe",), (8, 0), 108, 79050250240,
               2039000000000, 41943040, 1.1105, {"bf16": 312, "fp16": 312, "tf32": 156, "fp32": 19.5},
-              XLA_SPECS + "a100_pcie_80.txtpb"),
+              XLA_SPECS + "a100_pcie_80.txtpb", nvlink_domain=1),
         _spec("h100-pcie", "H100 PCIe 80GB", ("NVIDIA H100 PCIe",), (9, 0), 114, 84942979072, 2039040000000,
-              52428800, 1.755, {"bf16": 756, "fp16": 756, "tf32": 378, "fp32": 51}, XLA_SPECS + "h100_pcie.txtpb"),
+              52428800, 1.755, {"bf16": 756, "fp16": 756, "tf32": 378, "fp32": 51, "fp8": 1513}, XLA_SPECS + "h100_pcie.txtpb",
+              nvlink_domain=1),
         _spec("h100-sxm", "H100 SXM5 80GB", ("NVIDIA H100 80GB HBM3",), (9, 0), 132, 84942979072, 3352320000000,
-              52428800, 1.98, {"bf16": 989, "fp16": 989, "tf32": 494.7, "fp32": 67}, XLA_SPECS + "h100_sxm.txtpb"),
+              52428800, 1.98, {"bf16": 989, "fp16": 989, "tf32": 494.7, "fp32": 67, "fp8": 1979},
+              XLA_SPECS + "h100_sxm.txtpb"),
         _spec("h100-nvl", "H100 NVL 94GB", ("NVIDIA H100 NVL",), (9, 0), 132, 94 * GB, 3900e9, 50 * 2**20, 1.785,
-              {"bf16": 835.5, "fp16": 835.5, "tf32": 417.5, "fp32": 60}, "H100 NVL datasheet (no public capture)"),
+              {"bf16": 835.5, "fp16": 835.5, "tf32": 417.5, "fp32": 60, "fp8": 1670.5},
+              "H100 NVL datasheet (no public capture)", nvlink_domain=2),
         _spec("h200", "H200 SXM 141GB", ("NVIDIA H200", "NVIDIA H200 141GB HBM3e"), (9, 0), 132, 151397597184,
-              4800e9, 52428800, 1.98, {"bf16": 989, "fp16": 989, "tf32": 494.7, "fp32": 67},
+              4800e9, 52428800, 1.98, {"bf16": 989, "fp16": 989, "tf32": 494.7, "fp32": 67, "fp8": 1979},
               XLA_SPECS + "h200.txtpb"),
+        # Blackwell. Device numbers: XLA's captures. Peaks: the HGX B200 / HGX B300 datasheets' 8-GPU figures and
+        # the GB200 / GB300 NVL72 datasheets' 72-GPU figures, per GPU and halved where printed with sparsity.
+        _spec("b200", "B200 (HGX)", ("NVIDIA B200",), (10, 0), 148, 191514411008, 7672320000000, 132644864, 1.965,
+              {"bf16": 2250, "fp16": 2250, "tf32": 1100, "fp32": 75, "fp8": 4500, "fp4": 9000},
+              XLA_SPECS + "b200.txtpb", peaks_source="HGX B200 datasheet"),
+        _spec("gb200", "GB200 NVL72", ("NVIDIA GB200",), (10, 0), 152, 197897748480, 7928064000000, 135528448, 2.062,
+              {"bf16": 2500, "fp16": 2500, "tf32": 1250, "fp32": 80, "fp8": 5000, "fp4": 10000},
+              XLA_SPECS + "gb200.txtpb", nvlink_domain=72, gpus_per_host=4, peaks_source="GB200 NVL72 datasheet"),
+        _spec("b300", "B300 (HGX)", ("NVIDIA B300", "NVIDIA B300 SXM6 AC"), (10, 3), 158, 297021865984, 7936000000000,
+              135528448, 1.965, {"bf16": 2250, "fp16": 2250, "tf32": 1125, "fp32": 75, "fp8": 4500, "fp4": 13500},
+              XLA_SPECS + "b300.txtpb", peaks_source="HGX B300 datasheet"),
+        _spec("gb300", "GB300 NVL72", ("NVIDIA GB300",), (10, 3), 152, 297021079552, 7928064000000, 135528448, 2.07,
+              {"bf16": 2500, "fp16": 2500, "tf32": 1250, "fp32": 80, "fp8": 5000, "fp4": 15000},
+              XLA_SPECS + "gb300.txtpb", nvlink_domain=72, gpus_per_host=4, peaks_source="GB300 NVL72 datasheet"),
+        _spec("rtx-pro-6000", "RTX PRO 6000 Blackwell", ("NVIDIA RTX PRO 6000 Blackwell",
+              "NVIDIA RTX PRO 6000 Blackwell Server Edition", "NVIDIA RTX PRO 6000 Blackwell Workstation Edition"),
+              (12, 0), 188, 103079215104, 1792000000000, 134217728, 2.6,
+              {"bf16": 503.8, "fp16": 503.8, "tf32": 251.9, "fp32": 125, "fp8": 1007.6, "fp4": 2015.2},
+              XLA_SPECS + "rtx6000pro.txtpb", nvlink_domain=1,
+              peaks_source="RTX Blackwell architecture whitepaper (RTX PRO 6000: 4,000 AI TOPS fp4 with sparsity)"),
     ]
 }
 
@@ -143,6 +181,11 @@ LINK_BYTES_PER_S: dict[str, tuple[float, str]] = {
     "h100-sxm": (450e9, "NVLink 4: 900 GB/s total (H100 datasheet)"),
     "h100-nvl": (300e9, "NVLink bridge: 600 GB/s total (H100 NVL datasheet)"),
     "h200": (450e9, "NVLink 4: 900 GB/s total (H200 datasheet)"),
+    "b200": (900e9, "NVLink 5: 1.8 TB/s total (HGX B200 datasheet)"),
+    "b300": (900e9, "NVLink 5: 1.8 TB/s total (HGX B300 datasheet)"),
+    "gb200": (900e9, "NVLink 5: 1.8 TB/s total, 72 GPUs on one NVLink switch fabric (GB200 NVL72 datasheet)"),
+    "gb300": (900e9, "NVLink 5: 1.8 TB/s total, 72 GPUs on one NVLink switch fabric (GB300 NVL72 datasheet)"),
+    "rtx-pro-6000": (64e9, "PCIe gen5 x16 (no NVLink)"),
 }
 # Between nodes: one 400 Gb/s InfiniBand NDR port per GPU, as in NVIDIA's DGX H100 reference
 # design. An assumption about the cluster, not a property of the GPU: plans say so.
@@ -151,12 +194,18 @@ INTER_NODE_NOTE = "400 Gb/s InfiniBand per GPU between nodes (DGX H100 reference
 
 
 # GPU to host memory, one direction, by architecture (compute capability major): Volta and Turing
-# on PCIe gen3 x16, Ampere and Ada on gen4, Hopper on gen5. What offloaded activations travel over.
-HOST_LINK_BYTES_PER_S = {7: 16e9, 8: 32e9, 9: 64e9}
+# on PCIe gen3 x16, Ampere and Ada on gen4, Hopper and Blackwell on gen5 (XLA's B200 capture: 64 GiB/s).
+# What offloaded activations travel over. A Grace-Blackwell GPU reaches its Grace CPU's memory over
+# NVLink-C2C instead: 900 GB/s in both directions (GB200 / GB300 NVL72 datasheets).
+HOST_LINK_BYTES_PER_S = {7: 16e9, 8: 32e9, 9: 64e9, 10: 64e9, 12: 64e9}
+GRACE_HOST_LINK = {"gb200": 450e9, "gb300": 450e9}
 
 
-def host_link_bandwidth(compute_capability: tuple[int, int] | None) -> float | None:
-    """Bytes/s between a GPU and pinned host memory (PCIe x16 of its generation); None when unknown."""
+def host_link_bandwidth(compute_capability: tuple[int, int] | None, key: str | None = None) -> float | None:
+    """Bytes/s between a GPU and pinned host memory (PCIe x16 of its generation, or NVLink-C2C to a Grace
+    CPU); None when unknown."""
+    if key in GRACE_HOST_LINK:
+        return GRACE_HOST_LINK[key]
     return HOST_LINK_BYTES_PER_S.get(compute_capability[0]) if compute_capability else None
 
 
@@ -445,6 +494,9 @@ _CC_LIMITS: dict[tuple[int, int], tuple[int, int, int, int]] = {
     (8, 6): (102400, 101376, 1536, 128),
     (8, 9): (102400, 101376, 1536, 128),
     (9, 0): (233472, 232448, 2048, 128),
+    (10, 0): (233472, 232448, 2048, 128),  # and 10.3, 12.0: XLA's b200 / b300 / rtx6000pro captures
+    (10, 3): (233472, 232448, 2048, 128),
+    (12, 0): (131072, 101376, 1536, 128),
 }
 
 

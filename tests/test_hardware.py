@@ -4,7 +4,8 @@ import types
 
 import pytest
 
-from migration.hardware import GPU_SPECS, MATMUL_UNITS, fp32_matmul_precision, gpu_spec_for_device_kind, matmul_unit
+from migration.hardware import (GPU_SPECS, MATMUL_UNITS, fp32_matmul_precision, gpu_spec_for_device_kind,
+                                gpu_target_config, host_link_bandwidth, matmul_unit)
 from migration.running.measure import peak_flops_for
 
 
@@ -14,7 +15,9 @@ from migration.running.measure import peak_flops_for
     ("NVIDIA A100-SXM4-40GB", "a100-40gb"), ("NVIDIA A100-SXM4-80GB", "a100-80gb"),
     ("NVIDIA A100 80GB PCIe", "a100-80gb-pcie"),
     ("NVIDIA H100 PCIe", "h100-pcie"), ("NVIDIA H100 80GB HBM3", "h100-sxm"), ("NVIDIA H100 NVL", "h100-nvl"),
-    ("NVIDIA H200", "h200"), ("nvidia h200 141gb hbm3e ", "h200"),
+    ("NVIDIA H200", "h200"), ("nvidia h200 141gb hbm3e ", "h200"), ("NVIDIA B200", "b200"), ("NVIDIA GB200", "gb200"),
+    ("NVIDIA B300 SXM6 AC", "b300"), ("NVIDIA GB300", "gb300"),
+    ("NVIDIA RTX PRO 6000 Blackwell Server Edition", "rtx-pro-6000"),
 ])
 def test_device_kinds_match_their_own_entry_exactly(kind, key):
     assert gpu_spec_for_device_kind(kind).key == key
@@ -39,9 +42,13 @@ def test_memory_is_what_the_device_reports_where_a_capture_exists():
 @pytest.mark.parametrize("key", sorted(GPU_SPECS))
 def test_every_entry_has_a_peak_for_each_unit_it_has(key):
     spec = GPU_SPECS[key]
-    units = {"fp32", "fp16"} | ({"bf16", "tf32"} if spec.bf16_native else set())
+    units = ({"fp32", "fp16"} | ({"bf16", "tf32"} if spec.bf16_native else set())
+             | ({"fp8"} if spec.compute_capability >= (8, 9) else set())
+             | ({"fp4"} if spec.compute_capability >= (10, 0) else set()))
     assert set(spec.peak_tflops) == units
-    ladder = [spec.peak_tflops[u] for u in ("fp16", "tf32", "fp32") if u in spec.peak_tflops]
+    assert spec.fp8 == (spec.compute_capability >= (8, 9))
+    # each narrower unit runs at least as fast as the wider one, fp8 twice bf16 and fp4 at least twice fp8
+    ladder = [spec.peak_tflops[u] for u in ("fp4", "fp8", "fp16", "tf32", "fp32") if u in spec.peak_tflops]
     assert ladder == sorted(ladder, reverse=True) and ladder[-1] > 0
     assert set(spec.peak_tflops) <= set(MATMUL_UNITS)
 
@@ -153,3 +160,31 @@ def test_each_tpu_slice_has_the_chips_its_name_says_and_a_share_of_each_chip():
     assert TPU_SPECS["tpu-v5e-256"].chips == TPU_SPECS["tpu-v6e-256"].chips == 256
     assert TPU_SPECS["tpu-v5p-12288"].chips == 6144 and TPU_SPECS["tpu-v4-8192"].chips == 4096
     assert TPU_SPECS["tpu7x-8"].chips == 4 and TPU_SPECS["tpu7x-8"].devices == 8
+
+
+@pytest.mark.parametrize("key", sorted(GPU_SPECS))
+def test_narrow_units_are_the_datasheets_multiples(key):
+    """Dense fp8 is twice bf16 on every GPU that has it (Ada, Hopper, Blackwell), fp4 twice fp8 or more
+    (Blackwell Ultra's fp4 is 3x): a peak copied from a sparse column would break the ratio."""
+    peaks = GPU_SPECS[key].peak_tflops
+    if "fp8" in peaks:
+        assert peaks["fp8"] == pytest.approx(2 * peaks["bf16"], rel=0.01)
+    if "fp4" in peaks:
+        assert 2 * peaks["fp8"] <= peaks["fp4"] <= 3 * peaks["fp8"]
+
+
+@pytest.mark.parametrize("key,domain,host", [("h100-sxm", 8, None), ("b200", 8, None), ("gb200", 72, 4),
+                                             ("gb300", 72, 4), ("rtx-pro-6000", 1, None), ("h100-pcie", 1, None),
+                                             ("h100-nvl", 2, None)])
+def test_nvlink_domains_as_the_systems_are_sold(key, domain, host):
+    assert GPU_SPECS[key].nvlink_domain == domain and GPU_SPECS[key].gpus_per_host == host
+
+
+def test_blackwell_targets_come_from_xlas_captures():
+    for key, cc in [("b200", (10, 0)), ("gb200", (10, 0)), ("b300", (10, 3)), ("gb300", (10, 3)),
+                    ("rtx-pro-6000", (12, 0))]:
+        spec = GPU_SPECS[key]
+        assert spec.compute_capability == cc and spec.source.endswith(".txtpb") and spec.peaks_source
+        assert f"cuda_compute_capability {{ major: {cc[0]} minor: {cc[1]} }}" in gpu_target_config(spec)
+    assert GPU_SPECS["b300"].memory_bytes > GPU_SPECS["b200"].memory_bytes > GPU_SPECS["h200"].memory_bytes
+    assert host_link_bandwidth((10, 0), "gb200") > host_link_bandwidth((10, 0), "b200") == 64e9

@@ -184,7 +184,7 @@ BAD = [
     Bad("plan-unknown-preset", "/plan", {"preset": "huge"}, "preset", "one of tiny"),
     Bad("plan-preset-of-another-workload", "/plan", {"workload": "mlp", "preset": "gpt2-small"}, "preset", "one of tiny"),
     Bad("plan-unknown-source", "/plan", {"source": "tpu-v9-8"}, "source", "tpu-v5e-{1,4,8,16"),
-    Bad("plan-unknown-target", "/plan", {"target": "b200"}, "target", "h100-sxm"),
+    Bad("plan-unknown-target", "/plan", {"target": "mi300x"}, "target", "h100-sxm"),
     Bad("plan-none-target", "/plan", {"target": None}, "target", "one of local"),
     Bad("plan-unknown-source-precision", "/plan", {"source_precision": "fp8"}, "source_precision", "one of bf16, fp32"),
     Bad("plan-unknown-precision", "/plan", {"precision": "fp64"}, "precision", "one of auto, fp32, bf16, fp16"),

@@ -37,7 +37,8 @@ from typing import Any
 
 DTYPE_BYTES = {"pred": 1, "s4": 0.5, "u4": 0.5, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "s32": 4, "u32": 4, "s64": 8,
                "u64": 8, "f16": 2, "bf16": 2, "f32": 4, "f64": 8, "c64": 8, "c128": 16,
-               "f8e4m3fn": 1, "f8e5m2": 1, "f8e4m3fnuz": 1, "f8e5m2fnuz": 1, "f8e4m3": 1, "f8e3m4": 1}
+               "f8e4m3fn": 1, "f8e5m2": 1, "f8e4m3fnuz": 1, "f8e5m2fnuz": 1, "f8e4m3": 1, "f8e3m4": 1,
+               "f8e8m0fnu": 1, "f4e2m1fn": 0.5}
 ARRAY = re.compile(r"\b(" + "|".join(sorted(DTYPE_BYTES, key=len, reverse=True)) + r")\[([0-9,]*)\]")
 ARRAY_WITH_LAYOUT = re.compile(ARRAY.pattern + r"(\{[^}]*\})?")
 INSTRUCTION = re.compile(r"^\s*(ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*?)\s+([a-z][\w\-]*)\((.*)$")
@@ -47,7 +48,8 @@ FREE = {"parameter", "get-tuple-element", "tuple", "bitcast", "constant", "after
         "opt-barrier", "add-dependency", "copy-done", "send-done", "recv-done", "iota"}
 SLICES = ("dynamic-slice", "slice", "gather")
 BACKWARD_ATTENTION = 2.5  # five products backward (S recomputed, dP, dV, dQ, dK) for the forward's two
-DEFAULT_UNIT = {"bf16": "bf16", "f16": "fp16", "f32": "fp32", "f64": "fp32"}
+DEFAULT_UNIT = {"bf16": "bf16", "f16": "fp16", "f32": "fp32", "f64": "fp32", "f4e2m1fn": "fp4",
+                **{t: "fp8" for t in DTYPE_BYTES if t.startswith("f8")}}
 
 
 @dataclasses.dataclass

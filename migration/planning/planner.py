@@ -146,7 +146,8 @@ class _Planner:
                                     convolutional=getattr(w, "convolutional", False))
         self.cost = StepCostModel(w.flops_per_example(cfg), w.rows_per_example(cfg), target.fill_rows,
                                   peak * cal.matmul if peak else None, w.matmul_width(cfg), comm, factors,
-                                  offloaded, host_link_bandwidth(target.compute_capability),
+                                  offloaded,
+                                  host_link_bandwidth(target.compute_capability, target.spec and target.spec.key),
                                   target.spec.bandwidth_bytes_per_s * cal.memory if target.spec else None)
         # Policies that apply: the named ones only to a model that names their activations.
         self.policies = [r for r in REMAT_ORDER if remat_applies(w, r)]
