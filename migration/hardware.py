@@ -209,52 +209,67 @@ def host_link_bandwidth(compute_capability: tuple[int, int] | None, key: str | N
     return HOST_LINK_BYTES_PER_S.get(compute_capability[0]) if compute_capability else None
 
 
-def network_note(network_bytes_per_s: float | None) -> str:
+# Blackwell Ultra systems pair each GPU with a ConnectX-8 800 Gb/s NIC (HGX B300 and GB300 NVL72
+# datasheets); the others are assumed to have the DGX H100 design's 400 Gb/s per GPU.
+NIC_BYTES_PER_S = {"b300": 100e9, "gb300": 100e9}
+
+
+def default_network(key: str) -> float:
+    """Each GPU's network bandwidth between link domains, one way, when the request gives none."""
+    return NIC_BYTES_PER_S.get(key, INTER_NODE_BYTES_PER_S)
+
+
+def network_note(network_bytes_per_s: float | None, key: str = "") -> str:
     if not network_bytes_per_s or network_bytes_per_s == INTER_NODE_BYTES_PER_S:
         return INTER_NODE_NOTE
+    if key in NIC_BYTES_PER_S and network_bytes_per_s == NIC_BYTES_PER_S[key]:
+        return "800 Gb/s ConnectX-8 per GPU between link domains (the system's datasheet; assumed)"
     return f"{network_bytes_per_s * 8 / 1e9:,.0f} Gb/s of network per GPU between nodes (as given)"
 
 
-def link_bandwidth(key: str, nodes: int, gpus_per_node: int = 8,
+def link_bandwidth(key: str, domains: int, domain_gpus: int = 8,
                    network_bytes_per_s: float | None = None) -> tuple[float | None, str]:
     """Bytes/s per GPU of a collective over all the target's GPUs, and why.
 
-    In one node: the GPU's own link. Across nodes NCCL runs one ring per NIC, each carrying a
-    1/gpus_per_node share of the data over its GPU's NIC, so a GPU's collectives move at most its
-    NIC's bandwidth times the GPUs in a node, and never more than its link inside the node.
-    `network_bytes_per_s`: each GPU's network bandwidth (NICs per GPU x their speed; default one
-    400 Gb/s port)."""
+    A link domain is the GPUs that share the fast link: a node (NVLink on an HGX board, PCIe between
+    PCIe cards) or an NVLink domain that spans nodes (an NVL72 rack). Inside one: the GPU's own link.
+    Across domains NCCL runs one ring per NIC, each carrying a 1/domain_gpus share of the data over its
+    GPU's NIC, so a GPU's collectives move at most its NIC's bandwidth times the GPUs in a domain, and
+    never more than its link inside the domain. `network_bytes_per_s`: each GPU's network bandwidth
+    (NICs per GPU x their speed; default `default_network`)."""
     link, note = LINK_BYTES_PER_S.get(key, (None, "unknown interconnect"))
-    if nodes > 1:
-        network = network_bytes_per_s or INTER_NODE_BYTES_PER_S
-        rings = network * max(1, gpus_per_node)
-        return min(link or rings, rings), (f"{network_note(network)}: {max(1, gpus_per_node)} rings, one per NIC, "
+    if domains > 1:
+        network = network_bytes_per_s or default_network(key)
+        rings = network * max(1, domain_gpus)
+        return min(link or rings, rings), (f"{note} inside each domain of {domain_gpus}; between domains "
+                                           f"{network_note(network, key)}: {max(1, domain_gpus)} rings, one per NIC, "
                                            f"{min(link or rings, rings) / 1e9:,.0f} GB/s per GPU at most")
     return link, note
 
 
 @dataclasses.dataclass(frozen=True)
 class Links:
-    """Bytes/s per GPU, one direction, of the links a collective can cross: inside a node (NVLink or
-    PCIe) and between nodes (each GPU's network share; None on one node)."""
+    """Bytes/s per GPU, one direction, of the links a collective can cross: inside a link domain (a
+    node's NVLink or PCIe, or an NVL72 rack's NVLink) and between domains (each GPU's network share;
+    None within one domain)."""
 
     intra: float | None
     network: float | None = None
 
     @classmethod
-    def of(cls, key: str, nodes: int, network_bytes_per_s: float | None = None) -> "Links":
+    def of(cls, key: str, domains: int, network_bytes_per_s: float | None = None) -> "Links":
         intra = LINK_BYTES_PER_S.get(key, (None, ""))[0]
-        return cls(intra, (network_bytes_per_s or INTER_NODE_BYTES_PER_S) if nodes > 1 else None)
+        return cls(intra, (network_bytes_per_s or default_network(key)) if domains > 1 else None)
 
-    def for_group(self, group: int, nodes: int) -> float | None:
-        """A collective over `group` GPUs on `nodes` nodes: inside a node its link; across nodes one
-        ring per member GPU of a node, each over that GPU's network share (so the group's GPUs per
-        node times it), never faster than the link inside the node."""
-        if nodes <= 1:
+    def for_group(self, group: int, domains: int) -> float | None:
+        """A collective over `group` GPUs spanning `domains` link domains: inside one its link; across
+        domains one ring per member GPU of a domain, each over that GPU's network share (so the group's
+        GPUs per domain times it), never faster than the link inside the domain."""
+        if domains <= 1:
             return self.intra
         if not self.network:
             return None  # no figure for the network between them: not timed
-        rings = self.network * max(1, group // nodes)
+        rings = self.network * max(1, group // domains)
         return min(self.intra or rings, rings)
 
 

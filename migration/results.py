@@ -248,6 +248,8 @@ class Plan(JsonExport):
     sharding: str = "replicated"  # how parameters, gradients and optimizer state live on the GPUs
     nodes: int = 1
     gpus_per_node: int = 1
+    # GPUs whose collectives stay on the fast link (an HGX node's NVLink, an NVL72 rack's 72); 0: not recorded
+    domain_gpus: int = 0
     max_batch_by_sharding: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
     source_job: dict[str, Any] = dataclasses.field(default_factory=dict)  # how the TPU job held its state
     interconnect: str = ""  # the link the step-time model assumed between GPUs

@@ -90,7 +90,7 @@ def test_replica_groups_read_in_every_form():
 
 
 def test_a_collective_inside_a_node_runs_over_nvlink_and_one_across_nodes_over_the_network():
-    links = Links.of("h100-sxm", nodes=4)
+    links = Links.of("h100-sxm", domains=4)
     assert links.intra == 450e9 and links.network == 50e9
     inside = Kernel("ag", "all-gather", 0.0, 8e9, None, 1, group=8, asynchronous=True, nodes=1)
     across = Kernel("ar", "all-reduce", 0.0, 8e9, None, 1, group=4, asynchronous=True, nodes=4)
@@ -99,8 +99,8 @@ def test_a_collective_inside_a_node_runs_over_nvlink_and_one_across_nodes_over_t
     assert links.for_group(4, 4) == 50e9  # one GPU per node: its own NIC
     assert links.for_group(32, 4) == 400e9  # eight rings, one per NIC
     assert collective_seconds(across, links) > collective_seconds(flat, links) > collective_seconds(inside, links)
-    assert Links.of("h100-sxm", nodes=4, network_bytes_per_s=100e9).for_group(4, 4) == 100e9
-    assert Links.of("h100-sxm", nodes=1).for_group(8, 1) == 450e9
+    assert Links.of("h100-sxm", domains=4, network_bytes_per_s=100e9).for_group(4, 4) == 100e9
+    assert Links.of("h100-sxm", domains=1).for_group(8, 1) == 450e9
     # Packed and unpacked with the nodes a group spans.
     assert unpack(pack([across]))[0].nodes == 4
 

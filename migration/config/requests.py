@@ -300,8 +300,30 @@ class PlanRequest:
     silence_timeout_s: float = 120.0  # see RunConfig
 
     @property
+    def node_gpus(self) -> int:
+        """GPUs per node (one process of a multi-node job each): the request's, at most what one host of the
+        target drives (a GB200 / GB300 NVL72 compute tray: 4)."""
+        spec = GPU_SPECS.get(self.target)
+        host = spec.gpus_per_host if spec else None
+        return min(self.gpus_per_node, host) if host else self.gpus_per_node
+
+    @property
     def nodes(self) -> int:
-        return max(1, -(-self.gpus // self.gpus_per_node))
+        return max(1, -(-self.gpus // self.node_gpus))
+
+    @property
+    def domain(self) -> int:
+        """GPUs whose collectives stay on the target's fast link: its NVLink domain where that spans nodes
+        (GB200 / GB300 NVL72: 72 GPUs on 18 trays), else a node (NVLink inside an HGX board, PCIe between
+        PCIe cards); at most the job's GPUs. Collectives between domains cross the network."""
+        spec = GPU_SPECS.get(self.target)
+        size = spec.nvlink_domain if spec and spec.nvlink_domain > self.node_gpus else self.node_gpus
+        return min(self.gpus, size)
+
+    @property
+    def domains(self) -> int:
+        """How many such domains the job spans (the last one partly filled where GPUs are not a multiple)."""
+        return max(1, -(-self.gpus // self.domain))
 
     @property
     def network_bytes_per_s(self) -> float | None:
@@ -357,7 +379,7 @@ def check_run_layout(cfg: Any) -> None:
 def check_plan_layout(req: "PlanRequest") -> None:
     lay = parse_layout(req.sharding)
     _check_tensor_split(req, lay.tensor)
-    lay.check(req.gpus, min(req.gpus, req.gpus_per_node))
+    lay.check(req.gpus, req.domain)
 
 
 def validate_plan_request(req: PlanRequest) -> PlanRequest:
@@ -366,9 +388,11 @@ def validate_plan_request(req: PlanRequest) -> PlanRequest:
     _check_choice(req, "target", ("local", *GPU_SPECS))
     for field in ("global_batch", "gpus", "gpus_per_node", "max_per_device_batch"):
         _check_range(req, field, PLAN_LIMITS, integer=True)
-    if req.gpus > req.gpus_per_node and req.gpus % req.gpus_per_node:
-        raise ConfigError("gpus", f"{req.gpus} GPUs do not fill whole nodes of {req.gpus_per_node}; use a multiple of "
-                                  f"{req.gpus_per_node} (or at most {req.gpus_per_node} on one node)")
+    node = req.node_gpus
+    if req.gpus > node and req.gpus % node:
+        host = "" if node == req.gpus_per_node else f" ({GPU_SPECS[req.target].name} hosts hold {node} GPUs)"
+        raise ConfigError("gpus", f"{req.gpus} GPUs do not fill whole nodes of {node}{host}; use a multiple of "
+                                  f"{node} (or at most {node} on one node)")
     if req.target == "local" and req.gpus > req.gpus_per_node:
         raise ConfigError("gpus", f"target local is this machine (one node): at most {req.gpus_per_node}; got {req.gpus}")
     if req.source_sharding is not None:

@@ -165,8 +165,10 @@ def sbatch_script(plan: Any, run: str = RUN_COMMAND) -> str:
     """An sbatch script: `nodes` nodes, one task per GPU, started by srun; JAX reads its place from
     SLURM (coordinator: the first node) and gives each task the GPU of its local rank."""
     gpn = plan.gpus_per_node
+    rack = rack_nodes(plan)
     lines = ["#!/usr/bin/env bash", f"#SBATCH --job-name={job_name(plan)}", f"#SBATCH --nodes={plan.nodes}",
              f"#SBATCH --ntasks-per-node={gpn}", f"#SBATCH --gpus-per-node={gpn}", "#SBATCH --exclusive",
+             *([f"#SBATCH --segment={rack}"] if rack and plan.nodes % rack == 0 else []),
              "set -euo pipefail", *export_lines(plan, skip=("CUDA_VISIBLE_DEVICES",)),
              f"# {plan.gpus} processes, one per GPU: JAX detects SLURM (--coordinator auto)",
              f"srun --nodes={plan.nodes} --ntasks={plan.gpus} --ntasks-per-node={gpn} {run} --coordinator auto"]
@@ -193,6 +195,27 @@ def kubernetes_job(plan: Any, run: str = RUN_COMMAND,
             f"        resources:\n          limits:\n            nvidia.com/gpu: {plan.gpus_per_node}\n")
 
 
+def rack_nodes(plan: Any) -> int | None:
+    """Nodes per NVLink domain where the domain spans nodes (an NVL72 rack: 18 trays of 4), else None."""
+    domain, gpn = getattr(plan, "domain_gpus", 0) or 0, plan.gpus_per_node
+    return domain // gpn if gpn and domain > gpn else None
+
+
+def domain_note(plan: Any) -> list[str]:
+    """What a multi-node launch must keep for an NVLink domain that spans nodes: each domain's nodes in one
+    rack, so that their collectives run over NVLink rather than the network."""
+    rack = rack_nodes(plan)
+    if not rack:
+        return []
+    whole = plan.nodes % rack == 0
+    return [f"# NVLink domain: {plan.domain_gpus} GPUs, {rack} nodes of {plan.gpus_per_node}. Each group of {rack} "
+            "consecutive nodes must be one rack's NVLink domain (SLURM's topology/block plugin: "
+            + (f"--segment={rack}, set below" if whole else f"{plan.nodes} nodes are not whole groups of {rack}: "
+               "the last group is a partial rack")
+            + "; Kubernetes: an NVIDIA DRA ComputeDomain for the pods, which sets up the IMEX channels multi-node "
+            "NVLink needs). Collectives between domains cross the network."]
+
+
 def per_node_command(plan: Any, run: str = RUN_COMMAND) -> str:
     """The command each node runs by hand: one process per node, COORDINATOR and NODE_RANK from the caller."""
     return (f'{run} --coordinator "${{COORDINATOR:?set COORDINATOR=host-of-node-0:{DEFAULT_PORT}}}" '
@@ -212,6 +235,7 @@ def multi_node_launch(plan: Any, run: str = RUN_COMMAND) -> str:
         (f"#   COORDINATOR=node0:{DEFAULT_PORT} NODE_RANK=0 bash deploy.sh  # by hand, on each node: NODE_RANK 0 "
          f"(on the coordinator's host) to {n - 1}"),
         "# Every process needs plan.json where the command runs (the image, or a shared folder).",
+        *domain_note(plan),
         'case "${1:-}" in',
         "sbatch)", "cat <<'SBATCH'", sbatch_script(plan, run).rstrip("\n"), "SBATCH", ";;",
         "kubernetes)", "cat <<'KUBERNETES'", kubernetes_job(plan, run).rstrip("\n"), "KUBERNETES", ";;",

@@ -215,11 +215,11 @@ class Target:
 def resolve_target(req: PlanRequest) -> Target:
     if req.target != "local":
         spec = GPU_SPECS[req.target]
-        link, link_note = link_bandwidth(spec.key, req.nodes, min(req.gpus, req.gpus_per_node), req.network_bytes_per_s)
+        link, link_note = link_bandwidth(spec.key, req.domains, req.domain, req.network_bytes_per_s)
         return Target(spec.name, spec, spec.memory_bytes, _budget(spec.memory_bytes * req.memory_fraction, req),
                       f"{fmt_gib(spec.memory_bytes)} from {spec.source}", spec.bf16_native, spec.compute_capability,
                       "gpu", spec.sm_count * ROWS_PER_SM_TO_FILL, None, link, link_note,
-                      Links.of(spec.key, req.nodes, req.network_bytes_per_s))
+                      Links.of(spec.key, req.domains, req.network_bytes_per_s))
     device = jax.devices()[0]
     name = f"this machine: {device.device_kind} ({device.platform})"
     if device.platform == "gpu":
@@ -348,7 +348,7 @@ class MemoryPredictor:
             return "compiled-local", note, list(devices[: req.gpus]), f"local:{kind}"
         spec = GPU_SPECS[req.target]
         text = gpu_target_config(spec)
-        per_node = req.gpus if req.nodes == 1 else req.gpus_per_node
+        per_node = req.gpus if req.nodes == 1 else req.node_gpus
         topology = f"1x{req.nodes}x{per_node}"
         try:
             mesh = deviceless_devices(spec, req.nodes, per_node)
@@ -458,8 +458,9 @@ class MemoryPredictor:
         self.compiles += 1
         try:
             mesh = make_mesh(self.devices, sharding)
-            per_node = min(self.req.gpus, self.req.gpus_per_node)
-            return compile_memory(TrainProgram.from_config(cfg), mesh, kernels=self.reads_kernels, per_node=per_node)
+            # collectives are read by the link domains their groups span (an NVL72 rack is one)
+            return compile_memory(TrainProgram.from_config(cfg), mesh, kernels=self.reads_kernels,
+                                  per_node=self.req.domain)
         except Exception as exc:  # noqa: BLE001 - XLA raises several types; memory is told apart by its message
             if is_oom(str(exc)):
                 return {"peak_bytes": None, "state_bytes": None}

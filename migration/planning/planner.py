@@ -136,7 +136,7 @@ class _Planner:
         cal = steptime.CALIBRATION
         link = target.link_bytes_per_s * cal.link if target.link_bytes_per_s else None
         links = target.links
-        comm = Communication(self.params, req.gpus, elem, link, min(req.gpus, req.gpus_per_node),
+        comm = Communication(self.params, req.gpus, elem, link, req.domain,
                              links.intra if links else None, links.network if links else None)
         prof = w.activation_profile(cfg)
         offloaded = prof.n_blocks * sum(prof.named.get(n, 0.0) for n in REMAT_NAMED["offload_dot_except_mlp"]) * elem
@@ -159,7 +159,7 @@ class _Planner:
         self.decisions = [Decision("precision", self.precision, self._precision_reason())]
         if attention:
             self.decisions.append(attention)
-        self.per_node = min(req.gpus, req.gpus_per_node)
+        self.per_node = req.domain  # layouts keep their groups inside a link domain (a node, or an NVL72 rack)
         self.replicated_note: str | None = None
         self.modes, self.sharding_forced = self._sharding_modes()
         # Compiled step times (seconds) by (layout, remat, batch, accumulation), and what became of each
@@ -624,6 +624,31 @@ class _Planner:
             "the scores are never stored, so a larger batch or a cheaper remat policy may then fit (plan again "
             "with attention cudnn)"))
 
+    def _domains(self, chosen: Choice) -> Decision:
+        """The link domains the job spans (nodes, or NVLink domains that span nodes) and what crossing them
+        costs the chosen step: its cross-domain collectives over the network against the same ones over the
+        link inside a domain, timed from the compiled program by the model that times the step."""
+        req, t = self.req, self.target
+        full, rest = divmod(req.gpus, req.domain)
+        sizes = " + ".join(str(n) for n in [req.domain] * full + ([rest] if rest else []))
+        nvlink = t.spec is not None and t.spec.nvlink_domain > req.node_gpus
+        text = f"{req.gpus} GPUs span {req.domains} {'NVLink domains' if nvlink else 'nodes'} ({sizes} GPUs)"
+        if nvlink and rest:
+            text += f", not a multiple of the {t.spec.nvlink_domain}-GPU NVLink domain: the last one is partly filled"
+        kernels = self.predictor.programs.get(self._full_key(chosen) + (self.precision,))
+        links = t.links
+        if kernels and t.spec is not None and links is not None and links.network:
+            cross, inside = steptime.cross_domain_seconds(kernels, links)
+            whole = steptime.predict(kernels, t.spec, links).seconds
+            one = steptime.predict(kernels, t.spec, links.intra).seconds
+            text += (f"; the step's collectives that cross them take {fmt_seconds(cross)} over the network "
+                     f"({links.network * 8 / 1e9:,.0f} Gb/s per GPU) where the link inside a domain would take "
+                     f"{fmt_seconds(inside)}: predicted step {fmt_seconds(whole)}, {fmt_seconds(one)} were every "
+                     f"collective inside a domain ({whole / one - 1:+.1%})")
+        else:
+            text += "; collectives between them cross the network (no compiled program to time them)"
+        return Decision("link_domains", req.domains, text)
+
     def _step_text(self, seconds: float | None) -> str:
         return "n/a (no peak for this device)" if seconds is None or not self.cost.peak_flops else fmt_seconds(seconds)
 
@@ -648,14 +673,14 @@ class _Planner:
             ruled_out_by_bound=self.predictor.ruled_out, parallel_compiles=self.predictor.parallel,
             search_seconds=round(time.perf_counter() - self.t0, 2), max_batch_by_remat=by_sharding.get(sharding, {}),
             max_batch_by_sharding=by_sharding, model=self.predictor.model, sharding=sharding, nodes=req.nodes,
-            gpus_per_node=min(req.gpus, req.gpus_per_node), source_job=self._source_job(),
+            gpus_per_node=min(req.gpus, req.node_gpus), domain_gpus=req.domain, source_job=self._source_job(),
             interconnect=t.link_note,
             table=self.predictor.table, candidates=self.candidates,
             ranked=self.ranked_rows(ranked), ranking=self.ranking_summary(),
             mesh=mesh_of(sharding, req.gpus, self.per_node, req.nodes),
             rule_of_thumb_batch=rot, rule_of_thumb_note=rot_note, matmul_precision=_matmul_precision_notes(t, self.precision),
             environment=plan_environment(memory_fraction=req.memory_fraction, gpus=req.gpus, nodes=req.nodes,
-                                         gpus_per_node=req.gpus_per_node, sharding=sharding, precision=self.precision,
+                                         gpus_per_node=req.node_gpus, sharding=sharding, precision=self.precision,
                                          compute_capability=t.compute_capability,
                                          block_params=self._block_param_count()),
             jax_version=jax.__version__,
@@ -687,13 +712,19 @@ class _Planner:
             "the guide disables Triton GEMMs 'for stability'; current XLA autotunes cuBLAS against Triton, "
             "so keep them unless a GEMM fails to compile")))
         if req.nodes > 1:
+            over = (f"collectives cross nodes over {self.target.link_note}" if req.domains > 1 or req.domain <= req.node_gpus
+                    else f"the nodes share one NVLink domain: collectives between them stay on {self.target.link_note}")
+            host = self.target.spec.gpus_per_host if self.target.spec else None
             d.append(Decision("nodes", req.nodes, (
-                f"{req.gpus} GPUs as {req.nodes} nodes of {min(req.gpus, req.gpus_per_node)}: one process per node "
-                "calls jax.distributed.initialize() before anything else, and the mesh spans every GPU; collectives "
-                f"cross nodes over {self.target.link_note}")))
+                f"{req.gpus} GPUs as {req.nodes} nodes of {min(req.gpus, req.node_gpus)}"
+                + (f" ({self.target.name} hosts hold {host} GPUs)" if host and req.gpus_per_node > host else "")
+                + ": one process per node calls jax.distributed.initialize() before anything else, and the mesh "
+                f"spans every GPU; {over}")))
         tpu_setup = tpu_setup_on_target(req, self.predictor, self.target.budget_bytes, chosen.sharding)
         source_compile = compile_for_source_tpu(req) if req.compile_for_tpu else {"status": "not requested"}
         step = self._step_time(chosen)
+        if req.domains > 1:
+            d.append(self._domains(chosen))
         saving = self._cudnn_saving(chosen, peak, step.get("seconds"))
         if saving:
             d.append(saving)

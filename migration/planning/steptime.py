@@ -118,3 +118,12 @@ def predict(kernels: Iterable[Kernel], spec: GpuSpec, links: Links | float | Non
     exposed = max(0.0, asynchronous - compute) + synchronous
     return StepPrediction(compute + exposed, compute, matmul, memory, asynchronous + synchronous, exposed, flops,
                           int(launches))
+
+
+def cross_domain_seconds(kernels: Iterable[Kernel], links: Links,
+                         cal: Calibration = CALIBRATION) -> tuple[float, float]:
+    """Seconds of the collectives whose groups cross link domains: over the network as `links` has it, and
+    as they would take over the link inside a domain (the cost of crossing, by the model that times the step)."""
+    cross = [k for k in kernels if k.kind in RING_FACTOR and k.nodes > 1]
+    return (sum(collective_seconds(k, links, cal) for k in cross),
+            sum(collective_seconds(k, links.intra, cal) for k in cross))
