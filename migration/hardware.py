@@ -286,7 +286,7 @@ def gpu_spec_for_device_kind(device_kind: str) -> GpuSpec | None:
 def matmul_unit(precision: str, fp32_matmul: str) -> str:
     """The MATMUL_UNITS key a run's products execute in: its compute dtype, or for fp32 compute
     what fp32 products really run as (see `fp32_matmul_precision`)."""
-    return fp32_matmul if precision == "fp32" else precision
+    return fp32_matmul if precision == "fp32" else "fp8" if precision in ("fp8", "mxfp8") else precision
 
 
 def compute_capability(device: object) -> tuple[int, int] | None:
@@ -335,6 +335,8 @@ def cpu_peak_flops(precision: str) -> tuple[float, str]:
     import jax
     import jax.numpy as jnp
 
+    # CPUs have no fp8 units: fp8 products are emulated (converted and computed wider), measured as bf16
+    precision = "bf16" if precision in ("fp8", "mxfp8") else precision
     dtype = {"fp32": jnp.float32, "bf16": jnp.bfloat16, "fp16": jnp.float16}[precision]
     key = f"{_cpu_model()}|{os.cpu_count()}|jax {jax.__version__}|{precision}"
     path = cache_dir() / "cpu_peak.json"

@@ -9,7 +9,8 @@ from typing import Any, Literal, get_args
 
 from migration.common import shown
 
-Precision = Literal["fp32", "bf16", "fp16"]
+Precision = Literal["fp32", "bf16", "fp16", "fp8", "mxfp8"]
+FP8_PRECISIONS = ("fp8", "mxfp8")  # bf16 compute with fp8 Linear products (migration/step/fp8.py)
 RematName = Literal["none", "dots", "dots_no_batch", "save_dot_except_mlp", "save_qkv", "offload_dot_except_mlp",
                     "full"]
 # The activations each named policy saves (or offloads to host memory): names a model tags with

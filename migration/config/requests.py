@@ -21,6 +21,7 @@ from migration.config.limits import (
     MATMUL_PRECISIONS,
     PLATFORMS,
     PRECISIONS,
+    FP8_PRECISIONS,
     REMAT_NAMED,
     REMAT_NAMES,
     SHARDINGS,
@@ -189,6 +190,9 @@ def validate(cfg: RunConfig) -> RunConfig:
     for field in ("learning_rate", "timeout_s", "silence_timeout_s", "memory_fraction"):
         _check_float(cfg, field)
     _check_choice(cfg, "precision", PRECISIONS)
+    if cfg.precision == "mxfp8" and cfg.platform == "cpu":
+        raise ConfigError("precision", "mxfp8 (block-scaled, cuDNN) runs on Blackwell GPUs only; on the CPU backend "
+                                       "use fp8 (per-tensor scaling, emulated there)")
     _check_choice(cfg, "remat", REMAT_NAMES)
     _check_choice(cfg, "matmul_precision", MATMUL_PRECISIONS)
     check_remat_applies(cfg)
@@ -382,6 +386,23 @@ def check_plan_layout(req: "PlanRequest") -> None:
     lay.check(req.gpus, req.domain)
 
 
+def check_fp8_target(precision: str, spec: Any, name: str = "", cc: tuple[int, int] | None = None) -> None:
+    """fp8 needs fp8 tensor cores (compute capability 8.9 and up: Ada, Hopper, Blackwell), mxfp8 Blackwell's
+    block-scaled ones (10.0 and up); refused elsewhere naming the precision and the target. `spec`: a
+    catalog entry, or None with the device's `name` and `cc` (this machine's GPU)."""
+    if precision not in FP8_PRECISIONS:
+        return
+    cc = spec.compute_capability if spec is not None else cc
+    name = spec.name if spec is not None else name
+    need, what = ((10, 0), "Blackwell's block-scaled fp8 tensor cores (compute capability 10.0+)") \
+        if precision == "mxfp8" else ((8, 9), "fp8 tensor cores (compute capability 8.9+: Ada, Hopper, Blackwell)")
+    if cc is None or cc < need:
+        has = f"compute capability {cc[0]}.{cc[1]}" if cc else "no compute capability (not an NVIDIA GPU)"
+        other = "fp8 or bf16" if precision == "mxfp8" and cc and cc >= (8, 9) else "bf16" if cc and cc >= (8, 0) else \
+            "fp16" if cc else "bf16 or fp32"
+        raise ConfigError("precision", f"{precision} needs {what}; {name} has {has}: use {other}")
+
+
 def validate_plan_request(req: PlanRequest) -> PlanRequest:
     check_model(req)
     _check_choice(req, "source", tuple(TPU_SPECS))
@@ -407,6 +428,7 @@ def validate_plan_request(req: PlanRequest) -> PlanRequest:
     _check_choice(req, "granularity", GRANULARITIES)
     if req.precision is not None:
         _check_choice(req, "precision", PRECISIONS)
+        check_fp8_target(req.precision, GPU_SPECS.get(req.target))
     if req.remat is not None:
         _check_choice(req, "remat", REMAT_NAMES)
         check_remat_applies(req)

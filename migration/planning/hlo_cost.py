@@ -169,6 +169,8 @@ class ProgramReader:
                 self._walk(ins.attr("body"), times * self._trips(ins, computation), seen, asynchronous)
             elif op in ("call", "async-start") and ins.attr("calls") and not self._is_collective(ins):
                 self._walk(ins.attr("calls"), times, seen, asynchronous)
+            elif op == "call" and ins.attr("to_apply"):  # e.g. JAX's scaled_matmul around cuDNN's block-scaled GEMM
+                self._walk(ins.attr("to_apply"), times, seen, asynchronous)
             elif op == "call-start" and ins.attr("to_apply"):
                 # a computation started on another engine (TPU7x offloads its collectives to the SparseCore,
                 # async_execution_thread="sparsecore"): what it runs overlaps the TensorCore's kernels
@@ -299,6 +301,10 @@ class ProgramReader:
         operands = [shapes.get(o, "") for o in ins.operands]
         if "cublas" in target or "gemm" in target.lower():
             return self._gemm(ins, operands), self._unit(operands[0] if operands else ins.shape), "matmul", written
+        if target == "__cudnn$blockScaledDot":  # MXFP8 / NVFP4 on Blackwell: lhs [B, M, K] x rhs [B, N, K]
+            lhs, out = (arrays(operands[0]) if operands else []), arrays(ins.shape)
+            flops = 2.0 * math.prod(out[0][1]) * lhs[0][1][-1] if lhs and out else 0.0
+            return flops, self._unit(operands[0] if operands else ins.shape), "matmul", written
         if "fmha" in target or "dot_product_attention" in target:
             return self._attention(ins, operands, backward="Backward" in target), self._unit(
                 operands[0] if operands else ins.shape), "attention", written

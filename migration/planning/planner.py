@@ -23,15 +23,16 @@ import jax
 
 from migration.common import fmt_gib, fmt_seconds
 from migration.config.layouts import parse_layout
-from migration.config.limits import LIMITS, REMAT_NAMED
-from migration.config.requests import PlanRequest, remat_applies
+from migration.config.limits import FP8_PRECISIONS, LIMITS, REMAT_NAMED, ConfigError
+from migration.config.requests import PlanRequest, check_fp8_target, remat_applies
 from migration.planning.deployment import block_params, plan_environment
-from migration.hardware import MATMUL_UNITS, TPU_SPECS, fp32_matmul_precision, host_link_bandwidth
+from migration.hardware import MATMUL_UNITS, TPU_SPECS, fp32_matmul_precision, host_link_bandwidth, matmul_unit
 from migration.planning.memory import STATE_BYTES_PER_PARAM, CompileFailed, MemoryPredictor, Target, resolve_target
 from migration.results import Decision, Plan
 from migration.planning.source import compile_for_source_tpu, source_sharding, tpu_setup_on_target
 from migration.planning import steptime
 from migration.planning.compare import compare
+from migration.step.policies import PRECISION_POLICIES
 from migration.planning.search import (
     RECOMPUTE_NOTE,
     REMAT_ORDER,
@@ -65,6 +66,11 @@ def plan_migration(req: PlanRequest, emit: Emit) -> Plan:
     t0 = time.perf_counter()
     target = resolve_target(req)
     precision = req.precision or ("bf16" if target.bf16_native else "fp16")
+    if target.platform == "gpu" and req.target == "local":
+        check_fp8_target(precision, target.spec, target.name, target.compute_capability)
+    elif precision == "mxfp8" and target.platform == "cpu":
+        raise ConfigError("precision", "mxfp8 (block-scaled, cuDNN) needs a Blackwell GPU; this machine plans on the "
+                                       "CPU backend: use fp8 (per-tensor scaling, emulated there)")
     model, attention = planned_model(req, target, precision)
     predictor = MemoryPredictor(req, emit, model=model)
     try:
@@ -88,7 +94,7 @@ def planned_model(req: PlanRequest, target: Target, precision: str) -> tuple[dic
         return dict(req.model), None
     head_ok = cfg.head_dim % 8 == 0 and cfg.head_dim <= CUDNN_HEAD_DIM_MAX
     fused = (target.platform == "gpu" and (target.compute_capability or (0, 0)) >= (8, 0)
-             and precision in ("bf16", "fp16") and head_ok)
+             and precision in ("bf16", "fp16", *FP8_PRECISIONS) and head_ok)
     tpu_kernel = req.model.get("attention") == "splash"
     if tpu_kernel:  # the TPU code's fused kernel: its GPU counterpart is cuDNN's, where the GPU allows
         req = dataclasses.replace(req, model={k: v for k, v in req.model.items() if k != "attention"})
@@ -102,7 +108,8 @@ def planned_model(req: PlanRequest, target: Target, precision: str) -> tuple[dic
         return dict(req.model), Decision("attention", value, why)
     if fused:
         why = (f"{target.name} runs cuDNN's fused attention (jax.nn.dot_product_attention, implementation='cudnn') "
-               f"in {precision} with head size {cfg.head_dim}: memory linear in the sequence ({cfg.seq_len}), the "
+               f"in {'bf16' if precision in FP8_PRECISIONS else precision} with head size {cfg.head_dim}: memory "
+               f"linear in the sequence ({cfg.seq_len}), the "
                "scores are never stored. Planned without the GPU, the compile keeps cuDNN's call and its workspace "
                "in the peak; the kernel itself is chosen when the step first runs on the GPU")
     else:
@@ -482,6 +489,10 @@ class _Planner:
 
     def _precision_reason(self) -> str:
         name = self.target.name
+        if self.req.precision in FP8_PRECISIONS:
+            emulated = " (emulated on the CPU backend: converted and computed wider, no fp8 speed)" \
+                if self.target.platform == "cpu" else ""
+            return f"override: {self.req.precision}: {PRECISION_POLICIES[self.req.precision].description}{emulated}"
         if self.req.precision:
             return f"override: {self.req.precision}"
         if self.target.bf16_native:
@@ -849,7 +860,7 @@ def maxtext_parallelism(lay: Any, gpus: int, per_node: int) -> dict[str, int]:
 
 def _matmul_precision_notes(target: Target, precision: str) -> dict[str, str]:
     fp32 = fp32_matmul_precision(target.platform, target.compute_capability, None)
-    gpu = MATMUL_UNITS[precision if precision != "fp32" else fp32]
+    gpu = MATMUL_UNITS[matmul_unit(precision, fp32)]
     if precision == "fp32" and fp32 == "tf32":
         gpu += "; set jax_default_matmul_precision='highest' for true fp32"
     return {"tpu": "bf16 passes on the MXU (TPUs run fp32 matrix products in bf16 by default)", "gpu": gpu}

@@ -87,7 +87,9 @@ def peak_flops_for(platform: str, device: Any, precision: str, fp32_matmul: str,
     unit it is (one table: hardware.MATMUL_UNITS), for all `devices` together."""
     if platform != "gpu":
         # XLA's CPU devices share the host's cores, so the host's peak is the peak of them all.
-        return cpu_peak_flops(precision)
+        peak, label = cpu_peak_flops(precision)
+        return peak, label + ("; fp8 is emulated on the CPU (converted and computed as bf16): no fp8 units"
+                              if precision in ("fp8", "mxfp8") else "")
     unit = matmul_unit(precision, fp32_matmul)
     spec = gpu_spec_for_device_kind(device.device_kind)
     if spec is None:

@@ -30,6 +30,7 @@ class PrecisionPolicy:
     compute_dtype: Any
     loss_scaling: bool
     description: str
+    fp8: str | None = None  # the fp8 recipe of the model's Linear products (migration/step/fp8.py), if any
 
 
 PRECISION_POLICIES: dict[str, PrecisionPolicy] = {
@@ -38,6 +39,16 @@ PRECISION_POLICIES: dict[str, PrecisionPolicy] = {
     "fp16": PrecisionPolicy(
         "fp16", jnp.float16, True,
         "float16 compute; float32 master weights; dynamic loss scaling (skip update on overflow)",
+    ),
+    "fp8": PrecisionPolicy(
+        "fp8", jnp.bfloat16, False,
+        "Linear products in fp8 with per-tensor current scaling (e4m3 forward, e5m2 gradients), bf16 elsewhere; "
+        "float32 parameters and optimizer state", fp8="fp8",
+    ),
+    "mxfp8": PrecisionPolicy(
+        "mxfp8", jnp.bfloat16, False,
+        "Linear products in MXFP8 (e4m3, one power-of-two scale per 32 values; Blackwell), bf16 elsewhere; "
+        "float32 parameters and optimizer state", fp8="mxfp8",
     ),
 }
 

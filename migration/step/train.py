@@ -40,6 +40,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 from migration.config.layouts import parse_layout
 from migration.config.requests import RunConfig
+from migration.step.fp8 import apply_fp8
 from migration.step.policies import (
     PRECISION_POLICIES,
     REMAT_POLICIES,
@@ -109,12 +110,15 @@ class TrainProgram:
 
     # -- model and optimizer -----------------------------------------------------------------
     def build_model(self, seed: int, mesh: Mesh | None = None) -> nnx.Module:
-        return self.workload.build(
+        model = self.workload.build(
             self.model_cfg,
             dtype=self.precision.compute_dtype,
             block_wrap=self.block_wrap(mesh),
             rngs=nnx.Rngs(seed),
         )
+        if self.precision.fp8:
+            apply_fp8(model, self.precision.fp8)
+        return model
 
     def block_wrap(self, mesh: Mesh | None):
         """The remat policy's wrap, with the FSDP gather inside it when the state is sharded.
