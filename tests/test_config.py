@@ -15,7 +15,7 @@ from migration.results import RunReport, write_csv
         ({"per_device_batch": 2.5}, "per_device_batch", "integer"),
         ({"workload": "bert"}, "workload", "mlp, cnn, transformer"),
         ({"preset": "huge"}, "preset", "tiny"),
-        ({"precision": "fp8"}, "precision", "fp32, bf16, fp16"),
+        ({"precision": "fp4"}, "precision", "fp32, bf16, fp16, fp8, mxfp8"),
         ({"remat": "some"}, "remat", "none, dots, dots_no_batch, save_dot_except_mlp, save_qkv, offload_dot_except_mlp, full"),
         ({"remat": "save_qkv", "workload": "mlp"}, "remat", "allowed for it: none, dots, dots_no_batch, full"),
         ({"accumulation_steps": 0}, "accumulation_steps", "from 1 to 1024"),

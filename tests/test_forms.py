@@ -78,7 +78,7 @@ BAD = [
     (lambda: plan(source_precision="fp16"), "source_precision", "'fp16'"),
     (lambda: plan(granularity="pow3"), "granularity", "'pow3'"),
     (lambda: plan(remat="some"), "remat", "'some'"),
-    (lambda: plan(precision="fp8"), "precision", "'fp8'"),
+    (lambda: plan(precision="fp4"), "precision", "'fp4'"),
     (lambda: plan(precision=None), "precision", "None"),
     # contradictory combinations
     (lambda: plan(global_batch=16, per_core_batch=32), "per_core_batch", "32"),

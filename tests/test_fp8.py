@@ -4,6 +4,7 @@ block-scaled GEMM), the program reader timing them on the fp8 peak, refusals whe
 and a CPU run (emulated, labelled) that trains."""
 
 import dataclasses
+import re
 
 import jax
 import jax.numpy as jnp
@@ -122,3 +123,31 @@ def test_an_fp8_run_on_the_cpu_trains_and_says_it_is_emulated():
     assert np.isfinite(losses).all() and losses[-1] < 0.7 * losses[0]
     _, label = peak_flops_for("cpu", jax.devices()[0], "fp8", "fp32", 1)
     assert "emulated" in label
+
+
+def _plan(**given):
+    from migration.planning.planner import plan_migration
+
+    req = validate_plan_request(PlanRequest(workload="llama", preset="tiny", compile_for_tpu=False, **given))
+    return plan_migration(req, lambda *a, **k: None)
+
+
+def test_allowed_fp8_is_taken_only_where_its_compiled_step_is_the_faster():
+    """The planner compiles the chosen step in both precisions and keeps the faster, saying both figures:
+    the estimate that picks the precision is the one the plan reports."""
+    plan = _plan(target="h100-sxm", allow_fp8=True)
+    fp8 = {d.decision: d for d in plan.decisions}["fp8"]
+    steps = [float(x) for x in re.findall(r"in (?:fp8|bf16)[: ]+([0-9.]+) ms", fp8.reason)]
+    assert len(steps) == 2, fp8.reason
+    if fp8.value == "fp8":
+        assert plan.precision == "fp8" and steps[0] <= steps[1]
+    else:
+        assert fp8.value == "not used" and plan.precision == "bf16" and steps[0] > steps[1] and "no faster" in fp8.reason
+    assert "tensor cores" in fp8.reason
+
+
+def test_allowed_fp8_on_a_gpu_without_its_units_keeps_bf16_and_says_why():
+    plan = _plan(target="a100-80gb", allow_fp8=True)
+    fp8 = {d.decision: d for d in plan.decisions}["fp8"]
+    assert plan.precision == "bf16" and fp8.value == "not used" and "has no fp8 tensor cores" in fp8.reason
+    assert "fp8" not in {d.decision for d in _plan(target="a100-80gb").decisions}  # not allowed: not mentioned

@@ -110,7 +110,7 @@ def test_the_environment_field_of_a_file_is_never_used(plans, tmp_path):
     ("workload", "os.system", "workload: must be one of"),
     ("target", "../../etc", "plan.target: must be local or one of"),
     ("source", "tpu-v99", "plan.source: must be one of"),
-    ("precision", "fp8", "plan.precision: must be one of"),
+    ("precision", "fp4", "plan.precision: must be one of"),
     ("remat", "everything", "plan.remat: must be one of"),
     ("sharding", "zero3", "plan.sharding: must be replicated, fsdp or hybrid:G"),
     ("gpus", 100_000, "gpus: must be"),

@@ -129,9 +129,9 @@ RUN_OPTIONS = {"plan_file": None, "steps": 3, "learning_rate": 0.003, "compare_t
                "fp32_reference": False, "pmap_before": False, "scaling": False}
 INPUTS = {
     "/plan": [*FORM, "label", "network_gbps", "attention", "layer_loop", "train_tokens", "prices", "source_slices",
-              "tpu_step_ms"],
+              "tpu_step_ms", "allow_fp8"],
     "/run": [*RUN_OPTIONS, *FORM, "label", "save_checkpoint", "restore_checkpoint", "seed", "network_gbps",
-             "attention", "layer_loop", "train_tokens", "prices", "source_slices", "tpu_step_ms"],
+             "attention", "layer_loop", "train_tokens", "prices", "source_slices", "tpu_step_ms", "allow_fp8"],
     "/history": ["scope", "kind", "workload", "status"],  # workload: "transformer" is a valid filter too
     "/compare": ["ids", "scope"],
     "/export_csv": ["ids", "scope"],
@@ -140,7 +140,7 @@ INPUTS = {
 }
 DEFAULTS = {**FORM, **RUN_OPTIONS, "label": "", "save_checkpoint": "", "restore_checkpoint": "", "scope": "mine", "kind": "all", "status": "all", "ids": "1,2",
             "job_id": "1", "seed": 0, "tpu_step_ms": 0.0, "network_gbps": 0.0, "attention": "auto", "layer_loop": "scan",
-            "train_tokens": 1e12, "prices": "", "source_slices": 1}
+            "train_tokens": 1e12, "prices": "", "source_slices": 1, "allow_fp8": False}
 NOT_A_PLAN = object()  # replaced by an uploaded JSON file that is not a plan
 WHOLE = "must be a whole number from 1 to"
 SERVER_STEPS = f"from 1 to {MAX_STEPS} (this server's per-user limit)"

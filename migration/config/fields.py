@@ -222,6 +222,11 @@ FIELDS: tuple[Field, ...] = (
           help="your TPU job's measured time per optimizer step (ms) at the requested global batch: the plan "
                "checks its TPU prediction against it and uses it for the TPU side's time and cost; the run's "
                "benchmark item compares the migrated run with it"),
+    Field("allow_fp8", "bool", "plan", False, "Allow fp8 (changes numerics: Linear products in fp8 where the GPU "
+          "has fp8 units)", "choices", MODEL, MODEL, flag="allow-fp8",
+          help="let the planner choose fp8 Linear products (per-tensor on Ada and Hopper, MXFP8 on Blackwell) "
+               "where the target has fp8 units and its compiled step is faster than bf16's; off by default, "
+               "since fp8 changes the numerics (run with --fp32-reference to compare the losses)"),
 )
 FIELD = {f.name: f for f in FIELDS}
 

@@ -165,6 +165,14 @@ def check_attention(cfg: Any, model_cfg: Any, platform: str) -> None:
                                        "attention xla")
 
 
+def check_precision_platform(cfg: Any, platform: str) -> None:
+    """mxfp8 is cuDNN's block-scaled GEMM, which the CPU backend has no lowering for: refused there (`platform`
+    as resolved, where the caller can), naming the per-tensor fp8 that runs there (emulated)."""
+    if cfg.precision == "mxfp8" and platform == "cpu":
+        raise ConfigError("precision", "mxfp8 (block-scaled, cuDNN) runs on Blackwell GPUs only; on the CPU backend "
+                                       "use fp8 (per-tensor scaling, emulated there)")
+
+
 def remat_applies(workload: Any, remat: str) -> bool:
     """Whether `remat` means something for `workload`: a named policy needs the model to tag the
     activations it saves."""
@@ -190,9 +198,7 @@ def validate(cfg: RunConfig) -> RunConfig:
     for field in ("learning_rate", "timeout_s", "silence_timeout_s", "memory_fraction"):
         _check_float(cfg, field)
     _check_choice(cfg, "precision", PRECISIONS)
-    if cfg.precision == "mxfp8" and cfg.platform == "cpu":
-        raise ConfigError("precision", "mxfp8 (block-scaled, cuDNN) runs on Blackwell GPUs only; on the CPU backend "
-                                       "use fp8 (per-tensor scaling, emulated there)")
+    check_precision_platform(cfg, cfg.platform)
     _check_choice(cfg, "remat", REMAT_NAMES)
     _check_choice(cfg, "matmul_precision", MATMUL_PRECISIONS)
     check_remat_applies(cfg)
@@ -300,6 +306,9 @@ class PlanRequest:
     source_slices: int = 1  # slices of `source` the TPU job ran on (multislice: data parallel across them)
     prices: dict[str, float] = dataclasses.field(default_factory=dict)
     tpu_step_ms: float | None = None
+    # fp8 allowed (it changes numerics): the planner takes fp8 / mxfp8 where the target has the units and the
+    # compiled step is faster than bf16's; a `precision` given overrides it
+    allow_fp8: bool = False
     timeout_s: float = 900.0
     silence_timeout_s: float = 120.0  # see RunConfig
 
@@ -434,6 +443,8 @@ def validate_plan_request(req: PlanRequest) -> PlanRequest:
         check_remat_applies(req)
     if req.accumulation_steps is not None:
         _check_range(req, "accumulation_steps", LIMITS, integer=True)
+    if not isinstance(req.allow_fp8, bool):
+        raise ConfigError("allow_fp8", f"must be true or false; got {shown(req.allow_fp8)}")
     _check_range(req, "train_tokens", PLAN_LIMITS, integer=False)
     _check_range(req, "source_slices", PLAN_LIMITS, integer=True)
     if req.tpu_step_ms is not None:

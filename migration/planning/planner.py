@@ -71,15 +71,57 @@ def plan_migration(req: PlanRequest, emit: Emit) -> Plan:
     elif precision == "mxfp8" and target.platform == "cpu":
         raise ConfigError("precision", "mxfp8 (block-scaled, cuDNN) needs a Blackwell GPU; this machine plans on the "
                                        "CPU backend: use fp8 (per-tensor scaling, emulated there)")
+    fp8, fp8_why = fp8_recipe(target) if req.allow_fp8 and not req.precision else (None, "")
+    if fp8 is None:
+        plan = _plan_in(req, emit, target, t0, precision)
+        if req.allow_fp8:
+            plan.decisions.append(Decision("fp8", "not used", fp8_why))
+        return plan
+    plan = _plan_in(req, emit, target, t0, fp8, compare=precision)
+    other = (plan.step_time or {}).get("other_precision_s")
+    mine = plan.predicted_step_s
+    if plan.status == "ok" and other is not None and mine is not None and mine <= other:
+        plan.decisions.append(Decision("fp8", fp8, (
+            f"allowed: {fp8_why}; the chosen step compiled in {fp8}: {fmt_seconds(mine)}, in {precision} "
+            f"{fmt_seconds(other)} for the same choice ({mine / other - 1:+.0%}). fp8 changes the numerics: run the "
+            "plan with the fp32 reference (or beside a bf16 run) and compare the losses")))
+        return plan
+    # fp8 did not fit, could not be timed, or was no faster: the plan in the compute dtype, saying why
+    why = ("no fitting choice in fp8" if plan.status != "ok" else
+           f"no compiled step to compare ({plan.step_time.get('source', 'none')})" if mine is None or other is None else
+           f"the chosen step compiled in {fp8}: {fmt_seconds(mine)}, in {precision} {fmt_seconds(other)}: no faster")
+    plan = _plan_in(req, emit, target, t0, precision)
+    plan.decisions.append(Decision("fp8", "not used", f"allowed: {fp8_why}; {why}, so {precision}"))
+    return plan
+
+
+def fp8_recipe(target: Target) -> tuple[str | None, str]:
+    """The fp8 precision a plan may take where the user allows fp8 (MXFP8 on Blackwell, per-tensor fp8 on
+    Ada and Hopper), and why; None with the reason where the target has no fp8 units."""
+    cc = target.compute_capability
+    if target.platform != "gpu" or cc is None:
+        return None, "allowed, but this plan is for the CPU backend, which has no fp8 units"
+    if cc >= (10, 0):
+        return "mxfp8", f"{target.name} (compute capability {cc[0]}.{cc[1]}) has block-scaled fp8 tensor cores"
+    if cc >= (8, 9):
+        return "fp8", f"{target.name} (compute capability {cc[0]}.{cc[1]}) has fp8 tensor cores (per-tensor scaling)"
+    return None, f"allowed, but {target.name} (compute capability {cc[0]}.{cc[1]}) has no fp8 tensor cores"
+
+
+def _plan_in(req: PlanRequest, emit: Emit, target: Target, t0: float, precision: str,
+             compare: str | None = None) -> Plan:
+    """The plan in one precision, by compiles for the target (the analytic estimate, labelled, where a
+    compile fails for a reason other than memory); with `compare`, the chosen step compiled in that
+    precision too (step_time's `other_precision_s`)."""
     model, attention = planned_model(req, target, precision)
     predictor = MemoryPredictor(req, emit, model=model)
     try:
-        return _Planner(req, emit, target, predictor, t0, precision, attention).plan()
+        return _Planner(req, emit, target, predictor, t0, precision, attention, compare).plan()
     except CompileFailed as exc:
         emit("fallback", message=str(exc))
         predictor.close()
         predictor = MemoryPredictor(req, emit, estimate_because=str(exc), model=model)
-        return _Planner(req, emit, target, predictor, t0, precision, attention).plan()
+        return _Planner(req, emit, target, predictor, t0, precision, attention, compare).plan()
     finally:
         predictor.close()
 
@@ -130,8 +172,9 @@ class _Planner:
     """One planning pass: precision, the per-(sharding, policy) search, the ranking, the verified choice."""
 
     def __init__(self, req: PlanRequest, emit: Emit, target: Target, predictor: MemoryPredictor, t0: float,
-                 precision: str, attention: Decision | None):
+                 precision: str, attention: Decision | None, compare: str | None = None):
         self.req, self.emit, self.target, self.predictor, self.t0 = req, emit, target, predictor, t0
+        self.compare = compare  # another precision to time the chosen step in (fp8 against bf16)
         w = get_workload(req.workload)
         cfg = w.config(req.preset, predictor.model)
         self.params = w.param_count(cfg)
@@ -635,6 +678,19 @@ class _Planner:
             "the scores are never stored, so a larger batch or a cheaper remat policy may then fit (plan again "
             "with attention cudnn)"))
 
+    def _seconds_in(self, chosen: Choice, precision: str) -> float | None:
+        """The chosen step compiled in another precision (same layout, policy, batch and accumulation) and
+        timed by the same model; None where it does not fit or cannot be timed."""
+        try:
+            peak = self.predictor.predict(precision, chosen.remat, chosen.per_device_batch, chosen.accumulation_steps,
+                                          record=False, sharding=chosen.sharding)
+        except CompileFailed:
+            return None
+        kernels = self.predictor.programs.get(self._full_key(chosen) + (precision,))
+        if peak is None or not kernels or self.target.spec is None:
+            return None
+        return steptime.predict(kernels, self.target.spec, self.target.links or self.target.link_bytes_per_s).seconds
+
     def _domains(self, chosen: Choice) -> Decision:
         """The link domains the job spans (nodes, or NVLink domains that span nodes) and what crossing them
         costs the chosen step: its cross-domain collectives over the network against the same ones over the
@@ -734,6 +790,8 @@ class _Planner:
         tpu_setup = tpu_setup_on_target(req, self.predictor, self.target.budget_bytes, chosen.sharding)
         source_compile = compile_for_source_tpu(req) if req.compile_for_tpu else {"status": "not requested"}
         step = self._step_time(chosen)
+        if self.compare and step.get("source") == "compiled program":
+            step["other_precision"], step["other_precision_s"] = self.compare, self._seconds_in(chosen, self.compare)
         if req.domains > 1:
             d.append(self._domains(chosen))
         saving = self._cudnn_saving(chosen, peak, step.get("seconds"))

@@ -29,7 +29,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from migration.common import PROJECT_ROOT
-from migration.config.requests import PlanRequest, RunConfig, check_attention, check_model, validate, validate_plan_request
+from migration.config.requests import (PlanRequest, RunConfig, check_attention, check_model, check_precision_platform,
+                                       validate, validate_plan_request)
 from migration.results import Plan
 from migration.results import RunReport
 from migration.running.worker import TERMINAL_EVENTS
@@ -348,7 +349,9 @@ class PlanHandle(PlanWaiter, WorkerProcess):
 def start_run(cfg: RunConfig) -> RunHandle:
     """Validate (raises ConfigError before any process starts), then start the worker. The platform
     "auto" is resolved here (NVML), so a fused-attention model is refused on a machine without a GPU."""
-    check_attention(cfg, check_model(validate(cfg)), resolve_platform(cfg.platform))
+    platform = resolve_platform(cfg.platform)
+    check_attention(cfg, check_model(validate(cfg)), platform)
+    check_precision_platform(cfg, platform)
     return RunHandle(cfg)
 
 
