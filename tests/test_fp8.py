@@ -151,3 +151,24 @@ def test_allowed_fp8_on_a_gpu_without_its_units_keeps_bf16_and_says_why():
     fp8 = {d.decision: d for d in plan.decisions}["fp8"]
     assert plan.precision == "bf16" and fp8.value == "not used" and "has no fp8 tensor cores" in fp8.reason
     assert "fp8" not in {d.decision for d in _plan(target="a100-80gb").decisions}  # not allowed: not mentioned
+
+
+def test_an_fp8_run_is_graded_against_the_bf16_run_it_replaces_and_labelled_emulated_on_the_cpu(tmp_path):
+    """Real CPU runs: the fp8 plan's runs with the fp32 reference asked for include a bf16 run of the same
+    config; the numerics item compares the losses and, fp8 being emulated here, never passes on the CPU."""
+    from migration.grading import checklist
+    from migration.running.runner import run
+    from migration.service.orchestrate import RunOptions, plan_runs
+
+    plan = _plan(target="h100-sxm", precision="fp8", global_batch=32)
+    cfg = RunConfig(workload="llama", preset="tiny", per_device_batch=32, precision="fp8", steps=8, warmup_steps=1,
+                    platform="cpu", model={"attention": "xla"})
+    runs = dict(plan_runs(plan, cfg, RunOptions(fp32_reference=True), tmp_path))
+    assert runs["bf16 reference"].precision == "bf16" and runs["fp32 reference"].precision == "fp32"
+    fp8, bf16 = run(runs["migrated"]), run(runs["bf16 reference"])
+    assert fp8.ok and bf16.ok, (fp8.message, bf16.message)
+    assert fp8.losses != bf16.losses  # the products really ran in fp8
+    grade, text, _ = checklist.grade_numerics(checklist.Evidence(plan, fp8, bf16_reference=bf16))
+    assert grade == checklist.WARN and "vs bf16" in text and "emulated on the CPU backend" in text
+    grade, text, _ = checklist.grade_numerics(checklist.Evidence(plan, fp8))
+    assert grade == checklist.NOT_CHECKED and "no bf16 run" in text

@@ -29,10 +29,12 @@ from migration.common import fmt_gib, fmt_loss, write_csv
 from migration.hardware import TPU_SPECS, gpu_spec_for_device_kind
 from migration.grading import environment
 from migration.grading.scaling import loss_tolerance, max_loss_rel_diff
+from migration.config.limits import FP8_PRECISIONS
 from migration.results import Plan, RunReport
 
 PASS, WARN, FAIL, NA, NOT_CHECKED = "pass", "warn", "fail", "n/a", "not checked"
 NUMERICS_TOLERANCE = 0.05  # final loss within 5% of the fp32 reference over the same steps
+FP8_TOLERANCE = 0.02  # an fp8 run's final loss within 2% of the bf16 run's over the same steps
 SCALING_EFFICIENCY = 0.8  # per-device throughput at N devices against 1, for a pass
 BENCHMARK_RATIO = 0.9  # migrated throughput against the user's measured TPU job, for a pass
 PMAP_RULES = ("PMAP001", "PMAP002", "PMAP003")
@@ -62,6 +64,7 @@ class Evidence:
     ran_plan: Plan | None = None
     code: CodeCheck | None = None
     fp32_reference: RunReport | None = None
+    bf16_reference: RunReport | None = None  # an fp8 run's: the same config in bf16
     tpu_style_run: RunReport | None = None
     pmap_run: RunReport | None = None  # the TPU-era pmap step on the same config, devices and data
     scaling_runs: tuple[RunReport, ...] = ()
@@ -412,6 +415,8 @@ def grade_numerics(ev: Evidence) -> Grade:
     r, ref = ev.run, ev.fp32_reference
     if ev.ran and r.precision == "fp32":
         return NA, "the run is fp32", "none"
+    if ev.ran and r.precision in FP8_PRECISIONS:
+        return _grade_fp8(ev)
     if not ev.ran or ref is None or not ref.ok or not r.losses or not ref.losses:
         return NOT_CHECKED, "no fp32 reference run over the same steps", "run an fp32 reference over the same steps"
     n = min(len(r.losses), len(ref.losses))
@@ -436,6 +441,33 @@ def grade_numerics(ev: Evidence) -> Grade:
     return _unless_code_says(ev, (PASS, text, "none"), "BF16OPT001",
                              "your code keeps optimizer state or accumulators in 16 bits, which this run does not",
                              "keep optimizer moments and accumulators in float32")
+
+
+def _grade_fp8(ev: Evidence) -> Grade:
+    """An fp8 run against the bf16 run it replaces (same config, steps and data): the final losses within
+    FP8_TOLERANCE; on the CPU backend fp8 is emulated, so a match there says nothing of the GPU's kernels."""
+    r, ref = ev.run, ev.bf16_reference
+    if ref is None or not ref.ok or not r.losses or not ref.losses:
+        return NOT_CHECKED, f"no bf16 run beside the {r.precision} run over the same steps", \
+            "run the plan with the fp32 reference, which for an fp8 plan also runs it in bf16"
+    n = min(len(r.losses), len(ref.losses))
+    a, b = r.losses[n - 1], ref.losses[n - 1]
+    if not _finite(b):
+        return NOT_CHECKED, f"the bf16 run's loss after {n} steps is {fmt_loss(b)}: nothing to compare with", \
+            "lower the learning rate and run both again"
+    if not _finite(a):
+        return FAIL, f"{r.precision} loss after {n} steps is {fmt_loss(a)}; bf16 {fmt_loss(b)}; {where(r)}", \
+            "use bf16, or keep the first and last layers out of fp8"
+    rel = abs(a - b) / max(abs(b), 1e-12)
+    emulated = "; fp8 is emulated on the CPU backend (converted and computed wider)" if r.backend == "cpu" else ""
+    text = (f"loss after {n} steps: {r.precision} {a:.4f} vs bf16 {b:.4f} ({rel:.1%} apart; tolerance "
+            f"{FP8_TOLERANCE:.0%}); {where(r)}{emulated}")
+    if rel > FP8_TOLERANCE:
+        return WARN, text, "compare over more steps; if the gap grows, use bf16"
+    if not ev.on_target(r):
+        return WARN, f"{text}; {_elsewhere(ev, r)}: the GPU's fp8 kernels round differently", \
+            f"repeat the comparison on {ev.plan.target_name}"
+    return PASS, text, "none"
 
 
 def grade_pmap(ev: Evidence) -> Grade:

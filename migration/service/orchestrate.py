@@ -7,7 +7,8 @@ kills the current worker and records that run as cancelled.
 
 The runs a plan makes, each one definition in `plan_runs`:
 - "migrated": the plan on this machine (re-fitted to its memory when made for another device);
-- "fp32 reference": the same config in fp32, for the numerics item (when asked, and not fp32);
+- "fp32 reference": the same config in fp32, for the numerics item (when asked, and not fp32); and for an
+  fp8 run a "bf16 reference" too;
 - "TPU-style": the unchanged TPU setup here: the per-core batch, the source precision, no remat,
   no accumulation (when asked).
 """
@@ -28,7 +29,7 @@ from migration.planning import deployment
 from migration.config import distributed
 from migration.codecheck import CodeCheck
 from migration.common import first_line, fmt_gib, fmt_loss, write_csv as write_csv_rows
-from migration.config.limits import ConfigError
+from migration.config.limits import FP8_PRECISIONS, ConfigError
 from migration.config.requests import PlanRequest, RunConfig, validate
 from migration.service.history import History, HistoryError
 from migration.results import Plan, RunReport
@@ -135,6 +136,8 @@ def plan_runs(p: Plan, cfg: RunConfig, options: RunOptions, trace_dir: Path) -> 
     if options.fp32_reference and cfg.precision != "fp32":
         # fp32 products in fp32: the platform's default would run them as TF32 on compute capability 8.0+
         runs.append(("fp32 reference", dataclasses.replace(cfg, precision="fp32", matmul_precision="highest")))
+        if cfg.precision in FP8_PRECISIONS:  # fp8 is judged against the bf16 it replaces, too
+            runs.append(("bf16 reference", dataclasses.replace(cfg, precision="bf16")))
     if options.pmap_before or options.scaling:
         runs.append(("pmap (before)", dataclasses.replace(cfg, step_style="pmap", sharding="replicated")))
     if options.scaling:
@@ -175,7 +178,8 @@ def run_plan(p: Plan, base: RunConfig, options: RunOptions, export_dir: Path, *,
         done.append((name, report))
     evidence = checklist.Evidence(
         plan=p, run=done[0][1], ran_plan=here.local_plan, code=code,
-        fp32_reference=dict(done).get("fp32 reference"), tpu_style_run=dict(done).get("TPU-style"),
+        fp32_reference=dict(done).get("fp32 reference"), bf16_reference=dict(done).get("bf16 reference"),
+        tpu_style_run=dict(done).get("TPU-style"),
         pmap_run=dict(done).get("pmap (before)"), tpu_step_ms=options.tpu_step_ms or p.measured_tpu_step_ms,
         scaling_runs=tuple(_recorded_scaling_runs(recorder, done[0][1])))
     items = checklist.evaluate(evidence)
