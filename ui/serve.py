@@ -24,7 +24,7 @@ from migration.common import model_name, private_dir, write_csv
 from migration.config import forms
 from migration.config.fields import FIELD
 from migration.config.limits import ConfigError
-from migration.config.serving import (DECODER_WORKLOADS, MEMORY_FRACTION, SERVE_PRECISIONS, serve_request,
+from migration.config.serving import (DECODER_WORKLOADS, KV_CACHES, MEMORY_FRACTION, SERVE_PRECISIONS, serve_request,
                                       serve_run_request)
 from migration.hardware import GPU_SPECS
 from migration.service.history import HistoryError
@@ -38,12 +38,12 @@ from workloads import WORKLOADS
 DEFAULT_TARGET = "h100-sxm"
 PLAN_DEFAULTS: dict[str, Any] = {"workload": "llama", "preset": "tiny", "target": DEFAULT_TARGET, "precision": "bf16",
                                  "prompt_len": 32, "gen_len": 16, "batches": "", "memory_fraction": MEMORY_FRACTION,
-                                 "label": "", "checkpoint": "", "gpus": 1}
+                                 "label": "", "checkpoint": "", "gpus": 1, "kv_cache": "auto"}
 RUN_DEFAULTS: dict[str, Any] = {"requests": 50, "run_batches": "1,4", "prompt_min": 4, "prompt_max": 32,
                                 "gen_min": 4, "gen_max": 24, "temperature": 0.0, "seed": 0}
 # The API's parameters, in order (the handlers' signatures name them).
 PLAN_INPUTS = ("workload", "preset", "target", "precision", "prompt_len", "gen_len", "batches", "memory_fraction",
-               "label", "checkpoint", "gpus")
+               "label", "checkpoint", "gpus", "kv_cache")
 RUN_INPUTS = ("workload", "preset", "precision", "requests", "run_batches", "prompt_min", "prompt_max", "gen_min",
               "gen_max", "temperature", "seed", "memory_fraction", "label", "checkpoint")
 OUTPUTS = ("status", "table", "latency", "throughput", "csv")
@@ -79,6 +79,8 @@ def serve_tab() -> ServeTab:
             inputs["target"] = gr.Dropdown(list(GPU_SPECS), value=d["target"], label="GPU to plan for",
                                            allow_custom_value=True)
             inputs["gpus"] = gr.Number(d["gpus"], label="GPUs (tensor-parallel in one node, 1-8)")
+            inputs["kv_cache"] = gr.Dropdown(list(KV_CACHES), value=d["kv_cache"], allow_custom_value=True,
+                                             label="KV cache (fp8: half the bytes, twice the sequences)")
             inputs["prompt_len"] = gr.Number(d["prompt_len"], label="Prompt length (tokens)")
             inputs["gen_len"] = gr.Number(d["gen_len"], label="Generation length (tokens)")
             inputs["batches"] = gr.Textbox(d["batches"], label="Batch sizes to plan (e.g. 1,8,32; empty: automatic)",
@@ -139,12 +141,14 @@ class ServeHandlers:
                             prompt_len=PLAN_DEFAULTS["prompt_len"], gen_len=PLAN_DEFAULTS["gen_len"],
                             batches=PLAN_DEFAULTS["batches"], memory_fraction=PLAN_DEFAULTS["memory_fraction"],
                             label=PLAN_DEFAULTS["label"], checkpoint=PLAN_DEFAULTS["checkpoint"],
-                            gpus=PLAN_DEFAULTS["gpus"], request: gr.Request | None = None):
+                            gpus=PLAN_DEFAULTS["gpus"], kv_cache=PLAN_DEFAULTS["kv_cache"],
+                            request: gr.Request | None = None):
         service, user = self.context.service, user_of(request)
         try:
             req = serve_request(workload=workload, preset=preset, target=target, prompt_len=prompt_len,
                                 gen_len=gen_len, precision=precision, batches=batch_text(batches), gpus=gpus,
-                                memory_fraction=memory_fraction, checkpoint=self._checkpoint(checkpoint, user))
+                                memory_fraction=memory_fraction, checkpoint=self._checkpoint(checkpoint, user),
+                                kv_cache=kv_cache)
             label = forms.parse(FIELD["label"], label)
             job = await asyncio.to_thread(service.submit_serve_plan, user, req, label=label)
         except (ConfigError, LimitError, HistoryError) as exc:

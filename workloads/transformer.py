@@ -199,8 +199,8 @@ class _Attention(nnx.Module):
         if rope is not None:
             q, k = _rotate(q, *rope), _rotate(k, *rope)
         rows, cols = jnp.arange(b)[:, None], start[:, None] + jnp.arange(s)[None, :]  # (B, 1), (B, S)
-        cache_k = cache[0].at[layer, rows, cols].set(k.astype(cache[0].dtype), mode="drop")
-        cache_v = cache[1].at[layer, rows, cols].set(v.astype(cache[1].dtype), mode="drop")
+        cache_k = cache[0].at[layer, rows, cols].set(_to_cache(k, cache[0].dtype), mode="drop")
+        cache_v = cache[1].at[layer, rows, cols].set(_to_cache(v, cache[1].dtype), mode="drop")
         y = self._causal(q, k, v) if prefill else _cached_attention(q, cache_k[layer], cache_v[layer], start)
         return self.out(y.reshape(b, s, -1)), (cache_k, cache_v)
 
@@ -233,10 +233,26 @@ def _splash_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
     return out.transpose(0, 2, 1, 3)
 
 
+def _is_fp8(dtype: Any) -> bool:
+    return jnp.issubdtype(dtype, jnp.floating) and jnp.dtype(dtype).itemsize == 1
+
+
+def _to_cache(x: jax.Array, dtype: Any) -> jax.Array:
+    """Keys or values as the cache stores them; an fp8 cache clips to its largest value (unit scale, as
+    serving engines' fp8 KV caches do without calibration) rather than overflow."""
+    if _is_fp8(dtype):
+        top = float(jnp.finfo(dtype).max)
+        x = jnp.clip(x.astype(jnp.float32), -top, top)
+    return x.astype(dtype)
+
+
 def _cached_attention(q: jax.Array, k: jax.Array, v: jax.Array, start: jax.Array) -> jax.Array:
     """Queries (B, S, H, Dh) at positions start + i against cached keys and values (B, M, K, Dh):
     query i of row b sees cache positions 0..start[b] + i. Arithmetic as in `_causal_attention`
-    (query scaled first, products accumulated and softmax taken in float32)."""
+    (query scaled first, products accumulated and softmax taken in float32). An fp8 cache is read back into
+    the queries' dtype (XLA fuses the conversion into the products)."""
+    if _is_fp8(k.dtype):
+        k, v = k.astype(q.dtype), v.astype(q.dtype)
     b, s, h, dh = q.shape
     m, kv_heads = k.shape[1], k.shape[2]
     q = (q * (1.0 / math.sqrt(dh))).astype(k.dtype).reshape(b, s, kv_heads, h // kv_heads, dh)

@@ -405,7 +405,7 @@ def cmd_serve_plan(args: argparse.Namespace) -> int:
     req = checked("serving request", lambda: serve_request(
         **served_model(args), target=args.target, prompt_len=args.prompt_len, gen_len=args.gen_len,
         precision=args.precision, batches=args.batches, gpus=args.gpus, memory_fraction=args.memory_fraction,
-        checkpoint=args.checkpoint))
+        checkpoint=args.checkpoint, kv_cache=args.kv_cache))
     if req is None:
         return 2
     from migration.planning.serving import serve_plan  # reason: imports JAX, once the environment is set

@@ -15,7 +15,7 @@ from migration.config import forms
 from migration.config.fields import DIMENSIONS, FIELD, FIELDS, Field, flags_of
 from migration.config.limits import LIMITS, PLATFORMS, PRECISIONS, REMAT_NAMES, STEP_STYLES
 from migration.config.requests import RunConfig
-from migration.config.serving import DECODER_WORKLOADS, MEMORY_FRACTION, SERVE_PRECISIONS
+from migration.config.serving import DECODER_WORKLOADS, KV_CACHES, MEMORY_FRACTION, SERVE_PRECISIONS
 from migration.hardware import GPU_SPECS, TPU_SPECS
 from migration.service.autotune import AutotuneSettings
 
@@ -242,6 +242,9 @@ def add_serve_plan_flags(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--target", default="h100-sxm", metavar="GPU", help=f"the GPU: {', '.join(GPU_SPECS)}")
     sp.add_argument("--gpus", default=1, metavar="N", help="GPUs of one node the model is split over (tensor parallelism; 1 to 8, dividing its heads and MLP width)")
     sp.add_argument("--precision", default="bf16", choices=SERVE_PRECISIONS, help="weights, cache and compute")
+    sp.add_argument("--kv-cache", dest="kv_cache", default="auto", choices=KV_CACHES,
+                    help="the KV cache's storage: auto (the precision's dtype) or fp8 (e4m3, unit scale: half of "
+                         "bf16's bytes, twice the sequences in the same memory)")
     sp.add_argument("--prompt-len", dest="prompt_len", required=True, metavar="N", help="prompt tokens")
     sp.add_argument("--gen-len", dest="gen_len", required=True, metavar="N", help="generated tokens per request")
     sp.add_argument("--batches", default="", metavar="LIST",

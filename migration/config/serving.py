@@ -15,8 +15,11 @@ from migration.config.limits import ConfigError, shown
 from migration.hardware import GPU_SPECS
 
 SERVE_PRECISIONS = ("bf16", "fp16", "fp32", "int8")  # int8: weight-only, bf16 compute and cache
+# The KV cache's storage: "auto" in the compute dtype; "fp8" in e4m3 (half of bf16's bytes: twice the sequences
+# in the same memory), written with a unit scale and read back into the compute dtype for attention
 DECODER_WORKLOADS = ("transformer", "llama")  # the families with a decode path (Decoder.extend)
 SERVE_LIMITS = {"prompt_len": (1, 131072), "gen_len": (1, 131072), "batch": (1, 4096), "gpus": (1, 8)}  # gpus: one node's
+KV_CACHES = ("auto", "fp8")
 MAX_BATCHES = 16  # batch sizes listed in one request
 MEMORY_FRACTION = 0.9  # of the device's memory a server may use
 
@@ -34,6 +37,7 @@ class ServeRequest:
     gpus: int = 1
     memory_fraction: float = MEMORY_FRACTION
     checkpoint: str = ""  # the folder of a training checkpoint the model comes from ("" : the preset)
+    kv_cache: str = "auto"  # KV_CACHES
 
 
 def batch_list(value: Any, lo: int = SERVE_LIMITS["batch"][0], hi: int = SERVE_LIMITS["batch"][1],
@@ -105,7 +109,7 @@ def serving_checkpoint(path: Any, workload: Any, preset: Any) -> CheckpointMeta:
 
 def serve_request(*, workload: Any, preset: Any, target: Any, prompt_len: Any, gen_len: Any, precision: Any = "bf16",
                   model: dict[str, Any] | None = None, batches: Any = (), gpus: Any = 1,
-                  memory_fraction: Any = MEMORY_FRACTION, checkpoint: Any = "") -> ServeRequest:
+                  memory_fraction: Any = MEMORY_FRACTION, checkpoint: Any = "", kv_cache: Any = "auto") -> ServeRequest:
     """A checked ServeRequest from raw values, or ConfigError naming the field. With a `checkpoint`
     folder, the model is the checkpoint's (serving_checkpoint)."""
     if checkpoint:
@@ -128,8 +132,9 @@ def serve_request(*, workload: Any, preset: Any, target: Any, prompt_len: Any, g
     if total > cfg.seq_len:
         raise ConfigError("gen_len", f"prompt ({lengths['prompt_len']:,}) + generation ({lengths['gen_len']:,}) = "
                                      f"{total:,} tokens exceed the model's context of {cfg.seq_len:,} (seq_len)")
+    kv_cache = choice(kv_cache, "kv_cache", list(KV_CACHES))
     return ServeRequest(workload, preset, target, lengths["prompt_len"], lengths["gen_len"], precision,
-                        dict(model or {}), batch_list(batches), gpus, fraction, checkpoint or "")
+                        dict(model or {}), batch_list(batches), gpus, fraction, checkpoint or "", kv_cache)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -571,7 +571,7 @@ def serve_plan_arguments(req: ServeRequest) -> dict[str, Any]:
     return {"workload": req.workload, "preset": req.preset, "target": req.target, "prompt_len": req.prompt_len,
             "gen_len": req.gen_len, "precision": req.precision, "model": dict(req.model),
             "batches": list(req.batches), "gpus": req.gpus, "memory_fraction": req.memory_fraction,
-            "checkpoint": req.checkpoint}
+            "checkpoint": req.checkpoint, "kv_cache": req.kv_cache}
 
 
 def serve_run_arguments(req: ServeRunRequest) -> dict[str, Any]:
