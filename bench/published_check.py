@@ -93,6 +93,22 @@ MAPPING = {
     **{f"dgxc-maxtext-{family}-70b-{gpus}xh100-bf16": ("save_qkv", "cudnn", "fsdp" if gpus == 256 else "hybrid:128",
                                                         "held-out")
        for family in ("llama2", "llama3") for gpus in (256, 512, 1024, 2048)},
+    # fp8, added with the fp8 policy and all held out (no constant was refitted for fp8): the DGX Cloud tables'
+    # fp8 columns on H100 (MaxText and Paxml, Transformer Engine's per-tensor scaling: this product's fp8) and
+    # Google's GPU recipes on 256 B200 (MaxText fp8, per-tensor: fp8 here too, not mxfp8). Remat by name as
+    # above (Pax SAVE_QKV_OUT_PROJ keeps q, k, v and the output projection: save_dot_except_mlp); Pax's DCN mesh
+    # [N, 1, 1] with FSDP 8 inside a node is hybrid:8, MaxText's FSDP over 128 GPUs with dcn_data hybrid:128.
+    "dgxc-maxtext-llama2-70b-64xh100-fp8": ("save_dot_except_mlp", "cudnn", "fsdp", "held-out"),
+    "dgxc-maxtext-llama2-70b-512xh100-fp8": ("save_dot_except_mlp", "cudnn", "hybrid:128", "held-out"),
+    "dgxc-maxtext-llama2-70b-2048xh100-fp8": ("save_dot_except_mlp", "cudnn", "hybrid:128", "held-out"),
+    "dgxc-maxtext-llama3-70b-128xh100-fp8": ("save_qkv", "cudnn", "fsdp", "held-out"),
+    "dgxc-maxtext-llama3-70b-2048xh100-fp8": ("save_qkv", "cudnn", "hybrid:128", "held-out"),
+    "dgxc-paxml-gpt5b-16xh100-fp8": ("dots", "cudnn", "hybrid:8", "held-out"),
+    "dgxc-paxml-gpt5b-128xh100-fp8": ("dots", "cudnn", "hybrid:8", "held-out"),
+    "dgxc-paxml-gpt175b-128xh100-fp8": ("save_dot_except_mlp", "cudnn", "fsdp", "held-out"),
+    "dgxc-paxml-gpt175b-2048xh100-fp8": ("save_dot_except_mlp", "cudnn", "hybrid:128", "held-out"),
+    "gpurecipes-a4-llama3.1-70b-256gpu-fp8": ("full", "cudnn", "fsdp", "held-out"),
+    "gpurecipes-a4-llama3.1-405b-256gpu-fp8": ("full", "cudnn", "hybrid:128", "held-out"),
 }
 
 
@@ -115,7 +131,7 @@ def run_config(entry: dict):
         model["rope_scaling"] = 1.0  # Llama 2 and Llama 3 70B (3.0): no frequency scaling
     return RunConfig(workload="llama" if swiglu else "transformer", preset="8b" if swiglu else "gpt2-small",
                      model=model, per_device_batch=entry["per_device_batch"], devices=entry["gpus"],
-                     precision="bf16", remat=remat, sharding=sharding)
+                     precision=entry["precision"], remat=remat, sharding=sharding)
 
 
 def _key(entry: dict) -> str:
@@ -287,10 +303,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fit", action="store_true", help="search the calibration on the tuning entries")
     parser.add_argument("--only", help="one entry by id")
+    parser.add_argument("--match", help="the entries whose id contains this text (e.g. fp8)")
     parser.add_argument("--json", metavar="PATH", help="write the table as a record (bench/results/published_check.json)")
     parser.add_argument("--picked", action="store_true", help="also score the plan the product picks for each entry")
     args = parser.parse_args(argv)
-    entries = [e for e in json.loads(PUBLISHED.read_text()) if not args.only or e["id"] == args.only]
+    entries = [e for e in json.loads(PUBLISHED.read_text()) if (not args.only or e["id"] == args.only)
+               and (not args.match or args.match in e["id"])]
     cache = read_json(cache_dir() / "published_programs.json", {})
     programs = {e["id"]: kernels_for(e, cache) for e in entries}
     cal = fit(entries, programs) if args.fit else steptime.CALIBRATION

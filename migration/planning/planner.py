@@ -634,7 +634,7 @@ class _Planner:
             model = get_workload(self.req.workload).config(self.req.preset, self.predictor.model)
             error = (steptime.EXPECTED_ERROR_XLA_ATTENTION if getattr(model, "attention", "") == "xla"
                      and getattr(model, "seq_len", 0) >= 1024 and getattr(model, "layer_loop", "") == "scan"
-                     else steptime.EXPECTED_ERROR)
+                     else steptime.EXPECTED_ERROR_FP8 if self.precision in FP8_PRECISIONS else steptime.EXPECTED_ERROR)
             return {"seconds": p.seconds, "method": p.method(spec, self.target.link_note or "no link", error),
                     "source": "compiled program", "expected_error": error, "compute_s": p.compute_s,
                     "matmul_s": p.matmul_s, "memory_bound_s": p.memory_s, "communication_s": p.communication_s,

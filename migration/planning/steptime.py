@@ -52,6 +52,10 @@ TPU_CALIBRATION = Calibration(matmul=0.90, attention=0.80, memory=0.90, launch_s
 EXPECTED_ERROR_TPU = 0.25
 EXPECTED_ERROR = 0.25
 EXPECTED_ERROR_XLA_ATTENTION = 1.0
+# fp8 steps: scored on 11 held-out published fp8 measurements (DGX Cloud MaxText and Paxml on 16 to 2,048 H100s,
+# Google's GPU recipes on 256 B200; bench/results/published_fp8_check.json), none used to fit a constant: median
+# error 8.9%, worst 38.8% (GPT-3 175B on 128 H100s, where FSDP's all-gathers are predicted 4.2 s exposed).
+EXPECTED_ERROR_FP8 = 0.40
 RING_FACTOR = {"all-gather": 1.0, "reduce-scatter": 1.0, "all-reduce": 2.0, "all-to-all": 1.0,
                "ragged-all-to-all": 1.0, "collective-permute": None}
 
