@@ -419,17 +419,10 @@ def grade_numerics(ev: Evidence) -> Grade:
         return _grade_fp8(ev)
     if not ev.ran or ref is None or not ref.ok or not r.losses or not ref.losses:
         return NOT_CHECKED, "no fp32 reference run over the same steps", "run an fp32 reference over the same steps"
-    n = min(len(r.losses), len(ref.losses))
-    a, b = r.losses[n - 1], ref.losses[n - 1]
-    if not _finite(b):
-        return NOT_CHECKED, f"the fp32 reference's loss after {n} steps is {fmt_loss(b)}: no reference to compare with", \
-            "lower the learning rate and run the fp32 reference again"
-    if not _finite(a):
-        return FAIL, f"{r.precision} loss after {n} steps is {fmt_loss(a)}; fp32 {fmt_loss(b)}; {where(r)}", \
-            "check loss scaling (fp16) or use bf16"
-    rel = abs(a - b) / max(abs(b), 1e-12)
-    text = (f"loss after {n} steps: {r.precision} {a:.4f} vs fp32 {b:.4f} ({rel:.1%} apart; tolerance "
-            f"{NUMERICS_TOLERANCE:.0%}); {where(r)}")
+    compared = _final_losses(r, ref, "fp32", NUMERICS_TOLERANCE, "check loss scaling (fp16) or use bf16")
+    if isinstance(compared, tuple) and len(compared) == 3:
+        return compared
+    text, rel = compared
     if ref.fp32_matmul_precision not in (None, "fp32"):
         return WARN, f"{text}; the reference computed its fp32 products as {ref.fp32_matmul_precision}, not fp32", \
             "run the fp32 reference at jax_default_matmul_precision='highest' (this tool's reference does)"
@@ -443,6 +436,22 @@ def grade_numerics(ev: Evidence) -> Grade:
                              "keep optimizer moments and accumulators in float32")
 
 
+def _final_losses(r: RunReport, ref: RunReport, name: str, tolerance: float, fail_action: str,
+                  note: str = "") -> Grade | tuple[str, float]:
+    """The run's final loss against its `name` reference's over their common steps: a grade where either is
+    not finite, else the comparison's text and relative gap."""
+    n = min(len(r.losses), len(ref.losses))
+    a, b = r.losses[n - 1], ref.losses[n - 1]
+    if not _finite(b):
+        return NOT_CHECKED, f"the {name} reference's loss after {n} steps is {fmt_loss(b)}: no reference to compare " \
+            "with", f"lower the learning rate and run the {name} reference again"
+    if not _finite(a):
+        return FAIL, f"{r.precision} loss after {n} steps is {fmt_loss(a)}; {name} {fmt_loss(b)}; {where(r)}", fail_action
+    rel = abs(a - b) / max(abs(b), 1e-12)
+    return (f"loss after {n} steps: {r.precision} {a:.4f} vs {name} {b:.4f} ({rel:.1%} apart; tolerance "
+            f"{tolerance:.0%}); {where(r)}{note}"), rel
+
+
 def _grade_fp8(ev: Evidence) -> Grade:
     """An fp8 run against the bf16 run it replaces (same config, steps and data): the final losses within
     FP8_TOLERANCE; on the CPU backend fp8 is emulated, so a match there says nothing of the GPU's kernels."""
@@ -450,18 +459,12 @@ def _grade_fp8(ev: Evidence) -> Grade:
     if ref is None or not ref.ok or not r.losses or not ref.losses:
         return NOT_CHECKED, f"no bf16 run beside the {r.precision} run over the same steps", \
             "run the plan with the fp32 reference, which for an fp8 plan also runs it in bf16"
-    n = min(len(r.losses), len(ref.losses))
-    a, b = r.losses[n - 1], ref.losses[n - 1]
-    if not _finite(b):
-        return NOT_CHECKED, f"the bf16 run's loss after {n} steps is {fmt_loss(b)}: nothing to compare with", \
-            "lower the learning rate and run both again"
-    if not _finite(a):
-        return FAIL, f"{r.precision} loss after {n} steps is {fmt_loss(a)}; bf16 {fmt_loss(b)}; {where(r)}", \
-            "use bf16, or keep the first and last layers out of fp8"
-    rel = abs(a - b) / max(abs(b), 1e-12)
     emulated = "; fp8 is emulated on the CPU backend (converted and computed wider)" if r.backend == "cpu" else ""
-    text = (f"loss after {n} steps: {r.precision} {a:.4f} vs bf16 {b:.4f} ({rel:.1%} apart; tolerance "
-            f"{FP8_TOLERANCE:.0%}); {where(r)}{emulated}")
+    compared = _final_losses(r, ref, "bf16", FP8_TOLERANCE, "use bf16, or keep the first and last layers out of fp8",
+                             emulated)
+    if isinstance(compared, tuple) and len(compared) == 3:
+        return compared
+    text, rel = compared
     if rel > FP8_TOLERANCE:
         return WARN, text, "compare over more steps; if the gap grows, use bf16"
     if not ev.on_target(r):
