@@ -43,7 +43,7 @@ def test_the_form_parameters_keep_their_names_and_order(api):
         "checkpoint", "gpus", "kv_cache"]
     assert [p["parameter_name"] for p in api["/serve_run"]["parameters"]] == [
         "workload", "preset", "precision", "requests", "run_batches", "prompt_min", "prompt_max", "gen_min", "gen_max",
-        "temperature", "seed", "memory_fraction", "label", "checkpoint"]
+        "temperature", "seed", "memory_fraction", "label", "checkpoint", "kv_cache"]
 
 
 def test_every_output_is_named_by_a_label(api):

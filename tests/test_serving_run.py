@@ -129,3 +129,18 @@ def test_int8_serving_decodes_with_no_compile_after_the_warm_up():
     result = serve_run(ServeRunRequest("llama", "tiny", precision="int8", requests=8, batches=(2,)))
     assert result["recompiles"] == 0 and result["logits_check"]["within"]
     assert result["rows"][0]["generated_tokens"] > 0
+
+
+def test_a_run_with_an_fp8_kv_cache_serves_from_e4m3_and_reports_how_many_tokens_agree():
+    req = serve_run_request(workload="llama", preset="tiny", precision="bf16", requests=8, batches="4",
+                            kv_cache="fp8")
+    assert req.kv_cache == "fp8"
+    cfg = LLAMA.config("tiny", {})
+    assert Server(cfg, "bf16", 2, 32, 0.0, 0, kv_cache="fp8").dtype == jnp.float8_e4m3fn
+    result = serve_run(req)
+    check = result["kv_cache_check"]
+    assert check["against"] == "bfloat16" and check["tokens"] > 0 and 0.5 <= check["token_agreement"] <= 1.0
+    assert result["recompiles"] == 0
+    assert serve_run(serve_run_request(workload="llama", preset="tiny", requests=4, batches="4"))["kv_cache_check"] is None
+    with pytest.raises(ConfigError, match="kv_cache"):
+        serve_run_request(workload="llama", preset="tiny", kv_cache="fp4")

@@ -45,7 +45,7 @@ RUN_DEFAULTS: dict[str, Any] = {"requests": 50, "run_batches": "1,4", "prompt_mi
 PLAN_INPUTS = ("workload", "preset", "target", "precision", "prompt_len", "gen_len", "batches", "memory_fraction",
                "label", "checkpoint", "gpus", "kv_cache")
 RUN_INPUTS = ("workload", "preset", "precision", "requests", "run_batches", "prompt_min", "prompt_max", "gen_min",
-              "gen_max", "temperature", "seed", "memory_fraction", "label", "checkpoint")
+              "gen_max", "temperature", "seed", "memory_fraction", "label", "checkpoint", "kv_cache")
 OUTPUTS = ("status", "table", "latency", "throughput", "csv")
 
 
@@ -165,13 +165,13 @@ class ServeHandlers:
                            gen_max=RUN_DEFAULTS["gen_max"], temperature=RUN_DEFAULTS["temperature"],
                            seed=RUN_DEFAULTS["seed"], memory_fraction=PLAN_DEFAULTS["memory_fraction"],
                            label=PLAN_DEFAULTS["label"], checkpoint=PLAN_DEFAULTS["checkpoint"],
-                           request: gr.Request | None = None):
+                           kv_cache=PLAN_DEFAULTS["kv_cache"], request: gr.Request | None = None):
         service, user = self.context.service, user_of(request)
         try:
             req = serve_run_request(workload=workload, preset=preset, precision=precision, requests=requests,
                                     batches=batch_text(run_batches), prompt_min=prompt_min, prompt_max=prompt_max,
                                     gen_min=gen_min, gen_max=gen_max, temperature=temperature, seed=seed,
-                                    checkpoint=self._checkpoint(checkpoint, user))
+                                    checkpoint=self._checkpoint(checkpoint, user), kv_cache=kv_cache)
             label = forms.parse(FIELD["label"], label)
             job = await asyncio.to_thread(service.submit_serve_run, user, req, label=label,
                                           memory_fraction=memory_fraction)
@@ -330,7 +330,15 @@ def run_headline(result: dict[str, Any]) -> str:
             f"({', '.join(str(r['batch']) for r in rows)}), measured on {measured_on(result)}; prompts {prompts[0]} "
             f"to {prompts[1]} tokens (padded to {result.get('buckets')}), generations {gens[0]} to {gens[1]} "
             f"({generated} tokens generated each time); compiles after the warm-up: {recompiles}."
-            + logits_line(result.get("logits_check")) + cpu)
+            + logits_line(result.get("logits_check")) + kv_line(result.get("kv_cache_check")) + cpu)
+
+
+def kv_line(check: Any) -> str:
+    """An fp8 KV cache's generated tokens against the compute dtype's cache, when the run checked them."""
+    if not isinstance(check, dict) or not isinstance(check.get("token_agreement"), (int, float)):
+        return ""
+    return (f" fp8 KV cache against {check.get('against')}: {check['token_agreement']:.1%} of "
+            f"{check.get('tokens')} generated tokens agree (greedy, the same {check.get('sequences')} prompts).")
 
 
 def logits_line(check: Any) -> str:

@@ -233,6 +233,11 @@ def _splash_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
     return out.transpose(0, 2, 1, 3)
 
 
+def cache_dtype(precision: str, kv_cache: str = "auto") -> Any:
+    """The KV cache's dtype for a serving precision: the compute dtype's, or e4m3 with an fp8 cache."""
+    return jnp.float8_e4m3fn if kv_cache == "fp8" else SERVING_DTYPES[precision]
+
+
 def _is_fp8(dtype: Any) -> bool:
     return jnp.issubdtype(dtype, jnp.floating) and jnp.dtype(dtype).itemsize == 1
 

@@ -434,7 +434,7 @@ def cmd_serve_run(args: argparse.Namespace) -> int:
     req = checked("serving run", lambda: serve_run_request(
         **served_model(args), precision=args.precision, requests=args.requests, batches=args.batches,
         prompt_min=args.prompt_min, prompt_max=args.prompt_max, gen_min=args.gen_min, gen_max=args.gen_max,
-        temperature=args.temperature, seed=args.seed, checkpoint=args.checkpoint))
+        temperature=args.temperature, seed=args.seed, checkpoint=args.checkpoint, kv_cache=args.kv_cache))
     if req is None:
         return 2
     planned = plan and (plan["request"]["workload"], plan["request"]["preset"], plan["request"]["model"])

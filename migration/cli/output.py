@@ -291,6 +291,10 @@ def print_serve_run(r: dict[str, Any]) -> None:
               f"{row['ttft_p50_s'] * 1e3:>9.1f} {row['ttft_p90_s'] * 1e3:>7.1f} {row['tpot_p50_s'] * 1e3:>9.2f} "
               f"{row['tpot_p90_s'] * 1e3:>7.2f} {row['tokens_per_s']:>9,.0f} {row['peak_memory_bytes'] / 1e9:>8.2f}")
     print(f"after: compiles after the warm-up (should be 0); peak: {r['rows'][-1]['peak_memory_source']}")
+    kv = r.get("kv_cache_check")
+    if kv:
+        print(f"fp8 KV cache vs {kv['against']}: {kv['token_agreement']:.1%} of {kv['tokens']} generated tokens and "
+              f"{kv['sequence_agreement']:.0%} of {kv['sequences']} sequences agree (greedy, same prompts)")
     check = r.get("logits_check")
     if check:
         print(f"logits in {check['precision']} vs float32 on the same {r['weights']} weights ({check['tokens']} tokens): "

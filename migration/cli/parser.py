@@ -264,6 +264,9 @@ def add_serve_run_flags(sr: argparse.ArgumentParser) -> None:
                     help="serve this training checkpoint's parameters (written by run --save-checkpoint); "
                          "default: random ones")
     sr.add_argument("--precision", default="fp32", choices=SERVE_PRECISIONS, help="default fp32 (the CPU's)")
+    sr.add_argument("--kv-cache", dest="kv_cache", default="auto", choices=KV_CACHES,
+                    help="the KV cache's storage: auto (the precision's dtype) or fp8 (e4m3; the run also serves its "
+                         "first 4 requests with both caches and reports how many generated tokens agree)")
     sr.add_argument("--batches", default="4", metavar="LIST",
                     help="batch sizes (requests served together), each measured in turn, e.g. 1,4,8 (default 4)")
     for name, default, what in (("requests", 50, "requests in the stream"),

@@ -151,6 +151,7 @@ class ServeRunRequest:
     seed: int = 0
     model: dict[str, Any] = dataclasses.field(default_factory=dict)
     checkpoint: str = ""  # the folder of a training checkpoint whose parameters are served ("" : random ones)
+    kv_cache: str = "auto"  # KV_CACHES
 
 
 RUN_LIMITS = {"requests": (1, 1000), "batch": (1, 256), "seed": (0, 2**31 - 1)}
@@ -159,7 +160,8 @@ RUN_BATCHES = 6  # batch sizes measured in one run
 
 def serve_run_request(*, workload: Any, preset: Any, precision: Any = "fp32", requests: Any = 50, batches: Any = "4",
                       prompt_min: Any = 4, prompt_max: Any = 32, gen_min: Any = 4, gen_max: Any = 24,
-                      temperature: Any = 0.0, seed: Any = 0, checkpoint: Any = "") -> ServeRunRequest:
+                      temperature: Any = 0.0, seed: Any = 0, checkpoint: Any = "",
+                      kv_cache: Any = "auto") -> ServeRunRequest:
     """A checked ServeRunRequest from raw values, or ConfigError naming the field. With a `checkpoint`
     folder, the model and its parameters are the checkpoint's (serving_checkpoint)."""
     model: dict[str, Any] = {}
@@ -187,4 +189,4 @@ def serve_run_request(*, workload: Any, preset: Any, precision: Any = "fp32", re
                                      f"({ranges['gen_len'][1]}) exceed the model's context of {context} (seq_len)")
     return ServeRunRequest(workload, preset, precision, counts["requests"], sizes, ranges["prompt_len"],
                            ranges["gen_len"], number(temperature, "temperature", 0.0, 10.0), counts["seed"], model,
-                           checkpoint or "")
+                           checkpoint or "", choice(kv_cache, "kv_cache", list(KV_CACHES)))

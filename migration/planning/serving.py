@@ -36,7 +36,7 @@ from migration.planning.hlo_cost import read_program
 from migration.planning.memory import deviceless_devices
 from migration.planning.steptime import predict
 from workloads import get_workload
-from workloads.transformer import (CUDNN_HEAD_DIM_MAX, SERVING_DTYPES, TransformerConfig, cache_shape,
+from workloads.transformer import (CUDNN_HEAD_DIM_MAX, TransformerConfig, cache_dtype, cache_shape,
                                    serving_decoder, tensor_parallel_shardings)
 
 MODEL_AXIS = "model"
@@ -83,17 +83,12 @@ def _bytes_per_device(leaves: list[jax.ShapeDtypeStruct]) -> int:
     return sum(math.prod(s.sharding.shard_shape(s.shape)) * s.dtype.itemsize for s in leaves)
 
 
-def kv_dtype(precision: str, kv_cache: str = "auto") -> Any:
-    """The KV cache's dtype: the compute dtype's, or e4m3 with an fp8 cache."""
-    return jnp.float8_e4m3fn if kv_cache == "fp8" else SERVING_DTYPES[precision]
-
-
 def compile_programs(cfg: TransformerConfig, precision: str, batch: int, prompt_len: int, max_len: int,
                      mesh: jax.sharding.Mesh, kv_cache: str = "auto") -> dict[str, Any]:
     """The prefill and decode-step programs of `batch` sequences, compiled for `mesh`'s devices
     (serving_mesh); `weights_bytes` is one GPU's share of the parameters."""
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-    dtype = kv_dtype(precision, kv_cache)
+    dtype = cache_dtype(precision, kv_cache)
     graphdef, state = _abstract_state(cfg, precision, mesh)
     split = cache_sharding(mesh)
     cache_part = jax.ShapeDtypeStruct(cache_shape(cfg, batch, max_len), dtype, sharding=split)
@@ -128,7 +123,7 @@ def program_figures(compiled: Any, spec: GpuSpec, link_bytes_per_s: float | None
 
 def serve_row(req: ServeRequest, cfg: TransformerConfig, spec: GpuSpec, mesh: Any, batch: int) -> dict[str, Any]:
     """One batch size's figures, per GPU where the model is split (see the module's docstring)."""
-    itemsize = jnp.dtype(kv_dtype(req.precision, req.kv_cache)).itemsize  # of the KV cache
+    itemsize = jnp.dtype(cache_dtype(req.precision, req.kv_cache)).itemsize  # of the KV cache
     max_len = req.prompt_len + req.gen_len
     made = compile_programs(cfg, req.precision, batch, req.prompt_len, max_len, mesh, req.kv_cache)
     link = link_bandwidth(req.target, 1, req.gpus)[0] if req.gpus > 1 else None
@@ -170,7 +165,7 @@ def serve_plan(req: ServeRequest) -> dict[str, Any]:
     shown = [b for b in sorted(rows) if b <= largest or b in req.batches]
     link = link_bandwidth(req.target, 1, req.gpus)[1] if req.gpus > 1 else "one GPU: no collectives"
     return {"request": dataclasses.asdict(req), "model": dataclasses.asdict(cfg), "target": spec.name,
-            "gpus": req.gpus, "link": link, "kv_cache": str(jnp.dtype(kv_dtype(req.precision, req.kv_cache))),
+            "gpus": req.gpus, "link": link, "kv_cache": str(jnp.dtype(cache_dtype(req.precision, req.kv_cache))),
             "attention": cfg.attention, "budget_bytes": int(spec.memory_bytes * req.memory_fraction),
             "largest_batch": largest, "search_limit": MAX_BATCH, "compiled_batches": len(rows),
             "rows": [rows[b] for b in shown]}

@@ -28,7 +28,7 @@ from flax import nnx
 from migration.config.serving import ServeRunRequest
 from migration.running.checkpoint import restore_params
 from workloads import get_workload
-from workloads.transformer import SERVING_DTYPES, TransformerConfig, empty_cache, serving_decoder
+from workloads.transformer import TransformerConfig, cache_dtype, empty_cache, serving_decoder
 
 MIN_BUCKET = 16
 # The serving precision's logits against float32's on the same weights and tokens: the RMS of the
@@ -46,8 +46,8 @@ class Server:
     """A model, its compiled prefill programs (one per bucket) and decode step, for batches of `batch`."""
 
     def __init__(self, cfg: TransformerConfig, precision: str, batch: int, max_len: int, temperature: float, seed: int,
-                 state: Any = None):
-        self.cfg, self.dtype, self.batch, self.max_len = cfg, SERVING_DTYPES[precision], batch, max_len
+                 state: Any = None, kv_cache: str = "auto"):
+        self.cfg, self.dtype, self.batch, self.max_len = cfg, cache_dtype(precision, kv_cache), batch, max_len
         graphdef, self.state = nnx.split(serving_decoder(cfg, precision, nnx.Rngs(seed), state))
 
         def pick(logits: jax.Array, key: jax.Array) -> jax.Array:
@@ -121,7 +121,7 @@ def measure_batch(cfg: TransformerConfig, req: ServeRunRequest, batch: int, stre
                   widths: list[int], max_len: int, state: Any) -> dict[str, Any]:
     """The stream served in static batches of `batch`, after a warm-up that compiles every bucket's
     prefill and the decode step; the figures of one row of the run."""
-    server = Server(cfg, req.precision, batch, max_len, req.temperature, req.seed, state)
+    server = Server(cfg, req.precision, batch, max_len, req.temperature, req.seed, state, req.kv_cache)
     t0 = time.perf_counter()
     for width in widths:  # warm-up: every bucket's prefill and the decode step, once each
         server.serve([[0] * width], [2])
@@ -164,6 +164,20 @@ def logits_check(cfg: TransformerConfig, precision: str, state: Any, seed: int, 
             "tolerance": LOGIT_TOLERANCE[precision], "within": ratio <= LOGIT_TOLERANCE[precision]}
 
 
+def kv_cache_check(cfg: TransformerConfig, req: ServeRunRequest, stream: list[tuple[list[int], int]], max_len: int,
+                   state: Any) -> dict[str, Any]:
+    """An fp8 KV cache against the compute dtype's: the stream's first batch of 4 served greedily with each,
+    the share of generated tokens that agree (position by position) and of sequences that agree entirely."""
+    chunk = stream[:4]
+    prompts, gens = [p for p, _ in chunk], [g for _, g in chunk]
+    out = {kv: Server(cfg, req.precision, len(chunk), max_len, 0.0, req.seed, state, kv).serve(prompts, gens)["tokens"]
+           for kv in ("auto", "fp8")}
+    pairs = [(a, b) for x, y in zip(out["auto"], out["fp8"]) for a, b in zip(x, y)]
+    return {"kv_cache": "fp8", "against": str(jnp.dtype(cache_dtype(req.precision))), "sequences": len(chunk),
+            "tokens": len(pairs), "token_agreement": sum(a == b for a, b in pairs) / max(1, len(pairs)),
+            "sequence_agreement": sum(x == y for x, y in zip(out["auto"], out["fp8"])) / max(1, len(chunk))}
+
+
 def serve_run(req: ServeRunRequest, state: Any = None) -> dict[str, Any]:
     """The measured stream, one row per batch size in `req.batches` (ascending: the peak memory so
     far is then the largest batch's), and, below float32, the logits check of the precision.
@@ -179,4 +193,5 @@ def serve_run(req: ServeRunRequest, state: Any = None) -> dict[str, Any]:
     check = None if req.precision == "fp32" else logits_check(cfg, req.precision, state, req.seed)
     return {"request": dataclasses.asdict(req), "backend": jax.default_backend(), "device_kind": device.device_kind,
             "weights": "checkpoint" if state is not None else f"random (seed {req.seed})", "buckets": widths,
-            "rows": rows, "recompiles": sum(r["recompiles"] for r in rows), "logits_check": check}
+            "rows": rows, "recompiles": sum(r["recompiles"] for r in rows), "logits_check": check,
+            "kv_cache_check": kv_cache_check(cfg, req, stream, max_len, state) if req.kv_cache == "fp8" else None}

@@ -580,4 +580,4 @@ def serve_run_arguments(req: ServeRunRequest) -> dict[str, Any]:
     return {"workload": req.workload, "preset": req.preset, "precision": req.precision, "requests": req.requests,
             "batches": list(req.batches), "prompt_min": req.prompt_range[0], "prompt_max": req.prompt_range[1],
             "gen_min": req.gen_range[0], "gen_max": req.gen_range[1], "temperature": req.temperature,
-            "seed": req.seed, "checkpoint": req.checkpoint}
+            "seed": req.seed, "checkpoint": req.checkpoint, "kv_cache": req.kv_cache}
