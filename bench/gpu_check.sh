@@ -20,6 +20,9 @@ echo
 echo "== speed: gpt2-small and gpt2-medium, attention and remat variants, autotune"
 python3 bench/gpu_check_mfu.py || status=1
 echo
+echo "== fp8: llama 1b in bf16 and in the GPU's fp8 policy, predicted vs measured step ratio, loss gap"
+python3 bench/gpu_check_fp8.py || status=1
+echo
 echo "== serving: llama 1b planned for this GPU without the device vs served on it (TTFT, TPOT, peak)"
 python3 bench/gpu_check_serving.py || status=1
 python3 bench/gpu_check_serving.py --precision int8 --batches 1,32 || status=1

@@ -102,6 +102,7 @@ def test_fp8_is_allowed_where_the_units_exist_and_mxfp8_is_not_run_on_the_cpu():
     for target, precision in [("l4", "fp8"), ("h100-sxm", "fp8"), ("b200", "mxfp8"), ("gb300", "fp8"),
                               ("rtx-pro-6000", "mxfp8")]:
         validate_plan_request(PlanRequest(workload="llama", target=target, precision=precision))
+    validate_plan_request(PlanRequest(workload="llama", target="local", precision="fp8"))  # checked when planned
     with pytest.raises(ConfigError, match="Blackwell GPUs only"):
         validate(RunConfig(workload="llama", preset="tiny", precision="mxfp8", platform="cpu"))
 
