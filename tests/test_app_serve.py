@@ -107,6 +107,8 @@ REFUSED = [
     ("/serve_plan", PLAN | dict(target="tpu-v5e-8"), "target", "h100-sxm"),
     ("/serve_plan", PLAN | dict(target="local"), "target", "h100-sxm"),
     ("/serve_plan", PLAN | dict(gpus=3), "gpus", "do not divide by 3"),
+    ("/serve_plan", PLAN | dict(kv_cache="int4"), "kv_cache", "one of auto, fp8"),
+    ("/serve_run", RUN | dict(kv_cache="fp4"), "kv_cache", "one of auto, fp8"),
 ]
 
 
@@ -129,13 +131,13 @@ ATTACKS = [
         ("batches", "../../etc/passwd", "batches"), ("target", "/etc/passwd", "target"),
         ("preset", PATH_LABEL, "preset"), ("prompt_len", -5, "prompt_len"), ("gen_len", -1, "gen_len"),
         ("memory_fraction", -0.5, "memory_fraction"), ("label", "two\nlines", "label"), ("gpus", 10**6, "gpus"),
-        ("gpus", "all", "gpus"))),
+        ("gpus", "all", "gpus"), ("kv_cache", "../../etc/passwd", "kv_cache"), ("kv_cache", "A" * 100_000, "kv_cache"))),
     *(("/serve_run", RUN | {k: v}, f) for k, v, f in (
         ("run_batches", ",".join(["1"] * 10_000), "batches"), ("requests", "ten", "requests"),
         ("requests", -3, "requests"), ("requests", 10**9, "requests"), ("seed", -1, "seed"),
         ("temperature", -1, "temperature"), ("temperature", "hot", "temperature"), ("gen_min", -2, "gen_min"),
         ("run_batches", "/etc/passwd", "batches"), ("run_batches", "", "batches"),
-        ("memory_fraction", 2, "memory_fraction"))),
+        ("memory_fraction", 2, "memory_fraction"), ("kv_cache", ["fp8"], "kv_cache"))),
 ]
 # Non-finite numbers go by plain HTTP (gradio_client does not send them): (endpoint, parameter, value, field).
 NON_FINITE = [("/serve_plan", "prompt_len", math.nan, "prompt_len"), ("/serve_plan", "gpus", math.inf, "gpus"), ("/serve_plan", "memory_fraction", math.inf,
