@@ -78,8 +78,8 @@ def test_prefill_then_decode_gives_the_full_forward_logits_at_every_position(fam
         step, cache = extend(tokens[:, i:i + 1], jnp.full((2,), i, jnp.int32), cache)
         errors.append(close(step[:, 0], full[:, i], dtype))
     assert max(errors) <= TOLERANCE[dtype], errors
-    assert cache["k"].shape == cache_shape(cfg, 2, 24)  # grouped heads once: n_kv_heads, not n_heads
-    assert cache["k"].shape[3] == cfg.n_kv_heads and cache["k"].dtype == dtype
+    assert len(cache["k"]) == cfg.n_layers and cache["k"][0].shape == cache_shape(cfg, 2, 24, dtype)
+    assert cache["k"][0].shape[1] == cfg.n_kv_heads and cache["k"][0].dtype == dtype  # grouped heads once
 
 
 @pytest.mark.parametrize("family", ["gpt2", "llama-tied"])
@@ -111,5 +111,38 @@ def test_the_decode_step_compiles_once_and_updates_the_donated_cache():
         old = cache
         _, cache = extend(token, jnp.full((2,), i, jnp.int32), cache)
         if jax.default_backend() != "cpu":  # the CPU backend may keep a donated buffer
-            assert old["k"].is_deleted()
+            assert all(layer.is_deleted() for layer in old["k"])
     assert jitted._cache_size() == 1  # one program for every position
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["fp32", "bf16"])
+def test_the_cache_layouts_give_the_same_attention(dtype):
+    """cuDNN's layout (positions before heads) read by the XLA attention, where cuDNN does not run (a
+    chunk of several tokens, or this CPU), gives what the XLA layout gives."""
+    from workloads import kv_cache
+
+    b, s, h, k, m, dh = 2, 3, 8, 2, 20, 16
+    keys = jax.random.split(jax.random.key(3), 3)
+    q = jax.random.normal(keys[0], (b, s, h, dh), dtype)
+    cache_k, cache_v = (jax.random.normal(key, (b, k, m, dh), dtype) for key in keys[1:])
+    start = jnp.array([4, 11], jnp.int32)
+    heads_first = kv_cache.cached_attention(q, cache_k, cache_v, start, kv_cache.HEADS_FIRST)
+    positions_first = kv_cache.cached_attention(q, cache_k.transpose(0, 2, 1, 3), cache_v.transpose(0, 2, 1, 3), start,
+                                                kv_cache.POSITIONS_FIRST, "cudnn")
+    np.testing.assert_allclose(np.asarray(positions_first, np.float32), np.asarray(heads_first, np.float32),
+                               rtol=1e-6, atol=1e-6)
+    # a row sees its cache up to its own position only: what lies past it changes nothing
+    later = cache_k.at[0, :, start[0] + s:].set(100.0)
+    np.testing.assert_array_equal(kv_cache.cached_attention(q, later, cache_v, start, kv_cache.HEADS_FIRST)[0],
+                                  heads_first[0])
+
+
+def test_the_cache_layout_is_the_one_its_attention_reads_in_place():
+    from workloads import kv_cache
+
+    assert kv_cache.cache_layout("cudnn", jnp.bfloat16) == kv_cache.POSITIONS_FIRST  # cuDNN's (B, T, K, Dh)
+    assert kv_cache.cache_layout("cudnn", jnp.float8_e4m3fn) == kv_cache.HEADS_FIRST  # fp8: XLA's products
+    assert kv_cache.cache_layout("xla", jnp.bfloat16) == kv_cache.HEADS_FIRST
+    cfg = dataclasses.replace(FAMILIES["llama-tied"], attention="cudnn")
+    assert cache_shape(cfg, 3, 40, jnp.bfloat16) == (3, 40, cfg.n_kv_heads, cfg.head_dim)
+    assert cache_shape(FAMILIES["llama-tied"], 3, 40, jnp.bfloat16) == (3, cfg.n_kv_heads, 40, cfg.head_dim)

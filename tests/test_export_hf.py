@@ -142,7 +142,7 @@ def test_the_config_says_what_the_model_computes():
     assert config["architectures"] == ["LlamaForCausalLM"] and config["model_type"] == "llama"
     assert (config["hidden_size"], config["intermediate_size"], config["num_hidden_layers"]) == (4096, 14336, 32)
     assert (config["num_attention_heads"], config["num_key_value_heads"], config["head_dim"]) == (32, 8, 128)
-    assert (config["vocab_size"], config["max_position_embeddings"]) == (128256, 2048)
+    assert (config["vocab_size"], config["max_position_embeddings"]) == (128256, 131072)  # the published context
     assert (config["rms_norm_eps"], config["rope_theta"], config["hidden_act"]) == (1e-5, 500000.0, "silu")
     assert config["rope_scaling"] == {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                       "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}

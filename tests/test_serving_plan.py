@@ -69,6 +69,9 @@ def test_the_fused_attention_is_planned_where_the_target_runs_it():
     (dict(gpus=4), "gpus", "kv heads 2 do not divide by 4 (GPU counts that do: 1, 2)"),
     (dict(gpus=16), "gpus", "8"),
     (dict(preset="70b"), "preset", "tiny"),
+    (dict(preset="8b", prompt_len=130000, gen_len=2000), "gen_len", "context of 131,072 (its published context"),
+    (dict(workload="transformer", preset="gpt2-small", model={"context": 4096}), "context", "learned positions"),
+    (dict(preset="8b", model={"context": -1}), "context", "from 0"),
 ])
 def test_refused_serving_requests_name_the_field(values, field, words):
     given = dict(workload="llama", preset="tiny", target="h100-sxm", prompt_len=16, gen_len=16) | values
@@ -183,3 +186,67 @@ def test_decoding_from_an_fp8_cache_keeps_the_greedy_tokens_close():
         out[dtype] = logits.astype(jnp.float32)
     gap = float(jnp.abs(out[jnp.float8_e4m3fn] - out[jnp.bfloat16]).max() / jnp.abs(out[jnp.bfloat16]).max())
     assert 0 < gap < 0.1
+
+
+def test_presets_serve_their_published_context_and_plan_long_prompts():
+    """Llama 3.1 8B trains here at 2,048 tokens a sequence and serves 131,072 (rotary positions scaled
+    8x from 8,192); GPT-2's learned positions serve their table's 1,024."""
+    long = serve_request(workload="llama", preset="8b", target="h100-sxm", prompt_len=32768, gen_len=1024)
+    assert long.prompt_len == 32768
+    serve_request(workload="llama", preset="8b", target="h200", prompt_len=126976, gen_len=4096)
+    cfg = serving_config(long, GPU_SPECS["h100-sxm"])
+    assert (cfg.seq_len, cfg.max_context, cfg.rope_scaling, cfg.rope_original_context) == (2048, 131072, 8.0, 8192)
+    assert serving_config(ServeRequest("transformer", "gpt2-small", "l4", 512, 512), GPU_SPECS["l4"]).max_context == 1024
+    custom = serve_request(workload="llama", preset="8b", target="h100-sxm", prompt_len=8192, gen_len=8,
+                           model={"n_layers": 2, "context": 16384})
+    assert serving_config(custom, GPU_SPECS["h100-sxm"]).max_context == 16384
+
+
+@pytest.mark.slow
+def test_the_decode_step_reads_the_weights_and_cache_once_at_batch_1_and_at_the_largest_batch(tmp_path):
+    """The compiled decode step's kernels move at most 1.2x what it must read (the weights it reads
+    whole and the KV cache), at batch 1 and at the largest batch that fits: each layer's cache is its
+    own array in the layout the attention reads in place, and the serving processes' XLA flags keep
+    the weights uncopied. Through the command, whose process sets those flags, on Llama 3.1 8B's
+    layer dimensions at 4 layers (the ratio is per layer and head: the depth changes it little)."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = tmp_path / "plan.json"
+    proc = subprocess.run([sys.executable, "-m", "migration", "serve-plan", "--preset", "8b", "--layers", "4",
+                           "--target", "h100-sxm", "--prompt-len", "1024", "--gen-len", "256", "--batches", "1",
+                           "--json", str(out)],
+                          capture_output=True, text=True, timeout=900, cwd=Path(__file__).resolve().parent.parent)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    plan = json.loads(out.read_text())
+    rows = {r["batch"]: r for r in plan["rows"]}
+    assert plan["largest_batch"] > 256 and {1, plan["largest_batch"]} <= set(rows)
+    for batch in (1, plan["largest_batch"]):
+        row = rows[batch]
+        assert row["decode_bytes"] <= 1.2 * (row["weights_read_bytes"] + row["kv_cache_bytes"]), (batch, row)
+        assert row["decode_bytes_over_needed"] == pytest.approx(
+            row["decode_bytes"] / (row["weights_read_bytes"] + row["kv_cache_bytes"]))
+    # the untied input embedding (128,256 x 4,096 in bf16) is gathered, not read whole
+    assert rows[1]["weights_bytes"] - rows[1]["weights_read_bytes"] == 128256 * 4096 * 2
+
+
+def test_serving_commands_take_the_training_commands_model_dimensions(tmp_path):
+    """`--layers` and the other dimension flags give serve-plan and serve-run a model of any dimensions
+    (over the preset's, or the family's custom base); beside --checkpoint, which names its own model,
+    they are refused in one line."""
+    import subprocess
+    import sys
+
+    ok = subprocess.run([sys.executable, "-m", "migration", "serve-plan", "--preset", "tiny", "--layers", "3",
+                         "--d-model", "96", "--heads", "6", "--kv-heads", "2", "--target", "l4", "--prompt-len", "8",
+                         "--gen-len", "8", "--batches", "2"],
+                        capture_output=True, text=True, timeout=600)
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    assert "n_layers=3" in ok.stdout and "d_model=96" in ok.stdout, ok.stdout[:500]
+    for command in (["serve-plan", "--prompt-len", "8", "--gen-len", "8"], ["serve-run"]):
+        bad = subprocess.run([sys.executable, "-m", "migration", *command, "--checkpoint", str(tmp_path),
+                              "--layers", "3"], capture_output=True, text=True, timeout=120)
+        assert bad.returncode == 2 and "--layers cannot be given with --checkpoint" in bad.stderr, bad.stderr
+        assert "Traceback" not in bad.stderr

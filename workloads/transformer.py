@@ -26,6 +26,9 @@ from flax import nnx
 
 from jax.ad_checkpoint import checkpoint_name
 
+from workloads import kv_cache
+from workloads.kv_cache import SERVING_DTYPES
+
 from workloads.base import (
     LOSS_CHUNK,
     LOSS_CHUNK_MIN_LOGITS,
@@ -89,10 +92,18 @@ class TransformerConfig:
     # "splash": Pallas' block-sparse flash attention for TPUs (MaxText's), compiled for a TPU slice only
     attention: str = "xla"
     layer_loop: str = "scan"  # "scan": one lax.scan over the stacked layers; "unrolled": a Python loop over them
+    # The longest sequence the model serves (prompt and generation), its published context window: 0 is
+    # seq_len. With rotary positions it may exceed the training length (Llama 3.1 8B trains here at 2,048
+    # and serves 131,072); learned positions serve at most their table, seq_len.
+    context: int = 0
 
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
+
+    @property
+    def max_context(self) -> int:
+        return self.context or self.seq_len
 
 
 def check_config(cfg: TransformerConfig) -> TransformerConfig:
@@ -128,6 +139,11 @@ def check_config(cfg: TransformerConfig) -> TransformerConfig:
             isinstance(cfg.rope_original_context, int) and 1 <= cfg.rope_original_context <= 1_048_576):
         raise ModelConfigError("rope_original_context", f"must be an integer from 1 to 1048576; "
                                                         f"got {cfg.rope_original_context!r}")
+    if isinstance(cfg.context, bool) or not (isinstance(cfg.context, int) and 0 <= cfg.context <= 1_048_576):
+        raise ModelConfigError("context", f"must be an integer from 0 (seq_len) to 1048576; got {cfg.context!r}")
+    if cfg.positions == "learned" and cfg.context > cfg.seq_len:
+        raise ModelConfigError("context", f"learned positions serve at most their table of seq_len ({cfg.seq_len}) "
+                                          f"positions; got {cfg.context}")
     return cfg
 
 
@@ -185,10 +201,10 @@ class _Attention(nnx.Module):
         return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=self.implementation)
 
     def extend(self, x: jax.Array, rope: tuple[jax.Array, jax.Array] | None, start: jax.Array,
-               cache: tuple[jax.Array, jax.Array], layer: jax.Array, prefill: bool = False
+               cache: tuple[jax.Array, jax.Array], prefill: bool = False
                ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
         """Attention of the new tokens `x` (B, S, D), at positions start..start+S-1 of each row (start
-        (B,) int), over layer `layer` of the KV cache (two (n_layers, B, M, K, Dh) arrays): their keys
+        (B,) int), over this layer's KV cache (keys and values, on kv_cache.cache_layout): their keys
         and values are written into it in place, and each attends to the cache's positions up to its
         own. Grouped-query heads are cached once (K of them), as the model computes them. With
         `prefill` (every row starts at 0) the tokens attend among themselves, with the training
@@ -198,10 +214,10 @@ class _Attention(nnx.Module):
         k, v = (h.reshape(b, s, self.n_kv_heads, -1) for h in _fused_halves(self.kv(x), self.shards))
         if rope is not None:
             q, k = _rotate(q, *rope), _rotate(k, *rope)
-        rows, cols = jnp.arange(b)[:, None], start[:, None] + jnp.arange(s)[None, :]  # (B, 1), (B, S)
-        cache_k = cache[0].at[layer, rows, cols].set(_to_cache(k, cache[0].dtype), mode="drop")
-        cache_v = cache[1].at[layer, rows, cols].set(_to_cache(v, cache[1].dtype), mode="drop")
-        y = self._causal(q, k, v) if prefill else _cached_attention(q, cache_k[layer], cache_v[layer], start)
+        layout = kv_cache.cache_layout(self.implementation, cache[0].dtype)
+        cache_k, cache_v = (kv_cache.write(c, x, start, layout) for c, x in zip(cache, (k, v)))
+        y = (self._causal(q, k, v) if prefill
+             else kv_cache.cached_attention(q, cache_k, cache_v, start, layout, self.implementation))
         return self.out(y.reshape(b, s, -1)), (cache_k, cache_v)
 
 
@@ -231,42 +247,6 @@ def _splash_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
     spec = jax.sharding.PartitionSpec(batch, "tensor" if "tensor" in mesh.axis_names else None, None, None)
     out = jax.shard_map(local, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec, check_vma=False)(q, k, v)
     return out.transpose(0, 2, 1, 3)
-
-
-def cache_dtype(precision: str, kv_cache: str = "auto") -> Any:
-    """The KV cache's dtype for a serving precision: the compute dtype's, or e4m3 with an fp8 cache."""
-    return jnp.float8_e4m3fn if kv_cache == "fp8" else SERVING_DTYPES[precision]
-
-
-def _is_fp8(dtype: Any) -> bool:
-    return jnp.issubdtype(dtype, jnp.floating) and jnp.dtype(dtype).itemsize == 1
-
-
-def _to_cache(x: jax.Array, dtype: Any) -> jax.Array:
-    """Keys or values as the cache stores them; an fp8 cache clips to its largest value (unit scale, as
-    serving engines' fp8 KV caches do without calibration) rather than overflow."""
-    if _is_fp8(dtype):
-        top = float(jnp.finfo(dtype).max)
-        x = jnp.clip(x.astype(jnp.float32), -top, top)
-    return x.astype(dtype)
-
-
-def _cached_attention(q: jax.Array, k: jax.Array, v: jax.Array, start: jax.Array) -> jax.Array:
-    """Queries (B, S, H, Dh) at positions start + i against cached keys and values (B, M, K, Dh):
-    query i of row b sees cache positions 0..start[b] + i. Arithmetic as in `_causal_attention`
-    (query scaled first, products accumulated and softmax taken in float32). An fp8 cache is read back into
-    the queries' dtype (XLA fuses the conversion into the products)."""
-    if _is_fp8(k.dtype):
-        k, v = k.astype(q.dtype), v.astype(q.dtype)
-    b, s, h, dh = q.shape
-    m, kv_heads = k.shape[1], k.shape[2]
-    q = (q * (1.0 / math.sqrt(dh))).astype(k.dtype).reshape(b, s, kv_heads, h // kv_heads, dh)
-    scores = jnp.einsum("bqkgd,bskd->bkgqs", q, k, preferred_element_type=jnp.float32)  # (B, K, G, S, M)
-    visible = jnp.arange(m)[None, None, :] <= (start[:, None] + jnp.arange(s)[None, :])[:, :, None]  # (B, S, M)
-    scores = jnp.where(visible[:, None, None], scores, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    out = jnp.einsum("bkgqs,bskd->bqkgd", probs, v, preferred_element_type=jnp.float32)
-    return out.astype(v.dtype).reshape(b, s, h, dh)
 
 
 def rope_frequencies(cfg: TransformerConfig) -> jax.Array:
@@ -349,8 +329,8 @@ class _Block(nnx.Module):
         x = x + self.attn(self.norm1(x), rope)
         return x + self.mlp(self.norm2(x))
 
-    def extend(self, x: jax.Array, rope, start: jax.Array, cache, layer: jax.Array, prefill: bool = False):
-        y, cache = self.attn.extend(self.norm1(x), rope, start, cache, layer, prefill)
+    def extend(self, x: jax.Array, rope, start: jax.Array, cache, prefill: bool = False):
+        y, cache = self.attn.extend(self.norm1(x), rope, start, cache, prefill)
         x = x + y
         return x + self.mlp(self.norm2(x)), cache
 
@@ -415,7 +395,8 @@ class Decoder(nnx.Module):
                last: jax.Array | None = None, prefill: bool = False) -> tuple[jax.Array, dict[str, jax.Array]]:
         """The decode path: logits (B, S, V) of `tokens` (B, S) placed at positions start..start+S-1
         of each row (start (B,) int32), given the keys and values of the positions before them in
-        `cache` ({"k", "v"}: (n_layers, B, M, K, Dh) each, M the longest sequence served); returns the
+        `cache` ({"k", "v"}: a list of n_layers arrays each (kv_cache.cache_layout), M positions long);
+        returns the
         cache with these tokens' keys and values written in (in place when the cache is donated). A
         prompt is one call with start 0 (the prefill; with `last` (B,), the position of each row's
         last prompt token, only those logits, (B, 1, V)), then one token a call. Positions past M are
@@ -429,14 +410,10 @@ class Decoder(nnx.Module):
         else:
             rope = _rope_at(cfg, positions)
         graphdef, layers = nnx.split(self.blocks)
-
-        def layer(carry: tuple[jax.Array, Any], xs: Any) -> tuple[tuple[jax.Array, Any], None]:
-            x, kv = carry  # the whole cache rides in the loop's carry: each layer writes its slice in place
-            params, index = xs
-            return nnx.merge(graphdef, params).extend(x, rope, start, kv, index, prefill), None
-
-        index = jnp.arange(cfg.n_layers, dtype=jnp.int32)
-        (x, (k, v)), _ = jax.lax.scan(layer, (x, (cache["k"], cache["v"])), (layers, index), unroll=True)
+        k, v = list(cache["k"]), list(cache["v"])
+        for i in range(cfg.n_layers):  # each layer's cache its own array, written in place and read where it lies
+            block = nnx.merge(graphdef, jax.tree.map(lambda a: a[i], layers))  # noqa: B023
+            x, (k[i], v[i]) = block.extend(x, rope, start, (k[i], v[i]), prefill)
         x = self.norm_f(x)
         if last is not None:  # the prefill needs only each row's last prompt position
             x = jnp.take_along_axis(x, (last - start)[:, None, None], axis=1)
@@ -542,9 +519,6 @@ def tensor_parallel_shardings(state: Any, mesh: jax.sharding.Mesh, axis: str = "
     return jax.tree_util.tree_map_with_path(sharding, state)
 
 
-SERVING_DTYPES = {"bf16": jnp.bfloat16, "fp16": jnp.float16, "fp32": jnp.float32, "int8": jnp.bfloat16}
-
-
 def serving_decoder(cfg: TransformerConfig, precision: str, rngs: nnx.Rngs, state: Any = None,
                     shards: int = 1) -> Decoder:
     """The model as a server holds it: floating weights (and the KV cache, and the compute) in the
@@ -563,14 +537,16 @@ def serving_decoder(cfg: TransformerConfig, precision: str, rngs: nnx.Rngs, stat
     return model
 
 
-def cache_shape(cfg: TransformerConfig, batch: int, max_len: int) -> tuple[int, ...]:
-    """The shape of each of the KV cache's two arrays: (n_layers, batch, max_len, kv heads, head size)."""
-    return (cfg.n_layers, batch, max_len, cfg.n_kv_heads, cfg.head_dim)
+def cache_shape(cfg: TransformerConfig, batch: int, max_len: int, dtype: Any) -> tuple[int, ...]:
+    """The shape of one layer's keys (or values) in a `dtype` cache (kv_cache.cache_layout)."""
+    layout = kv_cache.cache_layout(cfg.attention, dtype)
+    return kv_cache.layer_shape(layout, batch, cfg.n_kv_heads, max_len, cfg.head_dim)
 
 
-def empty_cache(cfg: TransformerConfig, batch: int, max_len: int, dtype) -> dict[str, jax.Array]:
-    shape = cache_shape(cfg, batch, max_len)
-    return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
+def empty_cache(cfg: TransformerConfig, batch: int, max_len: int, dtype) -> dict[str, list[jax.Array]]:
+    """The KV cache as `Decoder.extend` takes it: {"k": [n_layers arrays], "v": [...]}, zeros."""
+    shape = cache_shape(cfg, batch, max_len, dtype)
+    return {name: [jnp.zeros(shape, dtype) for _ in range(cfg.n_layers)] for name in ("k", "v")}
 
 
 def _gpt2(vocab: int, seq: int, d: int, layers: int, heads: int) -> TransformerConfig:
@@ -579,10 +555,10 @@ def _gpt2(vocab: int, seq: int, d: int, layers: int, heads: int) -> TransformerC
 
 
 def _modern(vocab: int, seq: int, d: int, layers: int, heads: int, kv_heads: int, d_ff: int, tied: bool,
-            theta: float = 500000.0, rope_scaling: float = 1.0) -> TransformerConfig:
+            theta: float = 500000.0, rope_scaling: float = 1.0, context: int = 0) -> TransformerConfig:
     return TransformerConfig(vocab_size=vocab, seq_len=seq, d_model=d, n_layers=layers, n_heads=heads,
                              n_kv_heads=kv_heads, d_ff=d_ff, tied_embeddings=tied, norm="rmsnorm", mlp="swiglu",
-                             positions="rope", bias=False, rope_theta=theta, rope_scaling=rope_scaling)
+                             positions="rope", bias=False, rope_theta=theta, rope_scaling=rope_scaling, context=context)
 
 
 class _DecoderWorkload(Workload):
@@ -710,10 +686,11 @@ class LlamaWorkload(_DecoderWorkload):
     presets = {
         "tiny": _modern(256, 64, 64, 2, 4, 2, 128, True, theta=10000.0),
         # Llama 3.2 scales rotary frequencies by 32, Llama 3.1 by 8 (low 1, high 4, original context
-        # 8,192); both use RMSNorm epsilon 1e-5 (their published configs).
-        "1b": _modern(128256, 2048, 2048, 16, 32, 8, 8192, True, rope_scaling=32.0),
-        "3b": _modern(128256, 2048, 3072, 28, 24, 8, 8192, True, rope_scaling=32.0),
-        "8b": _modern(128256, 2048, 4096, 32, 32, 8, 14336, False, rope_scaling=8.0),
+        # 8,192); both use RMSNorm epsilon 1e-5 and serve 131,072 tokens (max_position_embeddings in their
+        # published configs). Trained here at 2,048 tokens a sequence.
+        "1b": _modern(128256, 2048, 2048, 16, 32, 8, 8192, True, rope_scaling=32.0, context=131072),
+        "3b": _modern(128256, 2048, 3072, 28, 24, 8, 8192, True, rope_scaling=32.0, context=131072),
+        "8b": _modern(128256, 2048, 4096, 32, 32, 8, 14336, False, rope_scaling=8.0, context=131072),
     }
     default_preset = "tiny"
     custom_base = "8b"

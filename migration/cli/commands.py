@@ -28,7 +28,7 @@ from migration.cli.output import (
     report_failure,
     write_report,
 )
-from migration.cli.parser import FLAGS, build_parser, given_fields, model_overrides
+from migration.cli.parser import FLAGS, MODEL_FIELDS, build_parser, given_fields, model_overrides
 from migration.codecheck import CodeCheckError, check_files, check_paths, has_errors
 from migration.common import model_name, write_csv
 from migration.config import forms
@@ -43,7 +43,7 @@ from migration.planning.planfile import read_plan
 from migration.prices import fmt_prices, parse_prices, read_prices_file
 from migration.results import Plan
 from migration.running.runner import PlanError, probe_environment, start_plan, start_run
-from migration.running.worker_env import compile_environment, resolve_platform
+from migration.running.worker_env import compile_environment, resolve_platform, with_serving_flags
 from migration.service.accounts import AccountsError, add_user
 from migration.service.autotune import AutotuneRefused, AutotuneSettings, start_autotune
 from migration.service.history import History, HistoryError
@@ -364,11 +364,19 @@ def write_json(path: str | None, data: Any) -> bool:
 
 
 def served_model(args: argparse.Namespace) -> dict[str, Any]:
-    """The workload and preset flags of a serving command: a checkpoint names its own model (flags
-    given beside it must agree, config.serving checks), else llama unless --workload says otherwise."""
+    """The workload, preset and model dimension flags of a serving command: a checkpoint names its own
+    model (a workload or preset beside it must agree, config.serving checks; dimension flags are
+    refused), else llama unless --workload says otherwise, with the dimensions given (the training
+    commands' flags) over the preset's."""
     if args.checkpoint:
+        given = [FIELD[name].cli_flag for name in MODEL_FIELDS if getattr(args, name, None) not in (None, "", "preset")]
+        if given:
+            raise ConfigError("checkpoint", f"{', '.join(given)} cannot be given with --checkpoint: the checkpoint "
+                                            "names its model's dimensions")
         return {"workload": args.workload, "preset": args.preset}
-    return {"workload": args.workload or "llama", "preset": args.preset if args.preset is not None else ""}
+    args.workload = args.workload or "llama"
+    model = model_overrides(args)  # the dimension flags given; with no preset, on the family's custom base
+    return {"workload": args.workload, "preset": args.preset if args.preset is not None else "", "model": model}
 
 
 def serving_checklist_out(ev: ServingEvidence, path: str | None) -> bool:
@@ -401,7 +409,7 @@ def read_serve_plan(path: str) -> dict[str, Any]:
 def cmd_serve_plan(args: argparse.Namespace) -> int:
     """`serve-plan`: the serving plan, compiled here for the target without the device."""
     # JAX reads its platform and XLA flags once, at import: a deviceless compile's before anything imports it
-    os.environ.update(compile_environment())
+    os.environ.update(with_serving_flags(compile_environment()))
     req = checked("serving request", lambda: serve_request(
         **served_model(args), target=args.target, prompt_len=args.prompt_len, gen_len=args.gen_len,
         precision=args.precision, batches=args.batches, gpus=args.gpus, memory_fraction=args.memory_fraction,
@@ -428,6 +436,7 @@ def cmd_serve_run(args: argparse.Namespace) -> int:
     """`serve-run`: a measured stream of requests on this machine's first device."""
     # the platform this machine has, named before anything imports JAX (no CUDA probe without a GPU)
     os.environ.setdefault("JAX_PLATFORMS", "cuda" if resolve_platform("auto") == "gpu" else "cpu")
+    os.environ.update(with_serving_flags(dict(os.environ)))
     plan = checked("serving plan", lambda: read_serve_plan(args.plan)) if args.plan else None
     if args.plan and plan is None:
         return 2

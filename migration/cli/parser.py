@@ -53,10 +53,12 @@ def field_help(f: Field) -> str:
     return f"{f.help or f.label}" + (f" ({'; '.join(extra)})" if extra else "")
 
 
-def add_field_flags(parser: argparse.ArgumentParser, command: str) -> None:
-    """`command`'s flags of the form's fields (the model's in their own group)."""
+def add_field_flags(parser: argparse.ArgumentParser, command: str, only: tuple[str, ...] | None = None) -> None:
+    """`command`'s flags of the form's fields (the model's in their own group); `only`: those fields."""
     model = parser.add_argument_group("model dimensions (override the preset's; transformer and llama)")
     for f in flags_of(command):
+        if only is not None and f.name not in only:
+            continue
         where = model if f.name in MODEL_FIELDS else parser
         options: dict[str, Any] = dict(dest=f.name, default=None, help=field_help(f))
         if f.kind == "bool":
@@ -239,6 +241,7 @@ def add_serve_plan_flags(sp: argparse.ArgumentParser) -> None:
                                      "... gpt2-xl); needed unless --checkpoint names the model")
     sp.add_argument("--checkpoint", type=folder, default="", metavar="DIR",
                     help="plan the model of this training checkpoint (written by run --save-checkpoint)")
+    add_field_flags(sp, "plan", MODEL_FIELDS)  # the training form's model dimensions
     sp.add_argument("--target", default="h100-sxm", metavar="GPU", help=f"the GPU: {', '.join(GPU_SPECS)}")
     sp.add_argument("--gpus", default=1, metavar="N", help="GPUs of one node the model is split over (tensor parallelism; 1 to 8, dividing its heads and MLP width)")
     sp.add_argument("--precision", default="bf16", choices=SERVE_PRECISIONS, help="weights, cache and compute")
@@ -263,6 +266,7 @@ def add_serve_run_flags(sr: argparse.ArgumentParser) -> None:
     sr.add_argument("--checkpoint", type=folder, default="", metavar="DIR",
                     help="serve this training checkpoint's parameters (written by run --save-checkpoint); "
                          "default: random ones")
+    add_field_flags(sr, "run", MODEL_FIELDS)
     sr.add_argument("--precision", default="fp32", choices=SERVE_PRECISIONS, help="default fp32 (the CPU's)")
     sr.add_argument("--kv-cache", dest="kv_cache", default="auto", choices=KV_CACHES,
                     help="the KV cache's storage: auto (the precision's dtype) or fp8 (e4m3; the run also serves its "

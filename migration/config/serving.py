@@ -85,6 +85,11 @@ def model_config(workload: str, preset: str, model: dict[str, Any]) -> Any:
         raise ConfigError(getattr(exc, "field", "model"), getattr(exc, "message", str(exc))) from None
 
 
+def context_source(cfg: Any) -> str:
+    """Where a model's context comes from, for messages."""
+    return "its published context window" if cfg.context else "seq_len, its training length"
+
+
 def serving_checkpoint(path: Any, workload: Any, preset: Any) -> CheckpointMeta:
     """The description of the training checkpoint in folder `path` (absolute), whose model is served:
     a decoder family's. A workload or preset also named must be the checkpoint's (None or "" names
@@ -129,9 +134,10 @@ def serve_request(*, workload: Any, preset: Any, target: Any, prompt_len: Any, g
                                   f"among them; {', '.join(uneven)} do not divide by {gpus} (GPU counts that do: "
                                   f"{', '.join(str(g) for g in range(1, SERVE_LIMITS['gpus'][1] + 1) if not any(n % g for n in split.values()))})")
     total = lengths["prompt_len"] + lengths["gen_len"]
-    if total > cfg.seq_len:
+    if total > cfg.max_context:
         raise ConfigError("gen_len", f"prompt ({lengths['prompt_len']:,}) + generation ({lengths['gen_len']:,}) = "
-                                     f"{total:,} tokens exceed the model's context of {cfg.seq_len:,} (seq_len)")
+                                     f"{total:,} tokens exceed the model's context of {cfg.max_context:,} "
+                                     f"({context_source(cfg)})")
     kv_cache = choice(kv_cache, "kv_cache", list(KV_CACHES))
     return ServeRequest(workload, preset, target, lengths["prompt_len"], lengths["gen_len"], precision,
                         dict(model or {}), batch_list(batches), gpus, fraction, checkpoint or "", kv_cache)
@@ -161,10 +167,11 @@ RUN_BATCHES = 6  # batch sizes measured in one run
 def serve_run_request(*, workload: Any, preset: Any, precision: Any = "fp32", requests: Any = 50, batches: Any = "4",
                       prompt_min: Any = 4, prompt_max: Any = 32, gen_min: Any = 4, gen_max: Any = 24,
                       temperature: Any = 0.0, seed: Any = 0, checkpoint: Any = "",
-                      kv_cache: Any = "auto") -> ServeRunRequest:
-    """A checked ServeRunRequest from raw values, or ConfigError naming the field. With a `checkpoint`
-    folder, the model and its parameters are the checkpoint's (serving_checkpoint)."""
-    model: dict[str, Any] = {}
+                      kv_cache: Any = "auto", model: dict[str, Any] | None = None) -> ServeRunRequest:
+    """A checked ServeRunRequest from raw values, or ConfigError naming the field; `model`: dimensions
+    over the preset's. With a `checkpoint` folder, the model and its parameters are the checkpoint's
+    (serving_checkpoint)."""
+    model = dict(model or {})
     if checkpoint:
         meta = serving_checkpoint(checkpoint, workload, preset)
         workload, preset, model = meta.workload, meta.preset, meta.model
@@ -183,10 +190,11 @@ def serve_run_request(*, workload: Any, preset: Any, precision: Any = "fp32", re
             raise ConfigError(name.replace("_len", "_min"), f"must be at most {name.replace('_len', '_max')} ({hi}); "
                                                             f"got {lo}")
         ranges[name] = (lo, hi)
-    context = model_config(workload, preset, model).seq_len
-    if ranges["prompt_len"][1] + ranges["gen_len"][1] > context:
+    cfg = model_config(workload, preset, model)
+    if ranges["prompt_len"][1] + ranges["gen_len"][1] > cfg.max_context:
         raise ConfigError("gen_max", f"the longest prompt ({ranges['prompt_len'][1]}) and generation "
-                                     f"({ranges['gen_len'][1]}) exceed the model's context of {context} (seq_len)")
+                                     f"({ranges['gen_len'][1]}) exceed the model's context of {cfg.max_context:,} "
+                                     f"({context_source(cfg)})")
     return ServeRunRequest(workload, preset, precision, counts["requests"], sizes, ranges["prompt_len"],
                            ranges["gen_len"], number(temperature, "temperature", 0.0, 10.0), counts["seed"], model,
                            checkpoint or "", choice(kv_cache, "kv_cache", list(KV_CACHES)))

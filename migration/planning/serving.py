@@ -8,7 +8,8 @@ without the device (a deviceless XLA GPU compile, as the training planner does),
   size x tokens x batch x bytes, and whether the larger peak fits the target's budget;
 - time: the predicted time to first token (the prefill program) and per output token (the decode
   program) from their kernels against the target's peak and bandwidth (planning/steptime.py), beside
-  the bandwidth limit no decode step can beat: the weights and the whole cache read once per token.
+  the bandwidth limit no decode step can beat: the weights it reads whole (all but the tables it gathers
+  rows of) and the whole cache, read once per token; beside it the bytes the compiled decode step moves.
 
 The batch is static: its prompts are prefilled together, then decoded together; the cache holds
 prompt + generation positions per request. Over `gpus` GPUs of one node the model is tensor-parallel
@@ -36,7 +37,8 @@ from migration.planning.hlo_cost import read_program
 from migration.planning.memory import deviceless_devices
 from migration.planning.steptime import predict
 from workloads import get_workload
-from workloads.transformer import (CUDNN_HEAD_DIM_MAX, TransformerConfig, cache_dtype, cache_shape,
+from workloads.kv_cache import cache_dtype, cache_layout
+from workloads.transformer import (CUDNN_HEAD_DIM_MAX, TransformerConfig, cache_shape,
                                    serving_decoder, tensor_parallel_shardings)
 
 MODEL_AXIS = "model"
@@ -64,9 +66,11 @@ def serving_mesh(devices: list[Any]) -> jax.sharding.Mesh:
     return jax.sharding.Mesh(np.array(devices), (MODEL_AXIS,))
 
 
-def cache_sharding(mesh: jax.sharding.Mesh) -> jax.sharding.NamedSharding:
-    """The KV cache split on its kv-head axis (cache_shape), as the keys and values projections are."""
-    return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(None, None, None, MODEL_AXIS, None))
+def cache_sharding(mesh: jax.sharding.Mesh, layout: tuple[str, ...]) -> jax.sharding.NamedSharding:
+    """A layer's KV cache split on its kv-head axis (kv_cache.cache_layout), as the keys and values
+    projections are."""
+    axes = [MODEL_AXIS if a == "kv_head" else None for a in layout]
+    return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*axes))
 
 
 def _abstract_state(cfg: TransformerConfig, precision: str, mesh: jax.sharding.Mesh) -> tuple[Any, Any]:
@@ -83,16 +87,26 @@ def _bytes_per_device(leaves: list[jax.ShapeDtypeStruct]) -> int:
     return sum(math.prod(s.sharding.shard_shape(s.shape)) * s.dtype.itemsize for s in leaves)
 
 
+def _gathered_bytes(cfg: TransformerConfig, state: Any) -> int:
+    """One GPU's bytes of the tables a decode step only gathers rows of (an untied input embedding, a
+    learned position table): held in memory, not read whole per token."""
+    tables = [] if cfg.tied_embeddings else [state["embed"]["embedding"]]
+    if cfg.positions == "learned":
+        tables.append(state["positions"]["embedding"])
+    return _bytes_per_device(tables)
+
+
 def compile_programs(cfg: TransformerConfig, precision: str, batch: int, prompt_len: int, max_len: int,
                      mesh: jax.sharding.Mesh, kv_cache: str = "auto") -> dict[str, Any]:
     """The prefill and decode-step programs of `batch` sequences, compiled for `mesh`'s devices
-    (serving_mesh); `weights_bytes` is one GPU's share of the parameters."""
+    (serving_mesh); `weights_bytes` is one GPU's share of the parameters, `weights_read_bytes` the part of
+    it a decode step reads whole (all but the tables it gathers rows of)."""
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     dtype = cache_dtype(precision, kv_cache)
     graphdef, state = _abstract_state(cfg, precision, mesh)
-    split = cache_sharding(mesh)
-    cache_part = jax.ShapeDtypeStruct(cache_shape(cfg, batch, max_len), dtype, sharding=split)
-    cache = {"k": cache_part, "v": cache_part}
+    split = cache_sharding(mesh, cache_layout(cfg.attention, dtype))
+    layer = jax.ShapeDtypeStruct(cache_shape(cfg, batch, max_len, dtype), dtype, sharding=split)
+    cache = {"k": [layer] * cfg.n_layers, "v": [layer] * cfg.n_layers}
     ints = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=replicated)  # noqa: E731
 
     def prefill(st, tokens, last, cache):
@@ -101,24 +115,27 @@ def compile_programs(cfg: TransformerConfig, precision: str, batch: int, prompt_
     def decode(st, token, start, cache):
         return nnx.merge(graphdef, st).extend(token, start, cache)
 
-    out = (replicated, {"k": split, "v": split})  # the logits whole on every GPU, the cache where it was
+    out = (replicated, {"k": [split] * cfg.n_layers, "v": [split] * cfg.n_layers})  # the logits whole on every GPU, the cache where it was
     compiled = {
         "prefill": jax.jit(prefill, donate_argnums=3, out_shardings=out).lower(
             state, ints(batch, prompt_len), ints(batch), cache).compile(),
         "decode": jax.jit(decode, donate_argnums=3, out_shardings=out).lower(
             state, ints(batch, 1), ints(batch), cache).compile(),
     }
-    return {"programs": compiled, "weights_bytes": _bytes_per_device(jax.tree.leaves(state))}
+    weights = _bytes_per_device(jax.tree.leaves(state))
+    return {"programs": compiled, "weights_bytes": weights, "weights_read_bytes": weights - _gathered_bytes(cfg, state)}
 
 
 def program_figures(compiled: Any, spec: GpuSpec, link_bytes_per_s: float | None) -> dict[str, Any]:
     """One GPU's figures of a compiled program: peak, donated and workspace bytes, predicted seconds
     (its collectives over `link_bytes_per_s`)."""
     stats = compiled.memory_analysis()
-    timing = predict(read_program(compiled.as_text()), spec, link_bytes_per_s)
+    kernels = read_program(compiled.as_text())
+    timing = predict(kernels, spec, link_bytes_per_s)
     return {"peak_bytes": compiled_peak_bytes(compiled), "donated_bytes": int(stats.alias_size_in_bytes),
             "temp_bytes": int(stats.temp_size_in_bytes), "seconds": timing.seconds, "flops": timing.flops,
-            "communication_s": timing.communication_s}
+            "communication_s": timing.communication_s,
+            "bytes": sum(k.bytes for k in kernels if k.kind in ("matmul", "attention", "convolution", "memory"))}
 
 
 def serve_row(req: ServeRequest, cfg: TransformerConfig, spec: GpuSpec, mesh: Any, batch: int) -> dict[str, Any]:
@@ -132,13 +149,16 @@ def serve_row(req: ServeRequest, cfg: TransformerConfig, spec: GpuSpec, mesh: An
     kv = kv_cache_bytes(cfg, batch, max_len, itemsize) // req.gpus  # kv heads divide among the GPUs
     peak = max(prefill["peak_bytes"] or 0, decode["peak_bytes"] or 0)
     budget = int(spec.memory_bytes * req.memory_fraction)
-    limit = (made["weights_bytes"] + kv) / spec.bandwidth_bytes_per_s  # read once per token, at best
+    needed = made["weights_read_bytes"] + kv  # what a decode step must read, once
+    limit = needed / spec.bandwidth_bytes_per_s  # no decode step beats reading it once
     return {"batch": batch, "gpus": req.gpus, "weights_bytes": made["weights_bytes"], "kv_cache_bytes": kv,
             "kv_cache_bytes_compiled": decode["donated_bytes"], "prefill_peak_bytes": prefill["peak_bytes"],
             "decode_peak_bytes": decode["peak_bytes"], "predicted_peak_bytes": peak, "budget_bytes": budget,
             "fits": peak <= budget, "predicted_ttft_s": prefill["seconds"], "predicted_tpot_s": decode["seconds"],
             "decode_communication_s": decode["communication_s"], "bandwidth_limit_tpot_s": limit,
-            "tokens_per_s_per_gpu": batch / decode["seconds"] / req.gpus, "tpot_over_limit": decode["seconds"] / limit}
+            "tokens_per_s_per_gpu": batch / decode["seconds"] / req.gpus, "tpot_over_limit": decode["seconds"] / limit,
+            "weights_read_bytes": made["weights_read_bytes"], "decode_bytes": decode["bytes"],
+            "decode_bytes_over_needed": decode["bytes"] / needed}
 
 
 def serve_plan(req: ServeRequest) -> dict[str, Any]:

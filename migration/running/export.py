@@ -72,7 +72,7 @@ def hf_config(cfg: TransformerConfig, dtype: str = "bf16") -> dict[str, Any]:
         "num_key_value_heads": cfg.n_kv_heads,
         "head_dim": cfg.head_dim,
         "hidden_act": "silu",
-        "max_position_embeddings": cfg.seq_len,
+        "max_position_embeddings": cfg.max_context,
         "rms_norm_eps": cfg.norm_eps,
         "rope_theta": cfg.rope_theta,
         "rope_scaling": {

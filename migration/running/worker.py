@@ -47,7 +47,8 @@ from migration.config.forms import number
 from migration.config.limits import LIMITS, ConfigError
 from migration.config.requests import PlanRequest, RunConfig, validate, validate_plan_request
 from migration.config.serving import serve_request, serve_run_request
-from migration.running.worker_env import compile_environment, planner_environment, worker_environment
+from migration.running.worker_env import (compile_environment, planner_environment, with_serving_flags,
+                                           worker_environment)
 
 # Serving modes and the event that carries each one's result.
 SERVE_RESULT_EVENTS = {"serve-plan": "serve_plan", "serve-run": "serve_run"}
@@ -341,12 +342,13 @@ def run_mode(mode: str, cfg: Any, emit: EventWriter, hits: Any) -> None:
 def serve_environment(mode: str, payload: dict[str, Any]) -> dict[str, str]:
     """JAX's environment of a serving mode, decided before JAX is imported: a plan compiles deviceless
     on the CPU backend for the catalog GPU it names; a run gets a one-device training run's environment
-    (platform, memory share without preallocation, XLA flags) with the payload's memory share, checked."""
+    (platform, memory share without preallocation, XLA flags) with the payload's memory share, checked;
+    both with the serving programs' XLA flags (worker_env.SERVING_XLA_FLAGS)."""
     if mode == "serve-plan":
-        return compile_environment(platform="cpu")
+        return with_serving_flags(compile_environment(platform="cpu"))
     fraction = number(payload.get("memory_fraction", RunConfig.memory_fraction), "memory_fraction",
                       *LIMITS["memory_fraction"])
-    return worker_environment(RunConfig(devices=1, memory_fraction=fraction))
+    return with_serving_flags(worker_environment(RunConfig(devices=1, memory_fraction=fraction)))
 
 
 def serve(mode: str, payload: Any, emit: EventWriter) -> int:

@@ -80,6 +80,18 @@ def worker_environment(cfg: RunConfig, base: Mapping[str, str] | None = None) ->
     return env
 
 
+# XLA flags of the serving programs, planned and run alike: no dot merging, so that a decode step reads
+# each weight once (the merger joins a layer's queries and keys-and-values projections into one product
+# by concatenating their weights, a copy of them every step, when they are under the threshold).
+SERVING_XLA_FLAGS = "--xla_gpu_dot_merger_threshold_mb=0"
+
+
+def with_serving_flags(env: dict[str, str]) -> dict[str, str]:
+    """`env` with SERVING_XLA_FLAGS added to its XLA flags (a serving process's, before JAX is imported)."""
+    env["XLA_FLAGS"] = " ".join(f for f in (env.get("XLA_FLAGS", ""), SERVING_XLA_FLAGS) if f)
+    return env
+
+
 # XLA's own rematerialisation pass: off for planning, so that a fit never hides recomputation.
 DISABLE_XLA_REMAT = "--xla_disable_hlo_passes=rematerialization"
 
