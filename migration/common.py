@@ -247,3 +247,10 @@ def shown(value: Any) -> str:
         extra = f", {len(value):,} characters" if isinstance(value, str) else ""
         text = f"{text[:SHOWN_MAX_CHARS]}... ({type(value).__name__}{extra})"
     return text
+
+
+def mix_text(classes: list[Any]) -> str:
+    """A plan's request mix in words: "prompt 1,024, generation 256 tokens", or its classes."""
+    if len(classes) == 1:
+        return f"prompt {classes[0][1]:,}, generation {classes[0][2]:,} tokens"
+    return "mix " + ", ".join(f"{share:.0%} {prompt:,}:{gen:,}" for share, prompt, gen in classes)

@@ -61,15 +61,16 @@ def test_a_serving_plan_has_a_row_per_batch_asked_and_is_in_the_history(alice, s
     (status, table, latency, throughput, csv_path), _ = served
     assert "Serving plan" in status and GPU_SPECS["l4"].name in status and "not measured" in status
     rows = frame(table)
-    assert {1, 2} <= set(rows["batch"])
-    assert {"KV cache (arithmetic)", "KV cache (compiled)", "predicted peak", "budget", "fits", "TTFT ms", "TPOT ms",
-            "TPOT bandwidth limit ms", "tokens/s per GPU"} <= set(rows.columns)
-    first = rows[rows["batch"] == 1].iloc[0]
-    assert first["fits"] == "yes" and first["KV cache (arithmetic)"] == first["KV cache (compiled)"]
+    assert {1, 2} <= set(rows["running"]) and "running sequences" in status and "Engine modelled" in status
+    assert {"KV cache", "predicted peak", "budget", "fits", "TTFT ms", "TPOT ms", "TPOT bandwidth limit ms", "tokens/s",
+            "requests/s", "decode bytes / needed"} <= set(rows.columns)
+    first = rows[rows["running"] == 1].iloc[0]
+    assert first["fits"] == "yes" and first["decode bytes / needed"] > 0
     assert {"TTFT (predicted)", "TPOT (predicted)", "TPOT bandwidth limit"} <= {r[2] for r in latency["data"]}
     assert len(throughput["data"]) == len(rows)
     csv = pd.read_csv(csv_path)
-    assert list(csv["batch"]) == list(rows["batch"]) and (csv["kv_cache_bytes"] == csv["kv_cache_bytes_compiled"]).all()
+    assert list(csv["batch"]) == list(rows["running"])
+    assert (csv["kv_cache_bytes_read"] == csv["kv_cache_bytes_compiled"]).all()
     history = frame(alice.predict("mine", "serve-plan", "all", "all", api_name="/history"))
     newest = history.iloc[0]
     assert (newest["kind"], newest["status"], newest["label"]) == ("serve-plan", "ok", "alice's plan")
@@ -101,7 +102,7 @@ REFUSED = [
     ("/serve_plan", PLAN | dict(prompt_len=60, gen_len=10), "gen_len", "exceed the model's context"),
     ("/serve_run", RUN | dict(prompt_max=40, gen_max=40), "gen_max", "exceed the model's context"),
     ("/serve_plan", PLAN | dict(batches="0,4"), "batches", "from 1 to 4,096"),
-    ("/serve_run", RUN | dict(run_batches="0"), "batches", "from 1 to 256"),
+    ("/serve_run", RUN | dict(run_batches="0"), "batches", "from 1 to 4,096"),
     ("/serve_plan", PLAN | dict(workload="mlp", precision="int8"), "workload", "has no decode path"),
     ("/serve_run", RUN | dict(workload="mlp", precision="int8"), "workload", "has no decode path"),
     ("/serve_plan", PLAN | dict(target="tpu-v5e-8"), "target", "h100-sxm"),

@@ -391,16 +391,45 @@ def test_deployment_late_settings_name_the_line(world):
 
 # -- serving: KV headroom ------------------------------------------------------------------------
 
+def reaching(run: dict, plan: dict, peak: int) -> dict:
+    """`run` as if measured on the plan's L4 at the plan's concurrency and lengths."""
+    gpu = serve_on_gpu(run, peak=peak)
+    gpu["rows"][-1]["batch"] = plan["largest_batch"]
+    gpu["request"]["prompt_range"] = [1, max(c[1] for c in plan["mix"])]
+    gpu["request"]["gen_range"] = [1, max(c[2] for c in plan["mix"])]
+    return gpu
+
+
 def test_kv_headroom_passes_at_the_budget_and_fails_one_byte_over(evidence):
     plan, run = evidence
     fraction = plan["request"]["memory_fraction"]
     budget = GPU_SPECS["l4"].memory_bytes * fraction
     for peak, status in ((math.floor(budget), PASS), (math.floor(budget) + 1, FAIL)):
-        status_, text, action = serving.grade_kv_headroom(ServingEvidence(plan=plan, run=serve_on_gpu(run, peak=peak)))
+        status_, text, action = serving.grade_kv_headroom(ServingEvidence(plan=plan, run=reaching(run, plan, peak)))
         assert status_ == status, (peak, budget)
-        top = max(r["batch"] for r in run["rows"])
-        assert text == (f"measured on NVIDIA L4 (the gpu backend): peak {fmt_gib(peak)} at batch {top} "
-                        f"(device memory_stats (peak so far)) against {fmt_gib(budget)} ({fraction:.0%} of L4)")
+        assert text.startswith(f"measured on NVIDIA L4 (the gpu backend): peak {fmt_gib(peak)} at batch "
+                               f"{plan['largest_batch']} (device memory_stats (peak so far)), requests up to 16 + 16 "
+                               f"tokens, against {fmt_gib(budget)} ({fraction:.0%} of L4)"), text
+    assert text  # the pass said what it measured
+    passed = serving.grade_kv_headroom(ServingEvidence(plan=plan, run=reaching(run, plan, 1)))[1]
+    assert passed.endswith(f": the plan's {plan['largest_batch']} running sequences and lengths, measured")
+
+
+def test_kv_headroom_warns_when_the_run_did_not_reach_the_plan(evidence):
+    """A fit measured on the target below the plan's concurrency or lengths is not the plan's fit: each
+    shortfall is named, and the action measures the plan's figures."""
+    plan, run = evidence
+    need = plan["largest_batch"]
+    for change, short in ((lambda r: r["rows"][-1].update(batch=need - 1), "batch"),
+                          (lambda r: r["request"].update(prompt_range=[1, 15]), "prompt"),
+                          (lambda r: r["request"].update(gen_range=[1, 15]), "generation")):
+        gpu = reaching(run, plan, 1)
+        change(gpu)
+        status, text, action = serving.grade_kv_headroom(ServingEvidence(plan=plan, run=gpu))
+        assert status == WARN and f"the plan's {need} running sequences of up to 16 + 16 tokens were not reached " \
+            f"({short} short)" in text, text
+        assert action == f"measure the plan's concurrency and lengths on L4 (python -m migration serve-run --batches " \
+            f"{need} --prompt-max 16 --gen-max 16)"
 
 
 def test_kv_headroom_reads_the_largest_batch_row(evidence):
@@ -419,32 +448,37 @@ def test_kv_headroom_of_a_plan_file_without_a_fitting_row_warns(evidence):
     over = {**plan, "rows": [{**r, "fits": False} for r in plan["rows"]]}
     status, text, action = serving.grade_kv_headroom(ServingEvidence(plan=over))
     batches = ", ".join(str(r["batch"]) for r in plan["rows"])
-    assert status == WARN and f"largest batch {plan['largest_batch']}, but the plan's rows ({batches}) all exceed " \
-        f"{fmt_gib(plan['budget_bytes'])}" in text
+    assert status == WARN and f"{plan['largest_batch']} running sequences, but the plan's rows ({batches}) all " \
+        f"exceed {fmt_gib(plan['budget_bytes'])}" in text
     assert action == "plan again with serve-plan, without --batches"
 
 
-def test_kv_headroom_without_a_plan_uses_90_percent_of_the_card(evidence):
+def test_kv_headroom_without_a_plan_warns_and_fails_over_90_percent_of_the_card(evidence):
+    """Measured on a GPU with no plan: a fit at the run's own batch is not a fit at the batch the server
+    must hold, so at best a warn; over 90% of the card it fails."""
     _plan, run = evidence
     card = GPU_SPECS["l4"].memory_bytes
-    for peak, status in ((int(card * 0.9), PASS), (int(card * 0.9) + 1, FAIL)):
+    for peak, status in ((int(card * 0.9), WARN), (int(card * 0.9) + 1, FAIL)):
         got, text, action = serving.grade_kv_headroom(ServingEvidence(run=serve_on_gpu(run, peak=peak)))
         assert got == status
         assert f"against {fmt_gib(card * 0.9)} (90% of L4)" in text
-    assert "keep the batch" in serving.grade_kv_headroom(ServingEvidence(run=serve_on_gpu(run, peak=1)))[2]
+    status, text, action = serving.grade_kv_headroom(ServingEvidence(run=serve_on_gpu(run, peak=1)))
+    assert text.endswith("; no serving plan says how many sequences the server must hold")
+    assert action.startswith("plan with serve-plan for L4")
 
 
-def test_kv_headroom_prediction_names_the_largest_fitting_batch(evidence):
+def test_kv_headroom_prediction_names_the_concurrency(evidence):
     plan, run = evidence
     status, text, action = serving.grade_kv_headroom(ServingEvidence(plan=plan))
     row = max((r for r in plan["rows"] if r["fits"]), key=lambda r: r["batch"])
     assert status == WARN
-    assert text.startswith(f"predicted for {plan['target']} (compiled without the device): largest batch "
-                           f"{plan['largest_batch']}; at batch {row['batch']} peak {fmt_gib(row['predicted_peak_bytes'])} "
-                           f"of {fmt_gib(row['budget_bytes'])}, KV cache {fmt_gib(row['kv_cache_bytes_compiled'])}")
-    assert action == f"measure the batch on {plan['target']} (python -m migration serve-run --batches {row['batch']})"
+    assert text.startswith(f"predicted for {plan['target']} (compiled without the device): {plan['largest_batch']} "
+                           f"running sequences; at {row['batch']} peak {fmt_gib(row['predicted_peak_bytes'])} "
+                           f"of {fmt_gib(row['budget_bytes'])}, KV cache {fmt_gib(row['kv_cache_bytes'])}")
+    assert action == (f"measure it on {plan['target']} (python -m migration serve-run --batches {plan['largest_batch']} "
+                      "--prompt-max 16 --gen-max 16)")
     over = [r["batch"] for r in plan["rows"] if not r["fits"]]
-    assert (f"; batches {', '.join(map(str, over))} do not fit" in text) == bool(over)
+    assert (f"; {', '.join(map(str, over))} do not fit" in text) == bool(over)
     assert "the run was" not in text
     status, text, _ = serving.grade_kv_headroom(ServingEvidence(plan=plan, run=run))
     assert text.endswith("; the run was measured on cpu (the CPU backend)")
@@ -612,15 +646,23 @@ def test_profile_reports_time_per_step_by_op(world):
 
 # -- serving: recompiles and host sync -----------------------------------------------------------
 
-def test_serving_recompiles_report_each_batch(evidence):
+def test_serving_recompiles_report_each_batch_and_pass_only_from_the_users_code(evidence):
     plan, run = evidence
     rows = ", ".join(f"batch {r['batch']}: {r['recompiles']}" for r in run["rows"][:6])
-    status, text, action = serving.grade_recompiles(ServingEvidence(plan=plan, run=run))
-    assert status == WARN and text.endswith(f"compiles after the warm-up: {rows}") and "on L4" in action
+    status, text, action = serving.grade_recompiles(ServingEvidence(plan=plan, run=serve_on_gpu(run)))
+    assert status == WARN and text.startswith("this product's server, measured on NVIDIA L4")
+    assert text.endswith(f"compiles after the warm-up: {rows}; says nothing of your server's") and "--code" in action
     lo, hi = run["request"]["prompt_range"]
     assert f"{run['rows'][0]['requests']} requests (prompts {lo}-{hi} tokens, buckets {run['buckets']})" in text
-    status, text, action = serving.grade_recompiles(ServingEvidence(run=run))
-    assert action.endswith("on the target GPU")
+    from migration.codecheck import check_sources
+    varying = check_sources([("serve.py", "import jax\nimport tensorflow as tf\n\ndef batches(ds):\n"
+                                          "    return ds.batch(8)\n")])
+    status, text, _ = serving.grade_recompiles(ServingEvidence(run=run, code=varying))
+    assert status == FAIL and text.startswith("code check of 1 file(s): SHAPE001 serve.py:5"), text
+    clean = check_sources([("serve.py", "import jax\n\ndef serve(step, tokens):\n    return step(tokens)\n")])
+    status, text, _ = serving.grade_recompiles(ServingEvidence(run=run, code=clean))
+    assert status == PASS and "no shapes that vary between calls" in text
+    assert serving.grade_recompiles(ServingEvidence())[0] == NOT_CHECKED
 
 
 def test_serving_host_sync_names_each_finding(evidence):
@@ -699,7 +741,7 @@ def test_serving_rows_and_a_plan_without_a_gpu_count(evidence):
     many["rows"] = [dict(run["rows"][0], batch=b, recompiles=b) for b in range(1, 8)]
     many["rows"][0]["requests"] = 99
     text = serving.grade_recompiles(ServingEvidence(run=many))[1]
-    assert "99 requests" in text and text.endswith("batch 5: 5, batch 6: 6")
+    assert "99 requests" in text and text.endswith("batch 5: 5, batch 6: 6; says nothing of your server's")
     single = {k: v for k, v in plan.items() if k != "gpus"}
     text = serving.grade_kv_headroom(ServingEvidence(plan=single))[1]
     assert text.startswith(f"predicted for {plan['target']} (compiled without the device)")

@@ -1,7 +1,8 @@
 """The serving checklist (migration/grading/serving.py), graded from a real serving plan and a real
 measured run on this machine (the CPU backend), and from the same evidence as if measured on the
-target GPU, to show each verdict's edge: a pass only from the target, the user's code or the user's
-own weights; a warn from predictions, the CPU backend or random weights; a fail from evidence."""
+target GPU, to show each verdict's edge: a pass only from the target at the plan's concurrency and
+lengths, the user's code or the user's own weights; a warn from predictions, the CPU backend, this
+product's own server or random weights; a fail from evidence."""
 
 from __future__ import annotations
 
@@ -61,21 +62,27 @@ def test_a_plan_and_a_cpu_run_warn_and_say_where(evidence):
     assert got["export"][0] == "not checked"
 
 
-def test_measured_on_the_target_passes_and_on_another_gpu_warns(evidence):
+def test_measured_on_the_target_at_the_plans_concurrency_passes_and_elsewhere_warns(evidence):
     plan, run = evidence
-    got = graded(plan=plan, run=on_gpu(run, peak=2 * 10**5))  # under the plan's 0.24 MB budget
-    assert got["kv_headroom"][0] == "pass" and got["serve_recompiles"][0] == "pass"
+    reached = on_gpu(run, peak=2 * 10**5)  # under the plan's 0.24 MB budget
+    reached["rows"][-1]["batch"] = plan["largest_batch"]
+    got = graded(plan=plan, run=reached)
+    assert got["kv_headroom"][0] == "pass"
+    assert got["serve_recompiles"][0] == "warn"  # this product's server's compiles: not the user's server
+    below = graded(plan=plan, run=on_gpu(run, peak=2 * 10**5))  # batches 1 and 2 of the plan's concurrency
+    assert below["kv_headroom"][0] == "warn" and "not reached (batch short)" in below["kv_headroom"][1]
     other = graded(plan=plan, run=on_gpu(run, kind="NVIDIA H100 80GB HBM3"))  # not the planned L4
     assert other["kv_headroom"][0] == "warn" and other["serve_recompiles"][0] == "warn"
+    assert graded(run=on_gpu(run, peak=1))["kv_headroom"][0] == "warn"  # no plan: no concurrency to reach
 
 
 def test_evidence_against_the_item_fails(evidence):
     plan, run = evidence
     full = on_gpu(run, peak=GPU_SPECS["l4"].memory_bytes)  # the whole card: beyond the 90% budget
     assert graded(plan=plan, run=full)["kv_headroom"][0] == "fail"
-    recompiled = copy.deepcopy(run)
-    recompiled["recompiles"], recompiled["rows"][1]["recompiles"] = 2, 2
-    assert graded(run=recompiled)["serve_recompiles"][0] == "fail"
+    varying = check_sources([("serve.py", "import jax\nfrom torch.utils.data import DataLoader\n\n"
+                                          "def batches(ds):\n    return DataLoader(ds, batch_size=8)\n")])
+    assert graded(run=run, code=varying)["serve_recompiles"][0] == "fail"
     nothing = copy.deepcopy(plan) | {"largest_batch": 0}
     assert graded(plan=nothing)["kv_headroom"][0] == "fail"
     outside = copy.deepcopy(run)

@@ -1,6 +1,7 @@
-"""Serving plans (migration/planning/serving.py): the prefill and decode-step programs compiled for a
-GPU without the device, per batch: KV-cache bytes compiled against arithmetic, peaks that grow with
-the batch, the largest batch that fits, decode time above the bandwidth limit, and refusals."""
+"""Serving plans (migration/planning/serving.py): a prefill chunk and the decode step compiled for a
+GPU without the device, the engine's concurrency from the KV cache's pages and the step's token budget
+(planning/capacity.py), per concurrency: KV-cache bytes compiled against arithmetic, peaks that grow
+with it, decode time above the bandwidth limit, and refusals."""
 
 from __future__ import annotations
 
@@ -11,9 +12,8 @@ from hypothesis import strategies as st
 from migration.config.limits import ConfigError
 from migration.config.serving import ServeRequest, serve_request
 from migration.hardware import GPU_SPECS
-from migration.planning.memory import deviceless_devices
-from migration.planning.serving import (MAX_BATCH, _largest_fitting, kv_cache_bytes, serve_plan, serve_row,
-                                        serving_config, serving_mesh)
+from migration.planning import capacity
+from migration.planning.serving import _Planner, kv_cache_bytes, serve_plan, serve_row, serving_config
 
 
 @pytest.fixture(scope="module")
@@ -22,32 +22,52 @@ def tiny_plan():
 
 
 def test_the_compiled_kv_cache_is_the_arithmetic_one(tiny_plan):
+    """A decode step reads each running sequence's cache up to the mean position it has reached (prompt
+    + half the generation: 40 of 48); the pages held are at full length (48)."""
+    assert tiny_plan["decode_context"] == 40 and tiny_plan["tokens_held_per_sequence"] == 48
+    per_token = 2 * 2 * 2 * 16 * 2  # layers, kv heads, head size, k and v, bf16 bytes
+    assert tiny_plan["kv_bytes_per_token"] == per_token
     for row in tiny_plan["rows"]:
-        assert row["kv_cache_bytes"] == 2 * 2 * 2 * 16 * 48 * row["batch"] * 2  # layers, kv heads, head size
-        assert abs(row["kv_cache_bytes_compiled"] - row["kv_cache_bytes"]) <= 0.05 * row["kv_cache_bytes"]
+        assert row["kv_cache_bytes"] == 48 * row["batch"] * per_token
+        assert row["kv_cache_bytes_read"] == 40 * row["batch"] * per_token
+        assert abs(row["kv_cache_bytes_compiled"] - row["kv_cache_bytes_read"]) <= 0.05 * row["kv_cache_bytes_read"]
 
 
-def test_peaks_grow_with_the_batch_and_hold_weights_and_cache(tiny_plan):
+def test_peaks_grow_with_the_concurrency_and_hold_weights_and_cache(tiny_plan):
     rows = {r["batch"]: r for r in tiny_plan["rows"]}
-    assert rows[1]["decode_peak_bytes"] < rows[4]["decode_peak_bytes"] < rows[16]["decode_peak_bytes"]
+    assert rows[1]["predicted_peak_bytes"] < rows[4]["predicted_peak_bytes"] < rows[16]["predicted_peak_bytes"]
     for r in rows.values():
-        assert r["decode_peak_bytes"] >= r["weights_bytes"] + r["kv_cache_bytes"]
-        assert r["predicted_tpot_s"] >= r["bandwidth_limit_tpot_s"] > 0  # no step beats reading its bytes once
+        assert r["predicted_peak_bytes"] >= r["weights_bytes"] + r["kv_cache_bytes"]
+        assert r["decode_peak_bytes"] >= r["weights_bytes"] + r["kv_cache_bytes_read"]
+        assert r["predicted_tpot_s"] >= r["decode_step_s"] >= r["bandwidth_limit_tpot_s"] > 0  # no step beats its reads
+        # every step prefills the prompts of the requests its outputs finish: 32 prompt tokens per 16 generated
+        assert r["prefill_tokens_per_step"] == pytest.approx(2 * r["batch"])
         assert r["tokens_per_s_per_gpu"] == pytest.approx(r["batch"] / r["predicted_tpot_s"])
+        assert r["requests_per_s"] == pytest.approx(r["tokens_per_s_per_gpu"] / 16)
 
 
-def test_the_largest_batch_is_the_edge_of_the_budget():
-    fraction = 0.00002  # about 0.5 MB: four tiny sequences, so that the search compiles little
+def test_the_concurrency_is_what_the_kv_pages_hold_beside_weights_and_workspace():
+    """A budget of a few hundred tiny sequences: the concurrency is the memory left after the weights
+    and the larger workspace over a sequence's full-length pages, and one sequence more does not fit."""
+    fraction = 0.00005  # about 1.2 MB of the L4
     req = ServeRequest("llama", "tiny", "l4", prompt_len=32, gen_len=32, memory_fraction=fraction)
     plan = serve_plan(req)
-    largest = plan["largest_batch"]
-    budget = GPU_SPECS["l4"].memory_bytes * fraction
-    assert largest >= 1
+    n, budget = plan["largest_batch"], int(GPU_SPECS["l4"].memory_bytes * fraction)
+    assert n >= 4 and plan["bound_by"] == "kv_cache" and plan["compiled_batches"] <= 7
     assert all(r["fits"] == (r["predicted_peak_bytes"] <= budget) for r in plan["rows"])
-    # one batch more, compiled on its own (not another search): it does not fit
-    spec = GPU_SPECS["l4"]
-    over = serve_row(req, serving_config(req, spec), spec, serving_mesh(deviceless_devices(spec, 1, 1)), largest + 1)
-    assert over["batch"] == largest + 1 and over["predicted_peak_bytes"] > budget and not over["fits"]
+    top = max(plan["rows"], key=lambda r: r["batch"])
+    assert top["batch"] == n and top["fits"]
+    planner = _Planner(req)
+    chunk = planner.chunk()
+    assert planner.peak(n + 1, chunk) > budget  # the next sequence's pages are over the budget
+
+
+def test_the_step_budget_bounds_the_concurrency_when_prompts_dominate():
+    """Long prompts, short generations: each step must prefill concurrency x 32 prompt tokens, so a
+    256-token budget sustains 256 / 33 = 7 running sequences whatever the memory holds."""
+    plan = serve_plan(ServeRequest("llama", "tiny", "h100-sxm", prompt_len=64, gen_len=2, chunk=256))
+    assert plan["largest_batch"] == 7 and plan["bound_by"] == "token_budget"
+    assert plan["concurrency_limits"]["kv_cache"] > 7
 
 
 def test_the_fused_attention_is_planned_where_the_target_runs_it():
@@ -107,7 +127,8 @@ def test_the_command_line_writes_one_row_per_batch_with_its_kv_cache_and_peak(tm
     plan = json.loads(out.read_text())
     assert {1, 8} <= {r["batch"] for r in plan["rows"]}
     assert all(r["kv_cache_bytes"] > 0 and r["predicted_peak_bytes"] > r["kv_cache_bytes"] for r in plan["rows"])
-    assert "largest batch that fits" in proc.stdout and "Traceback" not in proc.stderr
+    assert plan["engine"].startswith("continuous batching with chunked prefill")
+    assert "concurrency:" in proc.stdout and "running sequences" in proc.stdout and "Traceback" not in proc.stderr
     bad = subprocess.run([sys.executable, "-m", "migration", "serve-plan", "--preset", "tiny", "--prompt-len", "60",
                           "--gen-len", "10"], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "gen_len" in bad.stderr and "Traceback" not in bad.stderr
@@ -117,37 +138,42 @@ def test_int8_weights_are_planned_without_a_dequantised_copy():
     """Weight-only int8: the Linear weights take one byte each, and no program holds a bf16 copy of
     them (each layer's kernel is converted where its matmul reads it)."""
     medium = {"d_model": 512, "n_layers": 8, "n_heads": 8, "n_kv_heads": 4, "d_ff": 1536}
-    spec = GPU_SPECS["l4"]
     rows = {}
-    for p in ("bf16", "int8"):  # one row each (serve_plan would also search for the largest batch)
-        req = ServeRequest("llama", "tiny", "l4", prompt_len=32, gen_len=32, precision=p, model=medium)
-        rows[p] = serve_row(req, serving_config(req, spec), spec, serving_mesh(deviceless_devices(spec, 1, 1)), 4)
+    for p in ("bf16", "int8"):  # one row each (serve_plan would also size the concurrency)
+        planner = _Planner(ServeRequest("llama", "tiny", "l4", prompt_len=32, gen_len=32, precision=p, model=medium))
+        rows[p] = serve_row(planner, 4, planner.chunk())
     linear = 8 * (512 * 512 * 2 + 512 * 256 * 2 + 512 * 3072 + 1536 * 512)  # q, out, kv, up (gate+up), down
     assert rows["bf16"]["weights_bytes"] - rows["int8"]["weights_bytes"] == pytest.approx(linear, rel=0.02)
     assert rows["int8"]["kv_cache_bytes"] == rows["bf16"]["kv_cache_bytes"]  # the cache stays bf16
     for program in ("prefill_peak_bytes", "decode_peak_bytes"):
-        extra = rows["int8"][program] - rows["int8"]["weights_bytes"] - rows["int8"]["kv_cache_bytes"]
+        extra = rows["int8"][program] - rows["int8"]["weights_bytes"]
         assert extra < 0.25 * 2 * linear, (program, extra)  # far below a bf16 copy of the Linear weights
         assert rows["int8"][program] < rows["bf16"][program]
 
 
 @settings(max_examples=300, deadline=None)
-@given(base=st.integers(1, 10**9), slope=st.integers(0, 10**8), bend=st.floats(0.0, 2.0),
-       budget=st.integers(1, 2 * 10**10))
-def test_the_largest_batch_search_finds_the_edge_of_any_growing_peak(base, slope, bend, budget):
-    """The search's first guess assumes a straight line; peaks that bend (more than linear growth,
-    as activations that outgrow the cache) or stay flat must still give the exact edge."""
-    peak = lambda b: base + slope * b + int(bend * slope * b * b / 64)  # noqa: E731
-    asked = []
-
-    def row(b):
-        asked.append(b)
-        return {"predicted_peak_bytes": peak(b), "budget_bytes": budget, "fits": peak(b) <= budget}
-
-    edge = max((b for b in range(1, MAX_BATCH + 1) if peak(b) <= budget), default=0)
-    assert _largest_fitting(row) == edge
-    assert all(1 <= b <= MAX_BATCH for b in asked), asked  # never a batch outside the search's range
-    assert len(set(asked)) <= 30
+@given(classes=st.lists(st.tuples(st.floats(0.01, 10), st.integers(1, 100_000), st.integers(1, 20_000)),
+                        min_size=1, max_size=8),
+       free=st.floats(0, 2e11), per_token=st.floats(1e3, 1e6), chunk=st.integers(16, 65536))
+def test_the_engine_arithmetic_holds_for_any_mix(classes, free, per_token, chunk):
+    """The running sequences of a class are in proportion to its share x generation; the pages a
+    sequence holds lie between its shortest and longest full length; the concurrency's pages fit the
+    memory and one more sequence's do not; the step budget holds the concurrency's decode and prefill."""
+    total = sum(c[0] for c in classes)
+    mix = tuple(capacity.RequestClass(share / total, prompt, gen) for share, prompt, gen in classes)
+    fig = capacity.mix_figures(mix)
+    lengths = [c.prompt + c.gen for c in mix]
+    assert min(lengths) * (1 - 1e-9) <= fig.tokens_held <= max(lengths) * (1 + 1e-9)
+    assert fig.context_read <= fig.tokens_held and fig.longest == max(lengths)
+    n = capacity.kv_bound_concurrency(free, per_token, fig.tokens_held)
+    assert n * per_token * fig.tokens_held <= free * (1 + 1e-12) and free < (n + 1) * per_token * fig.tokens_held
+    m = capacity.budget_bound_concurrency(chunk, fig.prompt_per_output)
+    assert m * (1 + fig.prompt_per_output) <= chunk * (1 + 1e-12) and chunk < (m + 1) * (1 + fig.prompt_per_output)
+    if m:
+        state = capacity.steady_state(m, 0.01, 1e-5, 0.0, fig, chunk)
+        assert state.prefill_tokens_per_step + m <= chunk * (1 + 1e-9)
+        assert state.output_tokens_per_s == pytest.approx(m / state.step_s)
+        assert state.ttft_s >= fig.mean_prompt * 1e-5
 
 
 def test_an_fp8_kv_cache_on_blackwell_halves_the_cache_and_compiles_as_one():
@@ -156,9 +182,10 @@ def test_an_fp8_kv_cache_on_blackwell_halves_the_cache_and_compiles_as_one():
     base = dict(workload="llama", preset="tiny", target="b200", prompt_len=32, gen_len=16, batches=(4, 16))
     bf16, fp8 = (serve_plan(serve_request(**base, kv_cache=kv)) for kv in ("auto", "fp8"))
     assert (bf16["kv_cache"], fp8["kv_cache"]) == ("bfloat16", "float8_e4m3fn")
-    for a, b in zip(bf16["rows"], fp8["rows"]):
+    fp8_rows = {r["batch"]: r for r in fp8["rows"]}
+    for a, b in ((r, fp8_rows[r["batch"]]) for r in bf16["rows"] if r["batch"] in (4, 16)):
         assert b["kv_cache_bytes"] * 2 == a["kv_cache_bytes"]
-        assert abs(b["kv_cache_bytes_compiled"] - b["kv_cache_bytes"]) <= 0.05 * b["kv_cache_bytes"]
+        assert abs(b["kv_cache_bytes_compiled"] - b["kv_cache_bytes_read"]) <= 0.05 * b["kv_cache_bytes_read"]
         assert b["decode_peak_bytes"] < a["decode_peak_bytes"]
     with pytest.raises(ConfigError, match="kv_cache: must be one of auto, fp8"):
         serve_request(**base, kv_cache="int4")
@@ -205,7 +232,7 @@ def test_presets_serve_their_published_context_and_plan_long_prompts():
 @pytest.mark.slow
 def test_the_decode_step_reads_the_weights_and_cache_once_at_batch_1_and_at_the_largest_batch(tmp_path):
     """The compiled decode step's kernels move at most 1.2x what it must read (the weights it reads
-    whole and the KV cache), at batch 1 and at the largest batch that fits: each layer's cache is its
+    whole and the cache it reads), at 1 and at the most running sequences the plan allows: each layer's cache is its
     own array in the layout the attention reads in place, and the serving processes' XLA flags keep
     the weights uncopied. Through the command, whose process sets those flags, on Llama 3.1 8B's
     layer dimensions at 4 layers (the ratio is per layer and head: the depth changes it little)."""
@@ -216,8 +243,7 @@ def test_the_decode_step_reads_the_weights_and_cache_once_at_batch_1_and_at_the_
 
     out = tmp_path / "plan.json"
     proc = subprocess.run([sys.executable, "-m", "migration", "serve-plan", "--preset", "8b", "--layers", "4",
-                           "--target", "h100-sxm", "--prompt-len", "1024", "--gen-len", "256", "--batches", "1",
-                           "--json", str(out)],
+                           "--target", "h100-sxm", "--prompt-len", "1024", "--gen-len", "256", "--json", str(out)],
                           capture_output=True, text=True, timeout=900, cwd=Path(__file__).resolve().parent.parent)
     assert proc.returncode == 0, proc.stderr[-2000:]
     plan = json.loads(out.read_text())
@@ -225,9 +251,9 @@ def test_the_decode_step_reads_the_weights_and_cache_once_at_batch_1_and_at_the_
     assert plan["largest_batch"] > 256 and {1, plan["largest_batch"]} <= set(rows)
     for batch in (1, plan["largest_batch"]):
         row = rows[batch]
-        assert row["decode_bytes"] <= 1.2 * (row["weights_read_bytes"] + row["kv_cache_bytes"]), (batch, row)
+        assert row["decode_bytes"] <= 1.2 * (row["weights_read_bytes"] + row["kv_cache_bytes_read"]), (batch, row)
         assert row["decode_bytes_over_needed"] == pytest.approx(
-            row["decode_bytes"] / (row["weights_read_bytes"] + row["kv_cache_bytes"]))
+            row["decode_bytes"] / (row["weights_read_bytes"] + row["kv_cache_bytes_read"]))
     # the untied input embedding (128,256 x 4,096 in bf16) is gathered, not read whole
     assert rows[1]["weights_bytes"] - rows[1]["weights_read_bytes"] == 128256 * 4096 * 2
 

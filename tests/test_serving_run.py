@@ -52,7 +52,7 @@ def test_a_batch_generates_what_greedy_decoding_by_the_full_forward_generates(cf
 
 @pytest.mark.parametrize("values,field", [
     (dict(workload="cnn"), "workload"), (dict(batches="0"), "batches"), (dict(batches=""), "batches"),
-    (dict(batches="1,2,3,4,5,6,7"), "batches"), (dict(batches="512"), "batches"), (dict(requests=5000), "requests"),
+    (dict(batches="1,2,3,4,5,6,7"), "batches"), (dict(batches="5000"), "batches"), (dict(requests=5000), "requests"),
     (dict(prompt_min=30, prompt_max=10), "prompt_min"), (dict(prompt_max=50, gen_max=20), "gen_max"),
     (dict(workload="mlp", precision="int8"), "workload"), (dict(precision="int4"), "precision"),
     (dict(temperature=-1), "temperature"),

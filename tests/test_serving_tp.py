@@ -91,7 +91,7 @@ def test_a_tensor_parallel_plan_is_per_gpu_and_pays_for_its_all_reduces():
         assert two["gpus"] == 2 and two["batch"] == one["batch"]
         assert two["kv_cache_bytes"] * 2 == one["kv_cache_bytes"] == kv_cache_bytes(
             LLAMA.presets["tiny"], one["batch"], 48, 2)
-        assert two["kv_cache_bytes_compiled"] == two["kv_cache_bytes"]
+        assert two["kv_cache_bytes_compiled"] == two["kv_cache_bytes_read"] == one["kv_cache_bytes_read"] / 2
         assert one["weights_bytes"] / 2 < two["weights_bytes"] < one["weights_bytes"]  # embeddings whole on each
         assert one["decode_communication_s"] == 0 < two["decode_communication_s"]
         assert two["tokens_per_s_per_gpu"] == pytest.approx(two["batch"] / two["predicted_tpot_s"] / 2)

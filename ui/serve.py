@@ -20,7 +20,7 @@ import gradio as gr
 import pandas as pd
 from gradio.components import Component
 
-from migration.common import model_name, private_dir, write_csv
+from migration.common import mix_text, model_name, private_dir, write_csv
 from migration.config import forms
 from migration.config.fields import FIELD
 from migration.config.limits import ConfigError
@@ -259,33 +259,36 @@ def ms(seconds: Any, digits: int = 3) -> float | None:
 def plan_headline(plan: dict[str, Any]) -> str:
     req = plan["request"]
     largest, budget = plan.get("largest_batch"), gib(plan.get("budget_bytes"))
+    limits = plan.get("concurrency_limits") or {}
     if not largest:
         fits = f"nothing fits in the budget of {budget}, not even one sequence"
-    elif largest >= plan.get("search_limit", largest + 1):
-        fits = f"the largest batch that fits in {budget} is at least **{largest:,}** (the search stops there)"
     else:
-        fits = f"the largest batch that fits in {budget} is **{largest:,}**"
+        bound = {"kv_cache": "the KV cache's pages", "token_budget": "the step's token budget",
+                 "search_limit": "the planner's limit"}.get(plan.get("bound_by"), plan.get("bound_by"))
+        fits = (f"**{largest:,}** running sequences in {budget}, bound by {bound} (KV cache: "
+                f"{limits.get('kv_cache', 0):,}; step budget: {limits.get('token_budget', 0):,})")
     gpus = plan.get("gpus", 1)
     split = (f" Tensor-parallel over {gpus} GPUs ({plan.get('link')}): memory, KV cache and the limit are per GPU, "
              "the collectives are in TTFT and TPOT." if gpus > 1 else "")
     return (f"**Serving plan: {model_name(req['workload'], req['preset'], req.get('model'))} on {gpus} × {plan['target']}**, "
-            f"{req['precision']}, prompt {req['prompt_len']:,} + generation {req['gen_len']:,} tokens, "
-            f"{plan.get('attention')} attention in the prefill: {fits}. Predicted from the programs compiled for "
-            "the GPU without it, not measured: a batch fits when its larger peak is within the budget. TTFT: the "
-            "batch's prompts prefilled together; TPOT: one decode step of the whole batch; the bandwidth limit: the "
-            "weights and the whole KV cache read once, which no decode step can beat." + split)
+            f"{req['precision']}, {mix_text(plan.get('mix') or [[1.0, req['prompt_len'], req['gen_len']]])}, "
+            f"{plan.get('attention')} attention: {fits}. Engine modelled: {plan.get('engine')}. Predicted from the "
+            "programs compiled for the GPU without it (a prefill chunk, the decode step at each concurrency), not "
+            "measured. TTFT: a prompt's chunks in the budget the decode tokens leave, no queue; TPOT: one engine step; "
+            "the bandwidth limit: the weights read and the cached tokens read once, which no decode step beats." + split)
 
 
 def plan_frame(plan: dict[str, Any]) -> pd.DataFrame:
-    rows = [{"batch": r["batch"], "KV cache (arithmetic)": gib(r["kv_cache_bytes"]),
-             "KV cache (compiled)": gib(r["kv_cache_bytes_compiled"]), "weights": gib(r["weights_bytes"]),
+    gpus = plan.get("gpus", 1)
+    rows = [{"running": r["batch"], "KV cache": gib(r["kv_cache_bytes"]), "weights": gib(r["weights_bytes"]),
              "predicted peak": gib(r["predicted_peak_bytes"]), "budget": gib(r["budget_bytes"]),
              "fits": "yes" if r["fits"] else "NO", "TTFT ms": ms(r["predicted_ttft_s"]),
              "TPOT ms": ms(r["predicted_tpot_s"]), "TPOT bandwidth limit ms": ms(r["bandwidth_limit_tpot_s"]),
-             "tokens/s per GPU": round(r["tokens_per_s_per_gpu"], 1)} for r in plan["rows"]]
-    return pd.DataFrame(rows, columns=["batch", "KV cache (arithmetic)", "KV cache (compiled)", "weights",
-                                       "predicted peak", "budget", "fits", "TTFT ms", "TPOT ms",
-                                       "TPOT bandwidth limit ms", "tokens/s per GPU"])
+             "tokens/s": round(r["tokens_per_s_per_gpu"] * gpus, 1), "requests/s": round(r["requests_per_s"], 2),
+             "decode bytes / needed": round(r["decode_bytes_over_needed"], 2)} for r in plan["rows"]]
+    return pd.DataFrame(rows, columns=["running", "KV cache", "weights", "predicted peak", "budget", "fits", "TTFT ms",
+                                       "TPOT ms", "TPOT bandwidth limit ms", "tokens/s", "requests/s",
+                                       "decode bytes / needed"])
 
 
 def plan_csv_rows(plan: dict[str, Any]) -> list[dict[str, Any]]:

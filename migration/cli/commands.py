@@ -379,6 +379,18 @@ def served_model(args: argparse.Namespace) -> dict[str, Any]:
     return {"workload": args.workload, "preset": args.preset if args.preset is not None else "", "model": model}
 
 
+def serving_code(paths: list[str] | None) -> Any:
+    """The code check of the user's serving code (read, never run), None without --code, or False
+    after printing why the files could not be read."""
+    if not paths:
+        return None
+    try:
+        return check_paths(paths)
+    except (CodeCheckError, OSError) as exc:
+        print(f"error: --code: {exc}", file=sys.stderr)
+        return False
+
+
 def serving_checklist_out(ev: ServingEvidence, path: str | None) -> bool:
     """Print the serving checklist graded from `ev`; write it as CSV to `path` when given (False when
     that fails, said in one line)."""
@@ -413,14 +425,17 @@ def cmd_serve_plan(args: argparse.Namespace) -> int:
     req = checked("serving request", lambda: serve_request(
         **served_model(args), target=args.target, prompt_len=args.prompt_len, gen_len=args.gen_len,
         precision=args.precision, batches=args.batches, gpus=args.gpus, memory_fraction=args.memory_fraction,
-        checkpoint=args.checkpoint, kv_cache=args.kv_cache))
+        checkpoint=args.checkpoint, kv_cache=args.kv_cache, chunk=args.chunk, mix=args.mix))
     if req is None:
+        return 2
+    code = serving_code(args.code)
+    if code is False:
         return 2
     from migration.planning.serving import serve_plan  # reason: imports JAX, once the environment is set
 
     plan = serve_plan(req)
     print_serve_plan(plan)
-    written = serving_checklist_out(ServingEvidence(plan=plan), args.checklist)
+    written = serving_checklist_out(ServingEvidence(plan=plan, code=code), args.checklist)
     written = write_json(args.json, plan) and written
     if args.csv:
         try:
@@ -446,6 +461,9 @@ def cmd_serve_run(args: argparse.Namespace) -> int:
         temperature=args.temperature, seed=args.seed, checkpoint=args.checkpoint, kv_cache=args.kv_cache))
     if req is None:
         return 2
+    code = serving_code(args.code)
+    if code is False:
+        return 2
     planned = plan and (plan["request"]["workload"], plan["request"]["preset"], plan["request"]["model"])
     if planned and planned != (req.workload, req.preset, req.model):
         print(f"error: plan: {args.plan} is a plan for {model_name(*planned)}, the run serves "
@@ -456,7 +474,7 @@ def cmd_serve_run(args: argparse.Namespace) -> int:
 
     result = serve_run(req)
     print_serve_run(result)
-    if not (serving_checklist_out(ServingEvidence(plan=plan, run=result), args.checklist)
+    if not (serving_checklist_out(ServingEvidence(plan=plan, run=result, code=code), args.checklist)
             and write_json(args.json, result)):
         return 2
     within = result["logits_check"] is None or result["logits_check"]["within"]

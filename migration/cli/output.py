@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from migration.common import fmt_gib, fmt_loss, fmt_seconds, model_name
+from migration.common import fmt_gib, fmt_loss, fmt_seconds, mix_text, model_name
 from migration.planning.compare import headline, price_sources, shown_rows
 from migration.results import write_csv as write_report_csv
 from migration.service.orchestrate import describe
@@ -247,33 +247,39 @@ def plan_progress(ev: dict[str, Any]) -> None:
 
 
 def print_serve_plan(plan: dict[str, Any]) -> None:
-    """The serving plan's table: one row per batch (GB are 10^9 bytes; times predicted from the programs
-    compiled for the target)."""
+    """The serving plan's table: one row per concurrency (GB are 10^9 bytes; times predicted from the
+    programs compiled for the target)."""
     req = plan["request"]
     gpus = plan.get("gpus", 1)
     print(f"Serving {model_name(req['workload'], req['preset'], req['model'])} on {gpus} x {plan['target']} in "
-          f"{req['precision']}: prompt {req['prompt_len']:,}, generation {req['gen_len']:,} tokens "
-          f"({plan['attention']} attention in the prefill)")
+          f"{req['precision']}: {mix_text(plan['mix'])} ({plan['attention']} attention)")
+    print(f"Engine modelled: {plan['engine']}")
     if gpus > 1:
         print(f"Tensor-parallel over {gpus} GPUs ({plan['link']}): memory, KV cache and limit per GPU; "
               f"collectives in TTFT and TPOT")
-    print("Predicted from programs compiled for the GPU without it: fits = predicted peak within the budget, "
-          "not a measurement")
-    print(f"{'batch':>5} {'weights GB':>10} {'KV GB':>7} {'KV compiled':>11} {'peak GB':>8} {'fits':>5} "
-          f"{'TTFT ms':>8} {'TPOT ms':>8} {'limit ms':>8} {'tokens/s':>9}")
+    print("Predicted from programs compiled for the GPU without it (a prefill chunk of "
+          f"{plan['chunk_tokens']:,} tokens, the decode step at each concurrency): not a measurement")
+    print(f"{'running':>7} {'weights GB':>10} {'KV GB':>7} {'peak GB':>8} {'fits':>5} {'TTFT ms':>8} {'TPOT ms':>8} "
+          f"{'limit ms':>8} {'tokens/s':>9} {'req/s':>7} {'bytes/need':>10}")
     for r in plan["rows"]:
-        print(f"{r['batch']:>5} {r['weights_bytes'] / 1e9:>10.2f} {r['kv_cache_bytes'] / 1e9:>7.2f} "
-              f"{r['kv_cache_bytes_compiled'] / 1e9:>11.2f} {r['predicted_peak_bytes'] / 1e9:>8.2f} "
-              f"{'yes' if r['fits'] else 'no':>5} {r['predicted_ttft_s'] * 1e3:>8.1f} {r['predicted_tpot_s'] * 1e3:>8.2f} "
-              f"{r['bandwidth_limit_tpot_s'] * 1e3:>8.2f} {r['tokens_per_s_per_gpu']:>9,.0f}")
+        print(f"{r['batch']:>7} {r['weights_bytes'] / 1e9:>10.2f} {r['kv_cache_bytes'] / 1e9:>7.2f} "
+              f"{r['predicted_peak_bytes'] / 1e9:>8.2f} {'yes' if r['fits'] else 'no':>5} "
+              f"{r['predicted_ttft_s'] * 1e3:>8.1f} {r['predicted_tpot_s'] * 1e3:>8.2f} "
+              f"{r['bandwidth_limit_tpot_s'] * 1e3:>8.2f} {r['tokens_per_s_per_gpu'] * gpus:>9,.0f} "
+              f"{r['requests_per_s']:>7.2f} {r['decode_bytes_over_needed']:>10.2f}")
     largest, budget = plan["largest_batch"], plan["budget_bytes"] / 1e9
+    limits = plan["concurrency_limits"]
     if not largest:
         print(f"nothing fits in {budget:.1f} GB, not even one sequence")
     else:
-        edge = f"at least {largest:,} (the search stops there)" if largest >= plan["search_limit"] else f"{largest:,}"
-        print(f"largest batch that fits in {budget:.1f} GB{' per GPU' if gpus > 1 else ''}: {edge}")
-    print("TTFT: the batch's prompts prefilled together; TPOT: one decode step of the whole batch; limit: the "
-          "weights and the whole KV cache read once from memory, which no decode step can beat")
+        bound = {"kv_cache": "the KV cache's pages", "token_budget": f"the {req['chunk']:,}-token step budget",
+                 "search_limit": "the planner's limit"}.get(plan["bound_by"], plan["bound_by"])
+        print(f"concurrency: {largest:,} running sequences in {budget:.1f} GB{' per GPU' if gpus > 1 else ''}, "
+              f"bound by {bound} (KV cache: {limits['kv_cache']:,}; step budget: {limits['token_budget']:,}); "
+              f"{plan['tokens_held_per_sequence']:,.0f} tokens a sequence at full length")
+    print("TTFT: a prompt's chunks in the budget the decode tokens leave, no queue; TPOT: one engine step (the "
+          "decode of every running sequence and its share of prefill); limit: the weights read and the cache read "
+          "once, which no decode step beats; bytes/need: what the compiled decode step moves over that")
 
 
 def print_serve_run(r: dict[str, Any]) -> None:

@@ -15,7 +15,7 @@ from migration.config import forms
 from migration.config.fields import DIMENSIONS, FIELD, FIELDS, Field, flags_of
 from migration.config.limits import LIMITS, PLATFORMS, PRECISIONS, REMAT_NAMES, STEP_STYLES
 from migration.config.requests import RunConfig
-from migration.config.serving import DECODER_WORKLOADS, KV_CACHES, MEMORY_FRACTION, SERVE_PRECISIONS
+from migration.config.serving import CHUNK, CHUNK_LIMITS, DECODER_WORKLOADS, KV_CACHES, MEMORY_FRACTION, SERVE_PRECISIONS
 from migration.hardware import GPU_SPECS, TPU_SPECS
 from migration.service.autotune import AutotuneSettings
 
@@ -235,6 +235,10 @@ def add_autotune_flags(at: argparse.ArgumentParser) -> None:
     at.add_argument("--quiet", action="store_true", help="no per-step progress")
 
 
+SERVING_CODE_HELP = ("your serving code, read (never run) by the code check for the checklist: host copies in the "
+                     "decode loop (SYNC001, TIME001), shapes that recompile (SHAPE001, TRACE001)")
+
+
 def add_serve_plan_flags(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--workload", choices=DECODER_WORKLOADS, help="a decoder family (default llama)")
     sp.add_argument("--preset", help="its size preset (llama: tiny, 1b, 3b, 8b; transformer: tiny, small, gpt2-small "
@@ -248,15 +252,23 @@ def add_serve_plan_flags(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--kv-cache", dest="kv_cache", default="auto", choices=KV_CACHES,
                     help="the KV cache's storage: auto (the precision's dtype) or fp8 (e4m3, unit scale: half of "
                          "bf16's bytes, twice the sequences in the same memory)")
-    sp.add_argument("--prompt-len", dest="prompt_len", required=True, metavar="N", help="prompt tokens")
-    sp.add_argument("--gen-len", dest="gen_len", required=True, metavar="N", help="generated tokens per request")
+    sp.add_argument("--prompt-len", dest="prompt_len", metavar="N", help="prompt tokens (or --mix)")
+    sp.add_argument("--gen-len", dest="gen_len", metavar="N", help="generated tokens per request (or --mix)")
+    sp.add_argument("--mix", default="", metavar="MIX",
+                    help="a request mix instead of --prompt-len/--gen-len: classes [share*]prompt:generated, e.g. "
+                         "0.7*512:128,0.3*4096:512")
+    sp.add_argument("--chunk", default=CHUNK, metavar="N",
+                    help=f"the engine's token budget a step: decode tokens and prompt chunks (default {CHUNK:,}, "
+                         f"{CHUNK_LIMITS[0]} to {CHUNK_LIMITS[1]:,})")
     sp.add_argument("--batches", default="", metavar="LIST",
-                    help="batch sizes, e.g. 1,8,32 (default: 1, 2, 4, ... up to the largest that fits, and that one)")
+                    help="concurrencies (running sequences) to tabulate, e.g. 1,8,32 (default: 1 and a quarter, half "
+                         "and all of the concurrency the memory and the step budget allow)")
     sp.add_argument("--mem-fraction", dest="memory_fraction", default=MEMORY_FRACTION, metavar="F",
                     help=f"share of the GPU's memory the server may use (default {MEMORY_FRACTION})")
     sp.add_argument("--json", metavar="PATH", help="write the plan as JSON (one row per batch)")
     sp.add_argument("--csv", metavar="PATH", help="write the rows as CSV")
     sp.add_argument("--checklist", metavar="PATH", help="write the serving checklist as CSV")
+    sp.add_argument("--code", nargs="+", metavar="FILE.py", help=SERVING_CODE_HELP)
 
 
 def add_serve_run_flags(sr: argparse.ArgumentParser) -> None:
@@ -283,6 +295,7 @@ def add_serve_run_flags(sr: argparse.ArgumentParser) -> None:
     sr.add_argument("--plan", metavar="PLAN_JSON", help="a serving plan (serve-plan --json) to grade the run against")
     sr.add_argument("--json", metavar="PATH", help="write the result as JSON")
     sr.add_argument("--checklist", metavar="PATH", help="write the serving checklist as CSV")
+    sr.add_argument("--code", nargs="+", metavar="FILE.py", help=SERVING_CODE_HELP)
 
 
 def add_admin_commands(sub: Any) -> None:

@@ -21,6 +21,9 @@ DECODER_WORKLOADS = ("transformer", "llama")  # the families with a decode path 
 SERVE_LIMITS = {"prompt_len": (1, 131072), "gen_len": (1, 131072), "batch": (1, 4096), "gpus": (1, 8)}  # gpus: one node's
 KV_CACHES = ("auto", "fp8")
 MAX_BATCHES = 16  # batch sizes listed in one request
+CHUNK = 2048  # prompt tokens and decode tokens an engine step runs at most (vLLM's max_num_batched_tokens)
+CHUNK_LIMITS = (16, 65536)
+MIX_CLASSES = 8  # request classes in one mix
 MEMORY_FRACTION = 0.9  # of the device's memory a server may use
 
 
@@ -38,6 +41,45 @@ class ServeRequest:
     memory_fraction: float = MEMORY_FRACTION
     checkpoint: str = ""  # the folder of a training checkpoint the model comes from ("" : the preset)
     kv_cache: str = "auto"  # KV_CACHES
+    chunk: int = CHUNK  # the engine's token budget a step (planning/capacity.py)
+    # the request mix: (share of requests, prompt tokens, generated tokens) classes, shares summing to 1;
+    # () is one class of prompt_len and gen_len (which are otherwise the mix's longest prompt and generation)
+    mix: tuple[tuple[float, int, int], ...] = ()
+
+    @property
+    def classes(self) -> tuple[tuple[float, int, int], ...]:
+        return self.mix or ((1.0, self.prompt_len, self.gen_len),)
+
+
+def parse_mix(value: Any) -> tuple[tuple[float, int, int], ...]:
+    """A request mix from text: comma-separated classes `[share*]prompt:generated`, e.g. "512:128" or
+    "0.7*512:128, 0.3*4096:512" (shares relative, equal when left out); "" for none. ConfigError("mix")."""
+    if value in (None, "", ()):
+        return ()
+    if isinstance(value, (list, tuple)):
+        value = ",".join(str(v) for v in value)
+    form = ("classes `[share*]prompt:generated`, comma-separated, e.g. 512:128 or 0.7*512:128, 0.3*4096:512 "
+            f"(at most {MIX_CLASSES}; tokens whole numbers from 1 to {SERVE_LIMITS['prompt_len'][1]:,})")
+    if not isinstance(value, str) or len(value) > 400:
+        raise ConfigError("mix", f"must be text of {form}; got {shown(value)}")
+    parts = [p.strip() for p in value.split(",")]
+    if len(parts) > MIX_CLASSES:
+        raise ConfigError("mix", f"at most {MIX_CLASSES} classes; got {len(parts)}")
+    classes = []
+    for part in parts:
+        share_text, _, lengths = part.rpartition("*")
+        prompt_text, colon, gen_text = lengths.partition(":")
+        try:
+            share = float(share_text) if share_text.strip() else 1.0
+            prompt, gen = (whole(t.strip(), "mix", *SERVE_LIMITS[n]) for t, n in
+                           ((prompt_text, "prompt_len"), (gen_text, "gen_len")))
+        except (ValueError, ConfigError):
+            raise ConfigError("mix", f"{shown(part)} is not a class; give {form}") from None
+        if not colon or not (0 < share <= 1e6) or share != share:
+            raise ConfigError("mix", f"{shown(part)} is not a class; give {form} (shares above 0)")
+        classes.append((share, prompt, gen))
+    total = sum(c[0] for c in classes)
+    return tuple((share / total, prompt, gen) for share, prompt, gen in classes)
 
 
 def batch_list(value: Any, lo: int = SERVE_LIMITS["batch"][0], hi: int = SERVE_LIMITS["batch"][1],
@@ -112,16 +154,23 @@ def serving_checkpoint(path: Any, workload: Any, preset: Any) -> CheckpointMeta:
     return meta
 
 
-def serve_request(*, workload: Any, preset: Any, target: Any, prompt_len: Any, gen_len: Any, precision: Any = "bf16",
-                  model: dict[str, Any] | None = None, batches: Any = (), gpus: Any = 1,
-                  memory_fraction: Any = MEMORY_FRACTION, checkpoint: Any = "", kv_cache: Any = "auto") -> ServeRequest:
-    """A checked ServeRequest from raw values, or ConfigError naming the field. With a `checkpoint`
-    folder, the model is the checkpoint's (serving_checkpoint)."""
+def serve_request(*, workload: Any, preset: Any, target: Any, prompt_len: Any = None, gen_len: Any = None,
+                  precision: Any = "bf16", model: dict[str, Any] | None = None, batches: Any = (), gpus: Any = 1,
+                  memory_fraction: Any = MEMORY_FRACTION, checkpoint: Any = "", kv_cache: Any = "auto",
+                  chunk: Any = CHUNK, mix: Any = "") -> ServeRequest:
+    """A checked ServeRequest from raw values, or ConfigError naming the field: the requests are one
+    class (`prompt_len`, `gen_len`) or a `mix` (parse_mix), not both. With a `checkpoint` folder, the
+    model is the checkpoint's (serving_checkpoint)."""
     if checkpoint:
         meta = serving_checkpoint(checkpoint, workload, preset)
         workload, preset, model = meta.workload, meta.preset, meta.model
     workload, preset, precision = decoder_choices(workload, preset, precision)
     target = choice(target, "target", list(GPU_SPECS))
+    classes = parse_mix(mix)
+    if classes:
+        if prompt_len not in (None, "") or gen_len not in (None, ""):
+            raise ConfigError("mix", "give the requests as a mix or as one prompt and generation length, not both")
+        prompt_len, gen_len = max(c[1] for c in classes), max(c[2] for c in classes)
     lengths = {name: whole(value, name, *SERVE_LIMITS[name]) for name, value in
                (("prompt_len", prompt_len), ("gen_len", gen_len))}
     gpus = whole(gpus, "gpus", *SERVE_LIMITS["gpus"])
@@ -133,14 +182,16 @@ def serve_request(*, workload: Any, preset: Any, target: Any, prompt_len: Any, g
         raise ConfigError("gpus", f"tensor parallelism over {gpus} GPUs divides the model's heads and hidden units "
                                   f"among them; {', '.join(uneven)} do not divide by {gpus} (GPU counts that do: "
                                   f"{', '.join(str(g) for g in range(1, SERVE_LIMITS['gpus'][1] + 1) if not any(n % g for n in split.values()))})")
-    total = lengths["prompt_len"] + lengths["gen_len"]
+    total = max(p + g for _, p, g in classes) if classes else lengths["prompt_len"] + lengths["gen_len"]
     if total > cfg.max_context:
-        raise ConfigError("gen_len", f"prompt ({lengths['prompt_len']:,}) + generation ({lengths['gen_len']:,}) = "
-                                     f"{total:,} tokens exceed the model's context of {cfg.max_context:,} "
-                                     f"({context_source(cfg)})")
+        what = (f"the mix's longest request, {total:,} tokens," if classes else
+                f"prompt ({lengths['prompt_len']:,}) + generation ({lengths['gen_len']:,}) = {total:,} tokens")
+        raise ConfigError("mix" if classes else "gen_len", f"{what} exceed the model's context of "
+                                                           f"{cfg.max_context:,} ({context_source(cfg)})")
     kv_cache = choice(kv_cache, "kv_cache", list(KV_CACHES))
     return ServeRequest(workload, preset, target, lengths["prompt_len"], lengths["gen_len"], precision,
-                        dict(model or {}), batch_list(batches), gpus, fraction, checkpoint or "", kv_cache)
+                        dict(model or {}), batch_list(batches), gpus, fraction, checkpoint or "", kv_cache,
+                        whole(chunk, "chunk", *CHUNK_LIMITS), classes)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,7 +211,7 @@ class ServeRunRequest:
     kv_cache: str = "auto"  # KV_CACHES
 
 
-RUN_LIMITS = {"requests": (1, 1000), "batch": (1, 256), "seed": (0, 2**31 - 1)}
+RUN_LIMITS = {"requests": (1, 1000), "batch": SERVE_LIMITS["batch"], "seed": (0, 2**31 - 1)}  # a plan's concurrency
 RUN_BATCHES = 6  # batch sizes measured in one run
 
 

@@ -3,8 +3,10 @@ rules) from evidence about the user's served model: a serving plan (compiled for
 the device: predictions), a measured serving run (`serve-run` here, on whatever device this is), the
 code check of the user's serving code, and a Hugging Face export with its load-and-match check.
 
-- `pass` only from a measurement on the target GPU, a check of the user's own code, or the user's
-  own weights (a checkpoint) matching; this product's own server and settings never pass an item.
+- `pass` only from evidence about the user's job: a measurement on the plan's target GPU that reached
+  the plan's concurrency and lengths (the memory a model of those dimensions needs there), the code
+  check of the user's own serving code, or the user's own weights (a checkpoint) matching. What this
+  product's own server does (its compiles, its host copies) never passes an item.
 - `warn` for predictions, measurements elsewhere (the CPU backend, another GPU) and random weights;
   the action says what would confirm it. `fail` where the evidence shows the item is not met.
   `not checked` without evidence; `n/a` where the item does not apply (fp32 needs no fp32 check).
@@ -21,6 +23,7 @@ from migration.grading.checklist import FAIL, NA, NOT_CHECKED, PASS, WARN, Check
 from migration.hardware import GPU_SPECS, gpu_spec_for_device_kind
 
 RUN_HERE = "python -m migration serve-run"
+RECOMPILE_RULES = ("SHAPE001", "TRACE001")  # code check rules whose findings recompile a step
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +57,12 @@ def _rows_text(rows: list[dict[str, Any]], key: str) -> str:
     return ", ".join(f"batch {r['batch']}: {r[key]}" for r in rows[:6])
 
 
+def _plan_demand(plan: dict[str, Any]) -> tuple[int, int, int]:
+    """The running sequences a plan sizes the server for, and its longest prompt and generation."""
+    mix = plan.get("mix") or [[1.0, plan["request"]["prompt_len"], plan["request"]["gen_len"]]]
+    return plan["largest_batch"], max(c[1] for c in mix), max(c[2] for c in mix)
+
+
 def grade_kv_headroom(ev: ServingEvidence) -> Grade:
     plan, run = ev.plan, ev.run
     if run and ev.run_on_target():
@@ -61,11 +70,25 @@ def grade_kv_headroom(ev: ServingEvidence) -> Grade:
         fraction = plan["request"]["memory_fraction"] if plan else 0.9
         budget = spec.memory_bytes * fraction
         top = max(run["rows"], key=lambda r: r["batch"])
+        prompt_max, gen_max = run["request"]["prompt_range"][1], run["request"]["gen_range"][1]
         text = (f"{ev.where()}: peak {fmt_gib(top['peak_memory_bytes'])} at batch {top['batch']} "
-                f"({top['peak_memory_source']}) against {fmt_gib(budget)} ({fraction:.0%} of {spec.name})")
+                f"({top['peak_memory_source']}), requests up to {prompt_max:,} + {gen_max:,} tokens, against "
+                f"{fmt_gib(budget)} ({fraction:.0%} of {spec.name})")
         if top["peak_memory_bytes"] > budget:
-            return FAIL, text, "serve a smaller batch or a shorter context, or int8 weights; plan with serve-plan"
-        return PASS, text, "keep the batch; rerun when the prompt or generation lengths grow"
+            return FAIL, text, "serve fewer sequences or a shorter context, or int8 weights; plan with serve-plan"
+        if not plan:
+            return WARN, text + "; no serving plan says how many sequences the server must hold", \
+                f"plan with serve-plan for {spec.name} and measure its concurrency ({RUN_HERE} --plan PLAN.json)"
+        need, prompt, gen = _plan_demand(plan)
+        short = [what for what, got, want in (("batch", top["batch"], need), ("prompt", prompt_max, prompt),
+                                                ("generation", gen_max, gen)) if got < want]
+        if short:
+            return WARN, (text + f"; the plan's {need:,} running sequences of up to {prompt:,} + {gen:,} tokens were "
+                                 f"not reached ({', '.join(short)} short)"), \
+                (f"measure the plan's concurrency and lengths on {spec.name} ({RUN_HERE} --batches {need} "
+                 f"--prompt-max {prompt} --gen-max {gen})")
+        return PASS, text + f": the plan's {need:,} running sequences and lengths, measured", \
+            "keep the concurrency; measure again when the prompts or generations grow"
     if plan:
         if not plan["largest_batch"]:
             return FAIL, (f"predicted for {plan['target']} (compiled without the device): not even one sequence "
@@ -73,37 +96,47 @@ def grade_kv_headroom(ev: ServingEvidence) -> Grade:
                 "int8 weights, a shorter context, or a GPU with more memory"
         on = f"{plan['gpus']} x {plan['target']}, per GPU" if plan.get("gpus", 1) > 1 else plan["target"]
         fitting = [r for r in plan["rows"] if r["fits"]]
-        if not fitting:  # a plan file whose rows are only batches over the edge
-            return WARN, (f"predicted for {on} (compiled without the device): largest batch {plan['largest_batch']}, "
-                          f"but the plan's rows ({', '.join(str(r['batch']) for r in plan['rows'])}) all exceed "
-                          f"{fmt_gib(plan['budget_bytes'])}"), "plan again with serve-plan, without --batches"
+        if not fitting:  # a plan file whose rows are only concurrencies over the edge
+            return WARN, (f"predicted for {on} (compiled without the device): {plan['largest_batch']} running "
+                          f"sequences, but the plan's rows ({', '.join(str(r['batch']) for r in plan['rows'])}) all "
+                          f"exceed {fmt_gib(plan['budget_bytes'])}"), "plan again with serve-plan, without --batches"
         row = max(fitting, key=lambda r: r["batch"])
-        text = (f"predicted for {on} (compiled without the device): largest batch {plan['largest_batch']}; "
-                f"at batch {row['batch']} peak {fmt_gib(row['predicted_peak_bytes'])} of "
-                f"{fmt_gib(row['budget_bytes'])}, KV cache {fmt_gib(row['kv_cache_bytes_compiled'])}")
+        need, prompt, gen = _plan_demand(plan)
+        text = (f"predicted for {on} (compiled without the device): {plan['largest_batch']} running sequences; "
+                f"at {row['batch']} peak {fmt_gib(row['predicted_peak_bytes'])} of "
+                f"{fmt_gib(row['budget_bytes'])}, KV cache {fmt_gib(row['kv_cache_bytes'])}")
         over = [r["batch"] for r in plan["rows"] if not r["fits"]]
         if over:
-            text += f"; batches {', '.join(map(str, over))} do not fit"
+            text += f"; {', '.join(map(str, over))} do not fit"
         where = f"; the run was {ev.where()}" if run else ""
-        return WARN, text + where, f"measure the batch on {plan['target']} ({RUN_HERE} --batches {row['batch']})"
+        return WARN, text + where, (f"measure it on {plan['target']} ({RUN_HERE} --batches {need} --prompt-max "
+                                    f"{prompt} --gen-max {gen})")
     if run:
         return WARN, f"{ev.where()}, not on a GPU planned for", "plan for the target GPU (serve-plan) and measure there"
     return NOT_CHECKED, "no serving plan or run", "plan with serve-plan, then measure with serve-run"
 
 
 def grade_recompiles(ev: ServingEvidence) -> Grade:
+    """From the code check of the user's serving code (shapes that vary between calls, Python control
+    flow on traced values); a run of this product's server says how the model compiles under bucketed
+    prompts, not whether the user's server recompiles."""
+    if ev.code is not None and ev.code.jax_files:
+        found = [f for f in ev.code.findings if f.rule in RECOMPILE_RULES]
+        scope = f"code check of {len(ev.code.files)} file(s)"
+        if found:
+            return FAIL, f"{scope}: " + ", ".join(f"{f.rule} {f.file}:{f.line}" for f in found[:6]), \
+                "pad prompts to a few bucket lengths and keep the batch shape fixed"
+        return PASS, f"{scope}: no shapes that vary between calls, no Python control flow on traced values", \
+            "keep the buckets; a prompt longer than the largest bucket compiles once more"
     run = ev.run
     if not run:
-        return NOT_CHECKED, "no measured serving run", f"measure a stream of mixed-length requests ({RUN_HERE})"
+        return NOT_CHECKED, "your serving loop was not checked and no serving run was measured", \
+            "check your serving script with the code check (python -m migration check serve.py)"
     per = _rows_text(run["rows"], "recompiles")
-    text = (f"{ev.where()}: {run['rows'][0]['requests']} requests (prompts "
+    text = (f"this product's server, {ev.where()}: {run['rows'][0]['requests']} requests (prompts "
             f"{run['request']['prompt_range'][0]}-{run['request']['prompt_range'][1]} tokens, buckets {run['buckets']}); "
-            f"compiles after the warm-up: {per}")
-    if run["recompiles"]:
-        return FAIL, text, "pad prompts to a few bucket lengths and keep the batch shape fixed"
-    if not ev.run_on_target():
-        return WARN, text, f"the same shapes compile once on the GPU too: confirm with {RUN_HERE} on {ev.target}"
-    return PASS, text, "keep the buckets; a new prompt length beyond the largest bucket compiles once more"
+            f"compiles after the warm-up: {per}; says nothing of your server's")
+    return WARN, text, "check your serving script with the code check (--code serve.py)"
 
 
 def grade_host_sync(ev: ServingEvidence) -> Grade:
@@ -120,7 +153,7 @@ def grade_host_sync(ev: ServingEvidence) -> Grade:
         text += (f"; this product's server copies only each step's tokens to the host (its TPOT, {ev.where()}, "
                  "includes that copy), which says nothing of yours")
     return (WARN if ev.run else NOT_CHECKED), text, \
-        "check your serving script with the code check (python -m migration check serve.py)"
+        "check your serving script with the code check (serve-plan or serve-run --code serve.py)"
 
 
 def grade_logits(ev: ServingEvidence) -> Grade:

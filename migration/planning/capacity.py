@@ -77,7 +77,7 @@ class SteadyState:
     step_s: float  # one engine step: the decode of every running sequence and its share of prefill
     prefill_tokens_per_step: float
     tpot_s: float  # time per output token of a running sequence: one step
-    ttft_s: float  # a prompt's own prefill in the budget the decode tokens leave, in steps of step_s
+    ttft_s: float  # a prompt's own prefill in the budget the decode tokens leave, with those steps' decodes
     output_tokens_per_s: float  # the server's (every GPU of it)
     requests_per_s: float
 
@@ -86,12 +86,16 @@ def steady_state(concurrency: int, decode_s: float, prefill_s_per_token: float, 
                  figures: MixFigures, chunk: int) -> SteadyState:
     """The engine's step at `concurrency` running sequences: the compiled decode step's `decode_s`, the
     prompt tokens it must prefill at `prefill_s_per_token` (a compiled chunk's time over its tokens),
-    and `long_prompt_extra_s` per finished request (its prompt's chunks attending to its earlier ones)."""
+    and `long_prompt_extra_s` per finished request (its prompt's chunks attending to its earlier ones).
+    The TTFT is that of the mean prompt."""
     n = concurrency
     prefill_tokens = n * figures.prompt_per_output
     step = decode_s + prefill_tokens * prefill_s_per_token + n / figures.mean_gen * long_prompt_extra_s
     left = max(chunk - n, 1)  # the budget's tokens a step left for prompts
-    ttft = math.ceil(figures.mean_prompt / left) * step
+    # a prompt's own chunks: as many steps as the leftover budget takes to cover it, each with the decode
+    # of the running sequences, plus the prefill of its tokens
+    ttft = (math.ceil(figures.mean_prompt / left) * decode_s + figures.mean_prompt * prefill_s_per_token
+            + long_prompt_extra_s)
     return SteadyState(concurrency=n, step_s=step, prefill_tokens_per_step=prefill_tokens, tpot_s=step, ttft_s=ttft,
                        output_tokens_per_s=n / step, requests_per_s=n / step / figures.mean_gen)
 

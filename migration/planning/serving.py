@@ -1,18 +1,19 @@
-"""Serving plans: a decoder model served on a GPU it may not have. For each batch of concurrent
-requests (prompt `prompt_len` tokens, `gen_len` generated), the two programs a server runs, the
-prefill of the batch's prompts and one decode step over the KV cache, are compiled for the target
-without the device (a deviceless XLA GPU compile, as the training planner does), and read for:
+"""Serving plans: a decoder model served on a GPU it may not have, by an engine that batches
+continuously with chunked prefill over a paged KV cache (planning/capacity.py says which behaviour).
+Two programs are compiled for the target without the device (a deviceless XLA GPU compile, as the
+training planner does) and read:
 
-- memory: peak bytes of each program (weights, KV cache, workspace), the KV cache as compiled (the
-  donated bytes the decode step updates in place) beside the arithmetic 2 x layers x kv heads x head
-  size x tokens x batch x bytes, and whether the larger peak fits the target's budget;
-- time: the predicted time to first token (the prefill program) and per output token (the decode
-  program) from their kernels against the target's peak and bandwidth (planning/steptime.py), beside
-  the bandwidth limit no decode step can beat: the weights it reads whole (all but the tables it gathers
-  rows of) and the whole cache, read once per token; beside it the bytes the compiled decode step moves.
+- one prefill chunk: a prompt's `chunk` tokens (or the whole prompt when shorter), its workspace and its
+  time per prompt token;
+- one decode step of `n` running sequences over their cached positions (the mean a step reads), its
+  workspace, its time, and the bytes its kernels move beside what it must read: the weights it reads
+  whole (all but the tables it gathers rows of) and the cached keys and values, once.
 
-The batch is static: its prompts are prefilled together, then decoded together; the cache holds
-prompt + generation positions per request. Over `gpus` GPUs of one node the model is tensor-parallel
+The concurrency is what the KV cache's pages hold once the weights and the larger workspace are in the
+budget (each sequence at its full length), capped by what a step's token budget sustains; it is
+checked by compiling the decode step there. Rows at 1, a quarter, half and all of it (or the batches
+asked for) give the step time (TPOT), the TTFT, the server's tokens and requests per second and the
+bandwidth limit no decode step beats. Over `gpus` GPUs of one node the model is tensor-parallel
 (Megatron's split, workloads/transformer.py `tensor_parallel_spec`): heads and hidden units divided
 among the GPUs, the KV cache split on its kv-head axis, two all-reduces per layer over the node's
 link; memory, KV-cache bytes and the bandwidth limit are per GPU.
@@ -33,9 +34,11 @@ from flax import nnx
 from migration.common import compiled_peak_bytes
 from migration.config.serving import SERVE_LIMITS, ServeRequest
 from migration.hardware import GPU_SPECS, GpuSpec, link_bandwidth
+from migration.planning.capacity import (RequestClass, budget_bound_concurrency, chunked_attention_flops,
+                                          kv_bound_concurrency, mix_figures, steady_state)
 from migration.planning.hlo_cost import read_program
 from migration.planning.memory import deviceless_devices
-from migration.planning.steptime import predict
+from migration.planning.steptime import CALIBRATION, predict
 from workloads import get_workload
 from workloads.kv_cache import cache_dtype, cache_layout
 from workloads.transformer import (CUDNN_HEAD_DIM_MAX, TransformerConfig, cache_shape,
@@ -96,16 +99,25 @@ def _gathered_bytes(cfg: TransformerConfig, state: Any) -> int:
     return _bytes_per_device(tables)
 
 
-def compile_programs(cfg: TransformerConfig, precision: str, batch: int, prompt_len: int, max_len: int,
-                     mesh: jax.sharding.Mesh, kv_cache: str = "auto") -> dict[str, Any]:
-    """The prefill and decode-step programs of `batch` sequences, compiled for `mesh`'s devices
-    (serving_mesh); `weights_bytes` is one GPU's share of the parameters, `weights_read_bytes` the part of
-    it a decode step reads whole (all but the tables it gathers rows of)."""
+def model_state(cfg: TransformerConfig, precision: str, mesh: jax.sharding.Mesh) -> dict[str, Any]:
+    """The served model's graph and abstract state over `mesh`, with one GPU's bytes of it: all of
+    them (`weights_bytes`) and those a decode step reads whole (`weights_read_bytes`)."""
+    graphdef, state = _abstract_state(cfg, precision, mesh)
+    weights = _bytes_per_device(jax.tree.leaves(state))
+    return {"graphdef": graphdef, "state": state, "weights_bytes": weights,
+            "weights_read_bytes": weights - _gathered_bytes(cfg, state)}
+
+
+def compile_program(cfg: TransformerConfig, precision: str, model: dict[str, Any], mesh: jax.sharding.Mesh,
+                    kind: str, batch: int, tokens: int, cache_len: int, kv_cache: str = "auto") -> Any:
+    """A serving program compiled for `mesh`'s devices (serving_mesh): "prefill" (`batch` prompts of
+    `tokens` tokens into an empty cache, logits of each one's last) or "decode" (one token for each of
+    `batch` sequences), over a cache of `cache_len` positions a sequence, donated and updated in place."""
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     dtype = cache_dtype(precision, kv_cache)
-    graphdef, state = _abstract_state(cfg, precision, mesh)
+    graphdef = model["graphdef"]
     split = cache_sharding(mesh, cache_layout(cfg.attention, dtype))
-    layer = jax.ShapeDtypeStruct(cache_shape(cfg, batch, max_len, dtype), dtype, sharding=split)
+    layer = jax.ShapeDtypeStruct(cache_shape(cfg, batch, cache_len, dtype), dtype, sharding=split)
     cache = {"k": [layer] * cfg.n_layers, "v": [layer] * cfg.n_layers}
     ints = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=replicated)  # noqa: E731
 
@@ -115,15 +127,10 @@ def compile_programs(cfg: TransformerConfig, precision: str, batch: int, prompt_
     def decode(st, token, start, cache):
         return nnx.merge(graphdef, st).extend(token, start, cache)
 
-    out = (replicated, {"k": [split] * cfg.n_layers, "v": [split] * cfg.n_layers})  # the logits whole on every GPU, the cache where it was
-    compiled = {
-        "prefill": jax.jit(prefill, donate_argnums=3, out_shardings=out).lower(
-            state, ints(batch, prompt_len), ints(batch), cache).compile(),
-        "decode": jax.jit(decode, donate_argnums=3, out_shardings=out).lower(
-            state, ints(batch, 1), ints(batch), cache).compile(),
-    }
-    weights = _bytes_per_device(jax.tree.leaves(state))
-    return {"programs": compiled, "weights_bytes": weights, "weights_read_bytes": weights - _gathered_bytes(cfg, state)}
+    out = (replicated, {"k": [split] * cfg.n_layers, "v": [split] * cfg.n_layers})  # logits whole on every GPU
+    fn, width = (prefill, tokens) if kind == "prefill" else (decode, 1)
+    return jax.jit(fn, donate_argnums=3, out_shardings=out).lower(
+        model["state"], ints(batch, width), ints(batch), cache).compile()
 
 
 def program_figures(compiled: Any, spec: GpuSpec, link_bytes_per_s: float | None) -> dict[str, Any]:
@@ -138,87 +145,128 @@ def program_figures(compiled: Any, spec: GpuSpec, link_bytes_per_s: float | None
             "bytes": sum(k.bytes for k in kernels if k.kind in ("matmul", "attention", "convolution", "memory"))}
 
 
-def serve_row(req: ServeRequest, cfg: TransformerConfig, spec: GpuSpec, mesh: Any, batch: int) -> dict[str, Any]:
-    """One batch size's figures, per GPU where the model is split (see the module's docstring)."""
-    itemsize = jnp.dtype(cache_dtype(req.precision, req.kv_cache)).itemsize  # of the KV cache
-    max_len = req.prompt_len + req.gen_len
-    made = compile_programs(cfg, req.precision, batch, req.prompt_len, max_len, mesh, req.kv_cache)
-    link = link_bandwidth(req.target, 1, req.gpus)[0] if req.gpus > 1 else None
-    prefill = program_figures(made["programs"]["prefill"], spec, link)
-    decode = program_figures(made["programs"]["decode"], spec, link)
-    kv = kv_cache_bytes(cfg, batch, max_len, itemsize) // req.gpus  # kv heads divide among the GPUs
-    peak = max(prefill["peak_bytes"] or 0, decode["peak_bytes"] or 0)
-    budget = int(spec.memory_bytes * req.memory_fraction)
-    needed = made["weights_read_bytes"] + kv  # what a decode step must read, once
+def kv_bytes_per_token(cfg: TransformerConfig, precision: str, kv_cache: str, gpus: int) -> float:
+    """One GPU's bytes of one position's keys and values (kv heads divide among the GPUs)."""
+    return kv_cache_bytes(cfg, 1, 1, jnp.dtype(cache_dtype(precision, kv_cache)).itemsize) / gpus
+
+
+class _Planner:
+    """The compiles of one serving plan, each once (see the module's docstring)."""
+
+    def __init__(self, req: ServeRequest):
+        self.req, self.spec = req, GPU_SPECS[req.target]
+        self.cfg = serving_config(req, self.spec)
+        self.mesh = serving_mesh(deviceless_devices(self.spec, 1, req.gpus))
+        self.model = model_state(self.cfg, req.precision, self.mesh)
+        self.link = link_bandwidth(req.target, 1, req.gpus)[0] if req.gpus > 1 else None
+        self.figures = mix_figures(tuple(RequestClass(*c) for c in req.classes))
+        self.per_token = kv_bytes_per_token(self.cfg, req.precision, req.kv_cache, req.gpus)
+        self.context = max(1, round(self.figures.context_read))  # positions a decode step reads a sequence
+        self.budget = int(self.spec.memory_bytes * req.memory_fraction)
+        self.compiles = 0
+        self.decodes: dict[int, dict[str, Any]] = {}
+
+    def figures_of(self, kind: str, batch: int, tokens: int, cache_len: int) -> dict[str, Any]:
+        self.compiles += 1
+        compiled = compile_program(self.cfg, self.req.precision, self.model, self.mesh, kind, batch, tokens,
+                                   cache_len, self.req.kv_cache)
+        return program_figures(compiled, self.spec, self.link)
+
+    def chunk(self) -> dict[str, Any]:
+        """The prefill chunk's program: its tokens, time, peak and workspace (beyond weights and its cache)."""
+        tokens = min(self.req.chunk, max(c[1] for c in self.req.classes))
+        fig = self.figures_of("prefill", 1, tokens, tokens)
+        fig["tokens"] = tokens
+        fig["workspace_bytes"] = max(0, (fig["peak_bytes"] or 0) - self.model["weights_bytes"]
+                                     - tokens * self.per_token)
+        return fig
+
+    def decode(self, n: int) -> dict[str, Any]:
+        if n not in self.decodes:
+            fig = self.figures_of("decode", n, 1, self.context)
+            fig["workspace_bytes"] = max(0, (fig["peak_bytes"] or 0) - self.model["weights_bytes"]
+                                         - n * self.context * self.per_token)
+            self.decodes[n] = fig
+        return self.decodes[n]
+
+    def held_bytes(self, n: int) -> float:
+        """The KV pages `n` running sequences hold at their full lengths."""
+        return n * self.figures.tokens_held * self.per_token
+
+    def peak(self, n: int, chunk: dict[str, Any]) -> float:
+        """A step's peak at `n` running sequences: weights, their pages, the larger workspace."""
+        return self.model["weights_bytes"] + self.held_bytes(n) + max(self.decode(n)["workspace_bytes"],
+                                                                      chunk["workspace_bytes"])
+
+    def long_prompt_s(self) -> float:
+        """Per finished request, the seconds its prompt's chunks spend attending to its earlier chunks
+        (a prompt longer than a chunk; arithmetic on the attention FLOPs at the calibrated efficiency)."""
+        cfg, req = self.cfg, self.req
+        flops = sum(share * chunked_attention_flops(prompt, req.chunk, cfg.n_layers, cfg.n_heads, cfg.head_dim)
+                    for share, prompt, _ in req.classes) / req.gpus
+        unit = "bf16" if req.precision == "int8" else req.precision
+        return flops / ((self.spec.peak_flops(unit) or self.spec.peak_flops("fp32")) * CALIBRATION.attention)
+
+
+def serve_row(planner: _Planner, n: int, chunk: dict[str, Any]) -> dict[str, Any]:
+    """The engine at `n` running sequences, per GPU where the model is split (see the module's docstring)."""
+    req, model, spec = planner.req, planner.model, planner.spec
+    decode = planner.decode(n)
+    read = n * planner.context * planner.per_token  # what a step reads of the cache
+    needed = model["weights_read_bytes"] + read
     limit = needed / spec.bandwidth_bytes_per_s  # no decode step beats reading it once
-    return {"batch": batch, "gpus": req.gpus, "weights_bytes": made["weights_bytes"], "kv_cache_bytes": kv,
-            "kv_cache_bytes_compiled": decode["donated_bytes"], "prefill_peak_bytes": prefill["peak_bytes"],
-            "decode_peak_bytes": decode["peak_bytes"], "predicted_peak_bytes": peak, "budget_bytes": budget,
-            "fits": peak <= budget, "predicted_ttft_s": prefill["seconds"], "predicted_tpot_s": decode["seconds"],
+    state = steady_state(n, decode["seconds"], chunk["seconds"] / chunk["tokens"], planner.long_prompt_s(),
+                         planner.figures, req.chunk)
+    peak = planner.peak(n, chunk)
+    return {"batch": n, "gpus": req.gpus, "weights_bytes": model["weights_bytes"],
+            "weights_read_bytes": model["weights_read_bytes"], "kv_cache_bytes": planner.held_bytes(n),
+            "kv_cache_bytes_read": read, "kv_cache_bytes_compiled": decode["donated_bytes"],
+            "decode_context": planner.context, "prefill_peak_bytes": chunk["peak_bytes"],
+            "decode_peak_bytes": decode["peak_bytes"], "predicted_peak_bytes": peak, "budget_bytes": planner.budget,
+            "fits": peak <= planner.budget, "predicted_ttft_s": state.ttft_s, "predicted_tpot_s": state.tpot_s,
+            "decode_step_s": decode["seconds"], "prefill_tokens_per_step": state.prefill_tokens_per_step,
             "decode_communication_s": decode["communication_s"], "bandwidth_limit_tpot_s": limit,
-            "tokens_per_s_per_gpu": batch / decode["seconds"] / req.gpus, "tpot_over_limit": decode["seconds"] / limit,
-            "weights_read_bytes": made["weights_read_bytes"], "decode_bytes": decode["bytes"],
+            "tokens_per_s_per_gpu": state.output_tokens_per_s / req.gpus, "requests_per_s": state.requests_per_s,
+            "tpot_over_limit": state.tpot_s / limit, "decode_bytes": decode["bytes"],
             "decode_bytes_over_needed": decode["bytes"] / needed}
 
 
+ENGINE = ("continuous batching with chunked prefill over a paged KV cache (vLLM V1, SGLang, TensorRT-LLM "
+          "in-flight batching): each step decodes one token of every running sequence and prefills prompt "
+          "chunks in the rest of a {chunk:,}-token budget; a sequence is admitted with pages for its full length, "
+          "so none is preempted; no queueing delay, prefix caching or speculative decoding")
+
+
 def serve_plan(req: ServeRequest) -> dict[str, Any]:
-    """The serving plan's rows (one per batch, in order) and the largest batch that fits."""
-    spec = GPU_SPECS[req.target]
-    cfg = serving_config(req, spec)
-    mesh = serving_mesh(deviceless_devices(spec, 1, req.gpus))
-    rows: dict[int, dict[str, Any]] = {}
-
-    def row(batch: int) -> dict[str, Any]:
-        if batch not in rows:
-            rows[batch] = serve_row(req, cfg, spec, mesh, batch)
-        return rows[batch]
-
-    if req.batches:
-        for b in req.batches:
-            row(b)
-    largest = _largest_fitting(row)
-    if not req.batches:  # the table: powers of two up to the largest that fits, and that one
-        b = 1
-        while largest and b <= largest:
-            row(b)
-            b *= 2
-    shown = [b for b in sorted(rows) if b <= largest or b in req.batches]
+    """The serving plan: the concurrency the KV cache and the token budget allow, checked by compiling
+    the decode step there, and the engine's figures at rows of concurrency."""
+    planner = _Planner(req)
+    chunk = planner.chunk()
+    first = planner.decode(1)
+    workspace = max(chunk["workspace_bytes"], first["workspace_bytes"])
+    free = planner.budget - planner.model["weights_bytes"] - workspace
+    by_kv = kv_bound_concurrency(free, planner.per_token, planner.figures.tokens_held)
+    by_budget = budget_bound_concurrency(req.chunk, planner.figures.prompt_per_output)
+    n = min(by_kv, by_budget, MAX_BATCH)
+    for _ in range(3):  # the decode workspace grows with the batch (its logits): step down until it fits
+        if n < 1 or planner.peak(n, chunk) <= planner.budget:
+            break
+        over = planner.peak(n, chunk) - planner.budget
+        n -= max(1, math.ceil(over / (planner.figures.tokens_held * planner.per_token)))
+    n = max(n, 0)
+    if n and planner.peak(n, chunk) > planner.budget:
+        n = 0  # not reached in three steps: say so rather than guess
+    shown = ((set(req.batches) or {1, n // 4, n // 2}) | {n}) - {0} or {1}  # the concurrency itself always a row
+    rows = [serve_row(planner, b, chunk) for b in sorted(shown)]
     link = link_bandwidth(req.target, 1, req.gpus)[1] if req.gpus > 1 else "one GPU: no collectives"
-    return {"request": dataclasses.asdict(req), "model": dataclasses.asdict(cfg), "target": spec.name,
+    limits = {"kv_cache": by_kv, "token_budget": by_budget, "search_limit": MAX_BATCH}
+    return {"request": dataclasses.asdict(req), "model": dataclasses.asdict(planner.cfg), "target": planner.spec.name,
             "gpus": req.gpus, "link": link, "kv_cache": str(jnp.dtype(cache_dtype(req.precision, req.kv_cache))),
-            "attention": cfg.attention, "budget_bytes": int(spec.memory_bytes * req.memory_fraction),
-            "largest_batch": largest, "search_limit": MAX_BATCH, "compiled_batches": len(rows),
-            "rows": [rows[b] for b in shown]}
-
-
-def _largest_fitting(row) -> int:
-    """The largest batch whose programs fit (at most MAX_BATCH). The peak grows about linearly with
-    the batch (the cache and the prefill's activations), so batches 1 and 2 give a first guess of the
-    edge; the guess is then bracketed by steps that double away from it and closed by bisection, so
-    a wrong guess costs a few more compiles, never a wrong answer."""
-    first = row(1)
-    if not first["fits"]:
-        return 0
-    slope = row(2)["predicted_peak_bytes"] - first["predicted_peak_bytes"] if MAX_BATCH > 1 else 0
-    if slope <= 0:
-        guess = MAX_BATCH
-    else:
-        guess = 1 + int((first["budget_bytes"] - first["predicted_peak_bytes"]) // slope)
-    guess = max(1, min(MAX_BATCH, guess))
-    step = 1
-    if row(guess)["fits"]:  # lo fits; look upwards for one that does not
-        lo = guess
-        while lo < MAX_BATCH and row(min(MAX_BATCH, lo + step))["fits"]:
-            lo, step = min(MAX_BATCH, lo + step), step * 2
-        if lo == MAX_BATCH:
-            return lo
-        hi = min(MAX_BATCH, lo + step)
-    else:  # hi does not fit; look downwards for one that does (batch 1 does)
-        hi = guess
-        while not row(max(1, hi - step))["fits"]:
-            hi, step = max(1, hi - step), step * 2
-        lo = max(1, hi - step)
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if row(mid)["fits"] else (lo, mid)
-    return lo
+            "attention": planner.cfg.attention, "budget_bytes": planner.budget, "largest_batch": n,
+            "concurrency_limits": limits, "bound_by": min(limits, key=limits.get) if n else "memory",
+            "engine": ENGINE.format(chunk=req.chunk), "chunk_tokens": chunk["tokens"],
+            "chunk_workspace_bytes": chunk["workspace_bytes"], "decode_workspace_bytes": first["workspace_bytes"],
+            "kv_bytes_per_token": planner.per_token, "tokens_held_per_sequence": planner.figures.tokens_held,
+            "decode_context": planner.context, "prompt_per_output": planner.figures.prompt_per_output,
+            "mix": [list(c) for c in req.classes], "search_limit": MAX_BATCH,
+            "compiled_batches": planner.compiles, "rows": rows}
