@@ -40,7 +40,7 @@ def test_the_form_parameters_keep_their_names_and_order(api):
     assert [p["parameter_name"] for p in api["/autotune"]["parameters"]] == ["plan_file", "top", "timed_steps", "label"]
     assert [p["parameter_name"] for p in api["/serve_plan"]["parameters"]] == [
         "workload", "preset", "target", "precision", "prompt_len", "gen_len", "batches", "memory_fraction", "label",
-        "checkpoint", "gpus", "kv_cache"]
+        "checkpoint", "gpus", "kv_cache", "chunk", "mix"]
     assert [p["parameter_name"] for p in api["/serve_run"]["parameters"]] == [
         "workload", "preset", "precision", "requests", "run_batches", "prompt_min", "prompt_max", "gen_min", "gen_max",
         "temperature", "seed", "memory_fraction", "label", "checkpoint", "kv_cache"]

@@ -110,6 +110,13 @@ REFUSED = [
     ("/serve_plan", PLAN | dict(gpus=3), "gpus", "do not divide by 3"),
     ("/serve_plan", PLAN | dict(kv_cache="int4"), "kv_cache", "one of auto, fp8"),
     ("/serve_run", RUN | dict(kv_cache="fp4"), "kv_cache", "one of auto, fp8"),
+    ("/serve_plan", PLAN | dict(chunk=0), "chunk", "from 16"),
+    ("/serve_plan", PLAN | dict(chunk="$(reboot)"), "chunk", "whole number"),
+    ("/serve_plan", PLAN | dict(mix="512:128; rm -rf /"), "mix", "is not a class"),
+    ("/serve_plan", PLAN | dict(mix="1e9*5:5"), "mix", "shares above 0"),
+    ("/serve_plan", PLAN | dict(mix=",".join(["8:8"] * 9)), "mix", "at most 8 classes"),
+    ("/serve_plan", PLAN | dict(mix="x" * 5000), "mix", "must be text"),
+    ("/serve_plan", PLAN | dict(mix="40:40"), "mix", "exceed the model's context"),
 ]
 
 

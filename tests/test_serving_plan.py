@@ -276,3 +276,21 @@ def test_serving_commands_take_the_training_commands_model_dimensions(tmp_path):
                               "--layers", "3"], capture_output=True, text=True, timeout=120)
         assert bad.returncode == 2 and "--layers cannot be given with --checkpoint" in bad.stderr, bad.stderr
         assert "Traceback" not in bad.stderr
+
+
+def test_a_queued_plan_reaches_its_worker_with_its_mix_budget_and_model():
+    """The arguments a serving job hands its worker check back to the same request (mix, token budget,
+    model dimensions), and a run's model dimensions travel too."""
+    from migration.config.serving import serve_run_request
+    from migration.service.jobs import serve_plan_arguments, serve_run_arguments
+
+    for kw in (dict(mix="3*1000:200, 1*30000:1000", chunk=512, model={"n_layers": 4}),
+               dict(prompt_len=4096, gen_len=300, chunk=8192)):
+        req = serve_request(workload="llama", preset="8b", target="h200", **kw)
+        assert serve_request(**serve_plan_arguments(req)) == req
+    assert serve_request(workload="llama", preset="8b", target="h200", mix="3*1000:200,1*30000:1000").classes == \
+        ((0.75, 1000, 200), (0.25, 30000, 1000))
+    run = serve_run_request(workload="llama", preset="tiny", model={"n_layers": 3}, batches="2")
+    assert serve_run_request(**serve_run_arguments(run)) == run and run.model == {"n_layers": 3}
+    with pytest.raises(ConfigError, match="mix: give the requests as a mix or as one prompt"):
+        serve_request(workload="llama", preset="8b", target="h200", mix="10:10", prompt_len=5)

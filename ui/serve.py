@@ -24,8 +24,8 @@ from migration.common import mix_text, model_name, private_dir, write_csv
 from migration.config import forms
 from migration.config.fields import FIELD
 from migration.config.limits import ConfigError
-from migration.config.serving import (DECODER_WORKLOADS, KV_CACHES, MEMORY_FRACTION, SERVE_PRECISIONS, serve_request,
-                                      serve_run_request)
+from migration.config.serving import (CHUNK, CHUNK_LIMITS, DECODER_WORKLOADS, KV_CACHES, MEMORY_FRACTION,
+                                      SERVE_PRECISIONS, serve_request, serve_run_request)
 from migration.hardware import GPU_SPECS
 from migration.service.history import HistoryError
 from migration.service.job import Job, LimitError
@@ -38,12 +38,12 @@ from workloads import WORKLOADS
 DEFAULT_TARGET = "h100-sxm"
 PLAN_DEFAULTS: dict[str, Any] = {"workload": "llama", "preset": "tiny", "target": DEFAULT_TARGET, "precision": "bf16",
                                  "prompt_len": 32, "gen_len": 16, "batches": "", "memory_fraction": MEMORY_FRACTION,
-                                 "label": "", "checkpoint": "", "gpus": 1, "kv_cache": "auto"}
+                                 "label": "", "checkpoint": "", "gpus": 1, "kv_cache": "auto", "chunk": CHUNK, "mix": ""}
 RUN_DEFAULTS: dict[str, Any] = {"requests": 50, "run_batches": "1,4", "prompt_min": 4, "prompt_max": 32,
                                 "gen_min": 4, "gen_max": 24, "temperature": 0.0, "seed": 0}
 # The API's parameters, in order (the handlers' signatures name them).
 PLAN_INPUTS = ("workload", "preset", "target", "precision", "prompt_len", "gen_len", "batches", "memory_fraction",
-               "label", "checkpoint", "gpus", "kv_cache")
+               "label", "checkpoint", "gpus", "kv_cache", "chunk", "mix")
 RUN_INPUTS = ("workload", "preset", "precision", "requests", "run_batches", "prompt_min", "prompt_max", "gen_min",
               "gen_max", "temperature", "seed", "memory_fraction", "label", "checkpoint", "kv_cache")
 OUTPUTS = ("status", "table", "latency", "throughput", "csv")
@@ -59,9 +59,10 @@ class ServeTab:
 
 def serve_tab() -> ServeTab:
     with gr.Tab("Serve"):
-        gr.Markdown("Serve a decoder (the `llama` and `transformer` families) on a GPU. **Plan serving** compiles "
-                    "the prefill and one decode step for the target GPU without it, per batch size; **Run serving "
-                    "here** measures a stream of requests on this machine's device.")
+        gr.Markdown("Serve a decoder (the `llama` and `transformer` families) on a GPU. **Plan serving** sizes an "
+                    "engine that batches continuously with chunked prefill: it compiles a prefill chunk and the "
+                    "decode step for the target GPU without it, and finds how many sequences its memory and step "
+                    "budget hold; **Run serving here** measures a stream of requests on this machine's device.")
         d = PLAN_DEFAULTS | RUN_DEFAULTS
         inputs: dict[str, Component] = {}
         with gr.Row():
@@ -83,8 +84,12 @@ def serve_tab() -> ServeTab:
                                              label="KV cache (fp8: half the bytes, twice the sequences)")
             inputs["prompt_len"] = gr.Number(d["prompt_len"], label="Prompt length (tokens)")
             inputs["gen_len"] = gr.Number(d["gen_len"], label="Generation length (tokens)")
-            inputs["batches"] = gr.Textbox(d["batches"], label="Batch sizes to plan (e.g. 1,8,32; empty: automatic)",
-                                           max_lines=1, placeholder="automatic: powers of two up to the largest that fits")
+            inputs["batches"] = gr.Textbox(d["batches"], label="Concurrencies to plan (e.g. 1,8,32; empty: automatic)",
+                                           max_lines=1, placeholder="automatic: 1, and a quarter, half and all of what fits")
+            inputs["chunk"] = gr.Number(d["chunk"], label=f"Token budget a step ({CHUNK_LIMITS[0]}-{CHUNK_LIMITS[1]:,}: "
+                                                          "decode tokens and prompt chunks)")
+            inputs["mix"] = gr.Textbox(d["mix"], max_lines=1, label="Request mix (replaces the two lengths; e.g. "
+                                                                    "0.7*512:128, 0.3*4096:512)")
         with gr.Row():
             inputs["requests"] = gr.Number(d["requests"], label="Requests in the measured stream")
             inputs["run_batches"] = gr.Textbox(d["run_batches"], label="Batch sizes to measure (e.g. 1,4)", max_lines=1)
@@ -100,7 +105,8 @@ def serve_tab() -> ServeTab:
                        "stop": gr.Button("Stop", variant="stop")}
         outputs: dict[str, Component] = {
             "status": gr.Markdown(label="Serving status", show_label=False),
-            "table": gr.Dataframe(label="Serving: one row per batch size", wrap=True, visible=False,
+            "table": gr.Dataframe(label="Serving: one row per concurrency (planned) or batch size (measured)",
+                                  wrap=True, visible=False,
                                   elem_id="serve-table"),
         }
         with gr.Row():
@@ -142,13 +148,16 @@ class ServeHandlers:
                             batches=PLAN_DEFAULTS["batches"], memory_fraction=PLAN_DEFAULTS["memory_fraction"],
                             label=PLAN_DEFAULTS["label"], checkpoint=PLAN_DEFAULTS["checkpoint"],
                             gpus=PLAN_DEFAULTS["gpus"], kv_cache=PLAN_DEFAULTS["kv_cache"],
+                            chunk=PLAN_DEFAULTS["chunk"], mix=PLAN_DEFAULTS["mix"],
                             request: gr.Request | None = None):
         service, user = self.context.service, user_of(request)
         try:
-            req = serve_request(workload=workload, preset=preset, target=target, prompt_len=prompt_len,
-                                gen_len=gen_len, precision=precision, batches=batch_text(batches), gpus=gpus,
+            mixed = isinstance(mix, str) and mix.strip() != ""  # a mix replaces the form's two lengths
+            req = serve_request(workload=workload, preset=preset, target=target,
+                                prompt_len=None if mixed else prompt_len, gen_len=None if mixed else gen_len,
+                                precision=precision, batches=batch_text(batches), gpus=gpus,
                                 memory_fraction=memory_fraction, checkpoint=self._checkpoint(checkpoint, user),
-                                kv_cache=kv_cache)
+                                kv_cache=kv_cache, chunk=chunk, mix=mix)
             label = forms.parse(FIELD["label"], label)
             job = await asyncio.to_thread(service.submit_serve_plan, user, req, label=label)
         except (ConfigError, LimitError, HistoryError) as exc:

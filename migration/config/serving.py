@@ -82,6 +82,11 @@ def parse_mix(value: Any) -> tuple[tuple[float, int, int], ...]:
     return tuple((share / total, prompt, gen) for share, prompt, gen in classes)
 
 
+def format_mix(classes: tuple[tuple[float, int, int], ...]) -> str:
+    """A mix as parse_mix reads it back (shares exactly, as Python writes floats)."""
+    return ",".join(f"{share!r}*{prompt}:{gen}" for share, prompt, gen in classes)
+
+
 def batch_list(value: Any, lo: int = SERVE_LIMITS["batch"][0], hi: int = SERVE_LIMITS["batch"][1],
                most: int = MAX_BATCHES) -> tuple[int, ...]:
     """"1,4,16" (or a list) as batch sizes, each `lo` to `hi`, at most `most` of them; "" for the default."""

@@ -37,7 +37,7 @@ from migration.common import first_line, model_name
 from migration.config.forms import number
 from migration.config.limits import LIMITS, ConfigError
 from migration.config.requests import PlanRequest, RunConfig, check_model, validate, validate_plan_request
-from migration.config.serving import ServeRequest, ServeRunRequest, serve_request, serve_run_request
+from migration.config.serving import ServeRequest, ServeRunRequest, format_mix, serve_request, serve_run_request
 from migration.service.history import History, HistoryError
 from migration.service.orchestrate import Recorder, RunOptions, run_plan
 from migration.results import Plan
@@ -568,10 +568,11 @@ class JobService:
 def serve_plan_arguments(req: ServeRequest) -> dict[str, Any]:
     """A serving plan request as the keyword arguments of `config.serving.serve_request` (what a worker
     checks again)."""
-    return {"workload": req.workload, "preset": req.preset, "target": req.target, "prompt_len": req.prompt_len,
-            "gen_len": req.gen_len, "precision": req.precision, "model": dict(req.model),
-            "batches": list(req.batches), "gpus": req.gpus, "memory_fraction": req.memory_fraction,
-            "checkpoint": req.checkpoint, "kv_cache": req.kv_cache}
+    lengths = ({"mix": format_mix(req.mix)} if req.mix else {"prompt_len": req.prompt_len, "gen_len": req.gen_len})
+    return {"workload": req.workload, "preset": req.preset, "target": req.target, **lengths,
+            "precision": req.precision, "model": dict(req.model), "batches": list(req.batches), "gpus": req.gpus,
+            "memory_fraction": req.memory_fraction, "checkpoint": req.checkpoint, "kv_cache": req.kv_cache,
+            "chunk": req.chunk}
 
 
 def serve_run_arguments(req: ServeRunRequest) -> dict[str, Any]:
@@ -580,4 +581,4 @@ def serve_run_arguments(req: ServeRunRequest) -> dict[str, Any]:
     return {"workload": req.workload, "preset": req.preset, "precision": req.precision, "requests": req.requests,
             "batches": list(req.batches), "prompt_min": req.prompt_range[0], "prompt_max": req.prompt_range[1],
             "gen_min": req.gen_range[0], "gen_max": req.gen_range[1], "temperature": req.temperature,
-            "seed": req.seed, "checkpoint": req.checkpoint, "kv_cache": req.kv_cache}
+            "seed": req.seed, "checkpoint": req.checkpoint, "kv_cache": req.kv_cache, "model": dict(req.model)}
