@@ -18,7 +18,8 @@ import pytest
 from flax import nnx
 
 from workloads.base import no_wrap
-from workloads.transformer import LLAMA, WORKLOAD, Decoder, cache_shape, empty_cache
+from workloads.decoding import cache_shape, empty_cache
+from workloads.transformer import LLAMA, WORKLOAD, Decoder
 
 FAMILIES = {
     "gpt2": WORKLOAD.presets["tiny"],

@@ -198,7 +198,7 @@ def test_decoding_from_an_fp8_cache_keeps_the_greedy_tokens_close():
     import jax.numpy as jnp
     from flax import nnx
 
-    from workloads.transformer import empty_cache, serving_decoder
+    from workloads.decoding import empty_cache, serving_decoder
 
     cfg = serving_config(ServeRequest("llama", "tiny", "h100-sxm", 16, 8), GPU_SPECS["h100-sxm"])
     cfg = __import__("dataclasses").replace(cfg, attention="xla")

@@ -14,7 +14,8 @@ from migration.config.limits import ConfigError
 from migration.config.serving import ServeRunRequest, serve_run_request
 from migration.running.serving import LOGIT_TOLERANCE, Server, bucket, logits_check, serve_run
 from workloads.base import no_wrap
-from workloads.transformer import LLAMA, WORKLOAD, Decoder, quantize_kernel, serving_decoder
+from workloads.decoding import quantize_kernel, serving_decoder
+from workloads.transformer import LLAMA, WORKLOAD, Decoder
 
 
 @pytest.mark.parametrize("workload", ["llama", "transformer"])

@@ -1,4 +1,4 @@
-"""Tensor-parallel serving layout (workloads/transformer.py `shard_fused`, `tensor_parallel_spec`):
+"""Tensor-parallel serving layout (workloads/decoding.py `shard_fused`, workloads/transformer.py `tensor_parallel_spec`):
 the fused projections reordered so that each GPU's block holds both halves of its heads or hidden
 units, the parameters and the KV cache placed over a "model" axis of CPU devices; the logits of the
 full forward and of prefill plus decode equal the unsharded model's."""
@@ -17,7 +17,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from migration.config.serving import serve_request
 from migration.planning.serving import kv_cache_bytes, serve_plan
-from workloads.transformer import LLAMA, WORKLOAD, empty_cache, serving_decoder, tensor_parallel_shardings
+from workloads.decoding import empty_cache, serving_decoder
+from workloads.transformer import LLAMA, WORKLOAD, tensor_parallel_shardings
 
 
 def placed(model, mesh: Mesh):

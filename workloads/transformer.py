@@ -27,7 +27,6 @@ from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
 from workloads import kv_cache
-from workloads.kv_cache import SERVING_DTYPES
 
 from workloads.base import (
     LOSS_CHUNK,
@@ -38,7 +37,6 @@ from workloads.base import (
     ModelConfigError,
     Workload,
     chunked_cross_entropy,
-    no_wrap,
 )
 
 NORMS = ("layernorm", "rmsnorm")
@@ -420,71 +418,6 @@ class Decoder(nnx.Module):
         return self.project(x), {"k": k, "v": v}
 
 
-class Int8Linear(nnx.Module):
-    """A Linear whose kernel is stored as int8 with one float32 scale per output column (weight-only,
-    symmetric): y = (x @ kernel) * scale + bias, the dot in the compute dtype. The int8 kernel is
-    converted inside the dot's operand, where XLA can fuse the conversion into the matmul; the scale
-    applies to the product, so no dequantised copy of the weights needs to exist."""
-
-    def __init__(self, kernel: jax.Array, scale: jax.Array, bias: jax.Array | None, dtype):
-        self.kernel = nnx.Param(kernel)  # int8 (..., in, out)
-        self.scale = nnx.Param(scale)  # float32 (..., out)
-        self.bias = nnx.Param(bias) if bias is not None else None
-        self.dtype = dtype
-
-    def __call__(self, x: jax.Array) -> jax.Array:
-        # The barrier ties the kernel's conversion to this layer's input: without it the scheduler may
-        # convert every layer's weights up front (a whole bf16 copy of them alive at once).
-        x, kernel = jax.lax.optimization_barrier((x.astype(self.dtype), self.kernel[...]))
-        y = jnp.dot(x, kernel.astype(self.dtype)) * self.scale[...].astype(self.dtype)
-        return y if self.bias is None else y + self.bias[...].astype(self.dtype)
-
-
-def quantize_kernel(kernel: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """int8 values and float32 scales of `kernel` (..., in, out): per output column, the largest
-    magnitude maps to 127 (a zero column gets scale 1)."""
-    w = kernel.astype(jnp.float32)
-    peak = jnp.max(jnp.abs(w), axis=-2)
-    scale = jnp.where(peak > 0, peak / 127.0, 1.0)
-    return jnp.clip(jnp.round(w / scale[..., None, :]), -127, 127).astype(jnp.int8), scale
-
-
-def quantize_int8(model: Decoder) -> Decoder:
-    """`model` with every Linear (attention and MLP projections of every layer, and the output head
-    when it is not tied to the embedding) replaced by an Int8Linear of its weights, in place. The
-    embedding and the norms stay in floating point: a tied head reads the embedding as it is."""
-    for path, module in list(model.iter_modules()):
-        if isinstance(module, nnx.Linear):
-            kernel, scale = quantize_kernel(module.kernel[...])
-            bias = module.bias[...] if module.bias is not None else None
-            parent = model
-            for name in path[:-1]:
-                parent = getattr(parent, name)
-            setattr(parent, path[-1], Int8Linear(kernel, scale, bias, module.dtype))
-    return model
-
-
-def shard_fused(model: Decoder, shards: int) -> Decoder:
-    """`model` laid out for `shards`-way tensor parallelism, in place: the columns of the fused
-    projections (keys and values; gate and up) reordered so that each of `shards` contiguous blocks
-    holds both halves of one shard's heads or hidden units, which `_fused_halves` then reads. The
-    function computed is unchanged."""
-    if shards == 1:
-        return model
-    fused = [model.blocks.attn.kv] + ([model.blocks.mlp.up] if model.blocks.mlp.swiglu else [])
-    for linear in fused:
-        for name in ("kernel", "bias", "scale"):
-            var = getattr(linear, name, None)
-            if var is not None:
-                x = var[...]
-                *lead, width = x.shape
-                var[...] = jnp.swapaxes(x.reshape(*lead, 2, shards, width // (2 * shards)), -3, -2).reshape(x.shape)
-    model.blocks.attn.shards = shards
-    if model.blocks.mlp.swiglu:
-        model.blocks.mlp.shards = shards
-    return model
-
-
 # Tensor parallelism (Megatron's): the projections into heads and hidden units split by columns, the
 # projections out of them by rows, the output head by vocabulary; everything else replicated.
 COLUMN_PARALLEL, ROW_PARALLEL = ("q", "kv", "up", "head"), ("out", "down")
@@ -517,36 +450,6 @@ def tensor_parallel_shardings(state: Any, mesh: jax.sharding.Mesh, axis: str = "
         return jax.sharding.NamedSharding(mesh, tensor_parallel_spec(names, tuple(x.shape), shards, axis))
 
     return jax.tree_util.tree_map_with_path(sharding, state)
-
-
-def serving_decoder(cfg: TransformerConfig, precision: str, rngs: nnx.Rngs, state: Any = None,
-                    shards: int = 1) -> Decoder:
-    """The model as a server holds it: floating weights (and the KV cache, and the compute) in the
-    serving dtype; for "int8", the Linear weights quantised to int8 from float32 (quantize_int8) and
-    the rest in bf16; with `shards` > 1, laid out for tensor parallelism (shard_fused). `state`, when
-    given, replaces the fresh parameters first (a checkpoint's)."""
-    dtype = SERVING_DTYPES[precision]
-    model = Decoder(cfg, dtype=dtype, block_wrap=no_wrap, rngs=rngs)
-    if state is not None:
-        nnx.update(model, state)
-    if precision == "int8":
-        quantize_int8(model)
-    shard_fused(model, shards)
-    cast = lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x  # noqa: E731
-    nnx.update(model, jax.tree.map(cast, nnx.state(model)))
-    return model
-
-
-def cache_shape(cfg: TransformerConfig, batch: int, max_len: int, dtype: Any) -> tuple[int, ...]:
-    """The shape of one layer's keys (or values) in a `dtype` cache (kv_cache.cache_layout)."""
-    layout = kv_cache.cache_layout(cfg.attention, dtype)
-    return kv_cache.layer_shape(layout, batch, cfg.n_kv_heads, max_len, cfg.head_dim)
-
-
-def empty_cache(cfg: TransformerConfig, batch: int, max_len: int, dtype) -> dict[str, list[jax.Array]]:
-    """The KV cache as `Decoder.extend` takes it: {"k": [n_layers arrays], "v": [...]}, zeros."""
-    shape = cache_shape(cfg, batch, max_len, dtype)
-    return {name: [jnp.zeros(shape, dtype) for _ in range(cfg.n_layers)] for name in ("k", "v")}
 
 
 def _gpt2(vocab: int, seq: int, d: int, layers: int, heads: int) -> TransformerConfig:

@@ -41,8 +41,8 @@ from migration.planning.memory import deviceless_devices
 from migration.planning.steptime import CALIBRATION, predict
 from workloads import get_workload
 from workloads.kv_cache import cache_dtype, cache_layout
-from workloads.transformer import (CUDNN_HEAD_DIM_MAX, TransformerConfig, cache_shape,
-                                   serving_decoder, tensor_parallel_shardings)
+from workloads.decoding import cache_shape, serving_decoder
+from workloads.transformer import CUDNN_HEAD_DIM_MAX, TransformerConfig, tensor_parallel_shardings
 
 MODEL_AXIS = "model"
 

@@ -29,7 +29,8 @@ from migration.config.serving import ServeRunRequest
 from migration.running.checkpoint import restore_params
 from workloads import get_workload
 from workloads.kv_cache import cache_dtype
-from workloads.transformer import TransformerConfig, empty_cache, serving_decoder
+from workloads.decoding import empty_cache, serving_decoder
+from workloads.transformer import TransformerConfig
 
 MIN_BUCKET = 16
 # The serving precision's logits against float32's on the same weights and tokens: the RMS of the
