@@ -7,6 +7,7 @@ import pytest
 
 gradio_client = pytest.importorskip("gradio_client")
 
+from migration.config.forms import MODEL_DIMENSIONS  # noqa: E402
 from tests.server import value  # noqa: E402
 
 ENDPOINTS = ("/plan", "/run", "/autotune", "/code_check", "/history", "/compare", "/export_csv", "/export_history_csv",
@@ -40,10 +41,10 @@ def test_the_form_parameters_keep_their_names_and_order(api):
     assert [p["parameter_name"] for p in api["/autotune"]["parameters"]] == ["plan_file", "top", "timed_steps", "label"]
     assert [p["parameter_name"] for p in api["/serve_plan"]["parameters"]] == [
         "workload", "preset", "target", "precision", "prompt_len", "gen_len", "batches", "memory_fraction", "label",
-        "checkpoint", "gpus", "kv_cache", "chunk", "mix"]
+        "checkpoint", "gpus", "kv_cache", "chunk", "mix", *MODEL_DIMENSIONS]
     assert [p["parameter_name"] for p in api["/serve_run"]["parameters"]] == [
         "workload", "preset", "precision", "requests", "run_batches", "prompt_min", "prompt_max", "gen_min", "gen_max",
-        "temperature", "seed", "memory_fraction", "label", "checkpoint", "kv_cache"]
+        "temperature", "seed", "memory_fraction", "label", "checkpoint", "kv_cache", *MODEL_DIMENSIONS]
 
 
 def test_every_output_is_named_by_a_label(api):

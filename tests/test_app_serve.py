@@ -48,7 +48,7 @@ def bob(box):
 def served(alice, bob):
     """Alice's serving plan and bob's serving run (labelled with a path), submitted together: the plan
     compiles in the CPU lane while the run measures in the GPU lane. Their outputs, as values."""
-    plan = alice.submit(**PLAN, label="alice's plan", api_name="/serve_plan")
+    plan = alice.submit(**PLAN | dict(n_layers=3), label="alice's plan", api_name="/serve_plan")  # the preset, deeper
     run = bob.submit(**RUN, label=PATH_LABEL, api_name="/serve_run")
     return [value(o) for o in plan.result(timeout=600)], [value(o) for o in run.result(timeout=600)]
 
@@ -60,6 +60,7 @@ def frame(table: dict) -> pd.DataFrame:
 def test_a_serving_plan_has_a_row_per_batch_asked_and_is_in_the_history(alice, served):
     (status, table, latency, throughput, csv_path), _ = served
     assert "Serving plan" in status and GPU_SPECS["l4"].name in status and "not measured" in status
+    assert "n_layers=3" in status  # the model's dimensions from the form, over the preset's
     rows = frame(table)
     assert {1, 2} <= set(rows["running"]) and "running sequences" in status and "Engine modelled" in status
     assert {"KV cache", "predicted peak", "budget", "fits", "TTFT ms", "TPOT ms", "TPOT bandwidth limit ms", "tokens/s",
@@ -117,6 +118,10 @@ REFUSED = [
     ("/serve_plan", PLAN | dict(mix=",".join(["8:8"] * 9)), "mix", "at most 8 classes"),
     ("/serve_plan", PLAN | dict(mix="x" * 5000), "mix", "must be text"),
     ("/serve_plan", PLAN | dict(mix="40:40"), "mix", "exceed the model's context"),
+    ("/serve_plan", PLAN | dict(n_layers=-2), "n_layers", "whole number"),
+    ("/serve_plan", PLAN | dict(d_model="4096; DROP TABLE"), "d_model", "whole number"),
+    ("/serve_run", RUN | dict(n_heads=3), "n_heads", "must divide d_model"),
+    ("/serve_run", RUN | dict(embeddings="shared"), "embeddings", "preset, tied, untied"),
 ]
 
 

@@ -38,14 +38,16 @@ from workloads import WORKLOADS
 DEFAULT_TARGET = "h100-sxm"
 PLAN_DEFAULTS: dict[str, Any] = {"workload": "llama", "preset": "tiny", "target": DEFAULT_TARGET, "precision": "bf16",
                                  "prompt_len": 32, "gen_len": 16, "batches": "", "memory_fraction": MEMORY_FRACTION,
-                                 "label": "", "checkpoint": "", "gpus": 1, "kv_cache": "auto", "chunk": CHUNK, "mix": ""}
+                                 "label": "", "checkpoint": "", "gpus": 1, "kv_cache": "auto", "chunk": CHUNK, "mix": "",
+                                 **{name: FIELD[name].default for name in forms.MODEL_DIMENSIONS}}
 RUN_DEFAULTS: dict[str, Any] = {"requests": 50, "run_batches": "1,4", "prompt_min": 4, "prompt_max": 32,
                                 "gen_min": 4, "gen_max": 24, "temperature": 0.0, "seed": 0}
 # The API's parameters, in order (the handlers' signatures name them).
 PLAN_INPUTS = ("workload", "preset", "target", "precision", "prompt_len", "gen_len", "batches", "memory_fraction",
-               "label", "checkpoint", "gpus", "kv_cache", "chunk", "mix")
+               "label", "checkpoint", "gpus", "kv_cache", "chunk", "mix", *forms.MODEL_DIMENSIONS)
 RUN_INPUTS = ("workload", "preset", "precision", "requests", "run_batches", "prompt_min", "prompt_max", "gen_min",
-              "gen_max", "temperature", "seed", "memory_fraction", "label", "checkpoint", "kv_cache")
+              "gen_max", "temperature", "seed", "memory_fraction", "label", "checkpoint", "kv_cache",
+              *forms.MODEL_DIMENSIONS)
 OUTPUTS = ("status", "table", "latency", "throughput", "csv")
 
 
@@ -76,6 +78,13 @@ def serve_tab() -> ServeTab:
             inputs["label"] = gr.Textbox(d["label"], label="Serving job label (shown in the History)", max_lines=1)
             inputs["checkpoint"] = gr.Textbox(d["checkpoint"], max_lines=1,
                                               label="Your checkpoint to serve (its name; of the model chosen here)")
+        with gr.Row():  # the training form's model fields: any dimensions over the preset's
+            for name in forms.MODEL_DIMENSIONS:
+                f = FIELD[name]
+                if f.kind == "choice":
+                    inputs[name] = gr.Dropdown(list(f.choices), value=f.default, label=f.label, allow_custom_value=True)
+                else:
+                    inputs[name] = gr.Number(f.default, label=f"{f.label} (0: the preset's)")
         with gr.Row():
             inputs["target"] = gr.Dropdown(list(GPU_SPECS), value=d["target"], label="GPU to plan for",
                                            allow_custom_value=True)
@@ -148,12 +157,17 @@ class ServeHandlers:
                             batches=PLAN_DEFAULTS["batches"], memory_fraction=PLAN_DEFAULTS["memory_fraction"],
                             label=PLAN_DEFAULTS["label"], checkpoint=PLAN_DEFAULTS["checkpoint"],
                             gpus=PLAN_DEFAULTS["gpus"], kv_cache=PLAN_DEFAULTS["kv_cache"],
-                            chunk=PLAN_DEFAULTS["chunk"], mix=PLAN_DEFAULTS["mix"],
-                            request: gr.Request | None = None):
+                            chunk=PLAN_DEFAULTS["chunk"], mix=PLAN_DEFAULTS["mix"], n_layers=PLAN_DEFAULTS["n_layers"],
+                            d_model=PLAN_DEFAULTS["d_model"], n_heads=PLAN_DEFAULTS["n_heads"],
+                            n_kv_heads=PLAN_DEFAULTS["n_kv_heads"], d_ff=PLAN_DEFAULTS["d_ff"],
+                            vocab_size=PLAN_DEFAULTS["vocab_size"], seq_len=PLAN_DEFAULTS["seq_len"],
+                            embeddings=PLAN_DEFAULTS["embeddings"], request: gr.Request | None = None):
         service, user = self.context.service, user_of(request)
         try:
             mixed = isinstance(mix, str) and mix.strip() != ""  # a mix replaces the form's two lengths
-            req = serve_request(workload=workload, preset=preset, target=target,
+            model = forms.model_dimensions(n_layers=n_layers, d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv_heads,
+                                           d_ff=d_ff, vocab_size=vocab_size, seq_len=seq_len, embeddings=embeddings)
+            req = serve_request(workload=workload, preset=preset, target=target, model=model,
                                 prompt_len=None if mixed else prompt_len, gen_len=None if mixed else gen_len,
                                 precision=precision, batches=batch_text(batches), gpus=gpus,
                                 memory_fraction=memory_fraction, checkpoint=self._checkpoint(checkpoint, user),
@@ -174,10 +188,16 @@ class ServeHandlers:
                            gen_max=RUN_DEFAULTS["gen_max"], temperature=RUN_DEFAULTS["temperature"],
                            seed=RUN_DEFAULTS["seed"], memory_fraction=PLAN_DEFAULTS["memory_fraction"],
                            label=PLAN_DEFAULTS["label"], checkpoint=PLAN_DEFAULTS["checkpoint"],
-                           kv_cache=PLAN_DEFAULTS["kv_cache"], request: gr.Request | None = None):
+                           kv_cache=PLAN_DEFAULTS["kv_cache"], n_layers=PLAN_DEFAULTS["n_layers"],
+                           d_model=PLAN_DEFAULTS["d_model"], n_heads=PLAN_DEFAULTS["n_heads"],
+                           n_kv_heads=PLAN_DEFAULTS["n_kv_heads"], d_ff=PLAN_DEFAULTS["d_ff"],
+                           vocab_size=PLAN_DEFAULTS["vocab_size"], seq_len=PLAN_DEFAULTS["seq_len"],
+                           embeddings=PLAN_DEFAULTS["embeddings"], request: gr.Request | None = None):
         service, user = self.context.service, user_of(request)
         try:
-            req = serve_run_request(workload=workload, preset=preset, precision=precision, requests=requests,
+            model = forms.model_dimensions(n_layers=n_layers, d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv_heads,
+                                           d_ff=d_ff, vocab_size=vocab_size, seq_len=seq_len, embeddings=embeddings)
+            req = serve_run_request(workload=workload, preset=preset, precision=precision, requests=requests, model=model,
                                     batches=batch_text(run_batches), prompt_min=prompt_min, prompt_max=prompt_max,
                                     gen_min=gen_min, gen_max=gen_max, temperature=temperature, seed=seed,
                                     checkpoint=self._checkpoint(checkpoint, user), kv_cache=kv_cache)

@@ -158,6 +158,23 @@ def raw_values(fields: tuple[Field, ...], values: tuple[Any, ...], named: dict[s
 PLAN_FIELDS = tuple(f for f in FIELDS if f.fills == "plan")  # the form's first, in their API order
 
 
+MODEL_DIMENSIONS = (*DIMENSIONS, "embeddings")  # the form's model fields, in order
+
+
+def model_dimensions(**raw: Any) -> dict[str, Any]:
+    """The model overrides from the form's model fields (MODEL_DIMENSIONS, raw; those not given are the
+    preset's): a dimension's 0 and embeddings "preset" keep the preset's. ConfigError naming the field."""
+    model: dict[str, Any] = {}
+    for name in MODEL_DIMENSIONS:
+        value = parse(FIELD[name], raw.get(name, FIELD[name].default))
+        if name == "embeddings":
+            if value != "preset":
+                model["tied_embeddings"] = value == "tied"
+        elif value:
+            model[name] = value
+    return model
+
+
 def plan_request(*values: Any, registered_only: bool = True, **named: Any) -> PlanRequest:
     """A validated PlanRequest from the plan fields' raw values (`FIELDS`' "plan" fields, positionally in
     their order or by name; a field not given takes its default). The form's conventions: an int's 0
@@ -171,19 +188,17 @@ def plan_request(*values: Any, registered_only: bool = True, **named: Any) -> Pl
     model: dict[str, Any] = {}
     for f in PLAN_FIELDS:
         value = raw[f.name]
+        if f.name in MODEL_DIMENSIONS:
+            if f.name == MODEL_DIMENSIONS[0]:  # the model's fields together, where the first stands
+                model.update(model_dimensions(**{name: raw[name] for name in MODEL_DIMENSIONS}))
+            continue
         if f.name == "preset" and registered_only:
             value = choice(value, "preset", preset_choices(kwargs["workload"]))
         elif f.kind == "choice" and not registered_only and f.name in ("workload", "preset"):
             value = label_text(value, f.name, 200)  # a reference or a team's preset: the workload checks it
         else:
             value = parse(f, value)
-        if f.name in DIMENSIONS:
-            if value:
-                model[f.name] = value
-        elif f.name == "embeddings":
-            if value != "preset":
-                model["tied_embeddings"] = value == "tied"
-        elif f.name == "attention":
+        if f.name == "attention":
             if value != AUTO:
                 model["attention"] = value
         elif f.name == "layer_loop":
