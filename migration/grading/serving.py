@@ -116,18 +116,27 @@ def grade_kv_headroom(ev: ServingEvidence) -> Grade:
     return NOT_CHECKED, "no serving plan or run", "plan with serve-plan, then measure with serve-run"
 
 
+def _code_grade(ev: ServingEvidence, rules: tuple[str, ...], fix: str, clean: str, keep: str) -> Grade | None:
+    """An item graded from the code check of the user's serving code: fail naming each finding of
+    `rules`, pass when it finds none; None without checked JAX code."""
+    if ev.code is None or not ev.code.jax_files:
+        return None
+    found = [f for f in ev.code.findings if f.rule in rules]
+    scope = f"code check of {len(ev.code.files)} file(s)"
+    if found:
+        return FAIL, f"{scope}: " + ", ".join(f"{f.rule} {f.file}:{f.line}" for f in found[:6]), fix
+    return PASS, f"{scope}: {clean}", keep
+
+
 def grade_recompiles(ev: ServingEvidence) -> Grade:
     """From the code check of the user's serving code (shapes that vary between calls, Python control
     flow on traced values); a run of this product's server says how the model compiles under bucketed
     prompts, not whether the user's server recompiles."""
-    if ev.code is not None and ev.code.jax_files:
-        found = [f for f in ev.code.findings if f.rule in RECOMPILE_RULES]
-        scope = f"code check of {len(ev.code.files)} file(s)"
-        if found:
-            return FAIL, f"{scope}: " + ", ".join(f"{f.rule} {f.file}:{f.line}" for f in found[:6]), \
-                "pad prompts to a few bucket lengths and keep the batch shape fixed"
-        return PASS, f"{scope}: no shapes that vary between calls, no Python control flow on traced values", \
-            "keep the buckets; a prompt longer than the largest bucket compiles once more"
+    checked = _code_grade(ev, RECOMPILE_RULES, "pad prompts to a few bucket lengths and keep the batch shape fixed",
+                          "no shapes that vary between calls, no Python control flow on traced values",
+                          "keep the buckets; a prompt longer than the largest bucket compiles once more")
+    if checked:
+        return checked
     run = ev.run
     if not run:
         return NOT_CHECKED, "your serving loop was not checked and no serving run was measured", \
@@ -140,14 +149,12 @@ def grade_recompiles(ev: ServingEvidence) -> Grade:
 
 
 def grade_host_sync(ev: ServingEvidence) -> Grade:
-    if ev.code is not None and ev.code.jax_files:
-        found = [f for f in ev.code.findings if f.rule in ("SYNC001", "TIME001")]
-        scope = f"code check of {len(ev.code.files)} file(s)"
-        if found:
-            return FAIL, f"{scope}: " + ", ".join(f"{f.rule} {f.file}:{f.line}" for f in found[:6]), \
-                "copy only each step's tokens to the host; keep logits and cache on the device"
-        return PASS, f"{scope}: no host reads of device values in loops beyond what they return", \
-            "keep the decode loop reading only its tokens"
+    checked = _code_grade(ev, ("SYNC001", "TIME001"),
+                          "copy only each step's tokens to the host; keep logits and cache on the device",
+                          "no host reads of device values in loops beyond what they return",
+                          "keep the decode loop reading only its tokens")
+    if checked:
+        return checked
     text = "your serving loop was not checked"
     if ev.run:
         text += (f"; this product's server copies only each step's tokens to the host (its TPOT, {ev.where()}, "
