@@ -340,7 +340,7 @@ def test_an_export_dir_holding_someone_elses_files_is_refused(tmp_path):
 # -- 8. the fuzz -----------------------------------------------------------------------------------
 
 ENDPOINTS = {"/plan": 24, "/run": 34, "/autotune": 4, "/stop": 0, "/cancel_job": 1, "/history": 4, "/compare": 2,
-             "/export_csv": 2, "/export_history_csv": 1, "/code_check": 2, "/serve_plan": 10, "/serve_run": 14,
+             "/export_csv": 2, "/export_history_csv": 1, "/code_check": 2, "/serve_plan": 22, "/serve_run": 23,
              "/serve_stop": 0}
 LEAVES = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(allow_nan=True, allow_infinity=True),
                    st.text(max_size=200), st.text(alphabet=st.characters(codec="utf-8"), max_size=5000),

@@ -567,13 +567,16 @@ def test_a_serving_plan_takes_the_ends_of_each_range(change):
      "gpus: tensor parallelism over 2 GPUs divides the model's heads and hidden units among them; attention heads 25, "
      "kv heads 25 do not divide by 2 (GPU counts that do: 1, 5)"),
     (dict(prompt_len=33, gen_len=32), "gen_len: prompt (33) + generation (32) = 65 tokens exceed the model's context "
-                                      "of 64 (seq_len)"),
-    (dict(prompt_len=2000, gen_len=100, preset="1b"), "gen_len: prompt (2,000) + generation (100) = 2,100 tokens "
-                                                      "exceed the model's context of 2,048 (seq_len)"),
+                                      "of 64 (seq_len, its training length)"),
+    (dict(prompt_len=130000, gen_len=2000, preset="1b"), "gen_len: prompt (130,000) + generation (2,000) = 132,000 "
+                                                         "tokens exceed the model's context of 131,072 (its published "
+                                                         "context window)"),
     (dict(prompt_len=131072, gen_len=1, model={"seq_len": 131072}),
-     "gen_len: prompt (131,072) + generation (1) = 131,073 tokens exceed the model's context of 131,072 (seq_len)"),
+     "gen_len: prompt (131,072) + generation (1) = 131,073 tokens exceed the model's context of 131,072 (seq_len, its "
+     "training length)"),
     (dict(prompt_len=1, gen_len=131072, model={"seq_len": 131072}),
-     "gen_len: prompt (1) + generation (131,072) = 131,073 tokens exceed the model's context of 131,072 (seq_len)"),
+     "gen_len: prompt (1) + generation (131,072) = 131,073 tokens exceed the model's context of 131,072 (seq_len, its "
+     "training length)"),
     (dict(batches="0"), "batches: each batch size must be a whole number from 1 to 4,096, comma-separated "
                         "(e.g. 1,8,32); got '0'"),
 ])
@@ -635,14 +638,14 @@ def test_a_serving_run_takes_the_ends_of_each_range(change, field, value):
     (dict(seed=-1), "seed: must be a whole number from 0 to 2147483647; got -1"),
     (dict(seed=2**31), "seed: must be a whole number from 0 to 2147483647; got 2147483648"),
     (dict(seed=1.5), "seed: must be a whole number from 0 to 2147483647; got 1.5"),
-    (dict(batches="0"), "batches: each batch size must be a whole number from 1 to 256, comma-separated (e.g. 1,8,32); "
-                        "got '0'"),
-    (dict(batches="257"), "batches: each batch size must be a whole number from 1 to 256, comma-separated "
-                          "(e.g. 1,8,32); got '257'"),
+    (dict(batches="0"), "batches: each batch size must be a whole number from 1 to 4,096, comma-separated "
+                        "(e.g. 1,8,32); got '0'"),
+    (dict(batches="4097"), "batches: each batch size must be a whole number from 1 to 4,096, comma-separated "
+                           "(e.g. 1,8,32); got '4097'"),
     (dict(batches="1,2,3,4,5,6,7"), "batches: at most 6 batch sizes; got 7"),
-    (dict(batches=""), "batches: give one to 6 batch sizes from 1 to 256, comma-separated (e.g. 1,4,8)"),
-    (dict(batches=None), "batches: give one to 6 batch sizes from 1 to 256, comma-separated (e.g. 1,4,8)"),
-    (dict(batches=()), "batches: give one to 6 batch sizes from 1 to 256, comma-separated (e.g. 1,4,8)"),
+    (dict(batches=""), "batches: give one to 6 batch sizes from 1 to 4,096, comma-separated (e.g. 1,4,8)"),
+    (dict(batches=None), "batches: give one to 6 batch sizes from 1 to 4,096, comma-separated (e.g. 1,4,8)"),
+    (dict(batches=()), "batches: give one to 6 batch sizes from 1 to 4,096, comma-separated (e.g. 1,4,8)"),
     (dict(prompt_min=0), "prompt_min: must be a whole number from 1 to 131072; got 0"),
     (dict(prompt_max=131073), "prompt_max: must be a whole number from 1 to 131072; got 131073"),
     (dict(gen_min=0), "gen_min: must be a whole number from 1 to 131072; got 0"),
@@ -651,9 +654,9 @@ def test_a_serving_run_takes_the_ends_of_each_range(change, field, value):
     (dict(prompt_min=9, prompt_max=8), "prompt_min: must be at most prompt_max (8); got 9"),
     (dict(gen_min=10, gen_max=9), "gen_min: must be at most gen_max (9); got 10"),
     (dict(prompt_max=40, gen_max=25), "gen_max: the longest prompt (40) and generation (25) exceed the model's "
-                                      "context of 64 (seq_len)"),
+                                      "context of 64 (seq_len, its training length)"),
     (dict(prompt_max=61, gen_max=4), "gen_max: the longest prompt (61) and generation (4) exceed the model's "
-                                     "context of 64 (seq_len)"),
+                                     "context of 64 (seq_len, its training length)"),
     (dict(temperature=-0.1), "temperature: must be a number from 0 to 10; got -0.1"),
     (dict(temperature=10.01), "temperature: must be a number from 0 to 10; got 10.01"),
     (dict(temperature=math.inf), "temperature: must be a number from 0 to 10; got inf"),
@@ -668,9 +671,10 @@ def test_a_bad_serving_run_value_is_refused_naming_the_field_and_what_is_allowed
 
 
 def test_the_longest_run_lengths_are_bounded_by_the_largest_context():
-    req = run_req(workload="llama", preset="1b", prompt_min=1, prompt_max=2047, gen_min=1, gen_max=1)
-    assert (req.prompt_range, req.gen_range) == ((1, 2047), (1, 1))
-    assert refusal(run_req, preset="1b", prompt_min=1, prompt_max=2048, gen_min=1, gen_max=1).field == "gen_max"
+    """Llama 3.2 1B serves its published 131,072 tokens (it trains here at 2,048)."""
+    req = run_req(workload="llama", preset="1b", prompt_min=1, prompt_max=131071, gen_min=1, gen_max=1)
+    assert (req.prompt_range, req.gen_range) == ((1, 131071), (1, 1))
+    assert refusal(run_req, preset="1b", prompt_min=1, prompt_max=131072, gen_min=1, gen_max=1).field == "gen_max"
 
 
 # -- a checkpoint as the served model ---------------------------------------------------------------------

@@ -236,7 +236,7 @@ def serve_run_request(*, workload: Any, preset: Any, precision: Any = "fp32", re
               (("requests", requests), ("seed", seed))}
     sizes = batch_list(batches, *RUN_LIMITS["batch"], RUN_BATCHES)
     if not sizes:
-        raise ConfigError("batches", f"give one to {RUN_BATCHES} batch sizes from 1 to {RUN_LIMITS['batch'][1]}, "
+        raise ConfigError("batches", f"give one to {RUN_BATCHES} batch sizes from 1 to {RUN_LIMITS['batch'][1]:,}, "
                                      "comma-separated (e.g. 1,4,8)")
     ranges = {}
     for name, lo_value, hi_value in (("prompt_len", prompt_min, prompt_max), ("gen_len", gen_min, gen_max)):
