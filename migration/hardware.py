@@ -117,6 +117,17 @@ GPU_SPECS: dict[str, GpuSpec] = {
         _spec("l4", "L4", ("NVIDIA L4",), (8, 9), 58, 24 * GB, 300e9, 48 * 2**20, 2.04,
               {"bf16": 121, "fp16": 121, "tf32": 60, "fp32": 30.3, "fp8": 242.5}, "L4 datasheet (no public capture)",
               nvlink_domain=1),
+        # AWS's G5 card: GA102 with 80 SMs at 1.71 GHz and GeForce-rate tensor cores (512 dense fp16 FLOP per SM
+        # and clock with fp32 accumulation, half the A10's); NVIDIA publishes no datasheet for it.
+        _spec("a10g", "A10G", ("NVIDIA A10G",), (8, 6), 80, 24 * GB, 600e9, 6 * 2**20, 1.71,
+              {"bf16": 70, "fp16": 70, "tf32": 35, "fp32": 35}, "A10G spec table (Baseten, below; AWS's G5 page: 24 GB a GPU; no datasheet, no public capture)",
+              nvlink_domain=1, peaks_source="Baseten, 'NVIDIA A10 vs A10G for ML model inference' (A10G spec table: "
+              "70 bf16 / fp16 tensor, 35 TF32, 35 fp32 TFLOPS dense); equal to 80 SMs x 1.71 GHz x 512 FLOP/clock"),
+        _spec("l40s", "L40S", ("NVIDIA L40S",), (8, 9), 142, 48 * GB, 864e9, 96 * 2**20, 2.52,
+              {"bf16": 366.5, "fp16": 366.5, "tf32": 183, "fp32": 91.6, "fp8": 733},
+              "L40S datasheet (no public capture; L2: the Ada whitepaper's AD102)", nvlink_domain=1,
+              peaks_source="L40S datasheet: fp8 733, TF32 183, fp32 91.6 dense; bf16 / fp16 half the with-sparsity 733 "
+                           "(= 142 SMs x 2.52 GHz x 1,024 FLOP/clock; its dense column prints 362.05, the L40's)"),
         _spec("rtx-4090", "GeForce RTX 4090", ("NVIDIA GeForce RTX 4090",), (8, 9), 128, 24 * GB, 1008e9,
               72 * 2**20, 2.52, {"bf16": 165, "fp16": 165, "tf32": 82.6, "fp32": 82.6, "fp8": 330.3},
               "Ada whitepaper (no public capture)", nvlink_domain=1),
@@ -174,6 +185,8 @@ LINK_BYTES_PER_S: dict[str, tuple[float, str]] = {
     "a10": (32e9, "PCIe gen4 x16"),
     "l4": (32e9, "PCIe gen4 x16"),
     "rtx-4090": (32e9, "PCIe gen4 x16"),
+    "a10g": (32e9, "PCIe gen4 x16"),
+    "l40s": (32e9, "PCIe gen4 x16 (no NVLink)"),
     "a100-40gb": (300e9, "NVLink 3: 600 GB/s total (A100 datasheet)"),
     "a100-80gb": (300e9, "NVLink 3: 600 GB/s total (A100 datasheet)"),
     "a100-80gb-pcie": (32e9, "PCIe gen4 x16 (no NVLink bridge assumed)"),

@@ -33,6 +33,8 @@ _CYCLENERD = ("https://github.com/Cyclenerd/google-cloud-pricing-cost-calculator
               "dac31281f2a4575f0a8bff20ac04fc71a5ff2190/pricing.yml")
 _AZURE = ("https://github.com/skypilot-org/skypilot-catalog/blob/098741e70562f65d7af1cceb81e33b284f742604/"
           "catalogs/v6/azure/vms.csv")
+_AWS = ("https://github.com/skypilot-org/skypilot-catalog/blob/00148f2af3672e2229b4f7bf8157d5a3f36e3c35/"
+        "catalogs/v8/aws/vms.csv")
 MAX_USD_PER_HOUR = 10_000.0  # per chip or GPU: far above any list price; a larger figure is a typo
 PRICES_TEXT_MAX = 600
 
@@ -91,6 +93,10 @@ PRICES: dict[str, Price] = {p.key: p for p in [
           "Google Cloud, on-demand, us-central1: a2-ultragpu-8g (8 x A100 80GB) at $40.55/hour"),
     Price("l4", 0.706832, _CYCLENERD, "2026-08-20",
           "Google Cloud, on-demand, us-central1: g2-standard-4 (1 x L4, 4 vCPU, 16 GB)"),
+    Price("a10g", 1.006, _AWS, "catalog snapshot read 2026-12-02",
+          "AWS, on-demand, us-east-1: g5.xlarge (1 x A10G, 4 vCPU, 16 GB) at $1.006/hour (Google Cloud rents no A10G)"),
+    Price("l40s", 2.62316, _AWS, "catalog snapshot read 2026-12-02",
+          "AWS, on-demand, us-east-1: g6e.12xlarge (4 x L40S) at $10.49264/hour (Google Cloud rents no L40S)"),
     Price("a100-80gb-pcie", 3.673, _AZURE, "catalog snapshot read 2026-12-02",
           "Azure, pay-as-you-go, eastus: Standard_NC24ads_A100_v4 (1 x A100 80GB PCIe)"),
 ]}

@@ -17,14 +17,14 @@ from migration.running.measure import peak_flops_for
     ("NVIDIA H100 PCIe", "h100-pcie"), ("NVIDIA H100 80GB HBM3", "h100-sxm"), ("NVIDIA H100 NVL", "h100-nvl"),
     ("NVIDIA H200", "h200"), ("nvidia h200 141gb hbm3e ", "h200"), ("NVIDIA B200", "b200"), ("NVIDIA GB200", "gb200"),
     ("NVIDIA B300 SXM6 AC", "b300"), ("NVIDIA GB300", "gb300"),
-    ("NVIDIA RTX PRO 6000 Blackwell Server Edition", "rtx-pro-6000"),
+    ("NVIDIA RTX PRO 6000 Blackwell Server Edition", "rtx-pro-6000"), ("NVIDIA A10G", "a10g"), ("NVIDIA L40S", "l40s"),
 ])
 def test_device_kinds_match_their_own_entry_exactly(kind, key):
     assert gpu_spec_for_device_kind(kind).key == key
 
 
-@pytest.mark.parametrize("kind", ["Tesla V100-PCIE-16GB", "NVIDIA A100-PCIE-40GB", "NVIDIA H200 NVL", "NVIDIA A10G",
-                                  "NVIDIA L40S", "NVIDIA H100", "cpu"])
+@pytest.mark.parametrize("kind", ["Tesla V100-PCIE-16GB", "NVIDIA A100-PCIE-40GB", "NVIDIA H200 NVL", "NVIDIA L40",
+                                  "NVIDIA A10G-8Q", "NVIDIA H100", "cpu"])
 def test_a_device_not_in_the_catalog_borrows_no_entry(kind):
     """A 16 GB card never gets a 32 GB budget, and a similar name is not the same GPU."""
     assert gpu_spec_for_device_kind(kind) is None
@@ -36,7 +36,8 @@ def test_memory_is_what_the_device_reports_where_a_capture_exists():
     assert GPU_SPECS["a100-40gb"].memory_bytes == 42331013120
     assert GPU_SPECS["v100-16gb"].memory_bytes == 16935682048 < GPU_SPECS["v100-32gb"].memory_bytes
     for spec in GPU_SPECS.values():
-        assert spec.source.endswith(".txtpb") or "datasheet" in spec.source or "whitepaper" in spec.source
+        assert (spec.source.endswith(".txtpb") or "datasheet" in spec.source or "whitepaper" in spec.source
+                or "spec table" in spec.source)
 
 
 @pytest.mark.parametrize("key", sorted(GPU_SPECS))
@@ -81,7 +82,7 @@ def test_mfu_peak_follows_what_the_products_run_in(precision, fp32_matmul, tflop
 def test_no_peak_where_the_unit_or_the_gpu_is_missing():
     peak, source = peak_flops_for("gpu", types.SimpleNamespace(device_kind="Tesla V100-SXM2-32GB"), "bf16", "fp32", 1)
     assert peak is None and "no bf16 tensor cores" in source
-    peak, source = peak_flops_for("gpu", types.SimpleNamespace(device_kind="NVIDIA L40S"), "bf16", "tf32", 1)
+    peak, source = peak_flops_for("gpu", types.SimpleNamespace(device_kind="NVIDIA L40"), "bf16", "tf32", 1)
     assert peak is None and "unknown GPU" in source
 
 

@@ -46,13 +46,16 @@ def test_peaks_grow_with_the_concurrency_and_hold_weights_and_cache(tiny_plan):
         assert r["requests_per_s"] == pytest.approx(r["tokens_per_s_per_gpu"] / 16)
 
 
-def test_the_concurrency_is_what_the_kv_pages_hold_beside_weights_and_workspace():
-    """A budget of a few hundred tiny sequences: the concurrency is the memory left after the weights
-    and the larger workspace over a sequence's full-length pages, and one sequence more does not fit."""
-    fraction = 0.00005  # about 1.2 MB of the L4
-    req = ServeRequest("llama", "tiny", "l4", prompt_len=32, gen_len=32, memory_fraction=fraction)
+@pytest.mark.parametrize("target", ["l4", "a10g", "l40s"])
+def test_the_concurrency_is_what_the_kv_pages_hold_beside_weights_and_workspace(target):
+    """A budget of a few hundred tiny sequences on the inference cards teams rent: the concurrency is the
+    memory left after the weights and the larger workspace over a sequence's full-length pages, and one
+    sequence more does not fit."""
+    fraction = 1.2e6 / GPU_SPECS[target].memory_bytes  # about 1.2 MB of the card
+    req = ServeRequest("llama", "tiny", target, prompt_len=32, gen_len=32, memory_fraction=fraction)
     plan = serve_plan(req)
-    n, budget = plan["largest_batch"], int(GPU_SPECS["l4"].memory_bytes * fraction)
+    assert plan["target"] == GPU_SPECS[target].name
+    n, budget = plan["largest_batch"], int(GPU_SPECS[target].memory_bytes * fraction)
     assert n >= 4 and plan["bound_by"] == "kv_cache" and plan["compiled_batches"] <= 7
     assert all(r["fits"] == (r["predicted_peak_bytes"] <= budget) for r in plan["rows"])
     top = max(plan["rows"], key=lambda r: r["batch"])
