@@ -233,19 +233,23 @@ def test_presets_serve_their_published_context_and_plan_long_prompts():
 
 
 @pytest.mark.slow
-def test_the_decode_step_reads_the_weights_and_cache_once_at_batch_1_and_at_the_largest_batch(tmp_path):
+@pytest.mark.parametrize("preset,dims", [("8b", ["--layers", "4"]), ("1b", ["--layers", "2", "--vocab", "8192"])])
+def test_the_decode_step_reads_the_weights_and_cache_once_at_batch_1_and_at_the_largest_batch(tmp_path, preset, dims):
     """The compiled decode step's kernels move at most 1.2x what it must read (the weights it reads
     whole and the cache it reads), at 1 and at the most running sequences the plan allows: each layer's cache is its
-    own array in the layout the attention reads in place, and the serving processes' XLA flags keep
-    the weights uncopied. Through the command, whose process sets those flags, on Llama 3.1 8B's
-    layer dimensions at 4 layers (the ratio is per layer and head: the depth changes it little)."""
+    own array in the layout the attention reads in place, the serving processes' XLA flags keep
+    the weights uncopied, and one-row products stay GEMMs (a 1B model's 2,048 x 2,048 projections were
+    rewritten as a multiply written out whole and a reduction: 1.27x at batch 1). Through the command,
+    whose process sets those flags, on Llama 3.1 8B's and 3.2 1B's layer dimensions at a few layers (the
+    ratio is per layer and head: the depth changes it little; 1B's vocabulary cut so that its head does not
+    hide the layers)."""
     import json
     import subprocess
     import sys
     from pathlib import Path
 
     out = tmp_path / "plan.json"
-    proc = subprocess.run([sys.executable, "-m", "migration", "serve-plan", "--preset", "8b", "--layers", "4",
+    proc = subprocess.run([sys.executable, "-m", "migration", "serve-plan", "--preset", preset, *dims,
                            "--target", "h100-sxm", "--prompt-len", "1024", "--gen-len", "256", "--json", str(out)],
                           capture_output=True, text=True, timeout=900, cwd=Path(__file__).resolve().parent.parent)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -257,8 +261,9 @@ def test_the_decode_step_reads_the_weights_and_cache_once_at_batch_1_and_at_the_
         assert row["decode_bytes"] <= 1.2 * (row["weights_read_bytes"] + row["kv_cache_bytes_read"]), (batch, row)
         assert row["decode_bytes_over_needed"] == pytest.approx(
             row["decode_bytes"] / (row["weights_read_bytes"] + row["kv_cache_bytes_read"]))
-    # the untied input embedding (128,256 x 4,096 in bf16) is gathered, not read whole
-    assert rows[1]["weights_bytes"] - rows[1]["weights_read_bytes"] == 128256 * 4096 * 2
+    # the untied input embedding (128,256 x 4,096 in bf16) is gathered, not read whole; 1B's is tied: read whole
+    gathered = 128256 * 4096 * 2 if preset == "8b" else 0
+    assert rows[1]["weights_bytes"] - rows[1]["weights_read_bytes"] == gathered
 
 
 def test_serving_commands_take_the_training_commands_model_dimensions(tmp_path):

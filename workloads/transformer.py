@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from typing import Any, final
 
 import jax
@@ -208,15 +209,27 @@ class _Attention(nnx.Module):
         `prefill` (every row starts at 0) the tokens attend among themselves, with the training
         forward's attention (fused where it is), not over the whole cache."""
         b, s, _ = x.shape
-        q = self.q(x).reshape(b, s, self.n_heads, -1)
-        k, v = (h.reshape(b, s, self.n_kv_heads, -1) for h in _fused_halves(self.kv(x), self.shards))
+        q = _as_gemm(self.q, x).reshape(b, s, self.n_heads, -1)
+        k, v = (h.reshape(b, s, self.n_kv_heads, -1) for h in _fused_halves(_as_gemm(self.kv, x), self.shards))
         if rope is not None:
             q, k = _rotate(q, *rope), _rotate(k, *rope)
         layout = kv_cache.cache_layout(self.implementation, cache[0].dtype)
         cache_k, cache_v = (kv_cache.write(c, x, start, layout) for c, x in zip(cache, (k, v)))
         y = (self._causal(q, k, v) if prefill
              else kv_cache.cached_attention(q, cache_k, cache_v, start, layout, self.implementation))
-        return self.out(y.reshape(b, s, -1)), (cache_k, cache_v)
+        return _as_gemm(self.out, y.reshape(b, s, -1)), (cache_k, cache_v)
+
+
+def _as_gemm(layer: Callable[[jax.Array], jax.Array], x: jax.Array) -> jax.Array:
+    """`layer(x)` for the new tokens of a decode step (B, S, D), over two rows where there is one.
+
+    XLA's GPU compiler rewrites a product of one row by a matrix of fewer than 10M elements (a 1B
+    model's projections) as an elementwise multiply, written out whole, and a reduction that reads it
+    back (dot_strength_reduction.cc): three passes over the weights where a GEMM reads them once. A
+    second, zero row keeps it a GEMM; its output row is dropped."""
+    if x.shape[0] * x.shape[1] != 1:
+        return layer(x)
+    return layer(jnp.concatenate([x, jnp.zeros_like(x)], axis=1))[:, :1]
 
 
 def _splash_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
@@ -330,7 +343,7 @@ class _Block(nnx.Module):
     def extend(self, x: jax.Array, rope, start: jax.Array, cache, prefill: bool = False):
         y, cache = self.attn.extend(self.norm1(x), rope, start, cache, prefill)
         x = x + y
-        return x + self.mlp(self.norm2(x)), cache
+        return x + _as_gemm(self.mlp, self.norm2(x)), cache
 
 
 class Decoder(nnx.Module):
