@@ -74,6 +74,11 @@ def test_measured_on_the_target_at_the_plans_concurrency_passes_and_elsewhere_wa
     other = graded(plan=plan, run=on_gpu(run, kind="NVIDIA H100 80GB HBM3"))  # not the planned L4
     assert other["kv_headroom"][0] == "warn" and other["serve_recompiles"][0] == "warn"
     assert graded(run=on_gpu(run, peak=1))["kv_headroom"][0] == "warn"  # no plan: no concurrency to reach
+    for key, value in (("precision", "bf16"), ("model", {"n_layers": 1}), ("kv_cache", "fp8"), ("preset", "1b")):
+        elsewhere = copy.deepcopy(reached)  # the plan's concurrency and lengths, but another model's memory
+        elsewhere["request"][key] = value
+        got = graded(plan=plan, run=elsewhere)["kv_headroom"]
+        assert got[0] == "warn" and f"another model than the plan's ({key} " in got[1], key
 
 
 def test_evidence_against_the_item_fails(evidence):

@@ -63,6 +63,17 @@ def _plan_demand(plan: dict[str, Any]) -> tuple[int, int, int]:
     return plan["largest_batch"], max(c[1] for c in mix), max(c[2] for c in mix)
 
 
+SAME_MODEL = ("workload", "preset", "model", "precision", "kv_cache")  # what a run must share with the plan
+
+
+def _other_model(plan: dict[str, Any], run: dict[str, Any]) -> list[str]:
+    """How the model a run served differs from the plan's (its family, preset, dimensions, precision or
+    cache): each as "field: run's value, plan's value"; [] when it is the plan's."""
+    mine, planned = run["request"], plan["request"]
+    return [f"{key} {mine.get(key)!r}, the plan's {planned.get(key)!r}" for key in SAME_MODEL
+            if (mine.get(key) or None) != (planned.get(key) or None)]
+
+
 def grade_kv_headroom(ev: ServingEvidence) -> Grade:
     plan, run = ev.plan, ev.run
     if run and ev.run_on_target():
@@ -79,6 +90,10 @@ def grade_kv_headroom(ev: ServingEvidence) -> Grade:
         if not plan:
             return WARN, text + "; no serving plan says how many sequences the server must hold", \
                 f"plan with serve-plan for {spec.name} and measure its concurrency ({RUN_HERE} --plan PLAN.json)"
+        other = _other_model(plan, run)
+        if other:
+            return WARN, text + f"; the run served another model than the plan's ({'; '.join(other)})", \
+                f"measure the plan's model: the same workload, preset, dimensions, precision and KV cache"
         need, prompt, gen = _plan_demand(plan)
         short = [what for what, got, want in (("batch", top["batch"], need), ("prompt", prompt_max, prompt),
                                                 ("generation", gen_max, gen)) if got < want]
