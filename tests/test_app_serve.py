@@ -58,8 +58,11 @@ def frame(table: dict) -> pd.DataFrame:
 
 
 def test_a_serving_plan_has_a_row_per_batch_asked_and_is_in_the_history(alice, served):
-    (status, table, latency, throughput, csv_path), _ = served
+    (status, table, latency, throughput, csv_path, checklist), _ = served
     assert "Serving plan" in status and GPU_SPECS["l4"].name in status and "not measured" in status
+    # graded from the plan alone: predictions warn, what nothing showed is not checked
+    assert "Serving checklist" in checklist and 'data-id="kv_headroom" data-status="warn"' in checklist
+    assert 'data-id="serve_host_sync" data-status="not checked"' in checklist
     assert "n_layers=3" in status  # the model's dimensions from the form, over the preset's
     rows = frame(table)
     assert {1, 2} <= set(rows["running"]) and "running sequences" in status and "Engine modelled" in status
@@ -78,9 +81,29 @@ def test_a_serving_plan_has_a_row_per_batch_asked_and_is_in_the_history(alice, s
     assert newest["device_kind"] == GPU_SPECS["l4"].name and newest["config"].startswith("serving batch")
 
 
+SYNCING = ("import jax\n\ndef serve(step, state, tokens):\n    for _ in range(8):\n"
+           "        state, logits = step(state, tokens)\n        print(float(logits.sum()))\n    return state\n")
+
+
+def test_the_checklist_grades_the_sessions_code_check_and_plan(box):
+    """In one session (a page): the Code check tab's check of the user's serving loop grades host sync, and
+    a later run is graded against the session's last plan; another session has neither."""
+    page = box.connect(("alice", USERS["alice"]))
+    summary, *_ = page.predict(SYNCING, None, api_name="/code_check")
+    planned = value(page.predict(**PLAN, api_name="/serve_plan")[5])
+    assert 'data-id="serve_host_sync" data-status="fail"' in planned and "SYNC001" in planned
+    ran = value(page.predict(**RUN, api_name="/serve_run")[5])
+    assert "predicted for L4" in ran and "the run was measured on" in ran  # the plan, with where the run was
+    assert "SYNC001" in ran
+    other = value(box.connect(("alice", USERS["alice"])).predict(**RUN, api_name="/serve_run")[5])
+    assert "predicted for" not in other and "SYNC001" not in other
+
+
 def test_a_serving_run_has_measured_rows_labelled_with_the_backend(box, bob, served):
-    _, (status, table, latency, throughput, csv_path) = served
+    _, (status, table, latency, throughput, csv_path, checklist) = served
     assert "Serving run" in status and "CPU figures" in status
+    # bob has no plan in his session: the run on the CPU backend warns, and says it is not a planned GPU
+    assert 'data-id="kv_headroom" data-status="warn"' in checklist and "not on a GPU planned for" in checklist
     rows = frame(table)
     assert list(rows["batch"]) == [1, 2] and (rows["tokens/s"] > 0).all() and (rows["compiles after warm-up"] == 0).all()
     assert all("cpu backend" in m and "CPU figures" in m for m in rows["measured on"])
@@ -91,7 +114,8 @@ def test_a_serving_run_has_measured_rows_labelled_with_the_backend(box, bob, ser
     assert list(csv["batch"]) == [1, 2] and set(csv["backend"]) == {"cpu"}
     # The label is text: the CSV went to bob's own exports folder, under a name this server chose.
     written = list((box.cache / "exports").rglob("serve-run-*.csv"))
-    assert [p.parent.name for p in written] == [user_folder("bob")]
+    assert len([p for p in written if p.parent.name == user_folder("bob")]) == 1  # alice's runs: in her folder
+    assert {p.parent.parent for p in written} == {box.cache / "exports"} and not any("passwd" in str(p) for p in written)
     history = frame(bob.predict("mine", "serve-run", "all", "all", api_name="/history"))
     assert (history.iloc[0]["status"], history.iloc[0]["label"]) == ("ok", PATH_LABEL)
     assert history.iloc[0]["tokens_per_s"] > 0
@@ -188,6 +212,21 @@ def test_bob_attacking_alices_box_is_refused_field_by_field_and_reaches_nothing(
     with pytest.raises(AppError, match="belongs to another user|not a current job"):
         bob.predict(str(alices[0][0]), api_name="/cancel_job")
     assert "Nothing of yours" in bob.predict(api_name="/serve_stop")
+
+
+def test_a_run_sized_past_the_machines_memory_is_refused_before_it_allocates(box, bob):
+    """Bob asks the shared box for 4,096 sequences of Llama 3.1 8B at 8,192 + 1,024 tokens (about 5 TB of KV
+    cache): his worker refuses it from arithmetic, naming the field and the bytes, before the model or the
+    cache is built, so the host memory the server and alice's jobs share is never pressed."""
+    with pytest.raises(AppError) as err:
+        bob.predict(**RUN | dict(workload="llama", preset="8b", precision="bf16", run_batches="4096", prompt_max=8192,
+                                 gen_min=4, gen_max=1024, requests=4), api_name="/serve_run")
+    text = str(err.value)
+    assert "batches: batch 4,096 at 8,192 + 1,024 tokens needs 16.06 GB of weights" in text, text[:500]
+    assert "KV cache, over the" in text and "Traceback" not in text and len(text) < 1000
+    wait_until(lambda: not box.workers("serve-run"), 30, poll_s=0.2)
+    failed = frame(bob.predict("mine", "serve-run", "all", "all", api_name="/history")).iloc[0]
+    assert failed["status"] != "ok"
 
 
 def test_stop_ends_a_serving_run_and_its_worker(box, alice):

@@ -36,10 +36,13 @@ def app(app_server):
     return app_server
 
 
-def shoot(page, tmp_path, name: str) -> None:
-    """A screenshot for the docs (docs/img/NAME when updating them, else beside the test's other files)."""
+def shoot(page, tmp_path, name: str, at: str | None = None) -> None:
+    """A screenshot for the docs (docs/img/NAME when updating them, else beside the test's other files),
+    scrolled to the element `at` (a selector) when given."""
     size = page.viewport_size
     page.set_viewport_size({"width": 1280, "height": 1000})  # a screen's worth, where the element was scrolled to
+    if at:
+        page.locator(at).evaluate("e => e.scrollIntoView({block: 'start'})")
     page.screenshot(path=str((DOCS_IMG if UPDATE else tmp_path) / name), full_page=False)
     page.set_viewport_size(size)
 
@@ -146,9 +149,13 @@ def test_plan_run_checklist_compare_and_export_in_chromium(app, tmp_path):
         page.get_by_text("PMAP001", exact=False).first.wait_for(timeout=120_000)
         assert page.get_by_text("SYNC001", exact=False).first.is_visible()
         shoot(page, tmp_path, "codecheck.png")
+        # The Serve tab's checklist grades host sync from that check, in the same page.
         page.get_by_role("tab", name="Serve").click()
-        page.get_by_role("button", name="Plan serving").wait_for(timeout=30_000)
-        shoot(page, tmp_path, "serve.png")
+        page.get_by_role("button", name="Plan serving").click()
+        checklist = page.locator("#serve-checklist")
+        checklist.get_by_text("SYNC001", exact=False).first.wait_for(timeout=300_000)
+        assert checklist.locator('[data-id="serve_host_sync"][data-status="fail"]').count() == 1
+        shoot(page, tmp_path, "serve.png", at="#serve-table")
         browser.close()
     if UPDATE:
         images = ["plan.png", "migrate.png", "history.png", "codecheck.png", "serve.png"]

@@ -12,7 +12,8 @@ from flax import nnx
 
 from migration.config.limits import ConfigError
 from migration.config.serving import ServeRunRequest, serve_run_request
-from migration.running.serving import LOGIT_TOLERANCE, Server, bucket, logits_check, serve_run
+from migration.running.serving import (LOGIT_TOLERANCE, Server, bucket, check_memory, logits_check, memory_floor,
+                                       serve_run)
 from workloads.base import no_wrap
 from workloads.decoding import quantize_kernel, serving_decoder
 from workloads.transformer import LLAMA, WORKLOAD, Decoder
@@ -145,3 +146,19 @@ def test_a_run_with_an_fp8_kv_cache_serves_from_e4m3_and_reports_how_many_tokens
     assert serve_run(serve_run_request(workload="llama", preset="tiny", requests=4, batches="4"))["kv_cache_check"] is None
     with pytest.raises(ConfigError, match="kv_cache"):
         serve_run_request(workload="llama", preset="tiny", kv_cache="fp4")
+
+
+def test_a_run_larger_than_the_machine_is_refused_from_arithmetic():
+    """Llama 3.1 8B in bf16, 4,096 sequences of 8,192 + 1,024 tokens: 8,030,261,248 parameters x 2 bytes of
+    weights, and 2 (keys, values) x 32 layers x 8 kv heads x 128 x 9,216 positions x 4,096 x 2 bytes =
+    4,947.8 GB of cache: refused naming `batches` before anything is allocated; the tiny model's run is not."""
+    req = serve_run_request(workload="llama", preset="8b", precision="bf16", batches="4096", prompt_max=8192,
+                            gen_max=1024)
+    assert memory_floor(req) == (8_030_261_248 * 2, 2 * 32 * 8 * 128 * 9216 * 4096 * 2)
+    with pytest.raises(ConfigError) as err:
+        check_memory(req, 0.9)
+    assert str(err.value).startswith("batches: batch 4,096 at 8,192 + 1,024 tokens needs 16.06 GB of weights and "
+                                     "4,947.80 GB of KV cache")
+    int8 = serve_run_request(workload="llama", preset="8b", precision="int8", batches="1", prompt_max=16, gen_max=16)
+    assert memory_floor(int8)[0] == 8_030_261_248 and memory_floor(int8)[1] == 2 * 32 * 8 * 128 * 32 * 2
+    check_memory(serve_run_request(workload="llama", preset="tiny", batches="64"), 0.9)  # fits: no error

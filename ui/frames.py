@@ -220,7 +220,7 @@ def scaling_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
 BADGE_COLOURS = {"pass": "#1a7f37", "warn": "#9a6700", "fail": "#cf222e", "not checked": "#57606a", "n/a": "#8c959f"}
 
 
-def checklist_html(items: list[checklist.ChecklistItem]) -> str:
+def checklist_html(items: list[checklist.ChecklistItem], title: str = "Migration checklist") -> str:
     """The checklist as a report: a status badge, the item, its evidence and the action, wrapped
     to the page's width (never a table to scroll sideways)."""
     counts = {s: sum(i.status == s for i in items) for s in BADGE_COLOURS}
@@ -237,7 +237,7 @@ def checklist_html(items: list[checklist.ChecklistItem]) -> str:
             f'<div style="white-space:normal;overflow-wrap:anywhere"><em>Evidence:</em> {html.escape(i.evidence)}</div>'
             f'<div style="white-space:normal;overflow-wrap:anywhere"><em>Action:</em> {html.escape(i.action)}</div>'
             "</div>")
-    return f'<div class="checklist"><h3>Migration checklist</h3><p>{summary}</p>{"".join(cards)}</div>'
+    return f'<div class="checklist"><h3>{html.escape(title)}</h3><p>{summary}</p>{"".join(cards)}</div>'
 
 
 def findings_frame(findings: list[Finding]) -> pd.DataFrame:

@@ -6,7 +6,9 @@ backend it ran on. Both are jobs of the job service (queued, owned, stopped by S
 recorded in the History); the API's endpoints are /serve_plan and /serve_run.
 
 The handlers turn the form into a checked request (`migration.config.serving`), follow the job, and
-turn its result into the table, the two charts and the CSV; nothing here plans or measures.
+turn its result into the table, the two charts, the CSV and the serving checklist (graded by
+`migration.grading.serving` from the result, the Code check tab's last check of the user's code and, for
+a run, the session's last plan); nothing here plans, measures or grades.
 """
 
 from __future__ import annotations
@@ -20,17 +22,19 @@ import gradio as gr
 import pandas as pd
 from gradio.components import Component
 
+from migration.codecheck import CodeCheck
 from migration.common import mix_text, model_name, private_dir, write_csv
 from migration.config import forms
 from migration.config.fields import FIELD
 from migration.config.limits import ConfigError
 from migration.config.serving import (CHUNK, CHUNK_LIMITS, DECODER_WORKLOADS, KV_CACHES, MEMORY_FRACTION,
                                       SERVE_PRECISIONS, serve_request, serve_run_request)
+from migration.grading.serving import ServingEvidence, serving_checklist
 from migration.hardware import GPU_SPECS
 from migration.service.history import HistoryError
 from migration.service.job import Job, LimitError
 from ui.context import AppContext, refuse, user_of
-from ui.frames import gib
+from ui.frames import checklist_html, gib
 from ui.migrate import presets_of
 from ui.streaming import cleared, follow, waiting_line
 from workloads import WORKLOADS
@@ -48,7 +52,8 @@ PLAN_INPUTS = ("workload", "preset", "target", "precision", "prompt_len", "gen_l
 RUN_INPUTS = ("workload", "preset", "precision", "requests", "run_batches", "prompt_min", "prompt_max", "gen_min",
               "gen_max", "temperature", "seed", "memory_fraction", "label", "checkpoint", "kv_cache",
               *forms.MODEL_DIMENSIONS)
-OUTPUTS = ("status", "table", "latency", "throughput", "csv")
+OUTPUTS = ("status", "table", "latency", "throughput", "csv", "checklist")
+X_TITLE = "running sequences (a plan) or batch size (a measured run)"
 
 
 @dataclasses.dataclass
@@ -57,6 +62,7 @@ class ServeTab:
     buttons: dict[str, gr.Button]  # plan, run, stop
     outputs: dict[str, Component]  # OUTPUTS
     job_state: gr.State  # the id of this tab's job, for Stop
+    plan_state: gr.State  # this session's last serving plan (a dict), which a run's checklist is graded against
 
 
 def serve_tab() -> ServeTab:
@@ -119,39 +125,46 @@ def serve_tab() -> ServeTab:
                                   elem_id="serve-table"),
         }
         with gr.Row():
-            outputs["latency"] = gr.LinePlot(x="batch", y="ms", color="series", title="Latency by batch size (ms)",
+            outputs["latency"] = gr.LinePlot(x="batch", y="ms", color="series", x_title=X_TITLE,
+                                             title="Latency by concurrency or batch size (ms)",
                                              height=300, visible=False, elem_id="serve-latency",
                                              label="Latency by batch size", show_label=False)
-            outputs["throughput"] = gr.LinePlot(x="batch", y="tokens_per_s", color="series", height=300,
-                                                title="Throughput by batch size (generated tokens/s)", visible=False,
+            outputs["throughput"] = gr.LinePlot(x="batch", y="tokens_per_s", color="series", height=300, x_title=X_TITLE,
+                                                title="Throughput by concurrency or batch size (generated tokens/s)",
+                                                visible=False,
                                                 elem_id="serve-throughput", label="Throughput by batch size",
                                                 show_label=False)
         outputs["csv"] = gr.File(label="Serving table (CSV)", visible=False)
-        return ServeTab(inputs, buttons, outputs, job_state=gr.State(None))
+        outputs["checklist"] = gr.HTML(visible=False, label="Serving checklist", show_label=False,
+                                       elem_id="serve-checklist")
+        return ServeTab(inputs, buttons, outputs, job_state=gr.State(None), plan_state=gr.State(None))
 
 
-def wire_serve(tab: ServeTab, handlers: ServeHandlers, stop: Any) -> None:
+def wire_serve(tab: ServeTab, handlers: ServeHandlers, stop: Any, code_state: gr.State) -> None:
     """The presets follow the workload; Plan, Run, and Stop (`stop`: the Migrate tab's, by this tab's job id;
-    it also ends this tab's stream)."""
-    i, o, job = tab.inputs, tab.outputs, tab.job_state
+    it also ends this tab's stream). The checklist is graded from the Code check tab's last result
+    (`code_state`) and, for a run, this session's last plan."""
+    i, o, job, plan = tab.inputs, tab.outputs, tab.job_state, tab.plan_state
     i["workload"].change(presets_of, i["workload"], i["preset"], api_visibility="private")
     shown = [o[name] for name in OUTPUTS]
-    plan_event = tab.buttons["plan"].click(handlers.do_serve_plan, [i[name] for name in PLAN_INPUTS], [*shown, job],
-                                           api_name="serve_plan", concurrency_limit=None)
-    run_event = tab.buttons["run"].click(handlers.do_serve_run, [i[name] for name in RUN_INPUTS], [*shown, job],
-                                         api_name="serve_run", concurrency_limit=None)
+    plan_event = tab.buttons["plan"].click(handlers.do_serve_plan, [code_state, *(i[name] for name in PLAN_INPUTS)],
+                                           [*shown, job, plan], api_name="serve_plan", concurrency_limit=None)
+    run_event = tab.buttons["run"].click(handlers.do_serve_run, [plan, code_state, *(i[name] for name in RUN_INPUTS)],
+                                         [*shown, job, plan], api_name="serve_run", concurrency_limit=None)
     tab.buttons["stop"].click(stop, job, o["status"], cancels=[plan_event, run_event], api_name="serve_stop")
 
 
 class ServeHandlers:
     """/serve_plan and /serve_run: each checks its form into a request, submits it to the job service and
     streams the job's progress, then its table, charts and CSV. Their streams' tuples follow `OUTPUTS`, then
-    the tab's job id."""
+    the tab's job id (and, for a plan, the plan, kept for a later run's checklist). The checklist grades the
+    job's result with the Code check tab's last result (`code_state`) and, for a run, this session's plan
+    (`plan_state`): both server-side state of the caller's own session, None from the API."""
 
     def __init__(self, context: AppContext):
         self.context = context
 
-    async def do_serve_plan(self, workload=PLAN_DEFAULTS["workload"], preset=PLAN_DEFAULTS["preset"],
+    async def do_serve_plan(self, code_state=None, workload=PLAN_DEFAULTS["workload"], preset=PLAN_DEFAULTS["preset"],
                             target=PLAN_DEFAULTS["target"], precision=PLAN_DEFAULTS["precision"],
                             prompt_len=PLAN_DEFAULTS["prompt_len"], gen_len=PLAN_DEFAULTS["gen_len"],
                             batches=PLAN_DEFAULTS["batches"], memory_fraction=PLAN_DEFAULTS["memory_fraction"],
@@ -177,11 +190,12 @@ class ServeHandlers:
         except (ConfigError, LimitError, HistoryError) as exc:
             raise refuse(exc)
         async with contextlib.aclosing(self._stream(job, user, "serve-plan", "serving plan",
-                                                    f"Compiling for {GPU_SPECS[req.target].name}")) as updates:
+                                                    f"Compiling for {GPU_SPECS[req.target].name}",
+                                                    code_state=code_state)) as updates:
             async for update in updates:
                 yield update
 
-    async def do_serve_run(self, workload=PLAN_DEFAULTS["workload"], preset=PLAN_DEFAULTS["preset"],
+    async def do_serve_run(self, plan_state=None, code_state=None, workload=PLAN_DEFAULTS["workload"], preset=PLAN_DEFAULTS["preset"],
                            precision=PLAN_DEFAULTS["precision"], requests=RUN_DEFAULTS["requests"],
                            run_batches=RUN_DEFAULTS["run_batches"], prompt_min=RUN_DEFAULTS["prompt_min"],
                            prompt_max=RUN_DEFAULTS["prompt_max"], gen_min=RUN_DEFAULTS["gen_min"],
@@ -207,24 +221,31 @@ class ServeHandlers:
         except (ConfigError, LimitError, HistoryError) as exc:
             raise refuse(exc)
         async with contextlib.aclosing(self._stream(job, user, "serve-run", "serving run",
-                                                    "Serving on this machine")) as updates:
+                                                    "Serving on this machine", code_state=code_state,
+                                                    plan=plan_state)) as updates:
             async for update in updates:
                 yield update
 
-    async def _stream(self, job: Job, user: str, kind: str, what: str, working: str):
-        """A submitted serving job's updates to its end: its progress, then its table, charts and CSV
-        (or why it ended without them)."""
+    async def _stream(self, job: Job, user: str, kind: str, what: str, working: str, code_state: Any = None,
+                      plan: Any = None):
+        """A submitted serving job's updates to its end: its progress, then its table, charts, CSV and
+        checklist (or why it ended without them); a finished plan also becomes the session's plan."""
         # Closed with this stream (Stop, a closed tab): following stops, and with it the job.
         async with contextlib.aclosing(self._follow(job, f"Your {what}", working)) as updates:
             async for update in updates:
-                yield update
+                yield (*update, gr.skip())
         if job.state != "done" or job.result is None:
-            yield self._ended(job, what)
+            yield (*self._ended(job, what), gr.skip())
             return
         r = job.result
-        shown = ((plan_headline, plan_frame, plan_latency, plan_throughput, plan_csv_rows) if kind == "serve-plan" else
+        planned = kind == "serve-plan"
+        shown = ((plan_headline, plan_frame, plan_latency, plan_throughput, plan_csv_rows) if planned else
                  (run_headline, run_frame, run_latency, run_throughput, run_csv_rows))
-        yield self._shown(job, user, kind, *(show(r) for show in shown))
+        code = CodeCheck.from_dict(code_state) if isinstance(code_state, dict) else None
+        evidence = (ServingEvidence(plan=r, code=code) if planned else
+                    ServingEvidence(plan=plan if isinstance(plan, dict) else None, run=r, code=code))
+        checklist = checklist_html(serving_checklist(evidence), "Serving checklist")
+        yield (*self._shown(job, user, kind, checklist, *(show(r) for show in shown)), r if planned else gr.skip())
 
     def _checkpoint(self, name: Any, user: str) -> str:
         """The folder of the user's checkpoint a form names, in their private checkpoint folder (never a
@@ -257,10 +278,10 @@ class ServeHandlers:
         raise gr.Error(f"The {what} failed (job #{job.id}): {job.error or 'it ended without a result'}",
                        print_exception=False)
 
-    def _shown(self, job: Job, user: str, name: str, headline: str, table: pd.DataFrame, latency: pd.DataFrame,
-               throughput: pd.DataFrame, csv_rows: list[dict[str, Any]]) -> tuple[Any, ...]:
-        """The last update of a job with its result: the headline, the table, the charts and the CSV (written
-        to the user's own exports folder, named by this server)."""
+    def _shown(self, job: Job, user: str, name: str, checklist: str, headline: str, table: pd.DataFrame,
+               latency: pd.DataFrame, throughput: pd.DataFrame, csv_rows: list[dict[str, Any]]) -> tuple[Any, ...]:
+        """The last update of a job with its result: the headline, the table, the charts, the CSV (written
+        to the user's own exports folder, named by this server) and the checklist."""
         path = self.context.export_path(name, user)
         try:
             write_csv(csv_rows, path=path)
@@ -271,7 +292,7 @@ class ServeHandlers:
         return (f"{headline}{warnings}", gr.update(value=table, visible=True),
                 gr.update(value=latency, visible=not latency.empty),
                 gr.update(value=throughput, visible=not throughput.empty),
-                gr.update(value=str(path), visible=True), None)
+                gr.update(value=str(path), visible=True), gr.update(value=checklist, visible=True), None)
 
 
 def batch_text(value: Any) -> Any:

@@ -35,7 +35,7 @@ from migration.config import forms
 from migration.config.fields import AUTO, DIMENSIONS, FIELD, flags_of
 from migration.config.limits import ConfigError
 from migration.config.requests import PlanRequest, RunConfig
-from migration.config.serving import serve_request, serve_run_request
+from migration.config.serving import MEMORY_FRACTION, serve_request, serve_run_request
 from migration.grading.checklist import to_csv
 from migration.grading.serving import ServingEvidence, serving_checklist
 from migration.planning.compare import rows as comparison_rows
@@ -470,8 +470,10 @@ def cmd_serve_run(args: argparse.Namespace) -> int:
               f"{model_name(req.workload, req.preset, req.model)}; grade a run against its own model's plan",
               file=sys.stderr)
         return 2
-    from migration.running.serving import serve_run  # reason: imports JAX, only for this command
+    from migration.running.serving import check_memory, serve_run  # reason: imports JAX, only for this command
 
+    if checked("serving run", lambda: check_memory(req, MEMORY_FRACTION) or True) is None:
+        return 2
     result = serve_run(req)
     print_serve_run(result)
     if not (serving_checklist_out(ServingEvidence(plan=plan, run=result, code=code), args.checklist)

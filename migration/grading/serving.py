@@ -93,7 +93,7 @@ def grade_kv_headroom(ev: ServingEvidence) -> Grade:
         other = _other_model(plan, run)
         if other:
             return WARN, text + f"; the run served another model than the plan's ({'; '.join(other)})", \
-                f"measure the plan's model: the same workload, preset, dimensions, precision and KV cache"
+                "measure the plan's model: the same workload, preset, dimensions, precision and KV cache"
         need, prompt, gen = _plan_demand(plan)
         short = [what for what, got, want in (("batch", top["batch"], need), ("prompt", prompt_max, prompt),
                                                 ("generation", gen_max, gen)) if got < want]

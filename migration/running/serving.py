@@ -14,10 +14,12 @@ generation lengths, served in static batches by the decode path (workloads/trans
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import resource
 import time
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -25,11 +27,12 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from migration.config.limits import ConfigError
 from migration.config.serving import ServeRunRequest
 from migration.running.checkpoint import restore_params
 from workloads import get_workload
 from workloads.kv_cache import cache_dtype
-from workloads.decoding import empty_cache, serving_decoder
+from workloads.decoding import cache_shape, empty_cache, serving_decoder
 from workloads.transformer import TransformerConfig
 
 MIN_BUCKET = 16
@@ -37,6 +40,50 @@ MIN_BUCKET = 16
 # difference over the RMS of float32's logits, at most this (measured on random and trained tiny
 # models: bf16 about 0.3-1%, int8 weight-only about 1-2%; the bounds leave room for larger models).
 LOGIT_TOLERANCE = {"bf16": 0.03, "fp16": 0.01, "int8": 0.05}
+
+
+WEIGHT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "int8": 1}  # a served parameter's bytes, by serving precision
+
+
+def memory_floor(req: ServeRunRequest) -> tuple[int, int]:
+    """What a run needs at least: (the weights in its serving precision, the KV cache of its largest batch
+    at its longest prompt and generation), in bytes. Arithmetic: nothing is allocated."""
+    cfg = get_workload(req.workload).config(req.preset, req.model)
+    dtype = cache_dtype(req.precision, req.kv_cache)
+    shape = cache_shape(cfg, max(req.batches), req.prompt_range[1] + req.gen_range[1], dtype)
+    cache = 2 * cfg.n_layers * math.prod(shape) * jnp.dtype(dtype).itemsize
+    return get_workload(req.workload).param_count(cfg) * WEIGHT_BYTES[req.precision], cache
+
+
+def memory_budget(memory_fraction: float) -> tuple[int, str]:
+    """The memory a run may fill on this machine's first device, and where the figure comes from: the
+    limit the device reports at the run's share (a GPU), else the host's memory at that share, never
+    more than the host has available (the CPU backend, on a box other processes share)."""
+    stats = jax.devices()[0].memory_stats() or {}
+    if stats.get("bytes_limit"):
+        return int(stats["bytes_limit"]), f"the device's limit at a {memory_fraction:.0%} share"
+    info = {}
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            name, _, rest = line.partition(":")
+            info[name] = int(rest.split()[0]) * 1024
+    total, available = info.get("MemTotal", 16 * 2**30), info.get("MemAvailable", 16 * 2**30)
+    return int(min(total * memory_fraction, available)), (f"{memory_fraction:.0%} of the host's memory, at most what "
+                                                          "it has available")
+
+
+def check_memory(req: ServeRunRequest, memory_fraction: float) -> None:
+    """ConfigError("batches") when the run's weights and largest batch's KV cache alone exceed what it may
+    fill here: refused before anything is allocated (a large request would otherwise press the host's
+    memory, which the server and other users' jobs share)."""
+    weights, cache = memory_floor(req)
+    budget, source = memory_budget(memory_fraction)
+    if weights + cache > budget:
+        gb = lambda n: f"{n / 1e9:,.2f} GB"  # noqa: E731
+        raise ConfigError("batches", f"batch {max(req.batches):,} at {req.prompt_range[1]:,} + {req.gen_range[1]:,} "
+                                     f"tokens needs {gb(weights)} of weights and {gb(cache)} of KV cache, over the "
+                                     f"{gb(budget)} this run may use ({source}); measure fewer sequences or shorter "
+                                     "requests")
 
 
 def bucket(n: int, cap: int) -> int:

@@ -346,9 +346,13 @@ def serve_environment(mode: str, payload: dict[str, Any]) -> dict[str, str]:
     both with the serving programs' XLA flags (worker_env.SERVING_XLA_FLAGS)."""
     if mode == "serve-plan":
         return with_serving_flags(compile_environment(platform="cpu"))
-    fraction = number(payload.get("memory_fraction", RunConfig.memory_fraction), "memory_fraction",
-                      *LIMITS["memory_fraction"])
-    return with_serving_flags(worker_environment(RunConfig(devices=1, memory_fraction=fraction)))
+    return with_serving_flags(worker_environment(RunConfig(devices=1, memory_fraction=run_fraction(payload))))
+
+
+def run_fraction(payload: dict[str, Any]) -> float:
+    """A serving run's share of the device, checked."""
+    return number(payload.get("memory_fraction", RunConfig.memory_fraction), "memory_fraction",
+                  *LIMITS["memory_fraction"])
 
 
 def serve(mode: str, payload: Any, emit: EventWriter) -> int:
@@ -360,6 +364,10 @@ def serve(mode: str, payload: Any, emit: EventWriter) -> int:
         os.environ.update(serve_environment(mode, payload))
         check = serve_request if mode == "serve-plan" else serve_run_request
         req = check(**payload["request"])  # the workloads (and JAX) are imported here, once the environment is set
+        if mode == "serve-run":
+            from migration.running.serving import check_memory  # reason: imports JAX, once the environment is set
+
+            check_memory(req, run_fraction(payload))
     except ConfigError as exc:
         emit("failed", kind="invalid", message=str(exc))
         return 2
