@@ -19,7 +19,8 @@ from flax import nnx
 
 from workloads.base import no_wrap
 from workloads.decoding import cache_shape, empty_cache
-from workloads.transformer import LLAMA, WORKLOAD, Decoder
+from workloads.decoders import LLAMA, WORKLOAD
+from workloads.transformer import Decoder
 
 FAMILIES = {
     "gpt2": WORKLOAD.presets["tiny"],

@@ -16,7 +16,8 @@ from migration.running.serving import (LOGIT_TOLERANCE, Server, bucket, check_me
                                        serve_run)
 from workloads.base import no_wrap
 from workloads.decoding import quantize_kernel, serving_decoder
-from workloads.transformer import LLAMA, WORKLOAD, Decoder
+from workloads.decoders import LLAMA, WORKLOAD
+from workloads.transformer import Decoder
 
 
 @pytest.mark.parametrize("workload", ["llama", "transformer"])

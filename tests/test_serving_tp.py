@@ -18,7 +18,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from migration.config.serving import serve_request
 from migration.planning.serving import kv_cache_bytes, serve_plan
 from workloads.decoding import empty_cache, serving_decoder
-from workloads.transformer import LLAMA, WORKLOAD, tensor_parallel_shardings
+from workloads.decoders import LLAMA, WORKLOAD
+from workloads.transformer import tensor_parallel_shardings
 
 
 def placed(model, mesh: Mesh):

@@ -18,7 +18,7 @@ from importlib import metadata
 from workloads.base import ModelConfigError, Workload
 from workloads.cnn import WORKLOAD as _cnn
 from workloads.mlp import WORKLOAD as _mlp
-from workloads.transformer import LLAMA as _llama, WORKLOAD as _transformer
+from workloads.decoders import LLAMA as _llama, WORKLOAD as _transformer
 
 ENTRY_POINT_GROUP = "jax_migration.workloads"
 WORKLOADS: dict[str, Workload] = {w.name: w for w in (_mlp, _cnn, _transformer, _llama)}
