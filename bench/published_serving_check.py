@@ -14,7 +14,8 @@ serving constant was fitted on these entries: every one is held out (the step-ti
 the training one, planning/steptime.py). Static-batch entries (TensorRT-LLM 0.9, LMDeploy) ran without
 chunked prefill; the plan models an engine with it: their notes say so.
 
-    python bench/published_serving_check.py            # the table (plans cached under the cache folder)
+    python bench/published_serving_check.py            # the table (plans cached under the cache folder while
+                                                        # the planning code is unchanged)
     python bench/published_serving_check.py --only ID
     python bench/published_serving_check.py --json bench/results/published_serving_check.json
 """
@@ -68,12 +69,21 @@ def request_of(entry: dict[str, Any]) -> dict[str, Any]:
             "kv_cache": "fp8" if entry.get("kv_cache") == "fp8" else "auto"}
 
 
+def code_version() -> str:
+    """A digest of the code a serving plan comes from (the planner, the hardware table, the workloads, the
+    serving processes' flags): a cached plan is reused only while that code is unchanged."""
+    files = sorted([*(ROOT / "migration" / "planning").glob("*.py"), *(ROOT / "workloads").glob("*.py"),
+                    ROOT / "migration" / "hardware.py", ROOT / "migration" / "running" / "worker_env.py",
+                    ROOT / "migration" / "config" / "serving.py"])
+    return hashlib.sha256(b"".join(f.read_bytes() for f in files)).hexdigest()[:16]
+
+
 def plan_for(entry: dict[str, Any], cache: dict[str, Any]) -> tuple[dict[str, Any], float]:
     from migration.config.serving import serve_request
     from migration.planning.serving import serve_plan
 
     request = request_of(entry)
-    key = hashlib.sha256(json.dumps(request, sort_keys=True).encode()).hexdigest()[:16]
+    key = hashlib.sha256(json.dumps([request, code_version()], sort_keys=True).encode()).hexdigest()[:16]
     if key not in cache:
         start = time.perf_counter()
         plan = serve_plan(serve_request(**request))

@@ -302,3 +302,24 @@ def test_a_queued_plan_reaches_its_worker_with_its_mix_budget_and_model():
     assert serve_run_request(**serve_run_arguments(run)) == run and run.model == {"n_layers": 3}
     with pytest.raises(ConfigError, match="mix: give the requests as a mix or as one prompt"):
         serve_request(workload="llama", preset="8b", target="h200", mix="10:10", prompt_len=5)
+
+
+@pytest.mark.parametrize("command", ["serve-plan", "serve-run"])
+def test_serving_commands_refuse_code_they_cannot_read_in_one_line(tmp_path, command):
+    """`--code` names the user's serving script: a missing file, a folder or bytes that are not text are
+    refused in one line naming the flag, before anything compiles or runs."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    binary = tmp_path / "serve.py"
+    binary.write_bytes(b"\xff\xfe\x00import jax\n")
+    lengths = (["--target", "l4", "--prompt-len", "8", "--gen-len", "8"] if command == "serve-plan"
+               else ["--requests", "1", "--batches", "1", "--prompt-max", "8", "--gen-max", "4"])
+    for code in (tmp_path / "missing.py", tmp_path, binary):
+        proc = subprocess.run([sys.executable, "-m", "migration", command, "--preset", "tiny", *lengths,
+                               "--code", str(code)], capture_output=True, text=True, timeout=300,
+                              cwd=Path(__file__).resolve().parent.parent)
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: --code: "), (code, proc.stderr)
+        assert "Traceback" not in proc.stderr and proc.stdout == ""
