@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -41,6 +40,9 @@ CHECKPOINT_NAMES = ("query_proj", "kv_proj", "attention_out", "attention_proj", 
 # cuDNN's fused attention takes head sizes that are multiples of 8, up to 128 on every architecture
 # it supports (the planner picks XLA attention otherwise).
 CUDNN_HEAD_DIM_MAX = 128
+# XLA's GPU compiler turns a one-row product whose operands are smaller than this (elements) into a multiply
+# and a reduction (xla/backends/gpu/transforms/dot_strength_reduction.cc, its threshold): see _as_gemm
+STRENGTH_REDUCED_BELOW = 10_000_000
 
 # Bounds of each dimension a user may give (CLI, app, API): validation and help text read them.
 DIM_LIMITS: dict[str, tuple[int, int]] = {
@@ -199,25 +201,31 @@ class _Attention(nnx.Module):
         `prefill` (every row starts at 0) the tokens attend among themselves, with the training
         forward's attention (fused where it is), not over the whole cache."""
         b, s, _ = x.shape
-        q = _as_gemm(self.q, x).reshape(b, s, self.n_heads, -1)
-        k, v = (h.reshape(b, s, self.n_kv_heads, -1) for h in _fused_halves(_as_gemm(self.kv, x), self.shards))
+        q = _as_gemm(self.q, x, self.shards).reshape(b, s, self.n_heads, -1)
+        k, v = (h.reshape(b, s, self.n_kv_heads, -1) for h in
+                _fused_halves(_as_gemm(self.kv, x, self.shards), self.shards))
         if rope is not None:
             q, k = _rotate(q, *rope), _rotate(k, *rope)
         layout = kv_cache.cache_layout(self.implementation, cache[0].dtype)
         cache_k, cache_v = (kv_cache.write(c, x, start, layout) for c, x in zip(cache, (k, v)))
         y = (self._causal(q, k, v) if prefill
              else kv_cache.cached_attention(q, cache_k, cache_v, start, layout, self.implementation))
-        return _as_gemm(self.out, y.reshape(b, s, -1)), (cache_k, cache_v)
+        return _as_gemm(self.out, y.reshape(b, s, -1), self.shards), (cache_k, cache_v)
 
 
-def _as_gemm(layer: Callable[[jax.Array], jax.Array], x: jax.Array) -> jax.Array:
-    """`layer(x)` for the new tokens of a decode step (B, S, D), over two rows where there is one.
+def _as_gemm(layer: Any, x: jax.Array, shards: int = 1) -> jax.Array:
+    """`layer(x)` (a Linear, or Int8Linear) over two rows where `x` (B, S, D) has one and the product
+    would not stay a GEMM.
 
-    XLA's GPU compiler rewrites a product of one row by a matrix of fewer than 10M elements (a 1B
-    model's projections) as an elementwise multiply, written out whole, and a reduction that reads it
-    back (dot_strength_reduction.cc): three passes over the weights where a GEMM reads them once. A
-    second, zero row keeps it a GEMM; its output row is dropped."""
+    XLA's GPU compiler rewrites a product of one row by a matrix whose operands come to fewer than
+    STRENGTH_REDUCED_BELOW elements on a device (a 1B model's projections, an 8B model's keys-and-values)
+    as an elementwise multiply, written out whole, and a reduction that reads it back
+    (dot_strength_reduction.cc): three passes over the weights where a GEMM reads them once. A second,
+    zero row keeps it a GEMM; its output row is dropped. Larger products are left as they are."""
     if x.shape[0] * x.shape[1] != 1:
+        return layer(x)
+    rows, cols = layer.kernel.shape[-2:]
+    if rows * cols // shards + rows + cols >= STRENGTH_REDUCED_BELOW:
         return layer(x)
     return layer(jnp.concatenate([x, jnp.zeros_like(x)], axis=1))[:, :1]
 
@@ -311,12 +319,12 @@ class _Mlp(nnx.Module):
         self.up = _linear(cfg, cfg.d_model, (2 if self.swiglu else 1) * cfg.d_ff, dtype=dtype, rngs=rngs)
         self.down = _linear(cfg, cfg.d_ff, cfg.d_model, dtype=dtype, rngs=rngs, init=out_init)
 
-    def __call__(self, x: jax.Array) -> jax.Array:
-        h = checkpoint_name(self.up(x), "mlp_hidden")
+    def __call__(self, x: jax.Array) -> jax.Array:  # (B, T, D); one row: a decode step's (_as_gemm)
+        h = checkpoint_name(_as_gemm(self.up, x, self.shards), "mlp_hidden")
         if self.swiglu:
             gate, up = _fused_halves(h, self.shards)
-            return checkpoint_name(self.down(jax.nn.silu(gate) * up), "mlp_out")
-        return checkpoint_name(self.down(jax.nn.gelu(h)), "mlp_out")
+            return checkpoint_name(_as_gemm(self.down, jax.nn.silu(gate) * up, self.shards), "mlp_out")
+        return checkpoint_name(_as_gemm(self.down, jax.nn.gelu(h), self.shards), "mlp_out")
 
 
 class _Block(nnx.Module):
@@ -333,7 +341,7 @@ class _Block(nnx.Module):
     def extend(self, x: jax.Array, rope, start: jax.Array, cache, prefill: bool = False):
         y, cache = self.attn.extend(self.norm1(x), rope, start, cache, prefill)
         x = x + y
-        return x + _as_gemm(self.mlp, self.norm2(x)), cache
+        return x + self.mlp(self.norm2(x)), cache
 
 
 class Decoder(nnx.Module):
