@@ -53,7 +53,7 @@ RUN_INPUTS = ("workload", "preset", "precision", "requests", "run_batches", "pro
               "gen_max", "temperature", "seed", "memory_fraction", "label", "checkpoint", "kv_cache",
               *forms.MODEL_DIMENSIONS)
 OUTPUTS = ("status", "table", "latency", "throughput", "csv", "checklist")
-X_TITLE = "running sequences (a plan) or batch size (a measured run)"
+X_TITLE = "running sequences (plan) or batch (run)"
 
 
 @dataclasses.dataclass
