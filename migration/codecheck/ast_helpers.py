@@ -14,6 +14,25 @@ MAX_FOLDED_BITS = 4096  # integer constants folded beyond this are treated as un
 NAME_TOKENS_MAX_CHARS = 128  # only this much of an identifier is split into words
 
 
+def children(node: ast.AST) -> tuple[ast.AST, ...]:
+    """`ast.iter_child_nodes(node)`, kept on the node after the first call (the rules walk the same
+    subtrees many times, and a tree is never changed once parsed)."""
+    try:
+        return node._kids
+    except AttributeError:
+        kids = node._kids = tuple(ast.iter_child_nodes(node))
+        return kids
+
+
+def walk(node: ast.AST) -> list[ast.AST]:
+    """`ast.walk(node)` (the node, then its descendants breadth first) as a list, from `children`."""
+    out, i = [node], 0
+    while i < len(out):
+        out.extend(children(out[i]))
+        i += 1
+    return out
+
+
 def dotted(node: ast.AST) -> str:
     """'jax.lax.pmean' for an attribute chain, the name for a Name, '' otherwise."""
     parts = []
@@ -124,7 +143,7 @@ def iterated_values(target: ast.AST, it: ast.AST, body: Sequence[ast.AST] = ()) 
     if kind == "keys":
         return []
     container = _container_text(it)
-    keys = {n.slice.id for root in body for n in ast.walk(root) if isinstance(n, ast.Subscript)
+    keys = {n.slice.id for root in body for n in walk(root) if isinstance(n, ast.Subscript)
             and isinstance(n.slice, ast.Name) and _container_text(n.value) == container}
     return [n for n in target_names(target) if n not in keys]
 
@@ -139,14 +158,20 @@ def _container_text(node: ast.AST) -> str:
     return ast.unparse(node)
 
 
-def scope_nodes(scope: ast.AST) -> Iterator[ast.AST]:
-    """Nodes of one function (or module) body, not descending into nested functions or classes."""
-    stack = list(ast.iter_child_nodes(scope))
-    while stack:
-        node = stack.pop()
-        yield node
-        if not isinstance(node, SCOPES):
-            stack.extend(ast.iter_child_nodes(node))
+def scope_nodes(scope: ast.AST) -> list[ast.AST]:
+    """Nodes of one function (or module) body, not descending into nested functions or classes. Kept on
+    the node after the first call: the rules ask for the same scopes many times, and a tree is never
+    changed once parsed."""
+    cached = getattr(scope, "_scope_nodes", None)
+    if cached is None:
+        cached, stack = [], list(children(scope))
+        while stack:
+            node = stack.pop()
+            cached.append(node)
+            if not isinstance(node, SCOPES):
+                stack.extend(children(node))
+        scope._scope_nodes = cached
+    return cached
 
 
 def child_blocks(stmt: ast.stmt) -> list[list[ast.stmt]]:
@@ -163,15 +188,15 @@ def static_uses(expr: ast.AST) -> set[int]:
     """ids of nodes used only statically: under .shape/.dtype, len()/np.ndim()/isinstance(), and in
     `is` comparisons or comparisons with a string or a dtype (which a traced array never equals)."""
     static: set[int] = set()
-    for sub in ast.walk(expr):
+    for sub in walk(expr):
         if isinstance(sub, ast.Attribute) and sub.attr in STATIC_ATTRS:
-            static |= {id(n) for n in ast.walk(sub.value)}
+            static |= {id(n) for n in walk(sub.value)}
         elif isinstance(sub, ast.Call) and last_name(sub.func) in STATIC_FUNCS:
-            static |= {id(n) for n in ast.walk(sub)}
+            static |= {id(n) for n in walk(sub)}
         elif isinstance(sub, ast.Compare) and (any(isinstance(op, (ast.Is, ast.IsNot)) for op in sub.ops)
                                                or any(const_str(c) is not None or dotted(c) and is_dtype(c)
                                                       for c in [sub.left, *sub.comparators])):
-            static |= {id(n) for n in ast.walk(sub)}
+            static |= {id(n) for n in walk(sub)}
     return static
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ast
 
-from migration.codecheck.ast_helpers import assigned_pairs, scope_nodes
+from migration.codecheck.ast_helpers import (assigned_pairs, scope_nodes, walk)
 from migration.codecheck.context import Context
 from migration.codecheck.family import RawFinding, RuleFamily
 
@@ -42,7 +42,7 @@ class AttentionRules(RuleFamily):
     def _product(self, expr: ast.AST, at: ast.AST, depth: int) -> str | None:
         """What makes `expr` a product of two arrays: an einsum/matmul call or `@` in it, or a name assigned
         such an expression earlier in the same function (followed twice at most)."""
-        for n in ast.walk(expr):
+        for n in walk(expr):
             if isinstance(n, ast.BinOp) and isinstance(n.op, ast.MatMult) and _transposed(n.right):
                 return "`q @ k.T`"
             if isinstance(n, ast.Call):
@@ -54,7 +54,7 @@ class AttentionRules(RuleFamily):
                     return "`einsum(...)` of two activations"
         if depth >= 2:
             return None
-        names = {n.id for n in ast.walk(expr) if isinstance(n, ast.Name)}
+        names = {n.id for n in walk(expr) if isinstance(n, ast.Name)}
         scope = self.ctx.parents.get(at)
         while scope is not None and not isinstance(scope, SCOPE_TYPES):
             scope = self.ctx.parents.get(scope)

@@ -8,7 +8,8 @@ import ast
 import bisect
 import dataclasses
 
-from migration.codecheck.ast_helpers import dotted, is_step_name, last_name, name_tokens, scope_nodes, target_names
+from migration.codecheck.ast_helpers import (children, dotted, is_step_name, last_name, name_tokens, scope_nodes,
+                                             target_names, walk)
 from migration.codecheck.transforms import Transform, int_set, str_set
 from migration.codecheck.vocabulary import (APPLY_METHODS, BARE_TRANSFORMS, COMPILE_TRANSFORMS, CONTROL_FLOW,
                                             DEFAULT_ALIASES, GRAD_TRANSFORMS, HOST_BUILTINS, HOST_IO_TOKENS, HOST_JAX,
@@ -23,8 +24,8 @@ class Context:
     def __init__(self, tree: ast.Module, filename: str):
         self.filename = filename
         self.tree = tree
-        self.nodes = list(ast.walk(tree))
-        self.parents = {child: node for node in self.nodes for child in ast.iter_child_nodes(node)}
+        self.nodes = list(walk(tree))
+        self.parents = {child: node for node in self.nodes for child in children(node)}
         self.aliases: dict[str, str] = dict(DEFAULT_ALIASES)
         self.removed_bindings: set[str] = set()
         self.jax_import: tuple[int, str] | None = None

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import ast
 
-from migration.codecheck.ast_helpers import assigned_pairs, const_str, dotted, last_name, name_tokens, target_names
+from migration.codecheck.ast_helpers import (assigned_pairs, const_str, dotted, last_name, name_tokens, target_names,
+                                             walk)
 from migration.codecheck.context import Context
 from migration.codecheck.family import RawFinding, RuleFamily
 from migration.codecheck.transforms import Transform
@@ -110,7 +111,7 @@ class DeviceRules(RuleFamily):
     def platform_query(self, node: ast.AST) -> bool:
         """An expression that reads the platform: default_backend(), device.platform / .device_kind,
         or a name assigned one of those."""
-        for sub in ast.walk(node):
+        for sub in walk(node):
             if isinstance(sub, ast.Name) and sub.id in self.platform_names:
                 return True
             if isinstance(sub, ast.Call) and last_name(sub.func) in ("default_backend", "get_backend"):

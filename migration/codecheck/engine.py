@@ -10,7 +10,7 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
-from migration.codecheck.ast_helpers import scope_nodes
+from migration.codecheck.ast_helpers import (scope_nodes, walk)
 from migration.codecheck.checker import Checker
 from migration.codecheck.context import Context
 from migration.codecheck.env_rules import env_findings, env_writes
@@ -62,8 +62,8 @@ def scope_findings(ctx: Context) -> list[RawFinding]:
 
 def third_party_imports(tree: ast.Module) -> set[str]:
     """Top-level packages a file imports from outside the standard library."""
-    roots = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-    roots |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module
+    roots = {a.name.split(".")[0] for n in walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    roots |= {n.module.split(".")[0] for n in walk(tree) if isinstance(n, ast.ImportFrom) and n.module
               and not n.level}
     return roots - set(sys.stdlib_module_names) - {"__future__"}
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ast
 
-from migration.codecheck.ast_helpers import const_str, last_name
+from migration.codecheck.ast_helpers import (const_str, last_name, walk)
 from migration.codecheck.context import Context
 
 MEMORY, UTILISATION, TRACE = "memory", "utilisation", "trace"
@@ -47,7 +47,7 @@ def _monitoring_call(ctx: Context, node: ast.Call) -> tuple[str, str] | None:
     if name in TRACES:
         return name, TRACE
     if name.split(".")[0] in ("subprocess", "os") and any(
-            "nvidia-smi" in s.value for a in node.args + [k.value for k in node.keywords] for s in ast.walk(a)
+            "nvidia-smi" in s.value for a in node.args + [k.value for k in node.keywords] for s in walk(a)
             if const_str(s) is not None):
         return "nvidia-smi", UTILISATION
     return None

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import ast
 
-from migration.codecheck.ast_helpers import assigned_pairs, dotted, last_name, scope_nodes, static_uses, target_names
+from migration.codecheck.ast_helpers import (assigned_pairs, dotted, last_name, scope_nodes, static_uses,
+                                             target_names, walk)
 from migration.codecheck.context import Context
 from migration.codecheck.family import RawFinding, RuleFamily
 
@@ -73,7 +74,7 @@ def propagate_traced(fn: ast.AST, traced: set[str]) -> set[str]:
 
 def traced_uses(expr: ast.AST, traced: set[str]) -> list[str]:
     static = static_uses(expr)
-    return [n.id for n in ast.walk(expr) if isinstance(n, ast.Name) and n.id in traced and id(n) not in static]
+    return [n.id for n in walk(expr) if isinstance(n, ast.Name) and n.id in traced and id(n) not in static]
 
 
 def flag_missing(node: ast.Call, keyword: str) -> bool:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import ast
 
-from migration.codecheck.ast_helpers import (assigned_pairs, bind_arguments, child_blocks, iterated_values, last_name, mutations,
-                                             name_tokens, stmt_writes, target_names)
+from migration.codecheck.ast_helpers import (assigned_pairs, bind_arguments, child_blocks, children, iterated_values,
+                                             last_name, mutations, name_tokens, stmt_writes, target_names, walk)
 from migration.codecheck.context import Context
 from migration.codecheck.values import Values, host_targets, step_state_names, summary
 from migration.codecheck.vocabulary import EVAL_TOKENS, LOOPS, SCOPES
@@ -21,7 +21,7 @@ def direct_step_call(ctx: Context, loop: ast.AST, training: bool = False) -> boo
         if isinstance(node, ast.Call) and ctx.is_step_call(node) and not (training and is_eval_step(ctx, node)):
             return True
         if not isinstance(node, (*LOOPS, *SCOPES)):
-            stack.extend(ast.iter_child_nodes(node))
+            stack.extend(children(node))
     return False
 
 
@@ -43,7 +43,7 @@ class SyncWalk:
         self.ctx, self.values, self.counters, self.depth = ctx, values, counters, depth
         self.eval_only = eval_only  # an evaluation loop: fetching its outputs to the host is its purpose
         self.gate_names: set[str] = set()
-        self.gate_names = {n for s in ast.walk(gate_source) if isinstance(s, ast.Assign)
+        self.gate_names = {n for s in walk(gate_source) if isinstance(s, ast.Assign)
                            and self._gate(s.value) == "gate" for t in s.targets for n in target_names(t)}
         self.found: list[tuple[ast.AST, str]] = []
 
@@ -102,7 +102,7 @@ class SyncWalk:
     def _inner_loop(self, loop: ast.stmt) -> None:
         if direct_step_call(self.ctx, loop):  # checked on its own; here only its results count
             self.dispatched = True
-            self.fresh |= {n for s in ast.walk(loop) for names, v in stmt_writes(s) for n in names
+            self.fresh |= {n for s in walk(loop) for names, v in stmt_writes(s) for n in names
                            if self.values.is_device(v, self.values.names)}
             return
         if isinstance(loop, ast.While):
@@ -126,7 +126,7 @@ class SyncWalk:
                 continue
             live = self.values.comprehension_names(root, self._live())
             flagged = False
-            for node in ast.walk(root):
+            for node in walk(root):
                 message = "a conditional expression on a device value converts it to a Python bool" \
                     if isinstance(node, ast.IfExp) and self.values.is_device(node.test, live) \
                     else self.values.sync_message(node, live)
@@ -177,7 +177,7 @@ class SyncWalk:
                 (self.fresh if self._is_fresh(value) else self.prior).add(container)
         if self._has_step(stmt):
             self.dispatched = True
-            self.fresh |= {n for c in ast.walk(stmt) if isinstance(c, ast.Call) and self.ctx.is_step_call(c)
+            self.fresh |= {n for c in walk(stmt) if isinstance(c, ast.Call) and self.ctx.is_step_call(c)
                            for n in step_state_names(c)}
 
     def _set(self, name: str, value: ast.AST) -> None:
@@ -193,12 +193,12 @@ class SyncWalk:
     def _is_fresh(self, value: ast.AST) -> bool:
         """This step's device result: from a step call (not one of this file's that hands back host
         values), or computed from one."""
-        steps = [n for n in ast.walk(value) if isinstance(n, ast.Call) and self.ctx.is_step_call(n)]
+        steps = [n for n in walk(value) if isinstance(n, ast.Call) and self.ctx.is_step_call(n)]
         device = any((fn := self.ctx.callee(n)) is None or not summary(self.ctx, fn).returns_host for n in steps)
         return self.values.is_device(value, self.fresh) or device
 
     def _has_step(self, node: ast.AST) -> bool:
-        return any(isinstance(n, ast.Call) and self.ctx.is_step_call(n) for n in ast.walk(node))
+        return any(isinstance(n, ast.Call) and self.ctx.is_step_call(n) for n in walk(node))
 
     def _gate(self, test: ast.AST) -> str | None:
         """'gate' when the test holds on a few steps (`step % N == 0`, `step == last`), 'anti' when
@@ -221,7 +221,7 @@ class SyncWalk:
         operands = [test.left, *test.comparators]
         if any(isinstance(o, ast.BinOp) and isinstance(o.op, ast.Mod) for o in operands):
             return {ast.Eq: "gate", ast.NotEq: "anti"}.get(type(test.ops[0]))
-        names = {n.id for n in ast.walk(test) if isinstance(n, ast.Name)}
+        names = {n.id for n in walk(test) if isinstance(n, ast.Name)}
         if isinstance(test.ops[0], ast.Eq) and names & self.counters:
             return "gate"
         return None
@@ -230,7 +230,7 @@ class SyncWalk:
 def loop_counters(loop: ast.For | ast.AsyncFor | ast.While) -> set[str]:
     """The loop variable and names incremented in the loop (`step += 1`)."""
     counters = set(target_names(loop.target)) if isinstance(loop, (ast.For, ast.AsyncFor)) else set()
-    return counters | {n for s in ast.walk(loop) if isinstance(s, ast.AugAssign) for n in target_names(s.target)}
+    return counters | {n for s in walk(loop) if isinstance(s, ast.AugAssign) for n in target_names(s.target)}
 
 
 def step_loop_syncs(ctx: Context, values: Values, loop: ast.For | ast.AsyncFor | ast.While,

@@ -6,7 +6,8 @@ from __future__ import annotations
 import ast
 import builtins
 
-from migration.codecheck.ast_helpers import bind_arguments, child_blocks, last_name, scope_nodes, target_names
+from migration.codecheck.ast_helpers import (bind_arguments, child_blocks, children, last_name, scope_nodes,
+                                             target_names, walk)
 from migration.codecheck.context import Context
 from migration.codecheck.values import Values, summary
 from migration.codecheck.vocabulary import CLOCKS, LOOPS, SAVE_METHODS, SCOPES, WAIT_METHODS
@@ -50,7 +51,7 @@ class Timing:
                 self._index(sub, here)
             if child_blocks(stmt):
                 heads = [n for f in ("test", "iter", "items", "subject") for n in as_list(getattr(stmt, f, None))]
-                for node in (n for h in heads for n in ast.walk(h)):
+                for node in (n for h in heads for n in walk(h)):
                     self.stmt_of.setdefault(id(node), stmt)
 
     def _latest(self, name: str, before: int) -> ast.stmt | None:
@@ -109,7 +110,7 @@ class Timing:
         if not loops:
             return False
         loop = loops[-1]
-        resets = any(name in target_names(t) for s in ast.walk(loop) if isinstance(s, (ast.Assign, ast.AnnAssign))
+        resets = any(name in target_names(t) for s in walk(loop) if isinstance(s, (ast.Assign, ast.AnnAssign))
                      and s.lineno >= end.lineno for t in getattr(s, "targets", [getattr(s, "target", None)]))
         return resets and "sync" in (e for s in loop.body for e in self._events(s))
 
@@ -125,7 +126,7 @@ class Timing:
                 events += [kind] if (kind := self._event(node, live)) else []
                 continue
             stack.append((node, True))
-            stack.extend((child, False) for child in reversed(list(ast.iter_child_nodes(node))))
+            stack.extend((child, False) for child in reversed(list(children(node))))
         return events
 
     def _event(self, node: ast.AST, live: set[str]) -> str | None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import ast
 
-from migration.codecheck.ast_helpers import const_str, dotted, last_name, name_tokens, target_names
+from migration.codecheck.ast_helpers import (const_str, dotted, last_name, name_tokens, target_names, walk)
 from migration.codecheck.family import RuleFamily
 
 MESH_BUILDERS = {"create_device_mesh", "create_hybrid_device_mesh", "make_mesh"}
@@ -50,7 +50,7 @@ class TopologyRules(RuleFamily):
                                           f"{_product(shape)} devices, a TPU slice's layout")
 
     def _device_list(self, node: ast.AST) -> bool:
-        return any(isinstance(n, ast.Call) and last_name(n.func) in DEVICE_LISTS for n in ast.walk(node))
+        return any(isinstance(n, ast.Call) and last_name(n.func) in DEVICE_LISTS for n in walk(node))
 
     def compare(self, node: ast.Compare) -> None:
         """`assert jax.device_count() == 8`, `assert cores_per_replica <= 8`, `if num_tpus == 32`."""
@@ -76,8 +76,8 @@ class TopologyRules(RuleFamily):
         names = [n for t in targets for n in target_names(t)]
         if node.value is None or not any(set(name_tokens(n.rsplit(".", 1)[-1])) & ACCUMULATOR_TOKENS for n in names):
             return
-        half = [n for n in ast.walk(node.value) if isinstance(n, ast.keyword) and n.arg == "dtype" and is_half(n.value)]
-        half += [n for n in ast.walk(node.value) if isinstance(n, ast.Call) and last_name(n.func) == "astype"
+        half = [n for n in walk(node.value) if isinstance(n, ast.keyword) and n.arg == "dtype" and is_half(n.value)]
+        half += [n for n in walk(node.value) if isinstance(n, ast.Call) and last_name(n.func) == "astype"
                  and n.args and is_half(n.args[0])]
         if half:
             self.add(node, "BF16OPT001", f"`{names[0]}` accumulates gradients in 16 bits")

@@ -6,8 +6,8 @@ from __future__ import annotations
 import ast
 import dataclasses
 
-from migration.codecheck.ast_helpers import (assigned_pairs, const_str, dotted, iterated_values, last_name,
-                                             mutations, scope_nodes, target_names)
+from migration.codecheck.ast_helpers import (assigned_pairs, children, const_str, dotted, iterated_values, last_name,
+                                             mutations, scope_nodes, target_names, walk)
 from migration.codecheck.context import Context
 from migration.codecheck.vocabulary import (AOT_METHODS, COMPUTE_NAMESPACES, CONVERSIONS, OPTAX_ARRAY_NAMESPACES,
                                             OPTAX_ARRAYS, STATE_ATTRS, STATIC_ATTRS, SYNC_METHODS, WAIT_METHODS)
@@ -65,12 +65,12 @@ class Values:
             inner = self.comprehension_names(node, known)
             elts = [node.key, node.value] if isinstance(node, ast.DictComp) else [node.elt]
             return False, [(e, inner) for e in elts]
-        return False, [(c, known) for c in ast.iter_child_nodes(node)]
+        return False, [(c, known) for c in children(node)]
 
     def comprehension_names(self, node: ast.AST, known: set[str]) -> set[str]:
         """`known` plus the loop variables of comprehensions in `node` that iterate over device values."""
         names = set(known)
-        for gen in (n for n in ast.walk(node) if isinstance(n, ast.comprehension)):
+        for gen in (n for n in walk(node) if isinstance(n, ast.comprehension)):
             if self.is_device(gen.iter, names):
                 names |= set(iterated_values(gen.target, gen.iter, [node]))
         return names
