@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import ast
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 from migration.codecheck.vocabulary import (DTYPE_NAMES, MANY_STEPS_TOKENS, MUTATORS, NOT_SIZE_TOKENS, NOT_STEP_PREFIXES, SCOPES,
                                             SIZE_TOKENS, STATIC_ATTRS, STATIC_FUNCS, STEP_FN_SUFFIXES, STEP_TOKENS)

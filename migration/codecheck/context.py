@@ -10,11 +10,12 @@ import dataclasses
 
 from migration.codecheck.ast_helpers import (children, dotted, is_step_name, last_name, name_tokens, scope_nodes,
                                              target_names, walk)
+from migration.codecheck.placement import placement_helpers
 from migration.codecheck.transforms import Transform, int_set, str_set
 from migration.codecheck.vocabulary import (APPLY_METHODS, BARE_TRANSFORMS, COMPILE_TRANSFORMS, CONTROL_FLOW,
                                             DEFAULT_ALIASES, GRAD_TRANSFORMS, HOST_BUILTINS, HOST_IO_TOKENS, HOST_JAX,
                                             HOST_NAMESPACES, JAX_IMPORTERS, LOG_METHODS, LOSS_SCALING_HINTS,
-                                            NOT_LOGGERS, SYNC_METHODS, removed_key)
+                                            NOT_LOGGERS, PLACEMENT_HELPERS, SYNC_METHODS, removed_key)
 
 
 class Context:
@@ -32,6 +33,7 @@ class Context:
         for node in sorted((n for n in self.nodes if isinstance(n, (ast.Import, ast.ImportFrom))),
                            key=lambda n: n.lineno):
             self._read_import(node)
+        self._read_module_aliases()
         self._read_bindings()
         self.transforms: dict[int, list[Transform]] = {}  # id(FunctionDef) -> how it is transformed
         self._jax_work: dict[int, bool] = {}
@@ -41,13 +43,43 @@ class Context:
         for node in self.nodes:
             self._read_transforms(node)
         self._read_uses()
+        self.placement_helpers = placement_helpers(
+            [f for fs in self.functions.values() for f in fs],
+            lambda call: self.resolve(call.func) in PLACEMENT_HELPERS)
+
+    def _read_module_aliases(self) -> None:
+        """`ju = flax.jax_utils`, `pmap = jax.pmap`, `P = jax.sharding.PartitionSpec`: a name the module binds
+        once to a dotted name of an import is followed like an import (`ju.replicate` is
+        `flax.jax_utils.replicate`)."""
+        binds: dict[str, list[ast.AST]] = {}
+        for stmt in self.tree.body:
+            for target in (stmt.targets if isinstance(stmt, ast.Assign) else
+                           [stmt.target] if isinstance(stmt, (ast.AnnAssign, ast.AugAssign)) else []):
+                for name in target_names(target):
+                    binds.setdefault(name, []).append(stmt.value if isinstance(stmt, ast.Assign) else None)
+        for name, values in binds.items():
+            value = values[0]
+            if len(values) != 1 or not isinstance(value, (ast.Name, ast.Attribute)) or name in self.aliases:
+                continue
+            text = dotted(value)
+            root = text.split(".")[0]
+            if text and root in self.aliases and root not in DEFAULT_ALIASES:
+                full = self.resolve(value)
+                self.aliases[name] = full
+                if removed_key(full):
+                    self.removed_bindings.add(name)
 
     def _read_bindings(self) -> None:
-        """Names the file binds itself, and its functions by name."""
+        """Names the file binds itself, and its functions by name (a name bound to a lambda counts as
+        a function: `log = lambda m: print(float(m))`)."""
         nodes = self.nodes
         self.functions: dict[str, list[ast.FunctionDef | ast.AsyncFunctionDef]] = {}
         for node in (n for n in nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
             self.functions.setdefault(node.name, []).append(node)
+        for node in (n for n in nodes if isinstance(n, ast.Assign) and isinstance(n.value, ast.Lambda)):
+            for target in node.targets:
+                if isinstance(target, ast.Name):
+                    self.functions.setdefault(target.id, []).append(lambda_function(target.id, node.value))
         self.bound_here = {n.id for n in nodes if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
         self.bound_here |= set(self.functions)
         classes = [n for n in nodes if isinstance(n, ast.ClassDef)]
@@ -275,3 +307,11 @@ class Context:
     def after_jax_import(self, line: int) -> bool:
         return self.jax_import is not None and line > self.jax_import[0]
 
+
+def lambda_function(name: str, lam: ast.Lambda) -> ast.FunctionDef:
+    """`def name(args): return body` standing for `name = lambda args: body`, at the lambda's place (its
+    body is the lambda's own node, so what is found in it points into the file)."""
+    fn = ast.FunctionDef(name=name, args=lam.args, body=[ast.Return(lam.body)], decorator_list=[], returns=None)
+    ast.copy_location(fn, lam)
+    ast.copy_location(fn.body[0], lam.body)
+    return fn

@@ -9,8 +9,10 @@ from migration.codecheck.ast_helpers import (assigned_pairs, const_str, dotted, 
                                              walk)
 from migration.codecheck.context import Context
 from migration.codecheck.family import RawFinding, RuleFamily
+from migration.codecheck.placement import DISTINCTIVE_NAMES
 from migration.codecheck.transforms import Transform
 from migration.codecheck.vocabulary import (COLLECTIVES, CONFIG_TOKENS, DEVICE_QUERIES, PJIT_KEYWORDS, PLACEMENT_HELPERS,
+                                            PLACEMENT_REPLACEMENT,
                                             PLATFORM_ATTRS, PLATFORM_KEYS, REMOVED, removed_from, removed_key)
 
 
@@ -56,14 +58,32 @@ class DeviceRules(RuleFamily):
     def call(self, node: ast.Call, name: str, last: str) -> None:
         self._tpu_call(node, name, last)
         self._pjit_keywords(node, name, last)
-        if name in PLACEMENT_HELPERS:
-            self.add(node, "PMAP003", f"`{name.rsplit('.', 1)[-1]}` places data by hand for pmap (a leading device "
-                                      "axis, a copy per device)", PLACEMENT_HELPERS[name])
+        self._placement(node, name, last)
         self._collective(node, name, last)
         if last in ("device_put_replicated", "device_put_sharded") and self.ctx.is_bare(node.func):
             self.add(node, "REMOVED001", f"`{name or last}` was removed in JAX 0.10", REMOVED[f"jax.{last}"])
         if last == "clear_backends":
             self.add(node, "REMOVED002", f"`{name or last}` no longer exists")
+
+    def _placement(self, node: ast.Call, name: str, last: str) -> None:
+        """PMAP003: a library's placement helper, called or handed to a call that maps it over a tree
+        (`tree_map(replicate, x)`), this file's copy of one, or one by a distinctive name from a project
+        module."""
+        message = "places data by hand for pmap (a leading device axis, a copy per device)"
+        fn = self.ctx.callee(node)
+        handed = [a for a in node.args if isinstance(a, (ast.Name, ast.Attribute))
+                  and self.ctx.resolve(a) in PLACEMENT_HELPERS]
+        if name in PLACEMENT_HELPERS:
+            self.add(node, "PMAP003", f"`{last}` {message}", PLACEMENT_HELPERS[name])
+        elif handed:
+            self.add(handed[0], "PMAP003", f"`{last_name(handed[0])}` {message}",
+                     PLACEMENT_HELPERS[self.ctx.resolve(handed[0])])
+        elif fn is not None and id(fn) in self.ctx.placement_helpers:
+            self.add(node, "PMAP003", f"`{last}` (a copy of a pmap-era helper, line {fn.lineno}) {message}",
+                     PLACEMENT_REPLACEMENT)
+        elif fn is None and last in DISTINCTIVE_NAMES and name.split(".")[0] not in ("jax", "flax", "numpy"):
+            self.add(node, "PMAP003", f"`{name or last}` (by its name, a pmap-era helper) {message}",
+                     PLACEMENT_REPLACEMENT)
 
     def _tpu_call(self, node: ast.Call, name: str, last: str) -> None:
         if name.startswith("jax.tools.colab_tpu"):

@@ -133,7 +133,18 @@ PLACEMENT_HELPERS = {
     "flax.training.common_utils.shard": "jax.device_put(batch, NamedSharding(mesh, P('data'))): no leading device axis",
     "flax.training.common_utils.shard_prng_key": "one key: jit splits the work, not the key",
     "jaxline.utils.bcast_local_devices": "jax.device_put(x, NamedSharding(mesh, P()))",
+    "jaxline.utils.get_first": "nothing: a replicated or sharded jax.Array is already one array",
+    "acme.jax.utils.get_from_first_device": "jax.device_get(x) of the sharded array (no first copy to take)",
+    "acme.jax.utils.replicate_in_all_devices": "jax.device_put(x, NamedSharding(mesh, P()))",
+    "kfac_jax.utils.replicate_all_local_devices": "jax.device_put(x, NamedSharding(mesh, P()))",
+    "kfac_jax.utils.broadcast_all_local_devices": "jax.device_put(x, NamedSharding(mesh, P()))",
+    "kfac_jax.utils.make_different_rng_key_on_all_devices": "one key: jit splits the work, not the key",
+    "paxml.trainer_lib.replicate_model_state": "keep the state sharded with NamedSharding under jit",
+    "praxis.py_utils.reshard": "jax.device_put(batch, NamedSharding(mesh, P('data'))): no leading device axis",
+    "trax.layers.for_n_devices": "jax.device_put(x, NamedSharding(mesh, P()))",
 }
+PLACEMENT_REPLACEMENT = ("jax.device_put(x, NamedSharding(mesh, P())) to replicate, NamedSharding(mesh, P('data')) to "
+                         "split a batch, or nothing: a sharded jax.Array is one array")
 # pjit's keyword arguments that were renamed, then removed: passing them raises a TypeError.
 PJIT_KEYWORDS = {"in_axis_resources": "in_shardings", "out_axis_resources": "out_shardings"}
 
