@@ -6,10 +6,11 @@ from __future__ import annotations
 import ast
 
 from migration.codecheck.ast_helpers import (assigned_pairs, bind_arguments, child_blocks, children, iterated_values,
-                                             last_name, mutations, name_tokens, stmt_writes, target_names, walk)
+                                             last_name, mutations, name_tokens, scope_nodes, stmt_writes, target_names,
+                                             walk)
 from migration.codecheck.context import Context
 from migration.codecheck.values import Values, host_targets, step_state_names, summary
-from migration.codecheck.vocabulary import EVAL_TOKENS, LOOPS, SCOPES
+from migration.codecheck.vocabulary import CLOCKS, EVAL_TOKENS, LOOPS, SCOPES
 
 
 def direct_step_call(ctx: Context, loop: ast.AST, training: bool = False) -> bool:
@@ -42,6 +43,9 @@ class SyncWalk:
                  eval_only: bool = False):
         self.ctx, self.values, self.counters, self.depth = ctx, values, counters, depth
         self.eval_only = eval_only  # an evaluation loop: fetching its outputs to the host is its purpose
+        self.clock_names = {n for s in walk(gate_source) if isinstance(s, ast.Assign)
+                            and any(isinstance(c, ast.Call) and ctx.resolve(c.func) in CLOCKS for c in walk(s.value))
+                            for t in s.targets for n in target_names(t)}
         self.gate_names: set[str] = set()
         self.gate_names = {n for s in walk(gate_source) if isinstance(s, ast.Assign)
                            and self._gate(s.value) == "gate" for t in s.targets for n in target_names(t)}
@@ -214,8 +218,22 @@ class SyncWalk:
             parts = [self._gate(v) for v in test.values]
             if isinstance(test.op, ast.And):
                 return "gate" if "gate" in parts else None
+            # `step % N == 0 or step == last`; not `... or verbose`, which opens it on every step when set
             return "gate" if all(p == "gate" for p in parts) else None
+        if isinstance(test, ast.Call):
+            return self._call_gate(test)
         return self._compare_gate(test) if isinstance(test, ast.Compare) else None
+
+    def _call_gate(self, call: ast.Call) -> str | None:
+        """`should_log(step)`, `write_summary_every_n_steps(...)`: a function of this file whose returns are
+        gates, or one whose name says it decides by the step (`every`, `should_`)."""
+        fn = self.ctx.callee(call)
+        if fn is not None:
+            returns = [n.value for n in scope_nodes(fn) if isinstance(n, ast.Return) and n.value is not None]
+            inner = SyncWalk(self.ctx, self.values, {a.arg for a in fn.args.args}, fn, depth=1)
+            return "gate" if returns and all(inner._gate(r) == "gate" for r in returns) else None
+        tokens = name_tokens(last_name(call.func))
+        return "gate" if "every" in tokens or tokens[:1] == ["should"] else None
 
     def _compare_gate(self, test: ast.Compare) -> str | None:
         operands = [test.left, *test.comparators]
@@ -224,7 +242,14 @@ class SyncWalk:
         names = {n.id for n in walk(test) if isinstance(n, ast.Name)}
         if isinstance(test.ops[0], ast.Eq) and names & self.counters:
             return "gate"
+        if isinstance(test.ops[0], (ast.Gt, ast.GtE, ast.Lt, ast.LtE)) and self._elapsed(test):
+            return "gate"  # `time.time() - last_log > 60`: once a minute, not every step
         return None
+
+    def _elapsed(self, test: ast.Compare) -> bool:
+        """A comparison of elapsed time: a clock read, or a name the loop sets from one, on either side."""
+        return any(isinstance(n, ast.Call) and self.ctx.resolve(n.func) in CLOCKS
+                   or isinstance(n, ast.Name) and n.id in self.clock_names for n in walk(test))
 
 
 def loop_counters(loop: ast.For | ast.AsyncFor | ast.While) -> set[str]:

@@ -9,8 +9,8 @@ import builtins
 from migration.codecheck.ast_helpers import (bind_arguments, child_blocks, children, last_name, scope_nodes,
                                              target_names, walk)
 from migration.codecheck.context import Context
-from migration.codecheck.values import Values, summary
-from migration.codecheck.vocabulary import CLOCKS, LOOPS, SAVE_METHODS, SCOPES, WAIT_METHODS
+from migration.codecheck.values import Values, is_wait, summary
+from migration.codecheck.vocabulary import CLOCKS, LOOPS, SAVE_METHODS, SCOPES
 
 
 class Timing:
@@ -134,7 +134,7 @@ class Timing:
             return "sync" if self.values.sync_message(node, live) else None
         if not isinstance(node, ast.Call):
             return None
-        if last_name(node.func) in WAIT_METHODS or self.ctx.resolve(node.func) == "jax.device_get":
+        if is_wait(self.ctx, node) or any(self._waits(arg) for arg in node.args):
             return "sync"
         if last_name(node.func) in SAVE_METHODS and any(self.values.is_device(a, self.values.names) for a in node.args):
             return "sync"  # a checkpoint save copies the device values to the host first
@@ -148,7 +148,21 @@ class Timing:
             return "sync"
         if isinstance(node.func, ast.Name) and hasattr(builtins, node.func.id):
             return None  # min(), sum() and friends dispatch nothing themselves
+        if isinstance(node.func, ast.Attribute) and node.func.attr in ("items", "keys", "values", "get"):
+            return None  # reading a dict of results dispatches nothing
+        if isinstance(self.ctx.parents.get(node), ast.Expr) and not self.ctx.is_step_call(node) \
+                and not self.ctx.resolve(node.func).startswith(("jax.", "flax.", "optax.")):
+            return None  # a callback handed results (`progress_fn(step, metrics)`): it returns nothing to wait for
         return "jax" if self.values.is_device(node, self.values.names) else None
+
+
+    def _waits(self, fn: ast.AST) -> bool:
+        """A function of this file handed to a call (a tree map) that waits."""
+        if isinstance(fn, ast.Name):
+            defs = self.ctx.functions.get(fn.id, [])
+            return len(defs) == 1 and summary(self.ctx, defs[0], frozenset(
+                a.arg for a in defs[0].args.args)).waits
+        return False
 
 
 def is_clock(ctx: Context, node: ast.AST | None) -> bool:

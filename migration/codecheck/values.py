@@ -10,7 +10,8 @@ from migration.codecheck.ast_helpers import (assigned_pairs, children, const_str
                                              mutations, scope_nodes, target_names, walk)
 from migration.codecheck.context import Context
 from migration.codecheck.vocabulary import (AOT_METHODS, COMPUTE_NAMESPACES, CONVERSIONS, OPTAX_ARRAY_NAMESPACES,
-                                            OPTAX_ARRAYS, STATE_ATTRS, STATIC_ATTRS, SYNC_METHODS, WAIT_METHODS)
+                                            OPTAX_ARRAYS, STATE_ATTRS, STATIC_ATTRS, SYNC_METHODS,
+                                            SYNCHRONOUS_CALLS, SYNCHRONOUS_METHODS, WAIT_METHODS)
 
 
 class Values:
@@ -153,15 +154,23 @@ def summary(ctx: Context, fn: ast.FunctionDef | ast.AsyncFunctionDef, seed: froz
         values = Values(ctx, fn, seed=set(seed))
         nodes = list(scope_nodes(fn))
         returns = [n.value for n in nodes if isinstance(n, ast.Return) and n.value is not None]
-        waits = any(isinstance(n, ast.Call) and (last_name(n.func) in WAIT_METHODS
-                                                 or ctx.resolve(n.func) == "jax.device_get")
-                    or values.sync_message(n, values.names) for n in nodes)
+        waits = any(isinstance(n, ast.Call) and is_wait(ctx, n) or values.sync_message(n, values.names) for n in nodes)
         host = [not values.is_device(r, values.names) for r in returns]
         places = [{i for i, e in enumerate(r.elts) if not values.is_device(e, values.names)}
                   if isinstance(r, ast.Tuple) else None for r in returns]
         common = frozenset.intersection(*map(frozenset, places)) if places and None not in places else frozenset()
         cache[key] = Summary(bool(returns) and all(host), waits, common)
     return cache[key]
+
+
+def is_wait(ctx: Context, call: ast.Call) -> bool:
+    """A call that returns only once the work before it is done (SYNCHRONOUS_CALLS, `.block_until_ready()`,
+    an ahead-of-time `.compile()`), or that hands a wait to a tree map (`tree_map(lambda x:
+    x.block_until_ready(), out)`)."""
+    if last_name(call.func) in WAIT_METHODS | SYNCHRONOUS_METHODS or ctx.resolve(call.func) in SYNCHRONOUS_CALLS:
+        return True
+    return any(isinstance(a, ast.Lambda) and any(isinstance(n, ast.Call) and is_wait(ctx, n) for n in walk(a.body))
+               for a in call.args)
 
 
 def state_of_step_arguments(ctx: Context, scope: ast.AST) -> set[str]:

@@ -40,6 +40,14 @@ HOST_JAX = {"jax.device_get", "jax.devices", "jax.local_devices", "jax.device_co
 CONVERSIONS = {"float", "int", "bool", "str", "repr", "complex", "format", "round"}
 SYNC_METHODS = {"item", "tolist"}
 WAIT_METHODS = {"block_until_ready", "wait_until_finished", "result"}  # `future.result()` blocks too
+# Calls that return only once their work is done, so a clock read after them measures it: waits
+# (`jax.block_until_ready`, `jax.device_get`, barriers across processes) and compiling ahead of time
+# (`f.lower(x).compile()` traces and compiles on the host before it returns).
+SYNCHRONOUS_CALLS = {"jax.device_get", "jax.block_until_ready", "jax.effects_barrier",
+                     "jax.experimental.multihost_utils.sync_global_devices",
+                     "jax.experimental.multihost_utils.process_allgather",
+                     "flax.training.common_utils.get_metrics"}  # stacks a list of metrics and device_gets it
+SYNCHRONOUS_METHODS = {"compile"}
 # saving a checkpoint copies the device values it is given to the host before it returns
 SAVE_METHODS = {"save", "save_checkpoint", "save_state", "save_params"}
 # calls that read files or checkpoints: host I/O, not work dispatched to the device (`read_ckpt(...)`)
