@@ -59,6 +59,7 @@ REPLACEMENT = re.compile(r"\b(?:use(?! of)|instead|replac\w*|in favou?r of|avail
                          r"alternatives?|switch to|migrate to|renamed to|moved to|prefer)\b", re.I)
 QUALIFIER = re.compile(r"(?:^from|(?:remov|delet|export|APIs?|function|method|name)\w*\s+(?:from|in))\s+"
                        r"(?:\{mod\}\s*)?`~?([A-Za-z_][\w.]*)`", re.I)
+FLAX_HEADING = re.compile(r"^v?(\d+(?:\.\d+)+)$|^vNext$")
 KEYWORD_NAME = re.compile(r"[a-z][a-z0-9_]*")
 KEYWORD_WORDS = re.compile(r"\b(?:argument|parameter|keyword|kwarg)s?\b", re.I)
 SENTENCE = re.compile(r"(?<=[.!?])\s+|;\s+")
@@ -101,17 +102,25 @@ def version_key(version: str) -> tuple[int, ...]:
 
 
 def sections(text: str) -> Iterator[tuple[str, list[str]]]:
-    """(version, lines) for each version section; lines under other '## ' headings are skipped."""
+    """(version, lines) for each version section; lines under other '## ' headings are skipped. Flax's
+    changelog underlines its versions instead ('0.6.8' over '-----', 'vNext' for the unreleased one)."""
     version, lines = None, []
-    for line in text.splitlines():
-        if line.startswith("## "):
+    rows = text.splitlines()
+    for i, line in enumerate(rows):
+        underlined = i + 1 < len(rows) and re.fullmatch(r"-{3,}", rows[i + 1].strip() or "x") is not None
+        if line.startswith("## ") or underlined and FLAX_HEADING.match(line.strip()):
             if version:
                 yield version, lines
-            version, lines = heading_version(line), []
-        elif version:
+            version, lines = heading_version(line) if line.startswith("## ") else flax_version(line), []
+        elif version and not re.fullmatch(r"-{3,}", line.strip() or "x"):
             lines.append(line)
     if version:
         yield version, lines
+
+
+def flax_version(line: str) -> str:
+    match = FLAX_HEADING.match(line.strip())
+    return match.group(1) if match.group(1) else "unreleased"
 
 
 def entries(version: str, lines: list[str]) -> list[Entry]:
@@ -277,12 +286,94 @@ def print_text(found: list[Candidate]) -> None:
     print(summary(found))
 
 
+def strictly_absent(name: str) -> bool:
+    """The name's module path imports only up to a missing module (ModuleNotFoundError) or a missing
+    attribute (AttributeError); any other failure (a GPU-only module on a CPU machine) is not proof."""
+    parts = name.split(".")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for cut in range(len(parts), 0, -1):
+            module = ".".join(parts[:cut])
+            try:
+                obj = importlib.import_module(module)
+            except ModuleNotFoundError as exc:
+                if exc.name and not module.startswith(exc.name):
+                    return False  # the module is there but needs another package (jax2tf needs TensorFlow)
+                continue
+            except Exception:  # noqa: BLE001 -- it exists but would not import here
+                return False
+            for attr in parts[cut:]:
+                if not hasattr(obj, attr):
+                    return True
+                obj = getattr(obj, attr)
+            return False
+    return True
+
+
+def replacement(c: Candidate, library: str) -> str:
+    """What the changelog names in place of `c` (the first name after "use", "instead", ...), with the
+    version; or that it names none."""
+    parts = REPLACEMENT.split(c.line.split(" [under: ")[0], maxsplit=1)
+    named = [n for span in TICKED.findall(parts[1]) if (n := normalise(span, None) or span)] if len(parts) > 1 else []
+    said = "removed" if c.status == "removed" else "deprecated"
+    if named and named[0] != c.name:
+        return f"{named[0]} ({said} in {library} {c.version}, per its changelog)"
+    return f"no one-to-one replacement named ({said} in {library} {c.version}; see its changelog)"
+
+
+OWN_RULES = {"jax.clear_backends"}  # reported by a rule of its own (REMOVED002)
+
+
+def generated(jax_text: str, flax_text: str | None) -> dict[str, str]:
+    """name -> replacement for each name the changelogs say was removed or deprecated and that is
+    strictly absent here; keyword arguments and `jax.Array` methods are left out (the check cannot
+    see which function or array they belong to)."""
+    out: dict[str, str] = {}
+    for text, library in ((jax_text, "JAX"), (flax_text, "Flax")):
+        for c in candidates(text or ""):
+            if c.keyword or c.name.startswith("jax.Array.") or c.name in OWN_RULES or not strictly_absent(c.name):
+                continue
+            out[c.name] = replacement(c, library)
+    return dict(sorted(out.items()))
+
+
+def write_module(path: Path, names: dict[str, str], sources: list[Path]) -> None:
+    import jax
+    try:
+        import flax
+        flax_version = flax.__version__
+    except ImportError:
+        flax_version = "not installed"
+    rows = "\n".join(f"    {name!r}: {text!r}," for name, text in names.items())
+    path.write_text(f'''"""Names JAX's and Flax's changelogs say were removed or deprecated, each absent from JAX {jax.__version__}
+and Flax {flax_version}: generated by bench/removed_api_candidates.py from {", ".join(p.name for p in sources)} in
+bench/data/changelogs/; do not edit by hand. The hand-kept table in vocabulary.py (REMOVED) wins where both
+name a replacement.
+
+    python bench/removed_api_candidates.py bench/data/changelogs/jax_CHANGELOG.md \\
+        --flax bench/data/changelogs/flax_CHANGELOG.md --write migration/codecheck/removed_api.py
+"""
+
+CHANGELOG_REMOVED = {{
+{rows}
+}}
+''', encoding="utf-8")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("changelog", type=Path, help="JAX's CHANGELOG.md")
     parser.add_argument("--since", help="only versions from this one on, e.g. 0.4.0")
     parser.add_argument("--format", choices=("text", "json"), default="text")
+    parser.add_argument("--flax", type=Path, help="Flax's CHANGELOG.md (with --write)")
+    parser.add_argument("--write", type=Path, help="write the generated table (migration/codecheck/removed_api.py)")
     args = parser.parse_args(argv)
+    if args.write:
+        flax_text = args.flax.read_text(encoding="utf-8") if args.flax else None
+        names = generated(args.changelog.read_text(encoding="utf-8"), flax_text)
+        write_module(args.write, names, [args.changelog] + ([args.flax] if args.flax else []))
+        print(f"{len(names)} names written to {args.write}")
+        return 0
     found = report(args.changelog.read_text(encoding="utf-8"), args.since)
     if args.format == "json":
         rows = [{**dataclasses.asdict(c), "label": c.label, "line": shorten(c.line, 200)} for c in found]

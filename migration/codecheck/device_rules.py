@@ -13,7 +13,8 @@ from migration.codecheck.placement import DISTINCTIVE_NAMES
 from migration.codecheck.transforms import Transform
 from migration.codecheck.vocabulary import (COLLECTIVES, CONFIG_TOKENS, DEVICE_QUERIES, PJIT_KEYWORDS, PLACEMENT_HELPERS,
                                             PLACEMENT_REPLACEMENT,
-                                            PLATFORM_ATTRS, PLATFORM_KEYS, REMOVED, removed_from, removed_key)
+                                            PLATFORM_ATTRS, PLATFORM_KEYS, REMOVED, TPU_DEVICE_ATTRS, TPU_DRIVER_KEYS,
+                                            removed_from, removed_key)
 
 
 class DeviceRules(RuleFamily):
@@ -43,6 +44,10 @@ class DeviceRules(RuleFamily):
         key = removed_key(full)
         if key and root not in self.ctx.removed_bindings:
             self.add(node, "REMOVED001", f"`{full}` was removed from {removed_from(key)}", REMOVED[key])
+        if isinstance(node, ast.Attribute) and node.attr in TPU_DEVICE_ATTRS and self.ctx.uses_jax \
+                and {"device", "devices", "dev", "d"} & set(name_tokens(dotted(node.value))):
+            self.add(node, "TPU001", f"`.{node.attr}` is an attribute only TPU devices have (their place in the "
+                                     "slice): a GPU device raises AttributeError")
 
     # functions (PMAP002 context) -----------------------------------------------------------
     def enter_function(self, transforms: list[Transform]) -> bool:
@@ -97,10 +102,17 @@ class DeviceRules(RuleFamily):
                 and names_only_tpu(node.args[0]) and self.platform_query(node.func.value):
             self.add(node, "TPU001", "the code checks for a TPU device: on a GPU machine the check fails or the "
                                      "TPU branch never runs")
-        if name.endswith("config.update") and len(node.args) > 1 and const_str(node.args[0]) in PLATFORM_KEYS:
-            value = const_str(node.args[1]) or ""
-            if "tpu" in value.lower().split(","):
-                self.add(node, "TPU001", f"`{const_str(node.args[0])}` is set to {value!r}: JAX then looks for a TPU")
+        option = const_str(node.args[0]) if name.endswith("config.update") and len(node.args) > 1 else None
+        value = (const_str(node.args[1]) or "") if option else ""
+        if option in PLATFORM_KEYS and "tpu" in value.lower().split(","):
+            self.add(node, "TPU001", f"`{option}` is set to {value!r}: JAX then looks for a TPU")
+        if option in TPU_DRIVER_KEYS and (value == "tpu_driver" or value.startswith("grpc://")):
+            self.add(node, "TPU001", f"`{option}` is set to {value!r}: the TPU era's remote TPU driver, which GPUs "
+                                     "do not have")
+        key = removed_key(f"jax.config.{option}") if option else None
+        if key:
+            self.add(node, "REMOVED001", f"the config option `{option}` was removed from JAX: the update raises",
+                     REMOVED[key])
 
     def _pjit_keywords(self, node: ast.Call, name: str, last: str) -> None:
         """PJIT001: pjit (or jit, or a functools.partial of either) given the removed keywords."""

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import ast
 
+from migration.codecheck.removed_api import CHANGELOG_REMOVED
+
 ENV_PREFIXES = ("XLA_", "JAX_", "CUDA_VISIBLE_DEVICES", "TF_CPP_", "NCCL_")
 JAX_IMPORTERS = {"jax", "jaxlib", "flax", "optax", "orbax", "chex", "haiku", "equinox", "jmp"}
 DEFAULT_ALIASES = {"jnp": "jax.numpy", "np": "numpy", "lax": "jax.lax"}
@@ -61,6 +63,9 @@ STATIC_FUNCS = {"isinstance", "len", "hasattr", "callable", "type", "getattr", "
                 "isrealobj", "issubdtype", "result_type"}
 DEVICE_QUERIES = {"devices", "local_devices", "device_count", "local_device_count", "get_backend"}
 PLATFORM_KEYS = {"jax_platform_name", "jax_platforms"}
+# the TPU era's remote-TPU switches: the tpu_driver backend and the address of a TPU it connects to
+TPU_DRIVER_KEYS = {"jax_xla_backend", "jax_backend_target"}
+TPU_DEVICE_ATTRS = {"coords", "core_on_chip"}  # attributes only a TPU device has
 PLATFORM_ENV = {"JAX_PLATFORMS", "JAX_PLATFORM_NAME"}
 PLATFORM_ATTRS = {"platform", "device_kind"}
 CONFIG_TOKENS = {"args", "arg", "config", "cfg", "conf", "flags", "opts", "options", "hparams", "hps", "settings"}
@@ -81,7 +86,9 @@ LOOPS = (ast.For, ast.AsyncFor, ast.While)
 MUTATORS = {"append", "extend", "insert", "add", "appendleft"}
 APPLY_METHODS = {"apply", "apply_fn", "apply_gradients", "apply_updates", "value_and_grad"}
 SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
-REMOVED = {
+# Removed APIs: the changelogs' names (removed_api.py, generated), then the hand-kept ones below, whose
+# replacements are written out (they win where both name one).
+REMOVED = CHANGELOG_REMOVED | {
     "jax.device_put_replicated": "jax.device_put(x, NamedSharding(mesh, P())) to replicate",
     "jax.device_put_sharded": "jax.device_put(x, NamedSharding(mesh, P('data'))) to shard along the mesh",
     "jax.tree_map": "jax.tree.map", "jax.tree_multimap": "jax.tree.map", "jax.tree_leaves": "jax.tree.leaves",
@@ -129,6 +136,13 @@ REMOVED = {
     "jax.pxla": "jax.sharding", "jax.xla": "jax.extend", "jax.experimental.export": "jax.export",
     "jax.treedef_is_leaf": "jax.tree_util.treedef_is_leaf",
     "jax.tools.colab_tpu": "nothing: delete the setup call (JAX finds the local GPUs itself)",
+    # the TPU era's configuration switches, gone from jax.config
+    "jax.config.jax_enable_omnistaging": "nothing: omnistaging is how JAX always traces now",
+    "jax.config.enable_omnistaging": "nothing: omnistaging is how JAX always traces now",
+    "jax.config.disable_omnistaging": "nothing: omnistaging can no longer be turned off",
+    "jax.config.FLAGS": "jax.config.update(name, value) (or absl flags parsed with jax.config.parse_flags_with_absl())",
+    "jax.profiler.StepTraceContext": "jax.profiler.StepTraceAnnotation",
+    "jax.profiler.TraceContext": "jax.profiler.TraceAnnotation",
 }
 # The pmap era's placement helpers: they copy state to every local device, split a batch into a
 # leading device axis, or gather it back, by hand, for pmap. Under jit with shardings each becomes a
