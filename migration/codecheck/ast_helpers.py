@@ -4,6 +4,7 @@ and the naming conventions for training steps and batch sizes."""
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from collections.abc import Sequence
 
@@ -12,23 +13,32 @@ from migration.codecheck.vocabulary import (DTYPE_NAMES, MANY_STEPS_TOKENS, MUTA
 
 MAX_FOLDED_BITS = 4096  # integer constants folded beyond this are treated as unknown (`2**64**64**64` is)
 NAME_TOKENS_MAX_CHARS = 128  # only this much of an identifier is split into words
+WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+")
 
 
-def children(node: ast.AST) -> tuple[ast.AST, ...]:
-    """`ast.iter_child_nodes(node)`, kept on the node after the first call (the rules walk the same
-    subtrees many times, and a tree is never changed once parsed)."""
-    try:
-        return node._kids
-    except AttributeError:
-        kids = node._kids = tuple(ast.iter_child_nodes(node))
-        return kids
+def children(node: ast.AST) -> list[ast.AST]:
+    """`ast.iter_child_nodes(node)` as a list, kept on the node after the first call (the rules walk the
+    same subtrees many times, and a tree is never changed once parsed)."""
+    kids = node.__dict__.get("_kids")
+    if kids is None:
+        kids = []
+        for field in node._fields:
+            value = getattr(node, field, None)
+            if isinstance(value, list):
+                kids += [v for v in value if isinstance(v, ast.AST)]
+            elif isinstance(value, ast.AST):
+                kids.append(value)
+        node._kids = kids
+    return kids
 
 
 def walk(node: ast.AST) -> list[ast.AST]:
     """`ast.walk(node)` (the node, then its descendants breadth first) as a list, from `children`."""
     out, i = [node], 0
     while i < len(out):
-        out.extend(children(out[i]))
+        current = out[i]
+        kids = current.__dict__.get("_kids")
+        out.extend(children(current) if kids is None else kids)
         i += 1
     return out
 
@@ -78,10 +88,11 @@ def const_int(node: ast.AST | None) -> int | None:
     return {ast.Add: a + b, ast.Sub: a - b}.get(type(node.op))
 
 
-def name_tokens(name: str) -> list[str]:
-    """Lower-case words of an identifier: 'p_trainStep' -> ['p', 'train', 'step']."""
+@functools.lru_cache(maxsize=4096)
+def name_tokens(name: str) -> tuple[str, ...]:
+    """Lower-case words of an identifier: 'p_trainStep' -> ('p', 'train', 'step')."""
     # A run of capitals backtracks once per character at each start: cut the name first.
-    return [t.lower() for t in re.findall(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+", name[:NAME_TOKENS_MAX_CHARS])]
+    return tuple(t.lower() for t in WORD.findall(name[:NAME_TOKENS_MAX_CHARS]))
 
 
 def target_names(target: ast.AST) -> list[str]:
@@ -205,6 +216,7 @@ def is_dtype(node: ast.AST) -> bool:
     return name.rsplit(".", 1)[-1] in DTYPE_NAMES
 
 
+@functools.lru_cache(maxsize=4096)
 def is_step_name(name: str) -> bool:
     """`train_step`, `p_update`, `step_fn`, `train_on_batch`: yes. Classes (`TrainStep`), predicates and
     builders (`is_step`, `make_train_step`), other helpers (`update_metrics`, `count_steps`), and calls

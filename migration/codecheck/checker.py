@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import ast
 
-from migration.codecheck.ast_helpers import last_name
+from migration.codecheck.ast_helpers import children, last_name
 from migration.codecheck.attention_rules import AttentionRules
 from migration.codecheck.cloud_rules import CloudRules
 from migration.codecheck.context import Context
@@ -22,6 +22,7 @@ class Checker(ast.NodeVisitor):
 
     def __init__(self, ctx: Context):
         self.ctx = ctx
+        self._dispatch: dict[type, object] = {}
         self.found: list[RawFinding] = []
         self.device = DeviceRules(ctx, self.found)
         self.shape = ShapeRules(ctx, self.found)
@@ -29,6 +30,18 @@ class Checker(ast.NodeVisitor):
         self.cloud = CloudRules(ctx, self.found)
         self.topology = TopologyRules(ctx, self.found)
         self.attention = AttentionRules(ctx, self.found)
+
+    # the walk: NodeVisitor's, dispatching through a table by node type and over the cached children
+    def visit(self, node: ast.AST) -> None:
+        method = self._dispatch.get(node.__class__)
+        if method is None:
+            method = self._dispatch[node.__class__] = getattr(self, "visit_" + node.__class__.__name__,
+                                                              self.generic_visit)
+        method(node)
+
+    def generic_visit(self, node: ast.AST) -> None:
+        for child in children(node):
+            self.visit(child)
 
     # imports and names ---------------------------------------------------------------------
     def visit_Import(self, node: ast.Import) -> None:

@@ -28,12 +28,14 @@ class Context:
         self.nodes = list(walk(tree))
         self.parents = {child: node for node in self.nodes for child in children(node)}
         self.aliases: dict[str, str] = dict(DEFAULT_ALIASES)
+        self.aliases_read = False
         self.removed_bindings: set[str] = set()
         self.jax_import: tuple[int, str] | None = None
         for node in sorted((n for n in self.nodes if isinstance(n, (ast.Import, ast.ImportFrom))),
                            key=lambda n: n.lineno):
             self._read_import(node)
         self._read_module_aliases()
+        self.aliases_read = True
         self._read_bindings()
         self.transforms: dict[int, list[Transform]] = {}  # id(FunctionDef) -> how it is transformed
         self._jax_work: dict[int, bool] = {}
@@ -41,7 +43,8 @@ class Context:
         self.compiled: dict[str, str] = {}  # name bound to a transformed function -> the function's name
         self.summaries: dict[tuple, object] = {}  # (id(FunctionDef), seed) -> values.Summary, on first use
         for node in self.nodes:
-            self._read_transforms(node)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Call)):
+                self._read_transforms(node)
         self._read_uses()
         self.placement_helpers = placement_helpers(
             [f for fs in self.functions.values() for f in fs],
@@ -101,14 +104,14 @@ class Context:
     def _read_uses(self) -> None:
         """Whether the file uses JAX at all, pmap, shard_map (or xmap), and loss scaling anywhere."""
         nodes = self.nodes
-        refs = {self.resolve(n) for n in nodes if isinstance(n, (ast.Name, ast.Attribute))}
+        parents = self.parents
+        refs = {self.resolve(n) for n in nodes if isinstance(n, (ast.Name, ast.Attribute))
+                and not isinstance(parents.get(n), ast.Attribute)}  # whole chains: `jax.lax.pmean`, not `jax.lax`
         self.uses_pmap = "jax.pmap" in refs
         self.uses_shard_map = any(r.endswith(("shard_map", "xmap")) for r in refs)
         # JAX in the file: an import of it (or Flax, Optax, ...) or a name under jax (jnp, lax)
         self.uses_jax = self.jax_import is not None or any(r.startswith("jax.") for r in refs)
-        words = {w.lower() for n in nodes for w in (getattr(n, "id", None), getattr(n, "attr", None),
-                                                    getattr(n, "name", None), getattr(n, "module", None))
-                 if isinstance(w, str)}
+        words = {w.lower() for n in nodes for w in WORDS.get(n.__class__, _no_words)(n) if isinstance(w, str)}
         self.has_loss_scaling = any(h in w for w in words for h in LOSS_SCALING_HINTS)
 
     # imports ---------------------------------------------------------------------------
@@ -130,10 +133,17 @@ class Context:
                 self.jax_import = (node.lineno, root)
 
     def resolve(self, node: ast.AST) -> str:
-        """The dotted name with its import alias expanded: 'jnp.float16' -> 'jax.numpy.float16'."""
+        """The dotted name with its import alias expanded: 'jnp.float16' -> 'jax.numpy.float16' (kept on the
+        node once the file's aliases are all read)."""
+        cached = getattr(node, "_resolved", None)
+        if cached is not None:
+            return cached
         root, _, rest = dotted(node).partition(".")
         base = self.aliases.get(root, root)
-        return f"{base}.{rest}" if rest and base else base
+        full = f"{base}.{rest}" if rest and base else base
+        if self.aliases_read:
+            node._resolved = full
+        return full
 
     # transformations ---------------------------------------------------------------------
     def transform_kind(self, node: ast.AST) -> str | None:
@@ -315,3 +325,13 @@ def lambda_function(name: str, lam: ast.Lambda) -> ast.FunctionDef:
     ast.copy_location(fn, lam)
     ast.copy_location(fn.body[0], lam.body)
     return fn
+
+
+def _no_words(node: ast.AST) -> tuple:
+    return ()
+
+
+# the identifiers a node spells, by node type (the loss-scaling hints are looked for in them)
+WORDS = {ast.Name: lambda n: (n.id,), ast.Attribute: lambda n: (n.attr,), ast.FunctionDef: lambda n: (n.name,),
+         ast.AsyncFunctionDef: lambda n: (n.name,), ast.ClassDef: lambda n: (n.name,), ast.alias: lambda n: (n.name,),
+         ast.ImportFrom: lambda n: (n.module,), ast.ExceptHandler: lambda n: (n.name,)}

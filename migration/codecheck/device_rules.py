@@ -24,7 +24,8 @@ class DeviceRules(RuleFamily):
         super().__init__(ctx, found)
         self.pmap_depth = 0
         self.platform_names: set[str] = set()
-        self.platform_names = {n for node in ctx.nodes for t, v in assigned_pairs(node)
+        self.platform_names = {n for node in ctx.nodes if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign, ast.NamedExpr))
+                               for t, v in assigned_pairs(node)
                                if self.platform_query(v) for n in target_names(t)}
 
     # imports and names (REMOVED001, PMAP001) ----------------------------------------------

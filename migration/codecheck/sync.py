@@ -233,7 +233,7 @@ class SyncWalk:
             inner = SyncWalk(self.ctx, self.values, {a.arg for a in fn.args.args}, fn, depth=1)
             return "gate" if returns and all(inner._gate(r) == "gate" for r in returns) else None
         tokens = name_tokens(last_name(call.func))
-        return "gate" if "every" in tokens or tokens[:1] == ["should"] else None
+        return "gate" if "every" in tokens or tokens[:1] == ("should",) else None
 
     def _compare_gate(self, test: ast.Compare) -> str | None:
         operands = [test.left, *test.comparators]

@@ -23,9 +23,7 @@ class Values:
         self.names: set[str] = set(seed) | state_of_step_arguments(ctx, scope)
         if members:  # `self.state` set to a device value by another method of the class
             self.names |= class_device_attributes(ctx, scope)
-        writes = [(set(names) - host_targets(ctx, target, value), value) for n in scope_nodes(scope)
-                  for target, value in assigned_pairs(n) for names in [target_names(target)]]
-        writes += [({c}, v) for n in scope_nodes(scope) for c, v in mutations(n)]
+        writes = scope_writes(ctx, scope)
         changed = True
         while changed:
             changed = False
@@ -188,10 +186,30 @@ def step_state_names(call: ast.Call) -> set[str]:
             for attr in STATE_ATTRS}
 
 
+WRITES = (ast.Assign, ast.AnnAssign, ast.AugAssign, ast.NamedExpr, ast.Expr)  # what assigned_pairs / mutations read
+
+
+def scope_writes(ctx: Context, scope: ast.AST) -> list[tuple[set[str], ast.AST]]:
+    """(names, value) for each assignment and container mutation of one scope, host targets left out;
+    read once per scope."""
+    key = ("writes", id(scope))
+    if key not in ctx.summaries:
+        nodes = [n for n in scope_nodes(scope) if isinstance(n, WRITES)]
+        writes = [(set(names) - host_targets(ctx, target, value), value) for n in nodes
+                  for target, value in assigned_pairs(n) for names in [target_names(target)]]
+        writes += [({c}, v) for n in nodes for c, v in mutations(n)]
+        ctx.summaries[key] = writes
+    return ctx.summaries[key]
+
+
 def class_device_attributes(ctx: Context, scope: ast.AST) -> set[str]:
-    """For a method: the `self.<attr>` names that any method of its class assigns a device value."""
+    """For a method: the `self.<attr>` names that any method of its class assigns a device value (read once
+    per class)."""
     cls = ctx.parents.get(scope)
     if not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)) or not isinstance(cls, ast.ClassDef):
         return set()
-    methods = [m for m in cls.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))]
-    return {n for m in methods for n in Values(ctx, m, members=False).names if n.startswith("self.")}
+    key = ("members", id(cls))
+    if key not in ctx.summaries:
+        methods = [m for m in cls.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))]
+        ctx.summaries[key] = {n for m in methods for n in Values(ctx, m, members=False).names if n.startswith("self.")}
+    return ctx.summaries[key]
