@@ -16,17 +16,21 @@ NAME_TOKENS_MAX_CHARS = 128  # only this much of an identifier is split into wor
 WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+")
 
 
+# operators and load/store markers: shared leaf nodes no rule looks at (read through `.op`, `.ctx`)
+MARKERS = (ast.expr_context, ast.operator, ast.cmpop, ast.boolop, ast.unaryop)
+
+
 def children(node: ast.AST) -> list[ast.AST]:
-    """`ast.iter_child_nodes(node)` as a list, kept on the node after the first call (the rules walk the
-    same subtrees many times, and a tree is never changed once parsed)."""
+    """`ast.iter_child_nodes(node)` as a list, less MARKERS, kept on the node after the first call (the
+    rules walk the same subtrees many times, and a tree is never changed once parsed)."""
     kids = node.__dict__.get("_kids")
     if kids is None:
         kids = []
         for field in node._fields:
             value = getattr(node, field, None)
             if isinstance(value, list):
-                kids += [v for v in value if isinstance(v, ast.AST)]
-            elif isinstance(value, ast.AST):
+                kids += [v for v in value if isinstance(v, ast.AST) and not isinstance(v, MARKERS)]
+            elif isinstance(value, ast.AST) and not isinstance(value, MARKERS):
                 kids.append(value)
         node._kids = kids
     return kids

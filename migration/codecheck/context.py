@@ -8,7 +8,7 @@ import ast
 import bisect
 import dataclasses
 
-from migration.codecheck.ast_helpers import (children, dotted, is_step_name, last_name, name_tokens, scope_nodes,
+from migration.codecheck.ast_helpers import (dotted, is_step_name, last_name, name_tokens, scope_nodes,
                                              target_names, walk)
 from migration.codecheck.placement import placement_helpers
 from migration.codecheck.transforms import Transform, int_set, str_set
@@ -25,8 +25,8 @@ class Context:
     def __init__(self, tree: ast.Module, filename: str):
         self.filename = filename
         self.tree = tree
-        self.nodes = list(walk(tree))
-        self.parents = {child: node for node in self.nodes for child in children(node)}
+        self.nodes = walk(tree)
+        self.parents = {child: node for node in self.nodes for child in node._kids}
         self.aliases: dict[str, str] = dict(DEFAULT_ALIASES)
         self.aliases_read = False
         self.removed_bindings: set[str] = set()
@@ -111,7 +111,8 @@ class Context:
         self.uses_shard_map = any(r.endswith(("shard_map", "xmap")) for r in refs)
         # JAX in the file: an import of it (or Flax, Optax, ...) or a name under jax (jnp, lax)
         self.uses_jax = self.jax_import is not None or any(r.startswith("jax.") for r in refs)
-        words = {w.lower() for n in nodes for w in WORDS.get(n.__class__, _no_words)(n) if isinstance(w, str)}
+        self.words = words = {w.lower() for n in nodes for w in WORDS.get(n.__class__, _no_words)(n)
+                              if isinstance(w, str)}  # every identifier the file spells, lower-cased
         self.has_loss_scaling = any(h in w for w in words for h in LOSS_SCALING_HINTS)
 
     # imports ---------------------------------------------------------------------------
@@ -251,7 +252,14 @@ class Context:
     # calls -------------------------------------------------------------------------------
     def is_step_call(self, call: ast.Call) -> bool:
         """A call that runs a training step: `train_step(...)`, `p_update(...)`, `self.step_fn(...)`;
-        not predicates or builders (`is_step(...)`, `make_train_step(...)`), nor `pbar.update(1)`."""
+        not predicates or builders (`is_step(...)`, `make_train_step(...)`), nor `pbar.update(1)`. Read
+        once per call."""
+        known = call.__dict__.get("_is_step")
+        if known is None:
+            known = call._is_step = self._is_step_call(call)
+        return known
+
+    def _is_step_call(self, call: ast.Call) -> bool:
         args = call.args + [k.value for k in call.keywords]
         if not args or all(isinstance(a, ast.Constant) for a in args):
             return False

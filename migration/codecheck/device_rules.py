@@ -24,9 +24,10 @@ class DeviceRules(RuleFamily):
         super().__init__(ctx, found)
         self.pmap_depth = 0
         self.platform_names: set[str] = set()
-        self.platform_names = {n for node in ctx.nodes if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign, ast.NamedExpr))
-                               for t, v in assigned_pairs(node)
-                               if self.platform_query(v) for n in target_names(t)}
+        queries = ctx.words & {a.lower() for a in PLATFORM_ATTRS} | ctx.words & {"default_backend", "get_backend"}
+        self.platform_names = {n for node in (ctx.nodes if queries else [])
+                               if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign, ast.NamedExpr))
+                               for t, v in assigned_pairs(node) if self.platform_query(v) for n in target_names(t)}
 
     # imports and names (REMOVED001, PMAP001) ----------------------------------------------
     def removed_import(self, node: ast.AST, names: list[str]) -> None:

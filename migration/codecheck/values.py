@@ -174,8 +174,11 @@ def is_wait(ctx: Context, call: ast.Call) -> bool:
 def state_of_step_arguments(ctx: Context, scope: ast.AST) -> set[str]:
     """`network.state`, `trainer.params`, ...: the state attributes of each object a step is called
     with, or called on (`network.train(batch)`), in this scope."""
-    return {n for call in scope_nodes(scope) if isinstance(call, ast.Call) and ctx.is_step_call(call)
-            for n in step_state_names(call)}
+    key = ("state", id(scope))
+    if key not in ctx.summaries:
+        ctx.summaries[key] = {n for call in scope_nodes(scope) if isinstance(call, ast.Call)
+                              and ctx.is_step_call(call) for n in step_state_names(call)}
+    return ctx.summaries[key]
 
 
 def step_state_names(call: ast.Call) -> set[str]:
