@@ -49,14 +49,15 @@ def walk(node: ast.AST) -> list[ast.AST]:
 
 def dotted(node: ast.AST) -> str:
     """'jax.lax.pmean' for an attribute chain, the name for a Name, '' otherwise."""
-    parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
     if isinstance(node, ast.Name):
-        parts.append(node.id)
-        return ".".join(reversed(parts))
-    return ""
+        return node.id
+    if not isinstance(node, ast.Attribute):
+        return ""
+    known = node.__dict__.get("_dotted")
+    if known is None:
+        base = dotted(node.value)
+        known = node._dotted = f"{base}.{node.attr}" if base else ""
+    return known
 
 
 def last_name(func: ast.AST) -> str:
@@ -184,7 +185,8 @@ def scope_nodes(scope: ast.AST) -> list[ast.AST]:
             node = stack.pop()
             cached.append(node)
             if not isinstance(node, SCOPES):
-                stack.extend(children(node))
+                kids = node.__dict__.get("_kids")
+                stack.extend(children(node) if kids is None else kids)
         scope._scope_nodes = cached
     return cached
 

@@ -22,6 +22,7 @@ reported).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import sys
@@ -226,6 +227,9 @@ def fix_summary(results: Sequence[FixResult], write: bool) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # A short-lived process holding many small AST objects: the default collection thresholds spend
+    # about a tenth of a run on collections that free nothing (mypy raises them for the same reason).
+    gc.set_threshold(100_000, 50, 50)
     args = parser().parse_args(argv)
     try:
         config = read_config(Path.cwd())
