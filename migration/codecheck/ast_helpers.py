@@ -20,17 +20,26 @@ WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+")
 MARKERS = (ast.expr_context, ast.operator, ast.cmpop, ast.boolop, ast.unaryop)
 
 
+# fields that never hold a child worth walking: names and flags, and the operator and load/store markers
+LEAF_FIELDS = {"ctx", "op", "ops", "id", "attr", "arg", "name", "kind", "type_comment", "conversion", "is_async",
+               "simple", "level", "module"}
+_NODE_FIELDS: dict[type, tuple[str, ...]] = {ast.Constant: ()}
+
+
 def children(node: ast.AST) -> list[ast.AST]:
     """`ast.iter_child_nodes(node)` as a list, less MARKERS, kept on the node after the first call (the
     rules walk the same subtrees many times, and a tree is never changed once parsed)."""
     kids = node.__dict__.get("_kids")
     if kids is None:
+        fields = _NODE_FIELDS.get(node.__class__)
+        if fields is None:
+            fields = _NODE_FIELDS[node.__class__] = tuple(f for f in node._fields if f not in LEAF_FIELDS)
         kids = []
-        for field in node._fields:
+        for field in fields:
             value = getattr(node, field, None)
-            if isinstance(value, list):
+            if value.__class__ is list:
                 kids += [v for v in value if isinstance(v, ast.AST) and not isinstance(v, MARKERS)]
-            elif isinstance(value, ast.AST) and not isinstance(value, MARKERS):
+            elif value is not None and isinstance(value, ast.AST) and not isinstance(value, MARKERS):
                 kids.append(value)
         node._kids = kids
     return kids
