@@ -59,7 +59,9 @@ class Checker(ast.NodeVisitor):
         self.generic_visit(node)
 
     def visit_Name(self, node: ast.Name) -> None:
-        if isinstance(node.ctx, ast.Load):
+        # a plain local name resolves to itself, which no rule's dotted names match: only imported names
+        # (and a snippet's bare `pmap`) are handed on
+        if isinstance(node.ctx, ast.Load) and (node.id in self.ctx.aliases or node.id == "pmap"):
             self._name_use(node)
 
     def _name_use(self, node: ast.Name | ast.Attribute) -> None:
