@@ -15,7 +15,7 @@ from migration.codecheck.transforms import Transform, int_set, str_set
 from migration.codecheck.vocabulary import (APPLY_METHODS, BARE_TRANSFORMS, COMPILE_TRANSFORMS, CONTROL_FLOW,
                                             DEFAULT_ALIASES, GRAD_TRANSFORMS, HOST_BUILTINS, HOST_IO_TOKENS, HOST_JAX,
                                             HOST_NAMESPACES, JAX_IMPORTERS, LOG_METHODS, LOSS_SCALING_HINTS,
-                                            NOT_LOGGERS, PLACEMENT_HELPERS, SYNC_METHODS, removed_key)
+                                            NOT_LOGGERS, PLACEMENT_HELPERS, SYNC_METHODS, WRAPPERS, removed_key)
 
 
 class Context:
@@ -142,6 +142,7 @@ class Context:
         root, _, rest = dotted(node).partition(".")
         base = self.aliases.get(root, root)
         full = f"{base}.{rest}" if rest and base else base
+        full = WRAPPERS.get(full, full)
         if self.aliases_read:
             node._resolved = full
         return full

@@ -21,9 +21,12 @@ class SettingsRules(RuleFamily):
             self.add(node, "BATCH001", f"`{name} = {size}`: a TPU-pod-sized batch rarely fits one GPU's memory")
 
     def assign(self, node: ast.Assign) -> None:
+        value = node.value
+        if isinstance(value, ast.List) and value.elts and all(const_int(e) is not None for e in value.elts):
+            value = max(value.elts, key=const_int)  # a sweep's sizes: `train_batch_sizes = [1024, 2048]`
         for target in node.targets:
             if isinstance(target, (ast.Name, ast.Attribute)):
-                self.check_batch(node, last_name(target), node.value)
+                self.check_batch(node, last_name(target), value)
 
     def ann_assign(self, node: ast.AnnAssign) -> None:
         if isinstance(node.target, (ast.Name, ast.Attribute)):
@@ -48,6 +51,9 @@ class SettingsRules(RuleFamily):
             self.check_batch(node, first.lstrip("-"), default)
         elif (last == "get" or last.startswith("DEFINE_")) and len(node.args) > 1:
             self.check_batch(node, first, node.args[1])
+        elif last.startswith("DEFINE_"):  # flags.DEFINE_integer("batch_size", default=2048, ...)
+            default = next((k.value for k in node.keywords if k.arg == "default"), None)
+            self.check_batch(default or node, first, default)
 
     def batch_defaults(self, args: ast.arguments) -> None:
         positional = args.posonlyargs + args.args

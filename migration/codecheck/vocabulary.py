@@ -78,7 +78,11 @@ NOT_STEP_PREFIXES = {"is", "has", "should", "can", "make", "build", "create", "g
 STEP_FN_SUFFIXES = {"fn", "func", "function", "impl"}
 # a call that runs many steps, a whole epoch or the whole training: `train_epoch`, `train_and_evaluate`
 MANY_STEPS_TOKENS = {"epoch", "epochs", "loop", "and"}
-HALF_DTYPES = {"jax.numpy.float16", "numpy.float16", "jax.numpy.half", "numpy.half"}
+HALF_DTYPES = {"jax.numpy.float16", "numpy.float16", "jax.numpy.half", "numpy.half", "tensorflow.float16",
+               "tensorflow.half"}
+# libraries' own names for JAX's (trax's backend-neutral `fastmath`): read as the JAX name they stand for
+WRAPPERS = {"trax.fastmath.pmap": "jax.pmap", "trax.fastmath.psum": "jax.lax.psum",
+            "trax.fastmath.pmean": "jax.lax.pmean"}
 DTYPE_NAMES = {"float16", "float32", "float64", "bfloat16", "half", "single", "double", "int8", "int16", "int32",
                "int64", "uint8", "uint16", "uint32", "uint64", "bool_", "complex64", "complex128"}
 LOSS_SCALING_HINTS = ("loss_scal", "lossscal", "dynamic_scale", "dynamicscale", "gradscaler", "grad_scaler")
