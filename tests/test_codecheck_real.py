@@ -91,10 +91,20 @@ def _row(name: str, c: Counter) -> str:
     return f"{name:<20} {c['tp']:>4} {c['fp']:>4} {c['fn']:>4} {precision:>9.3f} {recall:>7.3f}"
 
 
+# Floors under the figures measured on each part (README, "The code check"): the tuning part meets the
+# goal (precision >= 0.97, recall >= 0.95); the held-out part does not yet (0.961 / 0.908 when frozen rules
+# last changed), and its floor only keeps it from getting worse.
+FLOORS = {"tune": (0.97, 0.95), "held-out": (0.95, 0.90)}
+
+
 @pytest.mark.parametrize("split", ["tune", "held-out"])
 def test_the_check_is_scored_on_each_part(split):
-    """The figures are printed (with -s); what is asserted is only that the check reads every real
-    script and that each part has labels of existing rules to be scored on."""
+    """The per-rule figures are printed (with -s); the overall precision and recall must stay above the
+    part's floor."""
     per_rule, _ = score(split)
     assert sum(c["tp"] + c["fn"] for c in per_rule.values()) > 20
     print("\n" + table(split))
+    total = sum(per_rule.values(), Counter())
+    precision = total["tp"] / (total["tp"] + total["fp"])
+    recall = total["tp"] / (total["tp"] + total["fn"])
+    assert precision >= FLOORS[split][0] and recall >= FLOORS[split][1], (precision, recall)

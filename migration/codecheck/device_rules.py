@@ -47,7 +47,9 @@ class DeviceRules(RuleFamily):
         if key and root not in self.ctx.removed_bindings:
             self.add(node, "REMOVED001", f"`{full}` was removed from {removed_from(key)}", REMOVED[key])
         if isinstance(node, ast.Attribute) and node.attr in TPU_DEVICE_ATTRS and self.ctx.uses_jax \
-                and {"device", "devices", "dev", "d"} & set(name_tokens(dotted(node.value))):
+                and ({"device", "devices", "dev", "d"} & set(name_tokens(dotted(node.value)))
+                     or any(isinstance(n, ast.Call) and last_name(n.func) in ("devices", "local_devices")
+                            for n in walk(node.value))):
             self.add(node, "TPU001", f"`.{node.attr}` is an attribute only TPU devices have (their place in the "
                                      "slice): a GPU device raises AttributeError")
 

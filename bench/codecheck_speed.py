@@ -1,0 +1,82 @@
+"""The code check's speed as a linter: the whole real corpus (tests/fixtures/codecheck/real/) checked by
+`python -m migration.codecheck`, in a fresh process that refuses to import JAX, Flax, Optax, NumPy, pandas,
+Gradio and LibCST (as in pre-commit or CI without JAX). Each run's CPU time (user + system of the child,
+interpreter start-up included) and wall time; the goal is under 1 s of CPU for the whole corpus.
+
+Side by side in the same loop: the same process checking one one-line file (start-up and imports alone),
+so the ratio says what the analysis itself costs.
+
+    python bench/codecheck_speed.py [--runs 7]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CORPUS = ROOT / "tests" / "fixtures" / "codecheck" / "real"
+GOAL_CPU_S = 1.0
+NO_HEAVY = """
+import importlib.abc, runpy, sys
+class Refuse(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] in ("jax", "jaxlib", "flax", "optax", "numpy", "gradio", "pandas", "libcst"):
+            raise ImportError("the linter imported " + name)
+sys.meta_path.insert(0, Refuse())
+sys.argv = ["migration.codecheck", *sys.argv[1:]]
+runpy.run_module("migration.codecheck", run_name="__main__")
+"""
+
+
+def run(paths: list[str]) -> tuple[float, float, int]:
+    """(CPU seconds of the child, wall seconds, exit code) for one linter run."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, "-c", NO_HEAVY, *paths, "--format", "json"], cwd=ROOT,
+                          capture_output=True, text=True, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if done.returncode not in (0, 1):
+        raise SystemExit(f"the linter failed (rc {done.returncode}): {done.stderr[-2000:]}")
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    return cpu, wall, done.returncode
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=7)
+    args = parser.parse_args(argv)
+    files = sorted(CORPUS.glob("*.py"))
+    lines = sum(p.read_text(encoding="utf-8").count("\n") + 1 for p in files)
+    with tempfile.TemporaryDirectory() as tmp:
+        tiny = Path(tmp) / "one.py"
+        tiny.write_text("x = 1\n")
+        corpus, startup = [], []
+        for _ in range(args.runs):  # interleaved, so that both see the same machine
+            corpus.append(run([str(CORPUS)]))
+            startup.append(run([str(tiny)]))
+    cpu = [c for c, _, _ in corpus]
+    base = [c for c, _, _ in startup]
+    result = {
+        "files": len(files), "lines": lines, "runs": args.runs,
+        "corpus_cpu_s": {"min": round(min(cpu), 3), "median": round(statistics.median(cpu), 3)},
+        "corpus_wall_s": {"min": round(min(w for _, w, _ in corpus), 3)},
+        "startup_cpu_s": {"min": round(min(base), 3), "median": round(statistics.median(base), 3)},
+        "analysis_cpu_s_median": round(statistics.median(cpu) - statistics.median(base), 3),
+        "lines_per_cpu_s": round(lines / statistics.median(cpu)),
+        "goal_cpu_s": GOAL_CPU_S, "median_over_goal": round(statistics.median(cpu) / GOAL_CPU_S, 3),
+    }
+    print(json.dumps(result, indent=1))
+    return 0 if statistics.median(cpu) < GOAL_CPU_S else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
