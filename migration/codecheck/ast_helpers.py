@@ -46,13 +46,17 @@ def children(node: ast.AST) -> list[ast.AST]:
 
 
 def walk(node: ast.AST) -> list[ast.AST]:
-    """`ast.walk(node)` (the node, then its descendants breadth first) as a list, from `children`."""
-    out, i = [node], 0
-    while i < len(out):
-        current = out[i]
-        kids = current.__dict__.get("_kids")
-        out.extend(children(current) if kids is None else kids)
-        i += 1
+    """`ast.walk(node)` (the node, then its descendants breadth first) as a list, from `children`; kept on
+    the node (the rules walk the same statements and expressions many times). Not to be changed."""
+    out = node.__dict__.get("_walk")
+    if out is None:
+        out, i = [node], 0
+        while i < len(out):
+            current = out[i]
+            kids = current.__dict__.get("_kids")
+            out.extend(children(current) if kids is None else kids)
+            i += 1
+        node._walk = out
     return out
 
 
