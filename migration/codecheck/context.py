@@ -27,6 +27,12 @@ class Context:
         self.tree = tree
         self.nodes = walk(tree)
         self.parents = {child: node for node in self.nodes for child in node._kids}
+        self.by_type: dict[type, list[ast.AST]] = {}
+        for node in self.nodes:
+            kind = self.by_type.get(node.__class__)
+            if kind is None:
+                kind = self.by_type[node.__class__] = []
+            kind.append(node)
         self.aliases: dict[str, str] = dict(DEFAULT_ALIASES)
         self.aliases_read = False
         self.removed_bindings: set[str] = set()
@@ -103,17 +109,20 @@ class Context:
 
     def _read_uses(self) -> None:
         """Whether the file uses JAX at all, pmap, shard_map (or xmap), and loss scaling anywhere."""
-        nodes = self.nodes
         parents = self.parents
-        refs = {self.resolve(n) for n in nodes if isinstance(n, (ast.Name, ast.Attribute))
-                and not isinstance(parents.get(n), ast.Attribute)}  # whole chains: `jax.lax.pmean`, not `jax.lax`
+        refs = {self.resolve(n) for n in self.of(ast.Name, ast.Attribute)
+                if not isinstance(parents.get(n), ast.Attribute)}  # whole chains: `jax.lax.pmean`, not `jax.lax`
         self.uses_pmap = "jax.pmap" in refs
         self.uses_shard_map = any(r.endswith(("shard_map", "xmap")) for r in refs)
         # JAX in the file: an import of it (or Flax, Optax, ...) or a name under jax (jnp, lax)
         self.uses_jax = self.jax_import is not None or any(r.startswith("jax.") for r in refs)
-        self.words = words = {w.lower() for n in nodes for w in WORDS.get(n.__class__, _no_words)(n)
+        self.words = words = {w.lower() for n in self.of(*WORDS) for w in WORDS[n.__class__](n)
                               if isinstance(w, str)}  # every identifier the file spells, lower-cased
         self.has_loss_scaling = any(h in w for w in words for h in LOSS_SCALING_HINTS)
+
+    def of(self, *types: type) -> list[ast.AST]:
+        """The file's nodes of these exact types (type by type, each in walk order)."""
+        return [n for t in types for n in self.by_type.get(t, ())]
 
     # imports ---------------------------------------------------------------------------
     def _read_import(self, node: ast.Import | ast.ImportFrom) -> None:
@@ -334,10 +343,6 @@ def lambda_function(name: str, lam: ast.Lambda) -> ast.FunctionDef:
     ast.copy_location(fn, lam)
     ast.copy_location(fn.body[0], lam.body)
     return fn
-
-
-def _no_words(node: ast.AST) -> tuple:
-    return ()
 
 
 # the identifiers a node spells, by node type (the loss-scaling hints are looked for in them)

@@ -41,7 +41,8 @@ def scope_findings(ctx: Context) -> list[RawFinding]:
     if not ctx.uses_jax and third_party_imports(ctx.tree):
         return []
     found = []
-    scopes = [ctx.tree] + [n for n in ctx.nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    functions = ctx.of(ast.FunctionDef, ast.AsyncFunctionDef)
+    scopes = [ctx.tree] + sorted(functions, key=lambda n: (n.lineno, n.col_offset))
     for scope in scopes:
         nodes = list(scope_nodes(scope))
         loops = [n for n in nodes if isinstance(n, LOOPS) and direct_step_call(ctx, n)]

@@ -24,7 +24,7 @@ class EnvWrite:
 def env_writes(ctx: Context) -> list[EnvWrite]:
     """Every `os.environ[...] = / += ...`, `os.environ.update/setdefault(...)` and `os.putenv(...)`."""
     writes = []
-    for node in ctx.nodes:
+    for node in ctx.of(ast.Assign, ast.AnnAssign, ast.AugAssign, ast.Call):
         if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
             for target in getattr(node, "targets", [getattr(node, "target", None)]):
                 key = const_str(target.slice) if isinstance(target, ast.Subscript) \

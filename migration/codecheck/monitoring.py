@@ -21,7 +21,7 @@ MEMORY_PROFILES = ("jax.profiler.device_memory_profile", "jax.profiler.save_devi
 def monitoring_uses(ctx: Context) -> list[tuple[int, str, str]]:
     """(line, call, kind) for each read of device memory or utilisation, or profiler trace."""
     uses = []
-    for node in ctx.nodes:
+    for node in ctx.of(ast.ImportFrom, ast.Call):
         if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "pynvml":
             uses += [(node.lineno, f"pynvml.{a.name}", _nvml_kind(a.name)) for a in node.names]
         elif isinstance(node, ast.Call):
