@@ -24,19 +24,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from bench import record  # noqa: E402
+from tests.test_codecheck_lint import NO_HEAVY  # noqa: E402  (the same import guard as the linter's tests)
 
 CORPUS = ROOT / "tests" / "fixtures" / "codecheck" / "real"
 GOAL_CPU_S = 1.0
-NO_HEAVY = """
-import importlib.abc, runpy, sys
-class Refuse(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):
-        if name.split(".")[0] in ("jax", "jaxlib", "flax", "optax", "numpy", "gradio", "pandas", "libcst"):
-            raise ImportError("the linter imported " + name)
-sys.meta_path.insert(0, Refuse())
-sys.argv = ["migration.codecheck", *sys.argv[1:]]
-runpy.run_module("migration.codecheck", run_name="__main__")
-"""
 
 
 def run(paths: list[str]) -> tuple[float, float, int]:

@@ -5,7 +5,6 @@ from JAX's and Flax's changelogs. Each case has its near miss, which must stay q
 
 from __future__ import annotations
 
-import importlib
 import subprocess
 import sys
 import textwrap
@@ -289,15 +288,8 @@ def test_generated_names_are_reported_with_the_changelogs_version():
 
 # the generated vocabulary -----------------------------------------------------------------------------------
 
-def test_every_generated_name_is_absent_from_the_installed_jax_and_flax():
-    """A name that still exists would be a false alarm on every script using it."""
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        candidates = importlib.import_module("removed_api_candidates")
-    finally:
-        sys.path.pop(0)
-    present = [name for name in CHANGELOG_REMOVED if not candidates.strictly_absent(name)]
-    assert present == []
+def test_the_generated_names_are_all_in_the_removed_table():
+    """Their absence here is checked with the hand-kept names' (tests/test_codecheck.py)."""
     assert len(CHANGELOG_REMOVED) > 200 and set(CHANGELOG_REMOVED) <= set(REMOVED)
 
 
