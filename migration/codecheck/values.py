@@ -23,14 +23,20 @@ class Values:
         self.names: set[str] = set(seed) | state_of_step_arguments(ctx, scope)
         if members:  # `self.state` set to a device value by another method of the class
             self.names |= class_device_attributes(ctx, scope)
-        writes = scope_writes(ctx, scope)
+        pending = [(names, value) for names, value in scope_writes(ctx, scope) if names]
         changed = True
-        while changed:
+        while changed:  # until no write adds a name; a write whose names are all known is done
             changed = False
-            for names, value in writes:
-                new = names - self.names if self.is_device(value, self.names) else set()
-                self.names |= new
-                changed |= bool(new)
+            still = []
+            for names, value in pending:
+                if names <= self.names:
+                    continue
+                if self.is_device(value, self.names):
+                    self.names |= names
+                    changed = True
+                else:
+                    still.append((names, value))
+            pending = still
 
     def is_device(self, node: ast.AST, known: set[str]) -> bool:
         """Whether `node` evaluates to (or holds) a device array, the names in `known` holding ones."""
