@@ -301,3 +301,25 @@ def test_the_generated_vocabulary_is_what_the_stored_changelogs_give(tmp_path):
                     "--flax", "bench/data/changelogs/flax_CHANGELOG.md", "--write", str(out)],
                    cwd=ROOT, check=True, capture_output=True, timeout=600)
     assert out.read_text() == (ROOT / "migration" / "codecheck" / "removed_api.py").read_text()
+
+
+def test_gate_functions_that_call_each_other_are_read_one_level_deep():
+    """A gate helper calling another (or itself) must not recurse without end."""
+    src = STEP + """
+def due(step):
+    ok = later(step)
+    return ok
+
+def later(step):
+    ok = due(step - 1)
+    return ok
+
+def train(state, data):
+    for step, batch in enumerate(data):
+        state, metrics = train_step(state, batch)
+        ready = due(step)
+        if due(step):
+            print(float(metrics["loss"]))  # WAIT
+    return state
+"""
+    assert lines(src, "SYNC001") == [line_of(src, "# WAIT")]

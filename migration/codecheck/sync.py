@@ -227,7 +227,7 @@ class SyncWalk:
     def _call_gate(self, call: ast.Call) -> str | None:
         """`should_log(step)`, `write_summary_every_n_steps(...)`: a function of this file whose returns are
         gates, or one whose name says it decides by the step (`every`, `should_`)."""
-        fn = self.ctx.callee(call)
+        fn = self.ctx.callee(call) if self.depth == 0 else None  # one level deep: functions may call each other
         if fn is not None:
             returns = [n.value for n in scope_nodes(fn) if isinstance(n, ast.Return) and n.value is not None]
             inner = SyncWalk(self.ctx, self.values, {a.arg for a in fn.args.args}, fn, depth=1)
