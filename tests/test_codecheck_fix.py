@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from migration.codecheck.engine import analyse
-from migration.codecheck.fix import FIXABLE, RENAMES, fix_source
+from migration.codecheck.fix import FIXABLE, fix_source
+from migration.codecheck.renames import RENAMES
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = sorted((ROOT / "tests" / "fixtures" / "codecheck").glob("*.py")) \

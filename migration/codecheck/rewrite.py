@@ -10,7 +10,7 @@ from libcst.metadata import PositionProvider
 
 from migration.codecheck.context import Context
 from migration.codecheck.findings import Finding
-from migration.codecheck.fix import IMPORT_RENAMES, RENAMES, _movable_env_lines, _spelling
+from migration.codecheck.renames import IMPORT_RENAMES, RENAMES, movable_env_lines, spelling
 from migration.codecheck.vocabulary import PJIT_KEYWORDS
 
 
@@ -32,7 +32,7 @@ class Rewriter(cst.CSTTransformer):
         self.ctx = ctx
         self.at = {(f.rule, f.line, f.col) for f in targets}
         self.lines = {(f.rule, f.line) for f in targets}
-        self.jax_index, self.movable = _movable_env_lines(
+        self.jax_index, self.movable = movable_env_lines(
             ctx, tree, {line for rule, line in self.lines if rule == "ENV001"})
 
     def _start(self, node) -> tuple[int, int]:
@@ -47,7 +47,7 @@ class Rewriter(cst.CSTTransformer):
             return updated
         root, _, rest = text.partition(".")
         full = ".".join(p for p in (self.ctx.aliases.get(root, root), rest) if p)
-        new = _spelling(self.ctx, RENAMES[full]) if full in RENAMES else None
+        new = spelling(self.ctx, RENAMES[full]) if full in RENAMES else None
         return cst.parse_expression(new) if new else updated
 
     # REMOVED001: imports, PJIT001 keywords -------------------------------------------
