@@ -46,9 +46,19 @@ def run(paths: list[str]) -> tuple[float, float, int]:
     return cpu, wall, done.returncode
 
 
+def _positive(text: str) -> int:
+    try:
+        runs = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if not 1 <= runs <= 100:
+        raise argparse.ArgumentTypeError(f"{runs} runs: allowed are 1 to 100")
+    return runs
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", type=int, default=7)
+    parser.add_argument("--runs", type=_positive, default=7, help="runs of each command (1 to 100)")
     parser.add_argument("--json", metavar="PATH", default=None, help="write the figures as a record")
     args = parser.parse_args(argv)
     files = sorted(CORPUS.glob("*.py"))

@@ -368,10 +368,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--flax", type=Path, help="Flax's CHANGELOG.md (with --write)")
     parser.add_argument("--write", type=Path, help="write the generated table (migration/codecheck/removed_api.py)")
     args = parser.parse_args(argv)
+    for given in (args.changelog, args.flax):
+        if given is not None and not given.is_file():
+            parser.error(f"{given}: no such file (a CHANGELOG.md is expected)")
+    if args.write and not args.write.parent.is_dir():
+        parser.error(f"--write {args.write}: its folder does not exist")
     if args.write:
         flax_text = args.flax.read_text(encoding="utf-8") if args.flax else None
         names = generated(args.changelog.read_text(encoding="utf-8"), flax_text)
-        write_module(args.write, names, [args.changelog] + ([args.flax] if args.flax else []))
+        try:
+            write_module(args.write, names, [args.changelog] + ([args.flax] if args.flax else []))
+        except OSError as error:
+            parser.error(f"--write {args.write}: cannot be written ({error.strerror})")
         print(f"{len(names)} names written to {args.write}")
         return 0
     found = report(args.changelog.read_text(encoding="utf-8"), args.since)

@@ -142,3 +142,26 @@ def test_sections_entries_and_statuses_are_parsed_from_the_text():
         "removed", "deprecated", "removed", None]
     assert sorted(script.version_key(v) for v in ("unreleased", "0.10.0", "0.4.26")) == [(0, 4, 26), (0, 10, 0),
                                                                                        (10**6,)]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["missing.md"], "missing.md: no such file"),
+    (["{changelog}", "--flax", "missing.md"], "missing.md: no such file"),
+    (["{changelog}", "--write", "{tmp}/no/such/folder/out.py"], "its folder does not exist"),
+    (["{changelog}", "--write", "{tmp}"], "cannot be written"),
+])
+def test_a_missing_changelog_or_an_unwritable_table_is_refused_with_a_message(tmp_path, args, message):
+    changelog = tmp_path / "CHANGELOG.md"
+    changelog.write_text(CHANGELOG)
+    argv = [a.format(changelog=changelog, tmp=tmp_path) for a in args]
+    done = subprocess.run([sys.executable, str(SCRIPT), *argv], check=False, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("runs", ["0", "-3", "many", "1000"])
+def test_the_speed_bench_refuses_a_run_count_outside_its_range(runs):
+    script = SCRIPT.parent / "codecheck_speed.py"
+    done = subprocess.run([sys.executable, str(script), "--runs", runs], check=False, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 2 and "--runs" in done.stderr and "Traceback" not in done.stderr, done.stderr
