@@ -1,0 +1,61 @@
+"""The environment a plan hands over, against values worked out by hand for each branch: precision (the
+compute dtype FSDP gathers in), state sharding, one GPU or several, one node or several, and compute
+capability 8.0, 9.0 and 10.0 (each docstring shows the arithmetic)."""
+
+import pytest
+
+from migration.planning.deployment import combine_threshold, plan_environment, xla_flags_for
+
+MIB = 2**20
+
+
+@pytest.mark.parametrize("nbytes, expected", [(1, MIB), (MIB, MIB), (MIB + 1, 2 * MIB), (0, MIB), (10.5 * MIB, 11 * MIB)])
+def test_a_combine_threshold_is_rounded_up_to_a_whole_mib(nbytes, expected):
+    assert combine_threshold(nbytes) == expected
+
+
+@pytest.mark.parametrize("precision, element", [("bf16", 2), ("fp16", 2), ("fp8", 2), ("fp32", 4)])
+def test_fsdp_combines_one_blocks_gather_in_the_compute_dtype(precision, element):
+    """A block of 50,000,000 parameters gathered in bf16: 100,000,000 B = 95.37 MiB -> 96 MiB
+    (100,663,296); in fp32: 200,000,000 B = 190.73 MiB -> 191 MiB (200,278,016)."""
+    flags = dict(xla_flags_for("fsdp", precision, 50_000_000))
+    gather = {2: 96 * MIB, 4: 191 * MIB}[element]
+    assert f"--xla_gpu_all_gather_combine_threshold_bytes={gather}" in flags
+    assert f"--xla_gpu_reduce_scatter_combine_threshold_bytes={gather}" in flags
+    assert {"--xla_gpu_enable_pipelined_all_gather=true", "--xla_gpu_enable_pipelined_reduce_scatter=true",
+            "--xla_gpu_enable_latency_hiding_scheduler=true"} <= set(flags)
+    assert not any("all_reduce" in f for f in flags)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+def test_replicated_state_combines_one_blocks_float32_gradients_whatever_the_precision(precision):
+    """Gradients are all-reduced in float32: 50,000,000 x 4 B = 190.73 MiB -> 191 MiB."""
+    flags = [f for f, _ in xla_flags_for("replicated", precision, 50_000_000)]
+    assert flags == ["--xla_gpu_enable_latency_hiding_scheduler=true",
+                     f"--xla_gpu_all_reduce_combine_threshold_bytes={191 * MIB}"]
+
+
+def environment(**kw):
+    base = dict(memory_fraction=0.8, gpus=8, nodes=1, gpus_per_node=8, sharding="fsdp", precision="bf16",
+                compute_capability=(9, 0), block_params=1_000_000)
+    return plan_environment(**{**base, **kw})
+
+
+@pytest.mark.parametrize("cc, connections", [((8, 0), None), ((9, 0), "1"), ((10, 0), None), (None, None)])
+def test_only_hopper_gets_one_hardware_queue_per_device(cc, connections):
+    env = environment(compute_capability=cc)
+    assert env.get("CUDA_DEVICE_MAX_CONNECTIONS", {}).get("value") == connections
+    assert "--xla_gpu_all_gather_combine_threshold_bytes=2097152" in env["XLA_FLAGS"]["value"]  # 2 MB -> 2 MiB
+
+
+def test_one_gpu_sets_no_xla_flags_and_pins_its_device():
+    env = environment(gpus=1, memory_fraction=0.455)
+    assert "XLA_FLAGS" not in env and "CUDA_DEVICE_MAX_CONNECTIONS" not in env
+    assert env["CUDA_VISIBLE_DEVICES"]["value"] == "0"
+    assert env["XLA_PYTHON_CLIENT_MEM_FRACTION"]["value"] == "0.46" and env["XLA_PYTHON_CLIENT_PREALLOCATE"]["value"] == "false"
+
+
+def test_several_nodes_see_their_own_gpus_on_each_node():
+    """16 GPUs on 2 nodes of 8: each node sees 0-7; 4 GPUs on one node: 0-3."""
+    assert environment(gpus=16, nodes=2)["CUDA_VISIBLE_DEVICES"]["value"] == "0,1,2,3,4,5,6,7"
+    assert environment(gpus=4)["CUDA_VISIBLE_DEVICES"]["value"] == "0,1,2,3"
