@@ -323,3 +323,120 @@ def train(state, data):
     return state
 """
     assert lines(src, "SYNC001") == [line_of(src, "# WAIT")]
+
+
+# an evaluation the training loop runs every N steps; schedules decided by another module ------------
+
+EVAL_EVERY = STEP + """
+@jax.jit
+def eval_step(state, batch):
+    return jnp.sum(batch)
+
+for step, batch in enumerate(data):
+    state, metrics = train_step(state, batch)
+    if {gate}:
+        total = 0.0
+        for eval_batch in eval_data:
+            out = eval_step(state, eval_batch)
+            total += float(out)  # the eval read
+"""
+
+
+@pytest.mark.parametrize("gate, reported", [
+    ("step % 1000 == 0", False),
+    ("train_utils.itstime(step, config.log_eval_steps, total_steps)", False),  # another module's schedule
+    ("utils.due(step, every=500)", False),
+    ("config.run_eval", True),  # a setting: when set, the evaluation runs every step
+    ("utils.ready(step, config)", True),  # handed the counter, but no interval: not a schedule
+])
+def test_an_evaluation_run_every_n_steps_pays_its_waits_every_n_steps(gate, reported):
+    src = EVAL_EVERY.replace("{gate}", gate)
+    assert lines(src, "SYNC001") == ([line_of(src, "the eval read")] if reported else [])
+
+
+@pytest.mark.parametrize("keep, reported", [
+    ("kept.append((jax.device_get(batch), jax.device_get(out)))", False),
+    ("pair = (jax.device_get(batch), jax.device_get(out))\n    kept.append(pair)", False),
+    ("kept.append(jax.tree_util.tree_map(np.copy, jax.device_get(out)))", False),
+    ("kept.append((jax.device_get(out), float(out)))", True),  # a read among the copies
+])
+def test_an_evaluation_loop_collects_tuples_and_tree_maps_of_copies(keep, reported):
+    src = STEP + "import numpy as np\n\n@jax.jit\ndef eval_step(state, batch):\n    return jnp.sum(batch)\n\n" \
+        "kept = []\nfor batch in eval_data:\n    out = eval_step(state, batch)\n    " + keep + "  # kept\n"
+    assert bool(lines(src, "SYNC001")) == reported
+
+
+# pjit's keywords through a name bound to pjit ---------------------------------------------------------
+
+@pytest.mark.parametrize("binding, reported", [
+    ("maybe_pjit = pjit if on_tpu else emulated_pjit", True),
+    ("maybe_pjit = pjit", True),
+    ("from haliax import named_pjit as maybe_pjit", False),  # another library's wrapper with keywords so named
+    ("def maybe_pjit(fn, in_axis_resources=None, out_axis_resources=None):\n    return fn", False),
+])
+def test_pjit_keywords_are_found_through_a_name_bound_to_pjit(binding, reported):
+    src = ("from jax.experimental.pjit import pjit\n" + binding +
+           "\nstep = maybe_pjit(train, in_axis_resources=(None,), out_axis_resources=None)  # call\n")
+    assert lines(src, "PJIT001") == ([line_of(src, "# call")] if reported else [])
+
+
+# libraries' collective wrappers; a project module's copy of shard ---------------------------------------
+
+def test_a_libraries_collective_wrapper_under_pmap_is_a_collective():
+    src = ("import jax\nimport kfac_jax\n\ndef evaluate(stats):\n    return kfac_jax.utils.pmean_if_pmap(stats, 'i')\n\n"
+           "p_eval = jax.pmap(evaluate, axis_name='i')\n")
+    assert lines(src, "PMAP002") == [5]
+
+
+@pytest.mark.parametrize("call, reported", [
+    ("batch = data_utils.shard(batch)", True),
+    ("ds = ds.shard(jax.process_count(), jax.process_index())", False),  # a tf.data method
+    ("batch = data_utils.shard(batch, num_shards=8)", False),  # not the one-argument helper's shape
+    ("batch = tf_utils.shard(batch)", False),
+])
+def test_a_project_modules_shard_is_the_pmap_era_helper(call, reported):
+    src = ("import jax\nimport tensorflow as tf_utils\nfrom myproject.data import data_utils\n\n"
+           "for batch in data:\n    " + call + "\n")
+    assert lines(src, "PMAP003") == ([6] if reported else [])
+
+
+# timer objects and progress reporters ----------------------------------------------------------------
+
+TIMED = STEP + """
+from clu import periodic_actions
+import train_utils
+chrono = train_utils.Chrono()
+tracker = utils.TimeTracker()
+report_progress = periodic_actions.ReportProgress(num_train_steps=100)
+for step, batch in enumerate(data):
+{body}
+"""
+
+
+@pytest.mark.parametrize("body, marker", [
+    ("    state, metrics = train_step(state, batch)\n    chrono.tick(step)  # end", "# end"),
+    ("    state, metrics = train_step(state, batch)\n    if step % 100 == 0:\n        jax.block_until_ready(state)\n"
+     "    chrono.tick(step)  # end", "# end"),  # the wait runs every 100 steps only
+    ("    with tracker.record_time('step'):  # end\n        state, metrics = train_step(state, batch)", "# end"),
+    ("    state, metrics = train_step(state, batch)\n    report_progress(step, time.time())  # end", "# end"),
+    ("    tracker.tic('step')\n    state, metrics = train_step(state, batch)\n    tracker.toc('step')  # end", "# end"),
+])
+def test_a_timer_closing_its_interval_after_unwaited_work_is_reported(body, marker):
+    src = TIMED.replace("{body}", body)
+    assert lines(src, "TIME001") == [line_of(src, marker)]
+
+
+@pytest.mark.parametrize("body", [
+    "    state, metrics = train_step(state, batch)\n    jax.block_until_ready(state)\n    chrono.tick(step)",
+    "    state, metrics = train_step(state, batch)\n    print(float(metrics['loss']))\n    chrono.tick(step)",
+    # the interval restarts after the step: it times the input pipeline
+    "    tracker.toc('data')\n    state, metrics = train_step(state, batch)\n    tracker.tic('data')",
+    # paused after the step: the tick reads an interval that ended before it
+    "    state, metrics = train_step(state, batch)\n    chrono.pause()\n    chrono.tick(step)\n    chrono.resume()",
+    "    with tracker.record_time('step'):\n        state, metrics = train_step(state, batch)\n"
+    "        jax.block_until_ready(state)",
+    "    state, metrics = train_step(state, batch)\n    report_progress(step)",  # no clock read handed to it
+    "    state, metrics = train_step(state, batch)\n    chrono.summary()",  # reads no interval
+])
+def test_a_timer_after_a_wait_or_restarted_after_the_work_is_quiet(body):
+    assert lines(TIMED.replace("{body}", body), "TIME001") == []

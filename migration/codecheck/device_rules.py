@@ -11,7 +11,7 @@ from migration.codecheck.context import Context
 from migration.codecheck.family import RawFinding, RuleFamily
 from migration.codecheck.placement import DISTINCTIVE_NAMES
 from migration.codecheck.transforms import Transform
-from migration.codecheck.vocabulary import (COLLECTIVES, CONFIG_TOKENS, DEVICE_QUERIES, PJIT_KEYWORDS, PLACEMENT_HELPERS,
+from migration.codecheck.vocabulary import (COLLECTIVE_WRAPPERS, COLLECTIVES, CONFIG_TOKENS, DEVICE_QUERIES, PJIT_KEYWORDS, PLACEMENT_HELPERS,
                                             PLACEMENT_REPLACEMENT,
                                             PLATFORM_ATTRS, PLATFORM_KEYS, REMOVED, TPU_DEVICE_ATTRS, TPU_DRIVER_KEYS,
                                             removed_from, removed_key)
@@ -90,9 +90,18 @@ class DeviceRules(RuleFamily):
         elif fn is not None and id(fn) in self.ctx.placement_helpers:
             self.add(node, "PMAP003", f"`{last}` (a copy of a pmap-era helper, line {fn.lineno}) {message}",
                      PLACEMENT_REPLACEMENT)
-        elif fn is None and last in DISTINCTIVE_NAMES and name.split(".")[0] not in ("jax", "flax", "numpy"):
+        elif fn is None and (last in DISTINCTIVE_NAMES or self._project_shard(node, last)) \
+                and name.split(".")[0] not in ("jax", "flax", "numpy"):
             self.add(node, "PMAP003", f"`{name or last}` (by its name, a pmap-era helper) {message}",
                      PLACEMENT_REPLACEMENT)
+
+    def _project_shard(self, node: ast.Call, last: str) -> bool:
+        """`data_utils.shard(batch)`: a project module's own copy of Flax's `common_utils.shard`, called on
+        one batch (a dataset's `ds.shard(count, index)` is a method of an object, with two arguments)."""
+        func = node.func
+        return last == "shard" and len(node.args) == 1 and not node.keywords and isinstance(func, ast.Attribute) \
+            and isinstance(func.value, ast.Name) and func.value.id in self.ctx.aliases \
+            and self.ctx.aliases[func.value.id].split(".")[0] not in ("tensorflow", "torch", "tf", "datasets")
 
     def _tpu_call(self, node: ast.Call, name: str, last: str) -> None:
         if name.startswith("jax.tools.colab_tpu"):
@@ -123,16 +132,28 @@ class DeviceRules(RuleFamily):
         target = name
         if name in ("functools.partial", "partial") and node.args:
             target = self.ctx.resolve(node.args[0])
-        if not (target.startswith("jax.") and target.rsplit(".", 1)[-1] in ("pjit", "jit")
-                or self.ctx.is_bare(node.func) and last == "pjit"):
-            return
         old = [kw.arg for kw in node.keywords if kw.arg in PJIT_KEYWORDS]
+        if not old:
+            return
+        if not (target.startswith("jax.") and target.rsplit(".", 1)[-1] in ("pjit", "jit")
+                or self.ctx.is_bare(node.func) and last == "pjit" or self._bound_to_pjit(node.func)):
+            return
         if old:  # one finding per call, at the call: one change fixes it
             self.add(node, "PJIT001", " and ".join(f"`{k}=`" for k in old) + " removed from pjit: the call raises a "
                      "TypeError", " and ".join(f"{PJIT_KEYWORDS[k]}=" for k in old) + " (and jax.jit in place of pjit)")
 
+    def _bound_to_pjit(self, func: ast.AST) -> bool:
+        """`maybe_pjit = pjit if on_tpu else emulated_pjit`: a name this file binds to an expression naming
+        JAX's pjit (another library's wrapper taking keywords of the same names is not pjit)."""
+        if not isinstance(func, ast.Name):
+            return False
+        return any(isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == func.id for t in n.targets)
+                   and any(isinstance(v, (ast.Name, ast.Attribute)) and self.ctx.resolve(v).startswith("jax.")
+                           and self.ctx.resolve(v).endswith(".pjit") for v in walk(n.value))
+                   for n in self.ctx.of(ast.Assign))
+
     def _collective(self, node: ast.Call, name: str, last: str) -> None:
-        if last in COLLECTIVES and name.startswith("jax.lax.") and \
+        if (last in COLLECTIVES and name.startswith("jax.lax.") or name in COLLECTIVE_WRAPPERS) and \
                 (self.pmap_depth or self.ctx.uses_pmap and not self.ctx.uses_shard_map):
             self.add(node, "PMAP002", f"`{name}` inside a pmapped function")
 

@@ -21,7 +21,7 @@ from migration.codecheck.inputs import read_source, refuse_unreadable
 from migration.codecheck.monitoring import monitoring_uses
 from migration.codecheck.rules import RULES
 from migration.codecheck.sync import direct_step_call, step_loop_syncs
-from migration.codecheck.timing import Timing
+from migration.codecheck.timing import Timing, timer_names
 from migration.codecheck.values import Values
 from migration.codecheck.vocabulary import ENV_PREFIXES, LOOPS
 
@@ -47,15 +47,21 @@ def scope_findings(ctx: Context) -> list[RawFinding]:
         nodes = list(scope_nodes(scope))
         loops = [n for n in nodes if isinstance(n, LOOPS) and direct_step_call(ctx, n)]
         starts = Timing.starts_in(ctx, nodes)
-        if not loops and not starts:
+        timed = starts or timer_names(ctx)
+        if not loops and not timed:
             continue
         values = Values(ctx, scope)
+        per_loop, gated = [], set()
         for loop in loops:
+            syncs, gated_inside = step_loop_syncs(ctx, values, loop, not direct_step_call(ctx, loop, training=True))
+            per_loop.append((loop, syncs))
+            gated |= gated_inside
+        for loop, syncs in per_loop:
+            if id(loop) in gated:
+                continue  # an evaluation the training loop runs every N steps: not a wait of every step
             found += [(node, "SYNC001", f"{message} in the step loop at line {loop.lineno}: the host waits for the "
-                                        "device every step", None)
-                      for node, message in step_loop_syncs(ctx, values, loop,
-                                                                  not direct_step_call(ctx, loop, training=True))]
-        if starts:
+                                        "device every step", None) for node, message in syncs]
+        if timed:
             timing = Timing(ctx, values, scope, starts, nodes)
             found += [(node, "TIME001", message, None) for node, message in timing.found]
     return found

@@ -10,7 +10,7 @@ from migration.codecheck.ast_helpers import (assigned_pairs, bind_arguments, chi
                                              walk)
 from migration.codecheck.context import Context
 from migration.codecheck.values import Values, host_targets, step_state_names, summary
-from migration.codecheck.vocabulary import CLOCKS, EVAL_TOKENS, LOOPS, SCOPES
+from migration.codecheck.vocabulary import CLOCKS, EVAL_TOKENS, INTERVAL_WORDS, LOOPS, SCOPES, TREE_MAPS
 
 
 def direct_step_call(ctx: Context, loop: ast.AST, training: bool = False) -> bool:
@@ -46,6 +46,7 @@ class SyncWalk:
         self.clock_names = {n for s in walk(gate_source) if isinstance(s, ast.Assign)
                             and any(isinstance(c, ast.Call) and ctx.resolve(c.func) in CLOCKS for c in walk(s.value))
                             for t in s.targets for n in target_names(t)}
+        self.gated_loops: set[int] = set()  # id() of step loops this loop reaches only under a gate
         self.gate_names: set[str] = set()
         self.gate_names = {n for s in walk(gate_source) if isinstance(s, ast.Assign)
                            and self._gate(s.value) == "gate" for t in s.targets for n in target_names(t)}
@@ -105,6 +106,8 @@ class SyncWalk:
 
     def _inner_loop(self, loop: ast.stmt) -> None:
         if direct_step_call(self.ctx, loop):  # checked on its own; here only its results count
+            if self.gated:  # an evaluation every N steps: its own waits are paid every N steps
+                self.gated_loops.add(id(loop))
             self.dispatched = True
             self.fresh |= {n for s in walk(loop) for names, v in stmt_writes(s) for n in names
                            if self.values.is_device(v, self.values.names)}
@@ -145,7 +148,18 @@ class SyncWalk:
         tohost(predicted)`: outputs copied out whole to be kept on the host (an evaluation's predictions),
         not a value read to decide or log."""
         values = [v for _, v in mutations(stmt)] + [v for _, v in assigned_pairs(stmt)]
-        return any(isinstance(v, ast.Call) and self._fetches(v) for v in values)
+        return any(self._fetched(v) for v in values)
+
+    def _fetched(self, value: ast.AST) -> bool:
+        """A copy to the host (`jax.device_get(out)`), a tuple or list of copies, or a tree map over one
+        (`jax.tree.map(np.copy, jax.device_get(out))`)."""
+        if isinstance(value, (ast.Tuple, ast.List)):
+            return bool(value.elts) and all(self._fetched(e) for e in value.elts)
+        if not isinstance(value, ast.Call):
+            return False
+        if self._fetches(value):
+            return True
+        return self.ctx.resolve(value.func) in TREE_MAPS and any(self._fetched(a) for a in value.args[1:])
 
     def _fetches(self, call: ast.Call) -> bool:
         name = self.ctx.resolve(call.func)
@@ -233,7 +247,21 @@ class SyncWalk:
             inner = SyncWalk(self.ctx, self.values, {a.arg for a in fn.args.args}, fn, depth=1)
             return "gate" if returns and all(inner._gate(r) == "gate" for r in returns) else None
         tokens = name_tokens(last_name(call.func))
-        return "gate" if "every" in tokens or tokens[:1] == ("should",) else None
+        if "every" in tokens or tokens[:1] == ("should",):
+            return "gate"
+        return "gate" if self._schedule_call(call) else None
+
+    def _schedule_call(self, call: ast.Call) -> bool:
+        """`train_utils.itstime(step, config.log_eval_steps, total_steps)`, `due(step, every=100)`: a call
+        of another module's handed the loop's step counter and an interval (an argument whose name says
+        steps, every, interval, frequency or period): it decides by the step, as `step % N == 0` does."""
+        args = list(call.args) + [k.value for k in call.keywords]
+        if not any(isinstance(a, ast.Name) and a.id in self.counters for a in args):
+            return False
+        words = {w for a in args if not (isinstance(a, ast.Name) and a.id in self.counters)
+                 for w in name_tokens(last_name(a))}
+        words |= {w for k in call.keywords if k.arg for w in name_tokens(k.arg)}
+        return bool(words & INTERVAL_WORDS)
 
     def _compare_gate(self, test: ast.Compare) -> str | None:
         operands = [test.left, *test.comparators]
@@ -259,9 +287,10 @@ def loop_counters(loop: ast.For | ast.AsyncFor | ast.While) -> set[str]:
 
 
 def step_loop_syncs(ctx: Context, values: Values, loop: ast.For | ast.AsyncFor | ast.While,
-                    eval_only: bool = False) -> list:
-    """SYNC001 in one loop that runs a step: a first pass learns what an iteration leaves behind."""
+                    eval_only: bool = False) -> tuple[list, set[int]]:
+    """SYNC001 in one loop that runs a step: a first pass learns what an iteration leaves behind. Also the
+    step loops nested in it that it runs only under a gate (`if step % N == 0: for batch in eval_data: ...`)."""
     walk = SyncWalk(ctx, values, loop_counters(loop), loop, eval_only=eval_only)
     walk.scan(loop.body, fresh=set(), prior=set(), dispatched=False, report=False)
     walk.scan(loop.body, fresh=set(), prior=walk.fresh | walk.prior, dispatched=False, report=True)
-    return walk.found
+    return walk.found, walk.gated_loops

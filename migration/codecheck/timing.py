@@ -6,11 +6,15 @@ from __future__ import annotations
 import ast
 import builtins
 
-from migration.codecheck.ast_helpers import (bind_arguments, child_blocks, children, last_name, scope_nodes,
-                                             target_names, walk)
+from migration.codecheck.ast_helpers import (bind_arguments, child_blocks, children, dotted, last_name, name_tokens,
+                                             scope_nodes, target_names, walk)
 from migration.codecheck.context import Context
 from migration.codecheck.values import Values, is_wait, summary
 from migration.codecheck.vocabulary import CLOCKS, LOOPS, SAVE_METHODS, SCOPES
+
+TIMER_CLASS_WORDS = {"timer", "chrono", "stopwatch"}  # a class whose objects time intervals
+TIMER_ENDS = {"tick", "toc", "lap", "stop", "split"}  # a timer's methods that end an interval and read it
+TIMER_BLOCKS = {"record_time", "record", "measure", "time"}  # a timer's context managers timing their block
 
 
 class Timing:
@@ -29,6 +33,90 @@ class Timing:
             if self._pending(start, stmt, name):
                 self.found.append((stmt, "the clock is read after a JAX call without waiting for it: this "
                                          "measures dispatch, not the computation"))
+        self._timer_ends(nodes, timer_names(ctx))
+
+    def _timer_ends(self, nodes: list[ast.AST], timers: dict[str, str]) -> None:
+        """A timer object's interval closed after unwaited JAX work: `chrono.tick(step)` or
+        `tracker.toc('total')` once an iteration (the interval runs from its previous iteration),
+        `with tracker.record_time('step'): state = step(...)` (the block), a progress reporter handed a
+        clock read each iteration (`report_progress(step, time.time())`)."""
+        reported: set[int] = set()
+        for node in nodes:
+            if isinstance(node, ast.With):
+                calls = [i.context_expr for i in node.items if isinstance(i.context_expr, ast.Call)]
+                if any(self._timer_call(c, timers) in TIMER_BLOCKS for c in calls) \
+                        and self._definitely_pending(node.body):
+                    self._report_timer(node, reported)
+                continue
+            if not isinstance(node, ast.Call):
+                continue
+            method = self._timer_call(node, timers)
+            closes = method in TIMER_ENDS or method == "__call__" and any(is_clock(self.ctx, a) for a in node.args)
+            stmt = self.stmt_of.get(id(node))
+            if closes and stmt is not None and not child_blocks(stmt):
+                around = self._around(stmt)
+                if around is None:
+                    continue
+                owner = dotted(node.func.value) if isinstance(node.func, ast.Attribute) else dotted(node.func)
+                # the interval starts at the timer's last call that surely runs (`tic`, `pause`, `resume`)
+                restarts = [i for i, s in enumerate(around) if not child_blocks(s) and any(
+                    isinstance(c, ast.Call) and owner in (dotted(c.func), dotted(getattr(c.func, "value", None)))
+                    for c in walk(s))]
+                if self._definitely_pending(around[restarts[-1] + 1:] if restarts else around):
+                    self._report_timer(stmt, reported)
+
+    def _report_timer(self, stmt: ast.stmt, reported: set[int]) -> None:
+        if id(stmt) not in reported:
+            reported.add(id(stmt))
+            self.found.append((stmt, "a timer's interval ends after a JAX call without waiting for it: this "
+                                     "measures dispatch, not the computation"))
+
+    @staticmethod
+    def _timer_call(call: ast.Call, timers: dict[str, str]) -> str | None:
+        """'tick' for `chrono.tick(step)` on a timer object, '__call__' for calling a progress reporter."""
+        func = call.func
+        if isinstance(func, ast.Attribute) and dotted(func.value) in timers:
+            return func.attr
+        if dotted(func) in timers and timers[dotted(func)] == "reporter":
+            return "__call__"
+        return None
+
+    def _around(self, stmt: ast.stmt) -> list[ast.stmt] | None:
+        """The statements run from `stmt` to `stmt` again one iteration later of the innermost loop around it
+        (None outside a loop)."""
+        path = self.paths.get(id(stmt))
+        if not path:
+            return None
+        for level in range(len(path) - 1, 0, -1):
+            parent_block, parent_i = path[level - 1]
+            compound = parent_block[parent_i]
+            if isinstance(compound, LOOPS) and path[level][0] is compound.body:
+                after = [s for block, i in reversed(path[level:]) for s in block[i + 1:]]
+                return after + [s for block, i in path[level:] for s in block[:i]]
+        return None
+
+    def _definitely_pending(self, stmts: list[ast.stmt]) -> bool:
+        """Whether JAX work dispatched in `stmts` may still run at their end: a wait inside a branch or a
+        loop (it may not run) does not settle work dispatched before it."""
+        pending = False
+        for stmt in stmts:
+            for event in self._definite_events(stmt):
+                pending = event == "jax"
+        return pending
+
+    def _definite_events(self, stmt: ast.stmt) -> list[str]:
+        if isinstance(stmt, SCOPES):
+            return []
+        if not child_blocks(stmt):
+            return self._events(stmt)
+        heads = [n for f in ("test", "iter", "items", "subject") for n in as_list(getattr(stmt, f, None))]
+        events = [e for h in heads for e in self._events(h)]
+        if isinstance(stmt, (ast.With, ast.AsyncWith)):
+            return events + [e for s in stmt.body for e in self._definite_events(s)]
+        for block in child_blocks(stmt):  # a branch or a loop body that may not run
+            if self._definitely_pending(block):
+                events.append("jax")
+        return events
 
     @staticmethod
     def starts_in(ctx: Context, nodes: list[ast.AST]) -> dict[str, list[ast.stmt]]:
@@ -163,6 +251,25 @@ class Timing:
             return len(defs) == 1 and summary(self.ctx, defs[0], frozenset(
                 a.arg for a in defs[0].args.args)).waits
         return False
+
+
+def timer_names(ctx: Context) -> dict[str, str]:
+    """Names the file binds to a timer object (`chrono = train_utils.Chrono()`, `utils.TimeTracker()`,
+    a `Timer`, a `Stopwatch`): 'timer'; to CLU's progress reporter (`periodic_actions.ReportProgress(...)`):
+    'reporter'."""
+    cached = ctx.summaries.get(("timers",))
+    if cached is not None:
+        return cached
+    found: dict[str, str] = ctx.summaries[("timers",)] = {}
+    for node in ctx.of(ast.Assign):
+        if not isinstance(node.value, ast.Call):
+            continue
+        words = set(name_tokens(last_name(node.value.func)))
+        kind = "reporter" if words >= {"report", "progress"} else "timer" if words & TIMER_CLASS_WORDS or \
+            words >= {"time", "tracker"} else None
+        if kind:
+            found.update((name, kind) for t in node.targets for name in target_names(t))
+    return found
 
 
 def is_clock(ctx: Context, node: ast.AST | None) -> bool:

@@ -19,6 +19,8 @@ CONTROL_FLOW = {"scan", "fori_loop", "while_loop", "cond", "switch", "map", "ass
 BARE_TRANSFORMS = {"jit", "pjit", "pmap", "xmap", "vmap", "grad", "value_and_grad", "shard_map"}
 COLLECTIVES = {"pmean", "psum", "pmax", "pmin", "all_gather", "ppermute", "all_to_all", "psum_scatter",
                "axis_index"}
+# libraries' own wrappers of a collective, used under pmap like it (kfac_jax reduces only when pmapped)
+COLLECTIVE_WRAPPERS = {"kfac_jax.utils.pmean_if_pmap", "kfac_jax.utils.psum_if_pmap", "kfac_jax.utils.pmax_if_pmap"}
 STEP_TOKENS = {"step", "train", "update"}
 # optax builds transformations and schedules (host objects); these of its calls compute arrays
 OPTAX_ARRAYS = {"optax.apply_updates", "optax.global_norm", "optax.incremental_update", "optax.periodic_update",
@@ -28,6 +30,11 @@ OPTAX_ARRAYS = {"optax.apply_updates", "optax.global_norm", "optax.incremental_u
                 "optax.kl_divergence", "optax.log_cosh", "optax.smooth_labels", "optax.squared_error"}
 OPTAX_ARRAY_NAMESPACES = ("optax.losses.", "optax.tree_utils.", "optax.tree.", "optax.projections.")
 # a loop whose steps only evaluate, predict or generate is not the training loop SYNC001 is about
+# functions that map a function over a pytree's leaves (any era's spelling)
+TREE_MAPS = {"jax.tree.map", "jax.tree_map", "jax.tree_util.tree_map", "jax.tree_multimap",
+             "jax.tree_util.tree_multimap", "tree.map_structure"}
+# words of an argument that make a call handed the step counter a schedule (`itstime(step, log_every_steps)`)
+INTERVAL_WORDS = {"every", "steps", "interval", "intervals", "freq", "frequency", "period", "periodic"}
 EVAL_TOKENS = {"eval", "evaluate", "evaluation", "predict", "prediction", "pred", "generate", "generation", "test",
                "valid", "validation", "val", "sample", "infer", "inference", "decode"}
 # attributes that hold a training state on an object handed to a step (`trainer.state`, `model.params`)
