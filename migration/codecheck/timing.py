@@ -260,7 +260,8 @@ def timer_names(ctx: Context) -> dict[str, str]:
     cached = ctx.summaries.get(("timers",))
     if cached is not None:
         return cached
-    found: dict[str, str] = ctx.summaries[("timers",)] = {}
+    found: dict[str, str] = {}
+    ctx.summaries[("timers",)] = found
     for node in ctx.of(ast.Assign):
         if not isinstance(node.value, ast.Call):
             continue
