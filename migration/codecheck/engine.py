@@ -21,7 +21,7 @@ from migration.codecheck.inputs import read_source, refuse_unreadable
 from migration.codecheck.monitoring import monitoring_uses
 from migration.codecheck.rules import RULES
 from migration.codecheck.sync import direct_step_call, step_loop_syncs
-from migration.codecheck.timing import Timing, timer_names
+from migration.codecheck.timing import Timing, timer_names, uses_timer
 from migration.codecheck.values import Values
 from migration.codecheck.vocabulary import ENV_PREFIXES, LOOPS
 
@@ -47,7 +47,7 @@ def scope_findings(ctx: Context) -> list[RawFinding]:
         nodes = list(scope_nodes(scope))
         loops = [n for n in nodes if isinstance(n, LOOPS) and direct_step_call(ctx, n)]
         starts = Timing.starts_in(ctx, nodes)
-        timed = starts or timer_names(ctx)
+        timed = starts or uses_timer(nodes, timer_names(ctx))
         if not loops and not timed:
             continue
         values = Values(ctx, scope)

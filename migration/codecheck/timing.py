@@ -273,6 +273,13 @@ def timer_names(ctx: Context) -> dict[str, str]:
     return found
 
 
+def uses_timer(nodes: list[ast.AST], timers: dict[str, str]) -> bool:
+    """Whether a scope's nodes call a timer object or a progress reporter (`timer_names`)."""
+    return bool(timers) and any(
+        isinstance(n, ast.Call) and (dotted(n.func) in timers or isinstance(n.func, ast.Attribute)
+                                     and dotted(n.func.value) in timers) for n in nodes)
+
+
 def is_clock(ctx: Context, node: ast.AST | None) -> bool:
     return isinstance(node, ast.Call) and ctx.resolve(node.func) in CLOCKS
 
