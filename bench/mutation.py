@@ -64,6 +64,13 @@ GROUPS = {
         # the two slowest (23 s and 7 s) check the project's own code and the command line, not the rules
         ("--deselect", "tests/test_codecheck.py::test_the_projects_own_code_passes_its_own_check",
          "--deselect", "tests/test_codecheck.py::test_cli_check_exits_non_zero_on_errors_and_writes_json_and_csv")),
+    # the modules that compute what users act on: the step-time model and the HLO reader it reads,
+    # the environment a plan hands over
+    "steptime": Group(("migration/planning/steptime.py", "migration/planning/hlo_cost.py"),
+                      ("tests/test_steptime_by_hand.py", "tests/test_hlo_cost_by_hand.py", "tests/test_steptime.py"),
+                      ("-m", "not slow")),
+    "deployment": Group(("migration/planning/deployment.py",),
+                        ("tests/test_deployment_by_hand.py", "tests/test_planfile.py"), ("-m", "not slow")),
     "history": Group(("migration/service/history.py", "migration/service/accounts.py"),
                      ("tests/test_history*.py", "tests/test_security_and_input.py")),
     # job ownership and the queue: the service's own rules (who sees and stops a job, limits, lane

@@ -128,3 +128,49 @@ def test_accumulation_loops_count_every_launch_of_the_body():
     k = Kernel("k", "matmul", 4e12, 0.0, "bf16", 4)
     p = steptime.predict([k], H100, None)
     assert p.kernels == 4 and p.seconds == pytest.approx(4e12 / (989e12 * 0.60) + 4 * 8e-6)
+
+
+def test_every_kernel_and_collective_adds_to_its_sum():
+    """Two of each: matmuls of 1 ms each (0.6 x 989e12 x 1e-3 FLOPs), memory kernels of 1 ms each
+    (0.9 x 3.35232e12 x 1e-3 bytes), asynchronous all-gathers of 2 ms each and synchronous ones of 3 ms
+    each over 2 GPUs (1/2 of the bytes over 270 GB/s, + 20 us). Compute 4 ms + 4 launches of 8 us;
+    asynchronous 4.04 ms, of which 4.04 - 4.032 = 8 us exposed; synchronous 6.04 ms, all exposed."""
+    matmul = Kernel("m", "matmul", 0.6 * 989e12 * 1e-3, 0.0, "bf16", 1)
+    stream = Kernel("s", "memory", 0.0, 0.9 * 3.35232e12 * 1e-3, None, 1)
+    hidden = collective("all-gather", 2, 2e-3 * 270e9 * 2, asynchronous=True)
+    exposed = collective("all-gather", 2, 3e-3 * 270e9 * 2)
+    p = steptime.predict([matmul, matmul, stream, stream, hidden, hidden, exposed, exposed], H100, NVLINK)
+    assert p.matmul_s == pytest.approx(2e-3 + 2 * 8e-6) and p.memory_s == pytest.approx(2e-3 + 2 * 8e-6)
+    assert p.communication_s == pytest.approx(4.04e-3 + 6.04e-3)
+    assert p.exposed_communication_s == pytest.approx(4.04e-3 - 4.032e-3 + 6.04e-3)
+    assert p.flops == pytest.approx(2 * 0.6 * 989e12 * 1e-3) and p.kernels == 4
+
+
+def test_a_collective_launched_in_a_loop_pays_its_latency_every_time():
+    """An all-reduce run 4 times a step (count 4, bytes summed over the trips): 4 x 20 us of latency."""
+    looped = Kernel("ar", "all-reduce", 0.0, 1e9, None, 4, group=8)
+    assert steptime.collective_seconds(looped, NVLINK) == pytest.approx(1.75e9 / 270e9 + 4 * 2e-5)
+
+
+def test_a_kernel_with_flops_but_no_product_unit_is_timed_by_its_bytes():
+    """A reduction XLA counts FLOPs for but runs on no matrix unit: only its 3 GB at 90% of HBM."""
+    k = Kernel("reduce", "memory", 1e15, 3e9, None, 1)
+    assert steptime.kernel_seconds(k, H100) == pytest.approx(3e9 / (3.35232e12 * 0.90) + 8e-6)
+
+
+def test_cross_domain_seconds_uses_the_calibration_it_is_given():
+    cal = steptime.Calibration(matmul=0.5, attention=0.5, memory=0.5, launch_s=0.0, link=1.0, collective_s=0.0)
+    network, inside = steptime.cross_domain_seconds([collective("all-gather", 16, nodes=2)],
+                                                    Links(intra=NVLINK, network=50e9), cal)
+    assert network == pytest.approx(15 / 16 * 1e9 / 400e9) and inside == pytest.approx(15 / 16 * 1e9 / 450e9)
+
+
+def test_the_method_line_states_the_programs_figures_in_their_units():
+    """2.5e12 FLOPs = 2.50 TFLOP; H100's 3.35232e12 B/s = 3.35 TB/s; 1.5 ms of collectives, 250 us exposed."""
+    p = steptime.StepPrediction(seconds=0.01, compute_s=0.009, matmul_s=0.008, memory_s=0.001, communication_s=1.5e-3,
+                                exposed_communication_s=2.5e-4, flops=2.5e12, kernels=1234)
+    text = p.method(H100, "NVLink")
+    assert "1,234 kernel launches, 2.50 TFLOP per GPU" in text
+    assert "its bytes at 90% of 3.35 TB/s" in text and "at 60% of" in text
+    assert "collectives 1.5 ms over NVLink (250 µs not hidden behind compute)" in text
+    assert "expected error about ±25%" in text and "±40%" in p.method(H100, "NVLink", 0.40)
