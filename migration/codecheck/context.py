@@ -16,6 +16,7 @@ from migration.codecheck.vocabulary import (APPLY_METHODS, BARE_TRANSFORMS, COMP
                                             DEFAULT_ALIASES, GRAD_TRANSFORMS, HOST_BUILTINS, HOST_IO_TOKENS, HOST_JAX,
                                             HOST_NAMESPACES, JAX_IMPORTERS, LOG_METHODS, LOSS_SCALING_HINTS,
                                             NOT_LOGGERS, PLACEMENT_HELPERS, SYNC_METHODS, WRAPPERS, removed_key)
+from migration.codecheck.vocabulary import ENV_TOKENS, ES_METHODS, ES_RECEIVERS
 
 
 class Context:
@@ -271,6 +272,11 @@ class Context:
 
     def _is_step_call(self, call: ast.Call) -> bool:
         args = call.args + [k.value for k in call.keywords]
+        receiver = set(name_tokens(last_name(call.func.value))) if isinstance(call.func, ast.Attribute) else set()
+        if receiver & ENV_TOKENS:
+            return False  # `env.step(action)`: a simulator's step on the host, not a training step
+        if call.func.__class__ is ast.Attribute and call.func.attr in ES_METHODS and receiver & ES_RECEIVERS:
+            return True  # an evolution strategy's `strategy.ask(...)` / `solver.tell(...)`: its update step
         if not args or all(isinstance(a, ast.Constant) for a in args):
             return False
         if self.resolve(call.func).startswith(("os.", "jax.config")):

@@ -10,7 +10,7 @@ from migration.codecheck.ast_helpers import (bind_arguments, child_blocks, child
                                              scope_nodes, target_names, walk)
 from migration.codecheck.context import Context
 from migration.codecheck.values import Values, is_wait, summary
-from migration.codecheck.vocabulary import CLOCKS, LOOPS, SAVE_METHODS, SCOPES
+from migration.codecheck.vocabulary import CLOCKS, INTERVAL_WORDS, LOOPS, SAVE_METHODS, SCOPES
 
 TIMER_CLASS_WORDS = {"timer", "chrono", "stopwatch"}  # a class whose objects time intervals
 TIMER_ENDS = {"tick", "toc", "lap", "stop", "split"}  # a timer's methods that end an interval and read it
@@ -28,11 +28,10 @@ class Timing:
         self.stmt_of: dict[int, ast.stmt] = {}
         self._index(scope.body, [])
         self.found: list[tuple[ast.AST, str]] = []
-        reads = {id(s): s for s in (self._read_stmt(n) for n in nodes) if s is not None}
-        for stmt, start, name in reads.values():
-            if self._pending(start, stmt, name):
-                self.found.append((stmt, "the clock is read after a JAX call without waiting for it: this "
-                                         "measures dispatch, not the computation"))
+        for read in (self._read_stmt(n) for n in nodes):
+            if read is not None and self._pending(read[1], read[0], read[2]):
+                self.found.append((read[3], "the clock is read after a JAX call without waiting for it: this "
+                                            "measures dispatch, not the computation"))
         self._timer_ends(nodes, timer_names(ctx))
 
     def _timer_ends(self, nodes: list[ast.AST], timers: dict[str, str]) -> None:
@@ -96,8 +95,9 @@ class Timing:
         return None
 
     def _definitely_pending(self, stmts: list[ast.stmt]) -> bool:
-        """Whether JAX work dispatched in `stmts` may still run at their end: a wait inside a branch or a
-        loop (it may not run) does not settle work dispatched before it."""
+        """Whether JAX work dispatched in `stmts` may still run at their end: a wait in a branch taken every
+        N steps (`if step % 100 == 0:`), which the last step seldom takes, does not settle work dispatched
+        before it; nor does one in a timer's own statements."""
         pending = False
         for stmt in stmts:
             for event in self._definite_events(stmt):
@@ -109,11 +109,12 @@ class Timing:
             return []
         if not child_blocks(stmt):
             return self._events(stmt)
-        heads = [n for f in ("test", "iter", "items", "subject") for n in as_list(getattr(stmt, f, None))]
-        events = [e for h in heads for e in self._events(h)]
-        if isinstance(stmt, (ast.With, ast.AsyncWith)):
-            return events + [e for s in stmt.body for e in self._definite_events(s)]
-        for block in child_blocks(stmt):  # a branch or a loop body that may not run
+        if not (isinstance(stmt, ast.If) and periodic(stmt.test)):
+            heads = [n for f in ("test", "iter", "items", "subject") for n in as_list(getattr(stmt, f, None))]
+            return [e for h in heads for e in self._events(h)] + [
+                e for block in child_blocks(stmt) for s in block for e in self._definite_events(s)]
+        events = self._events(stmt.test)
+        for block in child_blocks(stmt):  # taken every N steps: its waits settle nothing for the last step
             if self._definitely_pending(block):
                 events.append("jax")
         return events
@@ -146,8 +147,9 @@ class Timing:
         earlier = [s for s in self.starts.get(name, []) if s.lineno <= before]
         return max(earlier, key=lambda s: s.lineno, default=None)
 
-    def _read_stmt(self, node: ast.AST) -> tuple[ast.stmt, ast.stmt, str] | None:
-        """(the statement that reads the clock, the statement that started it, the start's name) for `... - t0`."""
+    def _read_stmt(self, node: ast.AST) -> tuple[ast.stmt, ast.stmt, str, ast.AST] | None:
+        """(the statement that reads the clock, the statement that started it, the start's name, where to
+        report it: the subtraction when it reads the clock itself, else the statement) for `... - t0`."""
         if not (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Sub) and isinstance(node.right, ast.Name)):
             return None
         stmt = self.stmt_of.get(id(node))
@@ -158,7 +160,8 @@ class Timing:
         elif not is_clock(self.ctx, node.left):
             return None
         start = self._latest(node.right.id, stmt.lineno - 1) if stmt is not None else None
-        return (stmt, start, node.right.id) if start is not None and start is not stmt else None
+        where = node if is_clock(self.ctx, node.left) else stmt
+        return (stmt, start, node.right.id, where) if start is not None and start is not stmt else None
 
     def _between(self, start: ast.stmt, end: ast.stmt) -> list[ast.stmt] | None:
         """Statements run after `start` and before `end` (a loop around `end` adds its earlier iterations)."""
@@ -182,14 +185,11 @@ class Timing:
 
     def _pending(self, start: ast.stmt, end: ast.stmt, name: str) -> bool:
         between = self._between(start, end)
-        if not between or self._carried_over_waiting_loop(end, name):
+        if not between or self._carried_over_waiting_loop(start, end, name):
             return False
-        pending = False
-        for event in (e for s in between for e in self._events(s)):
-            pending = event == "jax"
-        return pending
+        return self._definitely_pending(between)
 
-    def _carried_over_waiting_loop(self, end: ast.stmt, name: str) -> bool:
+    def _carried_over_waiting_loop(self, start: ast.stmt, end: ast.stmt, name: str) -> bool:
         """`t = time.time()` ... `for ...: step(); ...; now = time.time(); rate = n / (now - t); t = now`:
         the start is set again after the read inside the loop around it, and each iteration waits somewhere,
         so from one read to the next the interval holds a whole iteration's work."""
@@ -198,6 +198,8 @@ class Timing:
         if not loops:
             return False
         loop = loops[-1]
+        if start.lineno < end.lineno and any(s is start for s in walk(loop)):
+            return False  # started earlier in the same iteration: the interval holds no other iteration
         resets = any(name in target_names(t) for s in walk(loop) if isinstance(s, (ast.Assign, ast.AnnAssign))
                      and s.lineno >= end.lineno for t in getattr(s, "targets", [getattr(s, "target", None)]))
         return resets and "sync" in (e for s in loop.body for e in self._events(s))
@@ -271,6 +273,20 @@ def timer_names(ctx: Context) -> dict[str, str]:
         if kind:
             found.update((name, kind) for t in node.targets for name in target_names(t))
     return found
+
+
+def periodic(test: ast.AST) -> bool:
+    """A test that holds every N steps: `step % N == 0`, `should_log(step)`, `every_n(step)`, or another
+    module's schedule handed an interval (`itstime(step, config.log_steps)`)."""
+    for node in walk(test):
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod):
+            return True
+        if isinstance(node, ast.Call):
+            words = set(name_tokens(last_name(node.func)))
+            args = [w for a in node.args for w in name_tokens(last_name(a))]
+            if "every" in words or "should" in words or set(args) & INTERVAL_WORDS:
+                return True
+    return False
 
 
 def uses_timer(nodes: list[ast.AST], timers: dict[str, str]) -> bool:

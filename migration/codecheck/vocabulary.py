@@ -22,6 +22,11 @@ COLLECTIVES = {"pmean", "psum", "pmax", "pmin", "all_gather", "ppermute", "all_t
 # libraries' own wrappers of a collective, used under pmap like it (kfac_jax reduces only when pmapped)
 COLLECTIVE_WRAPPERS = {"kfac_jax.utils.pmean_if_pmap", "kfac_jax.utils.psum_if_pmap", "kfac_jax.utils.pmax_if_pmap"}
 STEP_TOKENS = {"step", "train", "update"}
+# an RL environment's `env.step(action)` runs the simulator on the host, not a training step
+ENV_TOKENS = {"env", "envs", "environment", "environments"}
+# evolution strategies (evosax, evojax) update through `strategy.ask(...)` / `solver.tell(...)`
+ES_METHODS = {"ask", "tell"}
+ES_RECEIVERS = {"strategy", "solver", "es", "algorithm", "optimizer"}
 # optax builds transformations and schedules (host objects); these of its calls compute arrays
 OPTAX_ARRAYS = {"optax.apply_updates", "optax.global_norm", "optax.incremental_update", "optax.periodic_update",
                 "optax.safe_norm", "optax.safe_root_mean_squares", "optax.l2_loss", "optax.huber_loss",
