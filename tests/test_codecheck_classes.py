@@ -440,3 +440,159 @@ def test_a_timer_closing_its_interval_after_unwaited_work_is_reported(body, mark
 ])
 def test_a_timer_after_a_wait_or_restarted_after_the_work_is_quiet(body):
     assert lines(TIMED.replace("{body}", body), "TIME001") == []
+
+
+# RL environments, frameworks' per-step methods, evolution strategies --------------------------------
+
+def test_an_action_handed_to_the_environment_is_no_training_wait():
+    src = STEP + """
+policy = jax.jit(lambda p, s: s)
+for i in range(100):
+    action = policy(params, state)
+    next_state, reward, done, _ = env.step(int(action))  # acting
+    state, metrics = train_step(state, batch)
+    print(float(metrics["loss"]))  # a read
+"""
+    assert lines(src, "SYNC001") == [line_of(src, "# a read")]
+
+
+JAXLINE = """\
+import jax
+import numpy as np
+from jaxline import experiment
+
+class Experiment({base}):
+    def step(self, global_step, rng, writer, **unused_args):
+        batch = next(self._train_input)
+        self._params, scalars, logits = self._update_func(self._params, batch, rng)
+        scalars["prediction"] = np.argmax(logits[0])  # the read
+        return scalars
+"""
+
+
+@pytest.mark.parametrize("base, reported", [("experiment.AbstractExperiment", True), ("object", False)])
+def test_jaxlines_step_method_is_read_as_one_iteration_of_the_training_loop(base, reported):
+    src = JAXLINE.replace("{base}", base)
+    found = [f for f in check_source(src) if f.rule == "SYNC001"]
+    assert [f.line for f in found] == ([line_of(src, "# the read")] if reported else [])
+    if reported:
+        assert "`Experiment.step`, which jaxline runs every training step" in found[0].message
+
+
+@pytest.mark.parametrize("call, reported", [
+    ("x, es_state = strategy.ask(rng, es_state, params)", True),
+    ("x = self.solver.ask()", True),
+    ("position = f.tell()", False),  # a file's position
+])
+def test_an_evolution_strategys_ask_and_tell_are_its_update_step(call, reported):
+    src = "import time\nimport jax\nfor i in range(10):\n    t0 = time.perf_counter()\n    " + call + \
+        "\n    print(time.perf_counter() - t0)  # read\n"
+    assert lines(src, "TIME001") == ([line_of(src, "# read")] if reported else [])
+
+
+# timing: waits every N steps, where a read is reported, intervals within one iteration ---------------
+
+def test_a_wait_taken_every_n_steps_does_not_settle_the_epochs_timing():
+    src = STEP + """
+for epoch in range(10):
+    t0 = time.time()
+    for i, batch in enumerate(data):
+        state, metrics = train_step(state, batch)
+        if i % 100 == 0:
+            print(jax.device_get(metrics))
+    epoch_s = time.time() - t0  # read
+"""
+    assert lines(src, "TIME001") == [line_of(src, "# read")]
+
+
+def test_a_wait_behind_a_setting_is_taken_as_the_path_that_runs():
+    src = STEP + """
+t0 = time.time()
+state, metrics = train_step(state, batch)
+if not concurrent:
+    metrics = jax.device_get(metrics)
+print(time.time() - t0)
+"""
+    assert lines(src, "TIME001") == []
+
+
+def test_a_clock_read_is_reported_on_the_line_of_the_subtraction():
+    src = STEP + """
+for i in range(10):
+    t0 = time.perf_counter()
+    state, metrics = train_step(state, batch)
+    logger.debug('step time: {:.4f}s'.format(
+        time.perf_counter() - t0))  # read
+    t0 = time.perf_counter()
+"""
+    assert lines(src, "TIME001") == [line_of(src, "# read")]
+
+
+# vendored libraries, jaxline's psum, removed array attributes ---------------------------------------
+
+def test_a_vendored_ninjax_pmap_is_a_pmap_and_jaxlines_tree_psum_a_psum():
+    src = ("import jax\nfrom . import ninjax as nj\nfrom jaxline import utils as jl_utils\n\n"
+           "def update(grads):\n    return jl_utils.tree_psum(grads, axis_name='i')\n\n"
+           "p_update = nj.pmap(update, 'i')\n")
+    assert lines(src, "PMAP001") == [8] and lines(src, "PMAP002") == [6]
+    assert lines("import jax\nfrom . import utils as nj\np = nj.pmap(f)\n", "PMAP001") == []
+
+
+@pytest.mark.parametrize("attr, reported", [("device_buffer", True), ("device_buffers", True), ("buffer", False)])
+def test_the_old_device_arrays_buffers_are_removed(attr, reported):
+    src = f"import jax\nleaves = jax.tree_util.tree_map(lambda x: x[0].{attr}, params)\n"
+    assert lines(src, "REMOVED001") == ([2] if reported else [])
+
+
+# placement helpers: a devices parameter, a class's own constructor, a project's de_replicate ----------
+
+def test_a_method_taking_devices_with_a_placement_shape_is_a_helper():
+    src = """\
+import jax
+
+class Agent:
+    def _convert(self, value, devices):
+        return jax.tree_util.tree_map(lambda x: x.reshape((len(devices), -1) + x.shape[1:]), value)
+
+    def _log(self, value, devices):
+        print(value, devices)
+
+    def train(self, data):
+        batch = self._convert(data, self.devices)  # placed
+        self._log(data, self.devices)
+"""
+    assert lines(src, "PMAP003") == [line_of(src, "# placed")]
+
+
+def test_a_method_of_an_object_made_by_its_class_constructor_is_followed():
+    src = """\
+import jax
+from flax import jax_utils
+
+class TrainState:
+    @classmethod
+    def create(cls, params):
+        return cls()
+
+    def replicate(self):
+        return jax_utils.replicate(self)
+
+state = TrainState.create(params)
+state = state.replicate()  # placed
+"""
+    assert line_of(src, "# placed") in lines(src, "PMAP003")
+
+
+@pytest.mark.parametrize("name, reported", [("de_replicate", True), ("dereplicate", True), ("replicate_rows", False)])
+def test_a_project_modules_de_replicate_is_unreplicate(name, reported):
+    src = f"import jax\nfrom project import train_utils\nstate_to_save = train_utils.{name}(state)\n"
+    assert lines(src, "PMAP003") == ([3] if reported else [])
+
+
+@pytest.mark.parametrize("code, reported", [
+    ("outputs = {'pred': pred.astype('float16'), 'id': ids}", False),  # kept to be written
+    ("x = x.astype('float16')", True),
+    ("outputs = [pred.astype('float16')]", True),
+])
+def test_half_precision_for_results_being_kept_is_not_a_compute_dtype(code, reported):
+    assert bool(lines("import jax\n" + code + "\n", "FP16001")) == reported

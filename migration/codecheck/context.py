@@ -16,7 +16,7 @@ from migration.codecheck.vocabulary import (APPLY_METHODS, BARE_TRANSFORMS, COMP
                                             DEFAULT_ALIASES, GRAD_TRANSFORMS, HOST_BUILTINS, HOST_IO_TOKENS, HOST_JAX,
                                             HOST_NAMESPACES, JAX_IMPORTERS, LOG_METHODS, LOSS_SCALING_HINTS,
                                             NOT_LOGGERS, PLACEMENT_HELPERS, SYNC_METHODS, WRAPPERS, removed_key)
-from migration.codecheck.vocabulary import ENV_TOKENS, ES_METHODS, ES_RECEIVERS
+from migration.codecheck.vocabulary import ENV_TOKENS, ES_METHODS, ES_RECEIVERS, VENDORED
 
 
 class Context:
@@ -101,10 +101,16 @@ class Context:
         # looked up per call by bisection (a scan of the file per call was quadratic in the file's length)
         self.made_by: dict[str, list[tuple[int, str]]] = {}
         for n in nodes:
-            if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call) and isinstance(n.value.func, ast.Name):
+            if not (isinstance(n, ast.Assign) and isinstance(n.value, ast.Call)):
+                continue
+            func = n.value.func
+            # `obj = Trainer(...)`, or a class of this file's own constructor: `state = TrainState.create(...)`
+            maker = func.id if isinstance(func, ast.Name) else func.value.id if isinstance(func, ast.Attribute) \
+                and isinstance(func.value, ast.Name) and func.value.id in self.classes else None
+            if maker:
                 for t in n.targets:
                     if isinstance(t, ast.Name):
-                        self.made_by.setdefault(t.id, []).append((n.lineno, n.value.func.id))
+                        self.made_by.setdefault(t.id, []).append((n.lineno, maker))
         for made in self.made_by.values():
             made.sort()
 
@@ -127,6 +133,12 @@ class Context:
 
     # imports ---------------------------------------------------------------------------
     def _read_import(self, node: ast.Import | ast.ImportFrom) -> None:
+        if isinstance(node, ast.ImportFrom) and node.level and not node.module:
+            # `from . import ninjax as nj`: a library a project vendors is read as that library
+            for alias in node.names:
+                if alias.name in VENDORED:
+                    self.aliases[alias.asname or alias.name] = alias.name
+            return
         if isinstance(node, ast.ImportFrom) and (node.level or not node.module):
             return
         for alias in node.names:

@@ -13,7 +13,8 @@ from migration.codecheck.placement import DISTINCTIVE_NAMES
 from migration.codecheck.transforms import Transform
 from migration.codecheck.vocabulary import (COLLECTIVE_WRAPPERS, COLLECTIVES, CONFIG_TOKENS, DEVICE_QUERIES, PJIT_KEYWORDS, PLACEMENT_HELPERS,
                                             PLACEMENT_REPLACEMENT,
-                                            PLATFORM_ATTRS, PLATFORM_KEYS, REMOVED, TPU_DEVICE_ATTRS, TPU_DRIVER_KEYS,
+                                            PLATFORM_ATTRS, PLATFORM_KEYS, REMOVED, REMOVED_ARRAY_ATTRS, TPU_DEVICE_ATTRS,
+                                            TPU_DRIVER_KEYS,
                                             removed_from, removed_key)
 
 
@@ -46,6 +47,9 @@ class DeviceRules(RuleFamily):
         key = removed_key(full)
         if key and root not in self.ctx.removed_bindings:
             self.add(node, "REMOVED001", f"`{full}` was removed from {removed_from(key)}", REMOVED[key])
+        if isinstance(node, ast.Attribute) and node.attr in REMOVED_ARRAY_ATTRS and self.ctx.uses_jax:
+            self.add(node, "REMOVED001", f"`.{node.attr}` was removed from JAX arrays (jax 0.4.27): it raises "
+                                         "AttributeError", REMOVED_ARRAY_ATTRS[node.attr])
         if isinstance(node, ast.Attribute) and node.attr in TPU_DEVICE_ATTRS and self.ctx.uses_jax \
                 and ({"device", "devices", "dev", "d"} & set(name_tokens(dotted(node.value)))
                      or any(isinstance(n, ast.Call) and last_name(n.func) in ("devices", "local_devices")
@@ -153,7 +157,7 @@ class DeviceRules(RuleFamily):
                    for n in self.ctx.of(ast.Assign))
 
     def _collective(self, node: ast.Call, name: str, last: str) -> None:
-        if (last in COLLECTIVES and name.startswith("jax.lax.") or name in COLLECTIVE_WRAPPERS) and \
+        if (name.startswith("jax.lax.") and name.rsplit(".", 1)[-1] in COLLECTIVES or name in COLLECTIVE_WRAPPERS) and \
                 (self.pmap_depth or self.ctx.uses_pmap and not self.ctx.uses_shard_map):
             self.add(node, "PMAP002", f"`{name}` inside a pmapped function")
 

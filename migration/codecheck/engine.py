@@ -23,7 +23,7 @@ from migration.codecheck.rules import RULES
 from migration.codecheck.sync import direct_step_call, step_loop_syncs
 from migration.codecheck.timing import Timing, timer_names, uses_timer
 from migration.codecheck.values import Values
-from migration.codecheck.vocabulary import ENV_PREFIXES, LOOPS
+from migration.codecheck.vocabulary import ENV_PREFIXES, FRAMEWORK_EXPERIMENTS, LOOPS
 
 
 @dataclasses.dataclass
@@ -46,6 +46,7 @@ def scope_findings(ctx: Context) -> list[RawFinding]:
     for scope in scopes:
         nodes = list(scope_nodes(scope))
         loops = [n for n in nodes if isinstance(n, LOOPS) and direct_step_call(ctx, n)]
+        loops += framework_step_loop(ctx, scope)
         starts = Timing.starts_in(ctx, nodes)
         timed = starts or uses_timer(nodes, timer_names(ctx))
         if not loops and not timed:
@@ -59,12 +60,25 @@ def scope_findings(ctx: Context) -> list[RawFinding]:
         for loop, syncs in per_loop:
             if id(loop) in gated:
                 continue  # an evaluation the training loop runs every N steps: not a wait of every step
-            found += [(node, "SYNC001", f"{message} in the step loop at line {loop.lineno}: the host waits for the "
-                                        "device every step", None) for node, message in syncs]
+            where = getattr(loop, "_runs_every_step", None) or f"the step loop at line {loop.lineno}"
+            found += [(node, "SYNC001", f"{message} in {where}: the host waits for the device every step", None)
+                      for node, message in syncs]
         if timed:
             timing = Timing(ctx, values, scope, starts, nodes)
             found += [(node, "TIME001", message, None) for node, message in timing.found]
     return found
+
+
+def framework_step_loop(ctx: Context, scope: ast.AST) -> list[ast.While]:
+    """A training framework's per-step method read as the body of its loop: jaxline calls an experiment's
+    `step` once every training step (`class Experiment(experiment.AbstractExperiment): def step(...)`)."""
+    cls = ctx.parents.get(scope)
+    if not (isinstance(scope, ast.FunctionDef) and scope.name == "step" and isinstance(cls, ast.ClassDef)
+            and any(ctx.resolve(b) in FRAMEWORK_EXPERIMENTS for b in cls.bases)):
+        return []
+    loop = ast.copy_location(ast.While(test=ast.Constant(True), body=scope.body, orelse=[]), scope)
+    loop._runs_every_step = f"`{cls.name}.step`, which jaxline runs every training step"
+    return [loop] if direct_step_call(ctx, loop) else []
 
 
 def third_party_imports(tree: ast.Module) -> set[str]:

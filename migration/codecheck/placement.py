@@ -2,8 +2,9 @@
 `shard` or jaxline's `get_first`, recognised by its name and by what its body does, and the
 distinctive names of such helpers when they come from a project module the check cannot read.
 
-A function of the file is a placement helper when its name says so (`_unpmap`, `shard_batch`,
-`_for_n_devices`, `get_first`) and its body has one of the helpers' shapes:
+A function of the file is a placement helper when its name or a parameter says so (`_unpmap`, `shard_batch`,
+`_for_n_devices`, `get_first`; `def _convert(self, value, devices)`) and its body has one of the helpers'
+shapes:
 
 - it takes each leaf's first copy (`lambda x: x[0]`, or a local function returning `x[0]`),
   the shape of `unreplicate`;
@@ -26,7 +27,8 @@ HELPER_NAME_TOKENS = {"replicate", "replicated", "unreplicate", "shard", "unpmap
 # names distinctive enough to be a pmap-era helper wherever it is imported from (a project's `helpers.get_first`)
 DISTINCTIVE_NAMES = {"get_first", "bcast_local_devices", "unreplicate", "get_from_first_device",
                      "replicate_all_local_devices", "broadcast_all_local_devices", "for_n_devices",
-                     "shard_prng_key", "pad_shard_unpad", "replicate_model_state"}
+                     "shard_prng_key", "pad_shard_unpad", "replicate_model_state", "de_replicate", "dereplicate"}
+DEVICE_PARAMS = {"devices", "local_devices", "n_devices", "num_devices"}  # a parameter that says it places
 DEVICE_COUNT_CALLS = {"local_device_count", "device_count"}
 DEVICE_COUNT_TOKENS = {"devices", "device", "replicas", "ndev", "ndevices"}
 COPY_CALLS = {"device_put_replicated", "device_put_sharded", "for_n_devices"}
@@ -38,7 +40,9 @@ def placement_helpers(functions: list[ast.FunctionDef | ast.AsyncFunctionDef], l
     found = set()
     for fn in functions:
         tokens = set(name_tokens(fn.name))
-        if tokens & HELPER_NAME_TOKENS and (_first_copy(fn) or _device_reshape(fn) or _copies(fn, library_call)):
+        params = {a.arg for a in fn.args.posonlyargs + fn.args.args + fn.args.kwonlyargs}
+        says = tokens & HELPER_NAME_TOKENS or params & DEVICE_PARAMS  # `def _convert_inps(self, value, devices)`
+        if says and (_first_copy(fn) or _device_reshape(fn) or _copies(fn, library_call)):
             found.add(id(fn))
     return found
 

@@ -104,11 +104,20 @@ class SettingsRules(RuleFamily):
             and any("dtype" in name_tokens(last_name(t)) for t in targets)
 
     def _half(self, node: ast.AST) -> None:
-        if self.ctx.has_loss_scaling or self._only_compared(node):
+        if self.ctx.has_loss_scaling or self._only_compared(node) or self._stored(node):
             return
         if self.ctx.jax_import is None and not self._dtype_target(node):
             return  # numpy-only code: float16 storage on the host is not a training dtype
         self.add(node, "FP16001", "float16 is used and the file has no loss scaling")
+
+    def _stored(self, node: ast.AST) -> bool:
+        """`{"outputs/pred": pred.astype("float16")}`: a result cast to half to be kept or written (a value of
+        a dict being built), not a dtype the model computes in."""
+        cast = self.ctx.parents.get(node)
+        if not (isinstance(cast, ast.Call) and last_name(cast.func) == "astype"):
+            return False
+        holder = self.ctx.parents.get(cast)
+        return isinstance(holder, ast.Dict) and any(v is cast for v in holder.values)
 
     def _only_compared(self, node: ast.AST) -> bool:
         """float16 in a comparison, an isinstance/issubdtype test, or a table of several dtypes."""

@@ -10,7 +10,7 @@ from migration.codecheck.ast_helpers import (assigned_pairs, bind_arguments, chi
                                              walk)
 from migration.codecheck.context import Context
 from migration.codecheck.values import Values, host_targets, step_state_names, summary
-from migration.codecheck.vocabulary import CLOCKS, EVAL_TOKENS, INTERVAL_WORDS, LOOPS, SCOPES, TREE_MAPS
+from migration.codecheck.vocabulary import CLOCKS, ENV_TOKENS, EVAL_TOKENS, INTERVAL_WORDS, LOOPS, SCOPES, TREE_MAPS
 
 
 def direct_step_call(ctx: Context, loop: ast.AST, training: bool = False) -> bool:
@@ -24,6 +24,12 @@ def direct_step_call(ctx: Context, loop: ast.AST, training: bool = False) -> boo
         if not isinstance(node, (*LOOPS, *SCOPES)):
             stack.extend(children(node))
     return False
+
+
+def is_env_step(call: ast.Call) -> bool:
+    """`env.step(action)`, `self.environment.step(...)`: a host environment's step."""
+    return isinstance(call.func, ast.Attribute) and call.func.attr == "step" \
+        and bool(set(name_tokens(last_name(call.func.value))) & ENV_TOKENS)
 
 
 def is_eval_step(ctx: Context, call: ast.Call) -> bool:
@@ -133,7 +139,11 @@ class SyncWalk:
                 continue
             live = self.values.comprehension_names(root, self._live())
             flagged = False
+            acting = {id(n) for c in walk(root) if c.__class__ is ast.Call and is_env_step(c)
+                      for a in c.args + [k.value for k in c.keywords] for n in walk(a)}
             for node in walk(root):
+                if id(node) in acting:
+                    continue  # `env.step(int(action))`: the host environment needs the action; no remedy
                 message = "a conditional expression on a device value converts it to a Python bool" \
                     if isinstance(node, ast.IfExp) and self.values.is_device(node.test, live) \
                     else self.values.sync_message(node, live)

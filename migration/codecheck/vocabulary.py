@@ -22,6 +22,8 @@ COLLECTIVES = {"pmean", "psum", "pmax", "pmin", "all_gather", "ppermute", "all_t
 # libraries' own wrappers of a collective, used under pmap like it (kfac_jax reduces only when pmapped)
 COLLECTIVE_WRAPPERS = {"kfac_jax.utils.pmean_if_pmap", "kfac_jax.utils.psum_if_pmap", "kfac_jax.utils.pmax_if_pmap"}
 STEP_TOKENS = {"step", "train", "update"}
+# base classes whose `step` method a framework runs once every training step
+FRAMEWORK_EXPERIMENTS = {"jaxline.experiment.AbstractExperiment"}
 # an RL environment's `env.step(action)` runs the simulator on the host, not a training step
 ENV_TOKENS = {"env", "envs", "environment", "environments"}
 # evolution strategies (evosax, evojax) update through `strategy.ask(...)` / `solver.tell(...)`
@@ -78,6 +80,9 @@ PLATFORM_KEYS = {"jax_platform_name", "jax_platforms"}
 # the TPU era's remote-TPU switches: the tpu_driver backend and the address of a TPU it connects to
 TPU_DRIVER_KEYS = {"jax_xla_backend", "jax_backend_target"}
 TPU_DEVICE_ATTRS = {"coords", "core_on_chip"}  # attributes only a TPU device has
+# attributes of the old DeviceArray that jax.Array no longer has
+REMOVED_ARRAY_ATTRS = {"device_buffer": "x.addressable_data(0) (or x.addressable_shards[0].data)",
+                       "device_buffers": "[s.data for s in x.addressable_shards]"}  # jax 0.4.27 changelog
 PLATFORM_ENV = {"JAX_PLATFORMS", "JAX_PLATFORM_NAME"}
 PLATFORM_ATTRS = {"platform", "device_kind"}
 CONFIG_TOKENS = {"args", "arg", "config", "cfg", "conf", "flags", "opts", "options", "hparams", "hps", "settings"}
@@ -94,7 +99,10 @@ HALF_DTYPES = {"jax.numpy.float16", "numpy.float16", "jax.numpy.half", "numpy.ha
                "tensorflow.half"}
 # libraries' own names for JAX's (trax's backend-neutral `fastmath`): read as the JAX name they stand for
 WRAPPERS = {"trax.fastmath.pmap": "jax.pmap", "trax.fastmath.psum": "jax.lax.psum",
-            "trax.fastmath.pmean": "jax.lax.pmean"}
+            "trax.fastmath.pmean": "jax.lax.pmean", "ninjax.pmap": "jax.pmap",
+            "jaxline.utils.tree_psum": "jax.lax.psum"}  # jaxline's alias until 2023
+# libraries projects copy into their own package (`from . import ninjax as nj`), read as the library
+VENDORED = {"ninjax"}
 DTYPE_NAMES = {"float16", "float32", "float64", "bfloat16", "half", "single", "double", "int8", "int16", "int32",
                "int64", "uint8", "uint16", "uint32", "uint64", "bool_", "complex64", "complex128"}
 LOSS_SCALING_HINTS = ("loss_scal", "lossscal", "dynamic_scale", "dynamicscale", "gradscaler", "grad_scaler")
