@@ -70,7 +70,8 @@ GROUPS = {
                       ("tests/test_steptime_by_hand.py", "tests/test_hlo_cost_by_hand.py", "tests/test_steptime.py"),
                       ("-m", "not slow")),
     "deployment": Group(("migration/planning/deployment.py",),
-                        ("tests/test_deployment_by_hand.py", "tests/test_planfile.py"), ("-m", "not slow")),
+                        ("tests/test_deployment_by_hand.py", "tests/test_planfile.py", "tests/test_link_domains.py",
+                         "tests/test_multiprocess.py"), ("-m", "not slow")),
     "history": Group(("migration/service/history.py", "migration/service/accounts.py"),
                      ("tests/test_history*.py", "tests/test_security_and_input.py")),
     # job ownership and the queue: the service's own rules (who sees and stops a job, limits, lane

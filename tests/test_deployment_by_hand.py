@@ -2,9 +2,13 @@
 compute dtype FSDP gathers in), state sharding, one GPU or several, one node or several, and compute
 capability 8.0, 9.0 and 10.0 (each docstring shows the arithmetic)."""
 
+import dataclasses
+from pathlib import Path
+
 import pytest
 
-from migration.planning.deployment import combine_threshold, plan_environment, xla_flags_for
+from migration.planning.deployment import combine_threshold, deployment_snippet, plan_environment, xla_flags_for
+from migration.results import Plan
 
 MIB = 2**20
 
@@ -59,3 +63,32 @@ def test_several_nodes_see_their_own_gpus_on_each_node():
     """16 GPUs on 2 nodes of 8: each node sees 0-7; 4 GPUs on one node: 0-3."""
     assert environment(gpus=16, nodes=2)["CUDA_VISIBLE_DEVICES"]["value"] == "0,1,2,3,4,5,6,7"
     assert environment(gpus=4)["CUDA_VISIBLE_DEVICES"]["value"] == "0,1,2,3"
+
+
+# The scripts a user copies, whole. Each expected file was read line by line against the plan it is for:
+# three_h100_nodes.sh, 24 H100s on 3 nodes of 8, replicated state: the tiny transformer's blocks hold 60,288
+# parameters, whose float32 gradients (241,152 B) round up to a 1 MiB all-reduce threshold; Hopper gets one
+# hardware queue per device; srun starts 24 tasks, 8 per node; the indexed Job has 3 completions of 8 GPUs;
+# by hand, NODE_RANK runs 0..2. two_gb200_racks_fsdp.sh, 144 GB200s on 36 nodes of 4 in NVL72 racks, FSDP:
+# the tiny Llama's 45,216-parameter blocks gathered in bf16 (90,432 B) round up to 1 MiB for the all-gather
+# and the reduce-scatter; no CUDA_DEVICE_MAX_CONNECTIONS on Blackwell; 72 / 4 = 18 nodes per NVLink domain,
+# so --segment=18. A change to any line fails here and is reviewed as a change to what users run.
+EXPECTED = Path(__file__).resolve().parent / "fixtures" / "deployment"
+
+
+def _stub(**fields):
+    required = {f.name: None for f in dataclasses.fields(Plan)
+                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
+    base = dict(status="ok", workload="transformer", preset="tiny", gpus=24, gpus_per_node=8, nodes=3,
+                target="h100-sxm", target_name="NVIDIA H100 SXM", per_device_batch=8, accumulation_steps=1,
+                global_batch=192, precision="bf16", remat="none", memory_fraction=0.8, environment={})
+    return Plan(**{**required, **base, **fields})
+
+
+@pytest.mark.parametrize("expected, fields", [
+    ("three_h100_nodes.sh", {}),
+    ("two_gb200_racks_fsdp.sh", dict(workload="llama", gpus=144, gpus_per_node=4, nodes=36, domain_gpus=72,
+                                      target="gb200", target_name="GB200 NVL72", global_batch=1152, sharding="fsdp")),
+])
+def test_the_deployment_script_is_the_one_reviewed_by_hand(expected, fields):
+    assert deployment_snippet(_stub(**fields)) == (EXPECTED / expected).read_text()
