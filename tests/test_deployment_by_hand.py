@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from migration.planning.deployment import combine_threshold, deployment_snippet, plan_environment, xla_flags_for
+from migration.planning.planner import mesh_of
 from migration.results import Plan
 
 MIB = 2**20
@@ -72,7 +73,11 @@ def test_several_nodes_see_their_own_gpus_on_each_node():
 # by hand, NODE_RANK runs 0..2. two_gb200_racks_fsdp.sh, 144 GB200s on 36 nodes of 4 in NVL72 racks, FSDP:
 # the tiny Llama's 45,216-parameter blocks gathered in bf16 (90,432 B) round up to 1 MiB for the all-gather
 # and the reduce-scatter; no CUDA_DEVICE_MAX_CONNECTIONS on Blackwell; 72 / 4 = 18 nodes per NVLink domain,
-# so --segment=18. A change to any line fails here and is reviewed as a change to what users run.
+# so --segment=18. two_h100_nodes_hybrid_fp32.sh, 16 H100s on 2 nodes, hybrid:8 (FSDP in a node x data over
+# 2), fp32, 4 layers, 45.5% of each GPU: the mesh (2, 8, 1), MaxText's ici_fsdp 8 x dcn_data 2; 220,544 / 4 =
+# 55,136 parameters per block (the per-block figure is the parameters over the blocks, an upper one) gathered
+# in fp32 (220,544 B) round up to 1 MiB; "0.46" and "46%"; srun 16 tasks; 2 completions; NODE_RANK 0..1.
+# A change to any line fails here and is reviewed as a change to what users run.
 EXPECTED = Path(__file__).resolve().parent / "fixtures" / "deployment"
 
 
@@ -89,6 +94,9 @@ def _stub(**fields):
     ("three_h100_nodes.sh", {}),
     ("two_gb200_racks_fsdp.sh", dict(workload="llama", gpus=144, gpus_per_node=4, nodes=36, domain_gpus=72,
                                       target="gb200", target_name="GB200 NVL72", global_batch=1152, sharding="fsdp")),
+    ("two_h100_nodes_hybrid_fp32.sh", dict(gpus=16, nodes=2, precision="fp32", sharding="hybrid:8",
+                                           mesh=mesh_of("hybrid:8", 16, 8, 2), model={"n_layers": 4},
+                                           memory_fraction=0.455, global_batch=128)),
 ])
 def test_the_deployment_script_is_the_one_reviewed_by_hand(expected, fields):
     assert deployment_snippet(_stub(**fields)) == (EXPECTED / expected).read_text()

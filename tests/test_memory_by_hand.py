@@ -8,7 +8,7 @@ from migration.config.requests import PlanRequest
 from migration.planning.memory import MUST_KEEP, STATE_BYTES_PER_PARAM, MemoryPredictor
 from workloads import get_workload
 
-P = 120_576  # the tiny transformer's parameters: two blocks of 60,288 (none outside them)
+P = 120_576  # the tiny transformer's parameters; the planner's per-block figure is P over its 2 blocks, 60,288
 PER_BLOCK, BLOCK_INPUT, BLOCKS, HEAD_FP32 = 106_496, 4_096, 2, 24_576  # activation elements per example
 NAMED = {"query_proj": 4096, "kv_proj": 8192, "attention_out": 4096, "attention_proj": 4096, "mlp_hidden": 16384,
          "mlp_out": 4096}
