@@ -46,6 +46,10 @@ class Group:
     pytest_args: tuple[str, ...] = ()
     functions: tuple[str, ...] = ()  # mutant-name globs: only these of the modules' mutants run and count
     env: tuple[tuple[str, str], ...] = ()  # set for the group's test runs
+    # "fork": each mutant's tests run in a fork of the process that ran them all once (fast); "forkserver":
+    # in a fork of a process that imported nothing, for tests that run JAX (a fork of a process whose XLA
+    # client has started waits for ever on its first compile: the client's threads are not copied)
+    isolation: str = "fork"
 
 
 GROUPS = {
@@ -72,6 +76,30 @@ GROUPS = {
     "deployment": Group(("migration/planning/deployment.py",),
                         ("tests/test_deployment_by_hand.py", "tests/test_planfile.py", "tests/test_link_domains.py",
                          "tests/test_multiprocess.py"), ("-m", "not slow")),
+    # the analytic memory estimate and the lower bound that rules candidates out, a plan's peak per unit
+    "memory": Group(("migration/planning/memory.py",), ("tests/test_memory_by_hand.py", "tests/test_planner_by_hand.py"),
+                    functions=(*(f"migration.planning.memory.xǁMemoryPredictorǁ{f}__mutmut_*" for f in (
+                        "estimate", "estimate_memory", "gathered_weights", "lower_bound", "_model_cfg")),
+                               "migration.planning.memory.xǁTargetǁpeak_flops__mutmut_*")),
+    # what the target's compute capability allows: fp8 recipes and refusals, cuDNN attention
+    "planner": Group(("migration/planning/planner.py", "migration/config/requests.py"), ("tests/test_planner_by_hand.py",),
+                     functions=("migration.planning.planner.x_fp8_recipe__mutmut_*",
+                                "migration.planning.planner.x_planned_model__mutmut_*",
+                                "migration.config.requests.x_check_fp8_target__mutmut_*")),
+    # the serving plan's arithmetic and the engine's (not the compiles: tests/test_serving_plan.py)
+    "serving": Group(("migration/planning/serving.py", "migration/planning/capacity.py"), ("tests/test_serving_by_hand.py",),
+                     functions=("migration.planning.capacity.*", *(f"migration.planning.serving.x_{f}__mutmut_*" for f in (
+                         "kv_cache_bytes", "serving_config", "kv_bytes_per_token", "_bytes_per_device", "_gathered_bytes",
+                         "model_state", "serve_row")),
+                                *(f"migration.planning.serving.xǁ_Plannerǁ{f}__mutmut_*" for f in (
+                                    "__init__", "held_bytes", "peak", "long_prompt_s"))),
+                     isolation="forkserver"),
+    # a run's figures (MFU, throughput, memory) and a comparison side's
+    "measure": Group(("migration/running/measure.py", "migration/planning/compare.py"), ("tests/test_measure_by_hand.py",),
+                     functions=(*(f"migration.running.measure.x_{f}__mutmut_*" for f in (
+                         "percentile", "device_memory_stats", "peak_flops_for", "_figures")),
+                                "migration.planning.compare.x__side__mutmut_*")),
+    "policies": Group(("migration/step/policies.py",), ("tests/test_policies_by_hand.py",), isolation="forkserver"),
     "history": Group(("migration/service/history.py", "migration/service/accounts.py"),
                      ("tests/test_history*.py", "tests/test_security_and_input.py")),
     # job ownership and the queue: the service's own rules (who sees and stops a job, limits, lane
@@ -144,6 +172,8 @@ pytest_add_cli_args_test_selection = {toml_list(sorted({str(p.relative_to(dest))
 timeout_multiplier = 5.0
 timeout_constant = 15.0
 use_git_change_detection = false
+process_isolation = "{group.isolation}"
+forkserver_warmup = "none"
 """
     with open(dest / "pyproject.toml", "a") as f:
         f.write(section)

@@ -281,8 +281,28 @@ def test_a_scatter_into_a_buffer_from_outside_costs_its_updates_and_one_made_ins
     assert kernels["grad"].bytes == 8 * 4 + 8 * 64 * 4 + 1000 * 64 * 4
 
 
+_TPU_TEXTS: dict = {}
+
+
 def _tpu_program(fn, *shapes) -> str:
-    """`fn` compiled for one chip of a TPU v5p slice without the chip (libtpu), as optimized HLO text."""
+    """`fn` compiled for one chip of a TPU v5p slice without the chip (libtpu), as optimized HLO text. Kept
+    per (code, captured values, shapes): bench/mutation.py forks a process per mutant after one run of the
+    tests in the parent, and a fork cannot compile (XLA's threads are not copied; the compile waits for
+    ever), so the mutants read the parent's texts."""
+    try:
+        key = (fn.__code__, tuple(c.cell_contents for c in fn.__closure__ or ()), shapes)
+        hash(key)
+    except TypeError:
+        key = None
+    if key is not None and key in _TPU_TEXTS:
+        return _TPU_TEXTS[key]
+    text = _compile_for_tpu(fn, *shapes)
+    if key is not None:
+        _TPU_TEXTS[key] = text
+    return text
+
+
+def _compile_for_tpu(fn, *shapes) -> str:
     import jax
     import numpy as np
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
