@@ -31,6 +31,7 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_disable_hlo
 
 import argparse  # noqa: E402
 import dataclasses  # noqa: E402
+import gzip  # noqa: E402
 import hashlib  # noqa: E402
 import json  # noqa: E402
 import statistics  # noqa: E402
@@ -143,24 +144,82 @@ def _key(entry: dict) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def compile_kernels(entry: dict) -> tuple[list[Kernel], float]:
-    """The kernels of this product's step for the entry, compiled for its target without the devices."""
+def compile_text(entry: dict) -> tuple[str, float]:
+    """This product's step for the entry, compiled for its target without the devices: the optimized HLO
+    text, and the seconds the compile took."""
     from jax.experimental import topologies
 
     from migration.hardware import gpu_target_config
-    from migration.planning.hlo_cost import read_program
     from migration.step.train import TrainProgram, abstract_batch, abstract_state, jit_step, make_mesh
 
     spec = GPU_SPECS[entry["gpu"]]
-    per_node = entry["gpus"] // entry["nodes"]
     topo = topologies.get_topology_desc(platform="cuda", target_config=gpu_target_config(spec),
-                                        topology=f"1x{entry['nodes']}x{per_node}")
+                                        topology=f"1x{entry['nodes']}x{per_node(entry)}")
     program = TrainProgram.from_config(run_config(entry))
     mesh = make_mesh(topo.devices, program.sharding)
     t0 = time.perf_counter()
     compiled = jit_step(program, mesh).lower(abstract_state(program, mesh), abstract_batch(program, mesh)).compile()
     seconds = time.perf_counter() - t0  # migration: ignore[TIME001] compile() returns when compiled: nothing runs
-    return read_program(compiled.as_text(), per_node=per_node), seconds
+    return compiled.as_text(), seconds
+
+
+def per_node(entry: dict) -> int:
+    return entry["gpus"] // entry["nodes"]
+
+
+def compile_kernels(entry: dict) -> tuple[list[Kernel], float]:
+    """The kernels of this product's step for the entry, compiled for its target without the devices."""
+    from migration.planning.hlo_cost import read_program
+
+    text, seconds = compile_text(entry)
+    return read_program(text, per_node=per_node(entry)), seconds
+
+
+# -- the entries the test suite checks ---------------------------------------------------------------
+# One per model family and GPU (and fp8 on both fp8 GPUs): tests/test_published_ci.py reads their compiled
+# programs, stored gzip'd in tests/fixtures/published/ with the key of what built them, predicts each step and
+# asserts the error band the product states and the error bench/results records. A program whose key is not
+# this checkout's (the model or step code, JAX or the flags changed) is compiled again there: slower, still
+# right. `--write-fixtures` stores this checkout's.
+CI_ENTRIES = ("jaxtoolbox-maxtext-llama2-7b-8xh100-bf16", "pax-gpt126m-64xa100-bf16",
+              "gpurecipes-a3ultra-llama3.1-70b-256gpu-bf16", "dgxc-paxml-gpt5b-16xh100-fp8",
+              "gpurecipes-a4-llama3.1-70b-256gpu-fp8")
+FIXTURES = ROOT / "tests" / "fixtures" / "published"
+# The code that builds the compiled step (not the reader or the step-time model: the stored program is read by them)
+PROGRAM_SOURCES = ("workloads", "migration/step", "migration/config", "migration/hardware.py")
+XLA_FLAGS = os.environ["XLA_FLAGS"]  # as set above, when this module was first imported
+
+
+def program_key(entry: dict) -> str:
+    """What decides the entry's compiled program: its configuration and target, the packages' versions, the
+    XLA flags and the code that builds the step."""
+    from migration.planning.memory import package_versions
+
+    digest = hashlib.sha256()
+    for source in PROGRAM_SOURCES:
+        path = ROOT / source
+        for file in sorted([path] if path.is_file() else path.rglob("*.py")):
+            digest.update(file.relative_to(ROOT).as_posix().encode() + b"\0" + file.read_bytes())
+    parts = [run_config(entry).to_dict(), entry["gpu"], entry["nodes"], package_versions(), XLA_FLAGS,
+             digest.hexdigest()]
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def stored_program(entry: dict, folder: Path = FIXTURES) -> str | None:
+    """The entry's stored HLO text when it was built by what this checkout would build it with, else None."""
+    meta = read_json(folder / f"{entry['id']}.json", {})
+    if meta.get("key") != program_key(entry):
+        return None
+    return gzip.decompress((folder / f"{entry['id']}.hlo.gz").read_bytes()).decode()
+
+
+def write_fixture(entry: dict, folder: Path = FIXTURES) -> float:
+    """Compile the entry and store its program and key in `folder`; the compile's seconds."""
+    text, seconds = compile_text(entry)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{entry['id']}.hlo.gz").write_bytes(gzip.compress(text.encode(), 9, mtime=0))
+    write_json_atomic(folder / f"{entry['id']}.json", {"key": program_key(entry), "compile_s": round(seconds, 1)})
+    return seconds
 
 
 def kernels_for(entry: dict, cache: dict) -> list[Kernel]:
@@ -306,7 +365,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--match", help="the entries whose id contains this text (e.g. fp8)")
     parser.add_argument("--json", metavar="PATH", help="write the table as a record (bench/results/published_check.json)")
     parser.add_argument("--picked", action="store_true", help="also score the plan the product picks for each entry")
+    parser.add_argument("--write-fixtures", metavar="DIR", nargs="?", const=str(FIXTURES),
+                        help=f"compile the entries the test suite checks and store their programs (default {FIXTURES})")
     args = parser.parse_args(argv)
+    if args.write_fixtures:
+        entries = {e["id"]: e for e in json.loads(PUBLISHED.read_text())}
+        for entry_id in ([args.only] if args.only else CI_ENTRIES):
+            if entry_id not in entries:
+                parser.error(f"--only {entry_id}: no such entry in {PUBLISHED.name}")
+            seconds = write_fixture(entries[entry_id], Path(args.write_fixtures))
+            print(f"{entry_id}: compiled in {seconds:.0f} s, stored in {args.write_fixtures}")
+        return 0
     entries = [e for e in json.loads(PUBLISHED.read_text()) if (not args.only or e["id"] == args.only)
                and (not args.match or args.match in e["id"])]
     cache = read_json(cache_dir() / "published_programs.json", {})
