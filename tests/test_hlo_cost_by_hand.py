@@ -148,3 +148,177 @@ ENTRY %main (stack: bf16[64,128,256], x: bf16[128,256], i: s32[]) -> bf16[128,25
 ])
 def test_bytes_of_a_type_text(shape, expected):
     assert nbytes(shape) == expected
+
+
+# -- custom calls: cuBLAS, cuDNN, Pallas -----------------------------------------------------------------------
+
+GEMM_CONFIG = ('backend_config={"operation_queue_id":"0","wait_on_operation_queues":[],"gemm_backend_config":'
+               '{"alpha_real":1,"beta":0,"dot_dimension_numbers":{"lhs_contracting_dimensions":["1"],'
+               '"rhs_contracting_dimensions":["0"],"lhs_batch_dimensions":[],"rhs_batch_dimensions":[]},'
+               '"alpha_imag":0,"precision_config":{"operand_precision":["DEFAULT","DEFAULT"],"algorithm":"ALG_UNSET"},'
+               '"epilogue":"DEFAULT","grad_x":false,"grad_y":false,"damax_output":false},"force_earliest_schedule":false}')
+
+
+def test_a_cublas_gemm_counts_its_product_and_not_its_workspace():
+    """A GPU compiled on the device hands its products to cuBLAS: [512, 256] x [256, 1024] bf16 with an
+    s8 workspace of 4 MiB. 2 x 512 x 1024 x 256 = 268,435,456 FLOPs; bytes 262,144 + 524,288 read and
+    1,048,576 written, the workspace none of them (scratch, not traffic)."""
+    text = program("  %a = bf16[512,256]{1,0} parameter(0)\n  %b = bf16[256,1024]{1,0} parameter(1)\n"
+                   "  %gemm = (bf16[512,1024]{1,0}, s8[4194304]{0}) custom-call(%a, %b), "
+                   f'custom_call_target="__cublas$gemm", {GEMM_CONFIG}')
+    k = kernels(text)["gemm"]
+    assert (k.kind, k.unit, k.flops) == ("matmul", "bf16", 2 * 512 * 1024 * 256)
+    assert k.bytes == 262144 + 524288 + 1048576
+
+
+def test_an_fp8_cublaslt_gemm_runs_on_the_fp8_units_and_contracts_two_dimensions():
+    """cuBLASLt's fp8 product of lhs [64, 8, 32] (e4m3, contracting 1 and 2: 256) with rhs [256, 128] (e5m2),
+    scaled, into bf16 [64, 128]: 2 x 64 x 128 x 256 = 4,194,304 FLOPs in the fp8 unit (the lhs's type)."""
+    config = GEMM_CONFIG.replace('"lhs_contracting_dimensions":["1"]', '"lhs_contracting_dimensions":["1","2"]')
+    text = program("  %a = f8e4m3fn[64,8,32]{2,1,0} parameter(0)\n  %b = f8e5m2[256,128]{1,0} parameter(1)\n"
+                   "  %sa = f32[] parameter(2)\n  %sb = f32[] parameter(3)\n"
+                   "  %f8 = (bf16[64,128]{1,0}, s8[33554432]{0}) custom-call(%a, %b, %sa, %sb), "
+                   f'custom_call_target="__cublas$lt$matmul$f8", {config}')
+    k = kernels(text)["f8"]
+    assert (k.kind, k.unit, k.flops) == ("matmul", "fp8", 2 * 64 * 128 * 256)
+
+
+def test_a_gemm_without_dimension_numbers_is_an_outer_product():
+    """No contracting dimensions given: [64, 1] x [1, 32] counts 2 x 64 x 32 x 1 = 4,096."""
+    text = program("  %a = bf16[64,1]{1,0} parameter(0)\n  %b = bf16[1,32]{1,0} parameter(1)\n"
+                   '  %g = bf16[64,32]{1,0} custom-call(%a, %b), custom_call_target="__cublas$gemm"')
+    assert kernels(text)["g"].flops == 2 * 64 * 32
+
+
+def test_blackwells_block_scaled_product_counts_its_contraction():
+    """MXFP8 on Blackwell, cuDNN's block-scaled dot: lhs [2, 128, 512] x rhs [2, 256, 512] (K last) with
+    their e8m0 scales, into bf16 [2, 128, 256]: 2 x (2 x 128 x 256) x 512 = 67,108,864 FLOPs, unit fp8."""
+    text = program("  %a = f8e4m3fn[2,128,512]{2,1,0} parameter(0)\n  %b = f8e4m3fn[2,256,512]{2,1,0} parameter(1)\n"
+                   "  %sa = f8e8m0fnu[2,128,16]{2,1,0} parameter(2)\n  %sb = f8e8m0fnu[2,256,16]{2,1,0} parameter(3)\n"
+                   '  %bsd = bf16[2,128,256]{2,1,0} custom-call(%a, %b, %sa, %sb), custom_call_target="__cudnn$blockScaledDot"')
+    k = kernels(text)["bsd"]
+    assert (k.kind, k.unit, k.flops) == ("matmul", "fp8", 2 * (2 * 128 * 256) * 512)
+
+
+def test_a_cudnn_convolution_counts_the_taps_that_meet_the_input():
+    """A 3 x 3 SAME convolution of [2, 8, 8, 4] into 8 features (cuDNN, with a u8 workspace): per spatial
+    dimension the border outputs meet 2 taps, the 6 inside 3: 2 x 2 + 6 x 3 = 22 pairs, 484 over both;
+    2 x batch 2 x 8 out x 4 in x 484 = 61,952 FLOPs. Bytes: 1,024 + 576 read (bf16), 2,048 written."""
+    text = program("  %x = bf16[2,8,8,4]{3,2,1,0} parameter(0)\n  %w = bf16[3,3,4,8]{3,2,1,0} parameter(1)\n"
+                   "  %conv = (bf16[2,8,8,8]{3,2,1,0}, u8[65536]{0}) custom-call(%x, %w), window={size=3x3 pad=1_1x1_1}, "
+                   'dim_labels=b01f_01io->b01f, custom_call_target="__cudnn$convForward"')
+    k = kernels(text)["conv"]
+    assert (k.kind, k.unit, k.flops) == ("convolution", "bf16", 2 * 2 * 8 * 4 * 484)
+    assert k.bytes == 2 * (2 * 8 * 8 * 4) + 2 * (3 * 3 * 4 * 8) + 2 * (2 * 8 * 8 * 8)
+
+
+@pytest.mark.parametrize("name, products", [("splash_mha_fwd", 2), ("splash_mha_dkv_no_residuals", 4),
+                                            ("splash_mha_dq_no_residuals", 3)])
+def test_splash_attention_on_a_tpu_counts_its_kernels_products_under_the_causal_mask(name, products):
+    """Pallas splash attention of q [2, 4, 128, 64] (B, H, T, Dh), causal: a product is 2 x 65,536 x 128 / 2
+    FLOPs; the forward kernel does 2, the dK/dV kernel 4 (it recomputes the scores), the dQ kernel 3."""
+    text = program("  %q = bf16[2,4,128,64]{3,2,1,0} parameter(0)\n  %k = bf16[2,4,128,64]{3,2,1,0} parameter(1)\n"
+                   f'  %{name} = bf16[2,4,128,64]{{3,2,1,0}} custom-call(%q, %k), custom_call_target="tpu_custom_call"')
+    k = kernels(text)[name]
+    assert (k.kind, k.flops) == ("attention", 2.0 * products * (2 * 4 * 128 * 64) * 128 / 2)
+
+
+def test_another_tpu_kernel_or_custom_call_is_memory_traffic_only():
+    text = program("  %q = bf16[2,4,128,64]{3,2,1,0} parameter(0)\n"
+                   '  %other = bf16[2,4,128,64]{3,2,1,0} custom-call(%q), custom_call_target="tpu_custom_call"\n'
+                   '  %bits = u8[1024]{0} custom-call(%q), custom_call_target="my_rng"')
+    k = kernels(text)
+    assert (k["other"].kind, k["other"].flops, k["other"].unit) == ("memory", 0.0, None)
+    # one result of bytes is the call's output, not a workspace: 131,072 read + 1,024 written
+    assert (k["bits"].kind, k["bits"].bytes) == ("memory", 2 * 65536 + 1024)
+
+
+def test_an_attention_call_it_cannot_read_counts_no_products():
+    """No backend config, no score shape, or no operands: nothing to count from, 0 FLOPs (not a guess)."""
+    q = "  %q = bf16[2,64,4,16]{3,2,1,0} parameter(0)\n"
+    bare = program(q + '  %a = (bf16[2,4,64,16]{3,1,2,0}, u8[0]{0}) custom-call(%q), custom_call_target="__cudnn$fmhaSoftmax"')
+    no_shape = program(q + '  %a = (bf16[2,4,64,16]{3,1,2,0}, u8[0]{0}) custom-call(%q), '
+                           'custom_call_target="__cudnn$fmhaSoftmax", backend_config={"cudnn_fmha_backend_config":{}}')
+    no_operands = program('  %a = (bf16[2,4,64,16]{3,1,2,0}, u8[0]{0}) custom-call(), '
+                          'custom_call_target="__cudnn$fmhaSoftmax", ' + FMHA_CONFIG.format(mask="NO_MASK"))
+    for text in (bare, no_shape, no_operands):
+        k = kernels(text)["a"]
+        assert k.kind == "attention" and k.flops == 0.0
+
+
+def test_a_decode_steps_attention_counts_the_keys_not_the_one_query():
+    """One new token per sequence attends to 64 cached positions: scores [2, 4, 1, 64]; q [2, 1, 4, 16] is
+    128 elements: 4 x 128 x 64 = 32,768 FLOPs (the key length, not the query length 1)."""
+    config = FMHA_CONFIG.format(mask="NO_MASK").replace('["2", "4", "64", "64"]', '["2", "4", "1", "64"]')
+    text = program("  %q = bf16[2,1,4,16]{3,2,1,0} parameter(0)\n  %k = bf16[2,64,2,16]{3,2,1,0} parameter(1)\n"
+                   '  %a = (bf16[2,4,1,16]{3,1,2,0}, u8[0]{0}) custom-call(%q, %k), '
+                   f'custom_call_target="__cudnn$fmhaSoftmax", {config}')
+    assert kernels(text)["a"].flops == 4 * 128 * 64
+
+
+# -- products without contraction, mixed operand types ---------------------------------------------------------
+
+def test_a_dot_without_contracting_dimensions_is_a_batched_outer_product():
+    """[4, 64] x [4, 32] with batch dimension 0 only: [4, 64, 32], 2 x 4 x 64 x 32 x 1 = 16,384 FLOPs."""
+    text = program("  %a = bf16[4,64]{1,0} parameter(0)\n  %b = bf16[4,32]{1,0} parameter(1)\n"
+                   "  %dot = bf16[4,64,32]{2,1,0} dot(%a, %b), lhs_batch_dims={0}, rhs_batch_dims={0}")
+    assert kernels(text)["dot"].flops == 2 * 4 * 64 * 32
+
+
+def test_a_dot_contracting_two_dimensions_multiplies_both():
+    """lhs [16, 8, 32] contracting {1, 2} (256) with rhs [8, 32, 64]: 2 x 16 x 64 x 256 = 524,288."""
+    text = program("  %a = bf16[16,8,32]{2,1,0} parameter(0)\n  %b = bf16[8,32,64]{2,1,0} parameter(1)\n"
+                   "  %dot = bf16[16,64]{1,0} dot(%a, %b), lhs_contracting_dims={1,2}, rhs_contracting_dims={0,1}")
+    assert kernels(text)["dot"].flops == 2 * 16 * 64 * 256
+
+
+def test_a_mixed_product_runs_in_its_left_operands_unit():
+    """bf16 x f32 (an fp32 master weight read into a bf16 product): the unit is the lhs's, bf16, not TF32."""
+    text = program("  %a = bf16[64,64]{1,0} parameter(0)\n  %b = f32[64,64]{1,0} parameter(1)\n"
+                   "  %dot = f32[64,64]{1,0} dot(%a, %b), lhs_contracting_dims={1}, rhs_contracting_dims={0}")
+    assert kernels(text)["dot"].unit == "bf16"
+
+
+# -- collectives: combined, on-chip memory, groups in every printed form ----------------------------------------
+
+def test_a_combined_all_gather_moves_every_result():
+    """XLA's combiner gathers two parameters in one call: results [8192] bf16 and [8192] f32 = 16,384 +
+    32,768 B, both sent round the ring (not only the second)."""
+    text = program("  %a = bf16[1024]{0} parameter(0)\n  %b = f32[1024]{0} parameter(1)\n"
+                   "  %ag = (bf16[8192]{0}, f32[8192]{0}) all-gather(%a, %b), replica_groups=[1,8]<=[8], dimensions={0}")
+    k = kernels(text)["ag"]
+    assert (k.bytes, k.group, k.asynchronous) == (16384 + 32768, 8, False)
+
+
+def test_a_collective_of_arrays_held_on_chip_still_moves_them_over_the_links():
+    """A TPU array in vector memory (S(1)) costs no HBM traffic, but a collective sends it: all-reduce of
+    [1024] f32 in S(1) moves 4,096 B; an all-gather into S(1) its 8 x 4,096 B result."""
+    text = program("  %a = f32[1024]{0:S(1)} parameter(0)\n"
+                   "  %ar = f32[1024]{0:S(1)} all-reduce(%a), replica_groups={{0,1,2,3}}, to_apply=%add\n"
+                   "  %ag = f32[8192]{0:S(1)} all-gather(%a), replica_groups={{0,1,2,3,4,5,6,7}}, dimensions={0}")
+    k = kernels(text)
+    assert k["ar"].bytes == 4096 and k["ag"].bytes == 8 * 4096
+
+
+def test_a_collective_without_groups_is_a_group_of_one():
+    text = program("  %a = f32[1024]{0} parameter(0)\n  %ar = f32[1024]{0} all-reduce(%a), to_apply=%add")
+    k = kernels(text, per_node=8)["ar"]
+    assert (k.group, k.nodes) == (1, 1)
+
+
+@pytest.mark.parametrize("attrs, group", [
+    ("replica_groups=mesh['a'=4,'b'=8] {'b'}", [0, 1, 2, 3, 4, 5, 6, 7]),  # row-major: b is the inner axis
+    ("replica_groups=mesh['a'=4,'b'=8] {'a'}", [0, 8, 16, 24]),
+    ("replica_groups=mesh['x'=2,'y'=2,'z'=4] {'x','z'}", [0, 1, 2, 3, 8, 9, 10, 11]),  # strides z 1, y 4, x 8
+    ("replica_groups=[2,4]<=[8]", [0, 1, 2, 3]),
+    ("replica_groups=[2,4]<=[2,4]T(1,0)", [0, 4, 1, 5]),  # the iota transposed: columns first
+    ("replica_groups=[4,2]<=[2,2,2]T(2,1,0)", [0, 4]),
+    ("replica_groups={{3,5,7}}", [3, 5, 7]),
+    ("source_target_pairs={{0,1},{1,2}}", [0, 1]),
+    ("dimensions={0}", []),
+])
+def test_the_first_replica_group_in_each_form_xla_prints(attrs, group):
+    from migration.planning.hlo_cost import _group_size, first_group
+
+    assert first_group(attrs) == group
+    assert _group_size(attrs) == (2 if "pairs" in attrs else len(group) or 1)

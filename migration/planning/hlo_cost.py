@@ -393,7 +393,8 @@ class ProgramReader:
         if ins.opcode.endswith("-start") and result.startswith("("):  # (operands, results[, scratch])
             inner = _tuple_parts(result)
             result = inner[1] if len(inner) > 1 else result
-        moved = {"all-gather": nbytes(result, in_hbm=False), "reduce-scatter": operand_bytes}.get(kind, operand_bytes)
+        # an all-gather sends its result's bytes round the ring; the others (a reduce-scatter too) their operands'
+        moved = nbytes(result, in_hbm=False) if kind == "all-gather" else operand_bytes
         members = first_group(ins.attrs)
         nodes = len({d // self.per_node for d in members}) if members and self.per_node else 1
         return Kernel(ins.name, kind, 0.0, moved * times, None, times, group=_group_size(ins.attrs),
