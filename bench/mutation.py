@@ -100,6 +100,14 @@ GROUPS = {
                          "percentile", "device_memory_stats", "peak_flops_for", "_figures")),
                                 "migration.planning.compare.x__side__mutmut_*")),
     "policies": Group(("migration/step/policies.py",), ("tests/test_policies_by_hand.py",), isolation="forkserver"),
+    # how the step splits its state and batch (what each plan's memory assumes); the step's arithmetic itself
+    # (accumulation, loss scaling) is checked by real runs in tests/test_numerics.py, too slow to run per mutant
+    "train": Group(("migration/step/train.py",), ("tests/test_train_by_hand.py",),
+                   functions=(*(f"migration.step.train.x_{f}__mutmut_*" for f in ("fsdp_spec", "batch_axes", "fsdp_axis",
+                                                                               "make_mesh", "make_data_mesh")),
+                              "migration.step.train.xǁTrainProgramǁmicro_batch__mutmut_*",
+                              "migration.step.train.xǁTrainProgramǁglobal_batch__mutmut_*"),
+                   isolation="forkserver"),
     "history": Group(("migration/service/history.py", "migration/service/accounts.py"),
                      ("tests/test_history*.py", "tests/test_security_and_input.py")),
     # job ownership and the queue: the service's own rules (who sees and stops a job, limits, lane
