@@ -70,9 +70,15 @@ GROUPS = {
          "--deselect", "tests/test_codecheck.py::test_cli_check_exits_non_zero_on_errors_and_writes_json_and_csv")),
     # the modules that compute what users act on: the step-time model and the HLO reader it reads,
     # the environment a plan hands over
+    # (real programs: the five stored ones of tests/test_published_ci.py; the two tests that compile one per run,
+    # one of them in this process, which a forked mutant cannot, are left out)
     "steptime": Group(("migration/planning/steptime.py", "migration/planning/hlo_cost.py"),
-                      ("tests/test_steptime_by_hand.py", "tests/test_hlo_cost_by_hand.py", "tests/test_steptime.py"),
-                      ("-m", "not slow")),
+                      ("tests/test_steptime_by_hand.py", "tests/test_hlo_cost_by_hand.py", "tests/test_steptime.py",
+                       "tests/test_published_ci.py"),
+                      ("-m", "not slow", "--deselect",
+                       "tests/test_steptime.py::test_a_real_gpu_program_has_the_models_flops_and_its_fsdp_collectives",
+                       "--deselect",
+                       "tests/test_steptime.py::test_a_plan_for_a_catalog_gpu_times_its_chosen_step_from_the_compiled_program")),
     "deployment": Group(("migration/planning/deployment.py",),
                         ("tests/test_deployment_by_hand.py", "tests/test_planfile.py", "tests/test_link_domains.py",
                          "tests/test_multiprocess.py"), ("-m", "not slow")),
@@ -98,7 +104,8 @@ GROUPS = {
     "measure": Group(("migration/running/measure.py", "migration/planning/compare.py"), ("tests/test_measure_by_hand.py",),
                      functions=(*(f"migration.running.measure.x_{f}__mutmut_*" for f in (
                          "percentile", "device_memory_stats", "peak_flops_for", "_figures")),
-                                "migration.planning.compare.x__side__mutmut_*")),
+                                "migration.planning.compare.x__side__mutmut_*"),
+                     isolation="forkserver"),  # the CPU's peak is measured with JAX
     "policies": Group(("migration/step/policies.py",), ("tests/test_policies_by_hand.py",), isolation="forkserver"),
     # how the step splits its state and batch (what each plan's memory assumes); the step's arithmetic itself
     # (accumulation, loss scaling) is checked by real runs in tests/test_numerics.py, too slow to run per mutant

@@ -322,3 +322,33 @@ def test_the_first_replica_group_in_each_form_xla_prints(attrs, group):
 
     assert first_group(attrs) == group
     assert _group_size(attrs) == (2 if "pairs" in attrs else len(group) or 1)
+
+
+# -- the compile cache's rows -------------------------------------------------------------------------------
+
+def test_kernels_survive_the_caches_rows_and_alike_ones_merge():
+    """Two launches of one fusion (each 1e6 FLOPs, 4,096 B) and an asynchronous all-gather over 16 devices on
+    2 nodes pack into two rows; unpacked, every figure is back: the fusion's 2 launches with their total
+    FLOPs and bytes, the collective's group, asynchrony and nodes."""
+    from migration.planning.hlo_cost import Kernel, pack, unpack
+
+    kernels_in = [Kernel("f.1", "matmul", 1e6, 4096.0, "bf16", 1.0),
+                  Kernel("f.2", "matmul", 1e6, 4096.0, "bf16", 1.0),
+                  Kernel("ag", "all-gather", 0.0, 8192.0, None, 3.0, group=16, asynchronous=True, nodes=2)]
+    rows = pack(kernels_in)
+    assert rows == [["matmul", 1000000, 4096, "bf16", 2.0, 1, False, 1], ["all-gather", 0, 2731, None, 3.0, 16, True, 2]]
+    out = unpack(rows)
+    assert [(k.name, k.kind, k.flops, k.bytes, k.unit, k.count, k.group, k.asynchronous, k.nodes) for k in out] == [
+        ("matmul#0", "matmul", 2e6, 8192, "bf16", 2.0, 1, False, 1),
+        ("all-gather#1", "all-gather", 0, 2731 * 3.0, None, 3.0, 16, True, 2)]
+
+
+def test_rows_cached_before_nodes_were_counted_read_as_one_node_and_a_kernel_never_run_packs():
+    from migration.planning.hlo_cost import Kernel, pack, unpack
+
+    assert unpack([["all-reduce", 0, 100, None, 1.0, 8, False]])[0].nodes == 1
+    # a kernel in a branch never taken (count 0) packs without dividing by zero, and adds nothing
+    rows = pack([Kernel("never", "memory", 0.0, 0.0, None, 0.0)])
+    assert rows == [["memory", 0, 0, None, 0.0, 1, False, 1]]
+    # half a launch per step (a kernel of a loop that runs every other step): per launch, twice its share
+    assert pack([Kernel("half", "memory", 1e6, 500.0, None, 0.5)]) == [["memory", 2000000, 1000, None, 0.5, 1, False, 1]]

@@ -139,3 +139,68 @@ def test_a_side_without_a_step_time_or_a_peak_says_nothing_it_cannot_know():
     side = _side(name="x", devices=8, chips=8, step_s=1.0, step_source="p", error=None, global_batch=64,
                  per_example=None, flops_per_example=1e9, peak_per_chip=None, train=1e6, price=None, extra={})
     assert side["mfu"] is None and side["cost_usd"] is None and side["throughput_per_s"] == 64
+
+
+def test_a_sides_record_has_every_figure_under_its_name():
+    side = _side(name="16 x H100", devices=16, chips=16, step_s=2.0, step_source="predicted", error=0.25,
+                 global_batch=256, per_example=2048, flops_per_example=1e14, peak_per_chip=989e12, train=1e9,
+                 price=PRICE, extra={"fits": True})
+    throughput = 256 * 2048 / 2.0
+    assert side == {
+        "name": "16 x H100", "devices": 16, "chips": 16, "global_batch": 256, "step_s": 2.0, "step_source": "predicted",
+        "expected_error": 0.25, "per_step": 256 * 2048, "throughput_per_s": throughput,
+        "throughput_per_chip_per_s": throughput / 16, "mfu": pytest.approx(1e14 * 256 / (2 * 16 * 989e12)),
+        "time_s": 1e9 / throughput, "price": PRICE.to_dict(), "cost_usd": pytest.approx(1e9 / throughput / 3600 * 32),
+        "fits": True}
+    assert _side(name="x", devices=1, chips=1, step_s=1.0, step_source="p", error=None, global_batch=1,
+                 per_example=None, flops_per_example=1.0, peak_per_chip=1.0, train=1.0, price=None, extra={})["price"] is None
+
+
+def test_an_fp16_runs_figures_carry_its_loss_scale_skips_and_recompilations():
+    """fp16 on one H100, three timed steps of 0.1, 0.2 and 0.3 s: median 200 ms, mean 200 ms, 90th percentile
+    0.2 + 0.8 x 0.1 = 280 ms (rank 0.9 x 2 = 1.8); the loss scale the last step left, 2 skipped steps, one
+    recompilation; the peak fp16's 989 TFLOP/s."""
+    import resource
+
+    cfg = RunConfig(per_device_batch=4, devices=1, precision="fp16", steps=3, warmup_steps=1)
+    timed = _Timed(step_s=[5.0, 0.1, 0.2, 0.3], losses=[], skipped=2, last_metrics={"loss_scale": 1024.0},
+                   recompilations=1)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    fig = _figures(cfg, TrainProgram.from_config(cfg), "gpu", [Gpu(stats={"peak_bytes_in_use": 10})], "tf32", timed, 5)
+    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    assert fig["step_ms_p90"] == pytest.approx(280) and fig["step_ms_median"] == pytest.approx(200)
+    assert (fig["final_loss_scale"], fig["skipped_steps"], fig["recompilations"]) == (1024.0, 2, 1)
+    assert fig["peak_tflops"] == pytest.approx(989) and fig["peak_tflops_source"].startswith("datasheet dense peak")
+    assert before <= fig["process_peak_rss_bytes"] <= after  # Linux reports KiB
+    assert set(fig) == {"step_ms_median", "step_ms_p90", "step_ms_mean", "timed_steps", "samples_per_s", "tokens_per_s",
+                        "model_flops_per_step", "achieved_tflops", "peak_tflops", "peak_tflops_source", "mfu",
+                        "peak_memory_bytes", "peak_memory_source", "process_peak_rss_bytes", "device_memory_limit_bytes",
+                        "recompilations", "skipped_steps", "final_loss_scale"}
+    bf16 = dataclasses.replace(cfg, precision="bf16")
+    assert _figures(bf16, TrainProgram.from_config(bf16), "gpu", [Gpu()], "tf32", timed, 5)["final_loss_scale"] is None
+
+
+def test_an_fp32_run_is_measured_against_the_unit_its_products_ran_in():
+    """fp32 with products at "highest": 2 x 67 TFLOP/s of fp32 units, not TF32's 2 x 494.7."""
+    _, fig = run_figures(1, precision="fp32", fp32_matmul="fp32")
+    assert fig["peak_tflops"] == pytest.approx(2 * 67)
+
+
+def test_without_a_peak_or_tokens_those_figures_are_absent():
+    cfg = RunConfig(workload="mlp", preset="tiny", per_device_batch=4, devices=1, steps=1, warmup_steps=0)
+    timed = _Timed(step_s=[0.5], losses=[], skipped=0, last_metrics={}, recompilations=0)
+    fig = _figures(cfg, TrainProgram.from_config(cfg), "gpu", [Gpu("NVIDIA Mystery 9000")], "tf32", timed, 1)
+    assert (fig["tokens_per_s"], fig["peak_tflops"], fig["mfu"]) == (None, None, None)
+    assert fig["samples_per_s"] == pytest.approx(8) and fig["achieved_tflops"] > 0
+
+
+@pytest.mark.parametrize("precision, emulated", [("bf16", False), ("fp32", False), ("fp8", True), ("mxfp8", True)])
+def test_on_the_cpu_the_peak_is_measured_and_fp8_said_to_be_emulated(precision, emulated):
+    import jax
+
+    from migration.hardware import cpu_peak_flops
+
+    peak, label = peak_flops_for("cpu", jax.devices("cpu")[0], precision, "fp32", 4)
+    measured, measured_label = cpu_peak_flops(precision)
+    assert peak == measured > 0 and label.startswith(measured_label.removesuffix(" (cached)"))
+    assert label.endswith("; fp8 is emulated on the CPU (converted and computed as bf16): no fp8 units") == emulated

@@ -121,3 +121,53 @@ def test_the_users_attention_override_is_kept_and_said():
 def test_a_plans_peak_is_the_datasheets_for_the_unit_its_products_run_in(key, precision, tflops):
     peak = target(key).peak_flops(precision)
     assert peak == (None if tflops is None else pytest.approx(tflops * 1e12))
+
+
+FUSED = ("{gpu} runs cuDNN's fused attention (jax.nn.dot_product_attention, implementation='cudnn') in {dtype} with "
+         "head size 16: memory linear in the sequence (64), the scores are never stored. Planned without the GPU, the "
+         "compile keeps cuDNN's call and its workspace in the peak; the kernel itself is chosen when the step first "
+         "runs on the GPU")
+UNFUSED = ("jax.nn.dot_product_attention with XLA's implementation, which stores the T x T scores per head: cuDNN's "
+           "fused kernel needs an NVIDIA GPU of compute capability 8.0+, bf16 or fp16 compute and a head size that is "
+           "a multiple of 8 up to 128 (here: {gpu}, {dtype}, head size 16)")
+SPLASH = "your TPU code runs Pallas' splash attention (the TPU's fused kernel); on the GPU: "
+
+
+@pytest.mark.parametrize("key, precision, model, value, reason", [
+    ("h100-sxm", "bf16", {}, "cudnn", FUSED.format(gpu="H100 SXM5 80GB", dtype="bf16")),
+    ("a100-80gb", "fp16", {}, "cudnn", FUSED.format(gpu="A100 SXM4 80GB", dtype="fp16")),
+    ("h100-sxm", "fp8", {}, "cudnn", FUSED.format(gpu="H100 SXM5 80GB", dtype="bf16")),  # attention stays bf16
+    ("v100-32gb", "fp16", {}, "xla", UNFUSED.format(gpu="V100 SXM2 32GB", dtype="fp16")),
+    ("a100-80gb", "bf16", {"attention": "xla"}, "xla",
+     "override: the attention your code runs: XLA's implementation, which stores the T x T scores per head; the plan "
+     "compiles and times the step with it (cuDNN's fused kernel would run here: see the attention_saving decision)"),
+    ("t4", "fp16", {"attention": "xla"}, "xla",
+     "override: the attention your code runs: XLA's implementation, which stores the T x T scores per head; the plan "
+     "compiles and times the step with it"),
+    ("h100-sxm", "bf16", {"attention": "splash"}, "cudnn", SPLASH + FUSED.format(gpu="H100 SXM5 80GB", dtype="bf16")),
+    ("v100-32gb", "fp16", {"attention": "splash"}, "xla", SPLASH + UNFUSED.format(gpu="V100 SXM2 32GB", dtype="fp16")),
+])
+def test_the_attention_decision_says_what_runs_and_why(key, precision, model, value, reason):
+    """The decision the plan shows, word for word: the kernel, the dtype it runs in, what it needs. The TPU's
+    splash kernel (Pallas) becomes its GPU counterpart where the GPU allows, XLA's attention elsewhere."""
+    planned, decision = planned_model(request(key, **model), target(key, **model), precision)
+    assert (decision.decision, decision.value, decision.reason) == ("attention", value, reason)
+    assert planned == {"attention": value}  # the TPU kernel's name never reaches the GPU compile
+
+
+def test_a_model_without_an_attention_choice_is_planned_as_asked():
+    req = PlanRequest(workload="mlp", preset="tiny", target="h100-sxm", gpus=1, compile_for_tpu=False)
+    planned, decision = planned_model(req, target("h100-sxm"), "bf16")
+    assert planned == {} and decision is None and planned is not req.model
+
+
+@pytest.mark.parametrize("precision, key, words", [
+    ("fp8", "a100-80gb", "fp8 needs fp8 tensor cores (compute capability 8.9+: Ada, Hopper, Blackwell); "
+                         "A100 SXM4 80GB has compute capability 8.0: use bf16"),
+    ("mxfp8", "h100-sxm", "mxfp8 needs Blackwell's block-scaled fp8 tensor cores (compute capability 10.0+); "
+                          "H100 SXM5 80GB has compute capability 9.0: use fp8 or bf16"),
+])
+def test_an_fp8_refusal_names_the_field_the_need_and_the_way_out(precision, key, words):
+    with pytest.raises(ConfigError) as err:
+        check_fp8_target(precision, GPU_SPECS[key])
+    assert err.value.field == "precision" and str(err.value).endswith(words)
