@@ -352,3 +352,212 @@ def test_rows_cached_before_nodes_were_counted_read_as_one_node_and_a_kernel_nev
     assert rows == [["memory", 0, 0, None, 0.0, 1, False, 1]]
     # half a launch per step (a kernel of a loop that runs every other step): per launch, twice its share
     assert pack([Kernel("half", "memory", 1e6, 500.0, None, 0.5)]) == [["memory", 2000000, 1000, None, 0.5, 1, False, 1]]
+
+
+# -- loops, calls, branches: how often each kernel runs --------------------------------------------------------
+
+DOT = "dot({x}, {x}), lhs_contracting_dims={{1}}, rhs_contracting_dims={{0}}"
+PRODUCT = 2 * 64 * 64 * 64  # one [64, 64] x [64, 64] product
+
+
+def loop_program(direction: str = "LT", start: str = "constant(3)", bound: str = "constant(10)", index: int = 0,
+                 config: str = "") -> str:
+    """A loop whose body runs one product, its counter at tuple `index`, `counter <direction> bound` (a TPU
+    program writes no trip count: its condition says it)."""
+    counter, value = (0, 1) if index == 0 else (1, 0)
+    types = "(s32[], bf16[64,64]{1,0})" if index == 0 else "(bf16[64,64]{1,0}, s32[])"
+    init = "%start, %x" if index == 0 else "%x, %start"
+    out = "%next, %dot" if index == 0 else "%dot, %next"
+    return f"""HloModule step
+
+%body (p: {types}) -> {types} {{
+  %p = {types} parameter(0)
+  %i = s32[] get-tuple-element(%p), index={counter}
+  %x = bf16[64,64]{{1,0}} get-tuple-element(%p), index={value}
+  %dot = bf16[64,64]{{1,0}} {DOT.format(x="%x")}
+  %one = s32[] constant(1)
+  %next = s32[] add(%i, %one)
+  ROOT %t = {types} tuple({out})
+}}
+
+%cond (p: {types}) -> pred[] {{
+  %p = {types} parameter(0)
+  %i = s32[] get-tuple-element(%p), index={counter}
+  %n = s32[] {bound}
+  ROOT %c = pred[] compare(%i, %n), direction={direction}
+}}
+
+ENTRY %main (x: bf16[64,64], s: s32[]) -> {types} {{
+  %x = bf16[64,64]{{1,0}} parameter(0)
+  %s = s32[] parameter(1)
+  %start = s32[] {start}
+  %init = {types} tuple({init})
+  ROOT %loop = {types} while(%init), condition=%cond, body=%body{config}
+}}
+"""
+
+
+@pytest.mark.parametrize("direction, start, bound, index, trips", [
+    ("LT", "constant(3)", "constant(10)", 0, 7),  # 3, 4, ..., 9
+    ("LE", "constant(3)", "constant(10)", 0, 8),  # ... 10
+    ("NE", "constant(3)", "constant(10)", 0, 7),
+    ("LT", "constant(3)", "constant(10)", 1, 7),  # the counter second in the tuple
+    ("LT", "add(%s, %s)", "constant(10)", 0, 10),  # a start that is not a constant: read as 0
+    ("GT", "constant(3)", "constant(10)", 0, 1),  # a condition of another form: once
+    ("LT", "constant(3)", "add(%i, %i)", 0, 1),  # a bound that is not a constant: once
+    ("LT", "constant(12)", "constant(10)", 0, 1),  # already past the bound: at least once
+])
+def test_a_tpu_loop_runs_as_often_as_its_condition_says(direction, start, bound, index, trips):
+    k = kernels(loop_program(direction, start, bound, index))
+    assert k["dot"].count == trips and k["dot"].flops == trips * PRODUCT
+    assert k["next"].count == trips and k["dot"].bytes == trips * 3 * 8192  # two operands read, one written
+
+
+def test_a_gpu_loop_states_its_trip_count():
+    config = ', backend_config={"known_trip_count":{"n":"12"}}'
+    assert kernels(loop_program("GT", config=config))["dot"].count == 12  # the stated count, not the condition's
+
+
+NESTED_AND_CALLED = """HloModule step
+
+%leaf (a: bf16[64,64]) -> bf16[64,64] {
+  %a = bf16[64,64]{1,0} parameter(0)
+  ROOT %inner_dot = bf16[64,64]{1,0} dot(%a, %a), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+%applied (a: bf16[64,64]) -> bf16[64,64] {
+  %a = bf16[64,64]{1,0} parameter(0)
+  ROOT %applied_dot = bf16[64,64]{1,0} dot(%a, %a), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+%offloaded (a: bf16[64,64]) -> bf16[512,64] {
+  %a = bf16[64,64]{1,0} parameter(0)
+  ROOT %sc_gather = bf16[512,64]{1,0} all-gather(%a), replica_groups=[1,8]<=[8], dimensions={0}
+}
+
+%cheap (a: bf16[64,64]) -> bf16[64,64] {
+  %a = bf16[64,64]{1,0} parameter(0)
+  ROOT %cheap_neg = bf16[64,64]{1,0} negate(%a)
+}
+
+%costly (a: bf16[64,64]) -> bf16[64,64] {
+  %a = bf16[64,64]{1,0} parameter(0)
+  ROOT %costly_dot = bf16[64,64]{1,0} dot(%a, %a), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+%self (a: bf16[64,64]) -> bf16[64,64] {
+  %a = bf16[64,64]{1,0} parameter(0)
+  %again = bf16[64,64]{1,0} call(%a), to_apply=%self
+  ROOT %self_neg = bf16[64,64]{1,0} negate(%again)
+}
+
+ENTRY %main (x: bf16[64,64], b: pred[], k: s32[]) -> bf16[64,64] {
+  %x = bf16[64,64]{1,0} parameter(0)
+  %b = pred[] parameter(1)
+  %k = s32[] parameter(2)
+  %called = bf16[64,64]{1,0} call(%x), calls=%leaf
+  %as = ((bf16[64,64]{1,0}), bf16[64,64]{1,0}, s32[]) async-start(%x), calls=%leaf
+  %ad = bf16[64,64]{1,0} async-done(%as)
+  %app = bf16[64,64]{1,0} call(%x), to_apply=%applied
+  %cs = ((bf16[64,64]{1,0}), bf16[512,64]{1,0}) call-start(%x), async_execution_thread="sparsecore", to_apply=%offloaded
+  %cd = bf16[512,64]{1,0} call-done(%cs)
+  %two = bf16[64,64]{1,0} conditional(%b, %x, %x), true_computation=%cheap, false_computation=%costly
+  %three = bf16[64,64]{1,0} conditional(%k, %x, %x, %x), branch_computations={%cheap, %costly, %cheap}
+  %recursive = bf16[64,64]{1,0} call(%x), to_apply=%self
+  %missing = bf16[64,64]{1,0} call(%x), calls=%nowhere
+  ROOT %c = bf16[64,64]{1,0} copy(%x)
+}
+"""
+
+
+def test_called_computations_are_inlined_and_a_branch_counts_its_costliest():
+    """A call (calls= or to_apply=) and an async-start run their computation once; a computation started on
+    another engine (call-start) runs asynchronously: its all-gather overlaps; a conditional counts its
+    costliest branch, in both forms XLA prints; a computation calling itself is read once; a call to a
+    computation the text does not have adds nothing."""
+    ks = ProgramReader(NESTED_AND_CALLED).read()
+    names = [k.name for k in ks]
+    assert names.count("inner_dot") == 2 and names.count("applied_dot") == 1
+    assert names.count("costly_dot") == 2 and "cheap_neg" not in names
+    assert names.count("self_neg") == 1 and "again" not in names
+    gather = next(k for k in ks if k.name == "sc_gather")
+    assert gather.asynchronous and gather.group == 8 and gather.bytes == 512 * 64 * 2
+    assert sum(k.flops for k in ks) == 5 * PRODUCT
+    assert names == ["inner_dot", "inner_dot", "applied_dot", "sc_gather", "costly_dot", "costly_dot", "self_neg", "c"]
+
+
+def test_kernels_inside_a_loop_inside_a_loop_run_the_product_of_the_trips():
+    config = ', backend_config={"known_trip_count":{"n":"4"}}'
+    inner = loop_program(config=config).replace("ENTRY %main", "%inner_main").replace("%body", "%ibody").replace(
+        "%cond", "%icond").replace("HloModule step\n", "")
+    text = ("HloModule step\n" + inner.replace("ROOT %loop", "ROOT %iloop") + """
+%obody (p: (s32[], bf16[64,64])) -> (s32[], bf16[64,64]) {
+  %p = (s32[], bf16[64,64]{1,0}) parameter(0)
+  %x = bf16[64,64]{1,0} get-tuple-element(%p), index=1
+  %s = s32[] get-tuple-element(%p), index=0
+  ROOT %r = (s32[], bf16[64,64]{1,0}) call(%x, %s), to_apply=%inner_main
+}
+
+%ocond (p: (s32[], bf16[64,64])) -> pred[] {
+  %p = (s32[], bf16[64,64]{1,0}) parameter(0)
+  ROOT %c = pred[] constant(true)
+}
+
+ENTRY %main (x: bf16[64,64]) -> (s32[], bf16[64,64]) {
+  %x = bf16[64,64]{1,0} parameter(0)
+  %z = s32[] constant(0)
+  %init = (s32[], bf16[64,64]{1,0}) tuple(%z, %x)
+  ROOT %outer = (s32[], bf16[64,64]{1,0}) while(%init), condition=%ocond, body=%obody, backend_config={"known_trip_count":{"n":"3"}}
+}
+""")
+    k = kernels(text)
+    assert k["dot"].count == 12 and k["dot"].flops == 12 * PRODUCT
+
+
+def test_a_top_level_convolution_counts_like_a_fused_one():
+    """The [2, 8, 8, 4] x [3, 3, 4, 8] SAME convolution written as an instruction of its own (no fusion,
+    no library call): 61,952 FLOPs as above, kind convolution, the unit of its bf16 result."""
+    text = program("  %x = bf16[2,8,8,4]{3,2,1,0} parameter(0)\n  %w = bf16[3,3,4,8]{3,2,1,0} parameter(1)\n"
+                   "  %conv = bf16[2,8,8,8]{3,2,1,0} convolution(%x, %w), window={size=3x3 pad=1_1x1_1}, "
+                   "dim_labels=b01f_01io->b01f")
+    k = kernels(text)["conv"]
+    assert (k.kind, k.unit, k.flops) == ("convolution", "bf16", 2 * 2 * 8 * 4 * 484)
+
+
+def test_a_strided_dilated_convolution_counts_only_the_taps_on_input_elements():
+    """One dimension of 4 inputs dilated by 2 (positions 0, 2, 4, 6 hold elements), a 3-tap kernel,
+    stride 1, padding 1 each side, 7 outputs: output o's tap k reads position o + k - 1; pairs that land on
+    an element: o=0: k=1; o=1: k=0, 2; o=2: k=1; o=3: k=0, 2; o=4: k=1; o=5: k=0, 2; o=6: k=1 = 10.
+    2 x 1 x 1 x 1 x 10 = 20 FLOPs."""
+    from migration.planning.hlo_cost import _valid_pairs
+
+    assert _valid_pairs(in_size=4, out_size=7, size=3, stride=1, pad_low=1, lhs_dilate=2, rhs_dilate=1) == 10
+    # stride 2 over the same: outputs 0..3 read positions 2o + k - 1: o=0: k=1; o=1: k=1; o=2: k=1; o=3: k=1
+    assert _valid_pairs(in_size=4, out_size=4, size=3, stride=2, pad_low=1, lhs_dilate=2, rhs_dilate=1) == 4
+    # kernel dilated by 2 over 5 plain inputs, no padding: outputs 0..0 (5 - 4), taps at 0, 2, 4: 3 pairs
+    assert _valid_pairs(in_size=5, out_size=1, size=3, stride=1, pad_low=0, lhs_dilate=1, rhs_dilate=2) == 3
+    text = program("  %x = f32[1,4,1]{2,1,0} parameter(0)\n  %w = f32[3,1,1]{2,1,0} parameter(1)\n"
+                   "  %conv = f32[1,7,1]{2,1,0} convolution(%x, %w), window={size=3 pad=1_1 lhs_dilate=2}, "
+                   "dim_labels=b0f_0io->b0f")
+    assert kernels(text)["conv"].flops == 2 * 10
+
+
+def test_asynchronous_copies_scatters_and_updates_move_what_they_move():
+    """A TPU prefetch (copy-start, dynamic-slice-start) moves its result once; an update in place, started
+    asynchronously (an activation offloaded to the host), reads and writes the update; a scatter into a
+    buffer reads its indices and updates and writes the updates."""
+    text = program(
+        "  %w = bf16[1024]{0} parameter(0)\n  %stack = bf16[8,1024]{1,0} parameter(1)\n  %i = s32[] parameter(2)\n"
+        "  %idx = s32[16,1]{1,0} parameter(3)\n  %upd = bf16[16,1024]{1,0} parameter(4)\n"
+        "  %big = bf16[4096,1024]{1,0} parameter(5)\n"
+        "  %cs = (bf16[1024]{0}, bf16[1024]{0:S(1)}, u32[]) copy-start(%w)\n"
+        "  %dss = ((bf16[8,1024]{1,0}, s32[], s32[]), bf16[1,1024]{1,0:S(1)}, u32[]) dynamic-slice-start(%stack, %i, %i)\n"
+        "  %row = bf16[1,1024]{1,0} parameter(6)\n"
+        "  %dus = ((bf16[8,1024]{1,0}, bf16[1,1024]{1,0}, s32[], s32[]), bf16[8,1024]{1,0:S(5)}, u32[]) "
+        "dynamic-update-slice-start(%stack, %row, %i, %i)\n"
+        "  %sc = bf16[4096,1024]{1,0} scatter(%big, %idx, %upd), update_window_dims={1}, inserted_window_dims={0}, "
+        "scatter_dims_to_operand_dims={0}, index_vector_dim=1, to_apply=%add")
+    k = kernels(text)
+    assert k["cs"].bytes == 2048 and k["dss"].bytes == 2048
+    assert k["dus"].bytes == 2 * 2048
+    assert k["sc"].bytes == 16 * 4 + 2 * (16 * 1024 * 2)
