@@ -107,6 +107,8 @@ GROUPS = {
                                 "migration.planning.compare.x__side__mutmut_*"),
                      isolation="forkserver"),  # the CPU's peak is measured with JAX
     "policies": Group(("migration/step/policies.py",), ("tests/test_policies_by_hand.py",), isolation="forkserver"),
+    # the fp8 recipe (per-tensor scales, e4m3 / e5m2, the MXFP8 fallback, which layers it reaches)
+    "fp8": Group(("migration/step/fp8.py",), ("tests/test_fp8_by_hand.py",), isolation="forkserver"),
     # how the step splits its state and batch (what each plan's memory assumes); the step's arithmetic itself
     # (accumulation, loss scaling) is checked by real runs in tests/test_numerics.py, too slow to run per mutant
     "train": Group(("migration/step/train.py",), ("tests/test_train_by_hand.py",),
