@@ -137,6 +137,9 @@ GROUPS = {
                   (("MIGRATION_TEST_WAIT_S", "3"),)),
 }
 
+PRELOAD = ("numpy", "jax", "jax.numpy", "flax.nnx", "optax", "pytest", "hypothesis")
+JAX_ENV = (("JAX_PLATFORMS", "cpu"), ("JAX_NUM_CPU_DEVICES", "8"), ("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1"))
+
 STATUS = re.compile(r"^\s*(\S+): (.+)$")
 MODULE = re.compile(r"^(.*?)\.x[ǁ_]")
 KILLED = {"killed", "timeout", "segfault", "caught by type check"}
@@ -190,10 +193,14 @@ timeout_multiplier = 5.0
 timeout_constant = 15.0
 use_git_change_detection = false
 process_isolation = "{group.isolation}"
-forkserver_warmup = "none"
+forkserver_warmup = "import"
+preload_modules_file = "mutmut_preload.txt"
 """
     with open(dest / "pyproject.toml", "a") as f:
         f.write(section)
+    # the fork server imports the libraries once (importing JAX starts no XLA client: that waits for the first
+    # array or compile, in each mutant's own process); JAX reads these variables when imported, as conftest sets them
+    (dest / "mutmut_preload.txt").write_text("\n".join(PRELOAD) + "\n")
 
 
 def mutmut(dest: Path, *args: str) -> subprocess.CompletedProcess:
@@ -228,7 +235,7 @@ def run_group(name: str, group: Group, work: Path, limit_s: float, ref: str | No
                 subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children", str(os.cpu_count() or 2),
                                 *group.functions],
                                cwd=dest, stdout=log, stderr=subprocess.STDOUT, timeout=limit_s,
-                               env={**os.environ, REUSE_ENV: str(reuse), **dict(group.env)})
+                               env={**os.environ, REUSE_ENV: str(reuse), **dict(JAX_ENV), **dict(group.env)})
             except subprocess.TimeoutExpired:
                 cut = True
         elapsed = time.monotonic() - start
