@@ -1,5 +1,8 @@
 """Mutation testing of the modules whose mistakes mislead a user (mutmut 3): checklist grading, the
-planner's search, config and form validation, the code check's rules, history and job ownership.
+planner's search, config and form validation, the code check's rules, history and job ownership; and the
+modules that compute the figures users act on: step time and the HLO reader, memory, the planner's
+capability rules, serving, deployment, a run's measures, the train step's layout, the precision and remat
+policies, the fp8 recipe and the TPU side.
 
 For each group, a copy of the working tree (tracked and untracked, not ignored) is made under
 `.mutation/<group>/` with a `[tool.mutmut]` section naming the group's modules and only the tests
@@ -106,6 +109,12 @@ GROUPS = {
                          "percentile", "device_memory_stats", "peak_flops_for", "_figures")),
                                 "migration.planning.compare.x__side__mutmut_*"),
                      isolation="forkserver"),  # the CPU's peak is measured with JAX
+    # the TPU job a plan starts from: its sharding, attention, layout, links and method line (not the libtpu
+    # compile itself, nor the unchanged setup's fit on the target: both compile, tests/test_tpu_source.py)
+    "source": Group(("migration/planning/source.py",), ("tests/test_source_by_hand.py",),
+                    functions=tuple(f"migration.planning.source.x_{f}__mutmut_*" for f in (
+                        "source_sharding", "tpu_model", "tpu_step_method", "source_layout", "tpu_links")),
+                    isolation="forkserver"),
     "policies": Group(("migration/step/policies.py",), ("tests/test_policies_by_hand.py",), isolation="forkserver"),
     # the fp8 recipe (per-tensor scales, e4m3 / e5m2, the MXFP8 fallback, which layers it reaches)
     "fp8": Group(("migration/step/fp8.py",), ("tests/test_fp8_by_hand.py",), isolation="forkserver"),

@@ -2,6 +2,7 @@
 pieces of the precision and remat policies: the finite check over a whole gradient tree, the remat wrap
 only where a policy is enabled, and which compute dtype and fp8 recipe each precision names."""
 
+import jax
 import jax.numpy as jnp
 import pytest
 
@@ -57,6 +58,22 @@ def test_only_enabled_remat_policies_wrap_a_block():
     for name, policy in REMAT_POLICIES.items():
         if name != "none":
             assert policy.enabled and policy.block_wrap() is not no_wrap, name
+
+
+def test_an_enabled_policy_wraps_a_block_in_one_checkpoint_with_its_own_policy_and_the_same_values():
+    def block(x):
+        return jnp.sin(x) * 2.0
+
+    x = jnp.arange(3.0)
+    for name, policy in REMAT_POLICIES.items():
+        if not policy.enabled:
+            continue
+        wrapped = policy.block_wrap()(block)
+        assert jnp.allclose(wrapped(x), jnp.array([0.0, 2 * 0.8414709848, 2 * 0.9092974268])), name
+        (eqn,) = jax.make_jaxpr(wrapped)(x).jaxpr.eqns
+        assert eqn.primitive.name == "remat2", name
+        assert eqn.params["policy"] is policy.checkpoint_policy, name
+        assert [e.primitive.name for e in eqn.params["jaxpr"].eqns] == ["sin", "mul"], name
 
 
 @pytest.mark.parametrize("name, dtype, scaled, fp8", [
