@@ -328,9 +328,19 @@ def test_verify_loads_the_export_back_and_catches_a_broken_one(trained_llama_che
     cfg, params, _ = checkpoint.restore_params(trained_llama_checkpoint)
     bf16 = export_checkpoint(trained_llama_checkpoint, tmp_path / "bf16", dtype="bf16", verify=True)["verified"]
     assert bf16["within"] and bf16["max_abs_diff"] <= BF16_TOLERANCE
+    assert (good["verified"]["tolerance"], bf16["tolerance"]) == (FP32_TOLERANCE, 0.1)
     broken = tmp_path / "good" / "model.safetensors"  # keys and values swapped in the first layer
     tensors = load_file(broken)
     k, v = "model.layers.0.self_attn.k_proj.weight", "model.layers.0.self_attn.v_proj.weight"
     tensors[k], tensors[v] = tensors[v], tensors[k]
     save_file(tensors, broken, metadata={"format": "pt"})
     assert not verify_export(tmp_path / "good", cfg, params, "fp32")["within"]
+
+    # a small error, one layer's MLP output 1% off, is far outside an fp32 export's tolerance (1e-4) though
+    # inside what bf16's rounding allows (0.1): the fp32 check is the tight one
+    tensors[k], tensors[v] = tensors[v], tensors[k]
+    down = "model.layers.0.mlp.down_proj.weight"
+    tensors[down] = tensors[down] * 1.01
+    save_file(tensors, broken, metadata={"format": "pt"})
+    slightly = verify_export(tmp_path / "good", cfg, params, "fp32")
+    assert FP32_TOLERANCE < slightly["max_abs_diff"] < 0.1 and not slightly["within"], slightly
