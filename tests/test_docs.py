@@ -152,3 +152,30 @@ def test_the_site_builds_strict(tmp_path):
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert (tmp_path / "reference" / "cli" / "index.html").is_file()
+
+
+def bare_python_calls(source: str) -> list[int]:
+    """Lines of `source` that start a process with a bare `python` / `python3` (found on PATH, so not the
+    environment running the tests when it is not activated), as a list's first item or a command string."""
+    import ast
+
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Call) or not node.args:
+            continue
+        name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+        if name not in {"run", "Popen", "check_call", "check_output", "call", "create_subprocess_exec"}:
+            continue
+        first = node.args[0]
+        head = first.elts[0] if isinstance(first, (ast.List, ast.Tuple)) and first.elts else first
+        if isinstance(head, ast.Constant) and isinstance(head.value, str) and \
+                re.match(r"python3?(\s|$)", head.value):
+            lines.append(node.lineno)
+    return lines
+
+
+def test_the_tests_start_the_projects_python_never_a_bare_one():
+    assert bare_python_calls('subprocess.run(["python", "-m", "x"])\nsubprocess.Popen("python3 app.py", shell=True)\n'
+                             'subprocess.run([sys.executable, "-m", "x"])\nsubprocess.run(["pythonic"])') == [1, 2]
+    found = {p.name: bare_python_calls(p.read_text(encoding="utf-8")) for p in sorted((ROOT / "tests").glob("*.py"))}
+    assert {name: lines for name, lines in found.items() if lines} == {}
