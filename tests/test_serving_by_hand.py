@@ -6,12 +6,15 @@ long prompts prefilled in chunks. The compiled programs' own figures are inputs 
 planner's table of decode steps and the chunk, so that every output is a number a reader can check; the
 compiles themselves are tested in tests/test_serving_plan.py."""
 
+import jax
 import pytest
+from flax import nnx
 
 from migration.config.serving import CHUNK, ServeRequest
 from migration.hardware import GPU_SPECS
-from migration.planning.capacity import chunked_attention_flops, mix_figures, RequestClass, steady_state
-from migration.planning.serving import _Planner, kv_bytes_per_token, serve_row, serving_config
+from migration.planning.capacity import (budget_bound_concurrency, chunked_attention_flops, kv_bound_concurrency,
+                                         mix_figures, RequestClass, steady_state)
+from migration.planning.serving import _Planner, kv_bytes_per_token, kv_cache_bytes, serve_row, serving_config
 from migration.planning.steptime import CALIBRATION
 
 # The tiny llama: 2 layers, d_model 64, 4 heads of 16 (2 kv heads), SwiGLU of 128, vocabulary 256, tied.
@@ -185,3 +188,97 @@ def test_int8_weights_take_the_bf16_attention_peak():
     bf16 = ServeRequest("llama", "1b", "h100-sxm", prompt_len=4096, gen_len=256, chunk=1024)
     int8 = ServeRequest("llama", "1b", "h100-sxm", prompt_len=4096, gen_len=256, chunk=1024, precision="int8")
     assert _Planner(int8).long_prompt_s() == pytest.approx(_Planner(bf16).long_prompt_s())
+
+
+def test_the_kv_pool_bounds_the_concurrency_by_whole_sequences():
+    """10,000 B free over sequences of 300 positions x 10 B = 3,000 B each: 3 of them (3.33 rounds down).
+    Nothing free, or less than nothing (the weights and workspace alone exceed the budget): none."""
+    assert kv_bound_concurrency(10_000, 10, 300) == 3
+    assert kv_bound_concurrency(1, 0.5, 1) == 2  # 1 B over half a byte a sequence
+    assert kv_bound_concurrency(0, 10, 300) == 0
+    assert kv_bound_concurrency(-1, 10, 300) == 0
+
+
+def test_the_token_budget_bounds_the_concurrency():
+    """Each running sequence takes one decode token and `prompt per output` prompt tokens a step: a
+    2,048-token budget at 3 prompt tokens an output sustains 2,048 / 4 = 512; with no prompt, 2,048."""
+    assert budget_bound_concurrency(2048, 3.0) == 512
+    assert budget_bound_concurrency(2048, 0.0) == 2048
+    assert budget_bound_concurrency(100, 10.833) == 8  # 100 / 11.833 = 8.45
+
+
+def test_a_full_budget_leaves_one_token_a_step_for_prompts():
+    """Chunk 16 with 16 sequences running leaves no budget: the engine still gives a prompt one token a
+    step, so a 32-token prompt takes 32 steps of 1 ms, plus 32 x 1 us of prefill: 32.032 ms."""
+    fig = mix_figures((RequestClass(1.0, 32, 16),))
+    state = steady_state(16, 1e-3, 1e-6, 0.0, fig, 16)
+    assert state.concurrency == 16
+    assert state.ttft_s == pytest.approx(32.032e-3)
+    assert steady_state(15, 1e-3, 1e-6, 0.0, fig, 16).ttft_s == pytest.approx(32.032e-3)  # 1 left: the same
+
+
+def test_the_kv_cache_of_a_batch_by_hand():
+    """The tiny llama (2 layers, 2 kv heads of 16) caching 5 positions for 3 sequences in bf16:
+    2 x 2 x 2 x 16 x 5 x 3 x 2 B = 3,840 B."""
+    cfg = serving_config(ServeRequest("llama", "tiny", "h100-sxm", 32, 16), GPU_SPECS["h100-sxm"])
+    assert kv_cache_bytes(cfg, 3, 5, 2) == 3_840
+
+
+def test_cudnn_takes_heads_up_to_128():
+    """d_model 512 over 4 heads: heads of 128, the largest cuDNN's fused attention takes."""
+    req = ServeRequest("llama", "tiny", "h100-sxm", 32, 16, model={"d_model": 512})
+    cfg = serving_config(req, GPU_SPECS["h100-sxm"])
+    assert cfg.head_dim == 128 and cfg.attention == "cudnn"
+
+
+def test_an_untied_embedding_is_held_but_only_gathered_from():
+    """Untied, the tiny llama adds a 256 x 64 head: 90,432 + 16,384 = 106,816 parameters, 213,632 B in
+    bf16; the input embedding (16,384 x 2 B = 32,768 B) is only gathered from, so a step reads 180,864 B."""
+    p = _Planner(ServeRequest("llama", "tiny", "h100-sxm", 32, 16, model={"tied_embeddings": False}))
+    assert p.model["weights_bytes"] == 213_632
+    assert p.model["weights_read_bytes"] == 213_632 - 32_768
+
+
+def test_the_model_state_is_what_the_compiles_take():
+    """The abstract state the serving programs are compiled with: one GPU's leaves sum to its bytes."""
+    p = planner()
+    assert isinstance(p.model["graphdef"], nnx.GraphDef)
+    leaves = jax.tree.leaves(p.model["state"])
+    assert sum(leaf.size * leaf.dtype.itemsize for leaf in leaves) == TINY_BF16_BYTES
+    assert p.compiles == 0  # nothing compiled until a program is asked for
+
+
+@pytest.mark.parametrize("target, gpus, link", [
+    ("h100-sxm", 1, None),  # one GPU: no collectives
+    ("h100-sxm", 2, 450e9),  # NVLink 4: 900 GB/s both ways, 450 GB/s one way
+    ("l4", 4, 32e9),  # PCIe gen4 x16
+])
+def test_the_decode_steps_collectives_cross_the_nodes_links(target, gpus, link):
+    assert planner(target, gpus).link == link
+
+
+def test_an_fp8_cache_halves_the_bytes_the_planner_holds_per_position():
+    assert planner().per_token == 256 and planner(kv_cache="fp8").per_token == 128
+
+
+def test_the_long_prompt_extra_time_in_fp32_is_at_the_fp32_peak():
+    """fp32 attention runs at the H100's 67 TFLOP/s (not its bf16 989): 824,633,720,832 / (67e12 x 0.65).
+    A T4 has no bf16 units: int8 serving there takes its fp32 peak (8.1 TFLOP/s)."""
+    req = ServeRequest("llama", "1b", "h100-sxm", prompt_len=4096, gen_len=256, chunk=1024, precision="fp32")
+    assert _Planner(req).long_prompt_s() == pytest.approx(824_633_720_832 / (67e12 * 0.65))
+    t4 = ServeRequest("llama", "1b", "t4", prompt_len=4096, gen_len=256, chunk=1024, precision="int8")
+    assert _Planner(t4).long_prompt_s() == pytest.approx(824_633_720_832 / (8.1e12 * 0.65))
+
+
+def test_the_row_carries_the_compiled_figures_it_was_built_from():
+    p, row = row_at_4()
+    assert (row["batch"], row["gpus"], row["weights_bytes"], row["weights_read_bytes"]) == (
+        4, 1, TINY_BF16_BYTES, TINY_BF16_BYTES)
+    assert (row["decode_context"], row["prefill_peak_bytes"], row["decode_peak_bytes"], row["decode_bytes"]) == (
+        40, 200_000, 250_000, 300_000)
+    p.budget = 232_016  # exactly the peak: it fits
+    assert serve_row(p, 4, {"seconds": CHUNK_S, "tokens": CHUNK_TOKENS, "peak_bytes": 200_000,
+                            "workspace_bytes": 2_000})["fits"]
+    p.budget = 232_015
+    assert not serve_row(p, 4, {"seconds": CHUNK_S, "tokens": CHUNK_TOKENS, "peak_bytes": 200_000,
+                                "workspace_bytes": 2_000})["fits"]
