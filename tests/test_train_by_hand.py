@@ -56,3 +56,20 @@ def test_the_batch_splits_over_every_axis_but_the_tensor_one():
     assert dict(hybrid.shape) == {"data": 2, "fsdp": 4, "tensor": 1}
     tensor = make_mesh(devices, "fsdp+tp2")  # FSDP over 4, tensor parallelism over 2
     assert batch_axes(tensor) == ("data", "fsdp") and dict(tensor.shape) == {"data": 1, "fsdp": 4, "tensor": 2}
+
+
+def test_a_mesh_is_over_the_devices_given_in_their_order_with_auto_axes():
+    """Auto axes (XLA's partitioner places the collectives; JAX's make_mesh defaults to Explicit ones) over
+    exactly the devices the caller picked: four of eight for a layout, numbered as given; with no layout
+    named, replicated on the one "data" axis."""
+    from jax.sharding import AxisType
+
+    four = jax.devices()[2:6]
+    for layout in ("replicated", "fsdp"):
+        mesh = make_mesh(four, layout)
+        assert (mesh.axis_names, mesh.axis_types, list(mesh.devices.flat)) == (("data",), (AxisType.Auto,), four)
+    assert make_mesh(four).axis_names == ("data",)
+    eight = jax.devices()[::-1]
+    mesh = make_mesh(eight, "hybrid:4")
+    assert mesh.axis_names == ("data", "fsdp", "tensor") and mesh.axis_types == (AxisType.Auto,) * 3
+    assert dict(mesh.shape) == {"data": 2, "fsdp": 4, "tensor": 1} and list(mesh.devices.flat) == eight
