@@ -77,3 +77,33 @@ def test_the_recipe_reaches_each_linear_of_the_tiny_llama():
     linears = [m for _, m in nnx.iter_modules(model) if isinstance(m, nnx.Linear)]
     assert all(m.dot_general is tensor_scaled_dot_general for m in linears)
     assert apply_fp8(model, "mxfp8") == 5 and all(m.dot_general is block_scaled_dot_general for m in linears)
+
+
+def test_mxfp8_on_whole_blocks_is_jaxs_block_scaled_product():
+    """A contraction of 64 is two blocks of 32: JAX's MXFP8 product (cuDNN's block-scaled matmul; traced
+    here, it has no CPU kernel), both operands in e4m3 with one e8m0 scale per 32 values, [4, 64] -> two
+    scales a row; the result in the lhs's dtype unless one is asked for."""
+    x, w = jnp.ones((4, 64), jnp.bfloat16), jnp.ones((64, 8), jnp.bfloat16)
+    text = str(jax.make_jaxpr(lambda a, b: block_scaled_dot_general(a, b, DN))(x, w))
+    assert "scaled_matmul_wrapper[\n            preferred_element_type=bfloat16" in text
+    assert "f8_e4m3fn[1,4,64]" in text and "f8_e4m3fn[1,8,64]" in text
+    assert "f8_e8m0fnu[1,4,2]" in text and "f8_e8m0fnu[1,8,2]" in text
+    out = jax.eval_shape(lambda a, b: block_scaled_dot_general(a, b, DN), x, w)
+    assert (out.shape, out.dtype) == ((4, 8), jnp.bfloat16)
+    out = jax.eval_shape(lambda a, b: block_scaled_dot_general(a, b, DN, preferred_element_type=jnp.float32), x, w)
+    assert out.dtype == jnp.float32
+    short = jax.make_jaxpr(lambda a, b: block_scaled_dot_general(a, b, DN, preferred_element_type=jnp.bfloat16))(
+        jnp.ones((4, 48)), jnp.ones((48, 8)))  # 48 is not whole blocks: the per-tensor recipe, as asked in bf16
+    assert "scaled_matmul" not in str(short) and short.out_avals[0].dtype == jnp.bfloat16
+
+
+def test_gradients_come_back_in_each_operands_dtype_along_its_contraction():
+    """x^T w over the first dimension (x, w of [2, 1]): 1 x 1 + 1.0625 x 0 = 1 (x's 1.0625 exact as the
+    largest); the gradients, bf16 for x and fp16 for w, as the operands were."""
+    dn = (((0,), (0,)), ((), ()))
+    x, w = jnp.array([[1.0], [1.0625]], jnp.bfloat16), jnp.array([[1.0], [0.0]], jnp.float16)
+    y, (dx, dw) = jax.value_and_grad(lambda a, b: tensor_scaled_dot_general(a, b, dn).astype(jnp.float32).sum(),
+                                     argnums=(0, 1))(x, w)
+    assert float(y) == pytest.approx(0.98661, abs=1e-2)  # x's 1 rounds to 416 / 448 x 1.0625 in e4m3
+    assert (dx.dtype, dw.dtype, dx.shape, dw.shape) == (jnp.bfloat16, jnp.float16, (2, 1), (2, 1))
+    assert dx[:, 0].astype(jnp.float32).tolist() == [1.0, 0.0]
