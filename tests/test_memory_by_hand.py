@@ -2,11 +2,13 @@
 values worked out by hand for the tiny transformer (each docstring shows the arithmetic). The model's own
 figures (parameters, activations per example) are the inputs, read from the workload and pinned first."""
 
+import dataclasses
+
 import pytest
 
 from migration.config.requests import PlanRequest
 from migration.planning.memory import MUST_KEEP, STATE_BYTES_PER_PARAM, MemoryPredictor
-from workloads import get_workload
+from workloads import WORKLOADS, get_workload
 
 P = 120_576  # the tiny transformer's parameters; the planner's per-block figure is P over its 2 blocks, 60,288
 PER_BLOCK, BLOCK_INPUT, BLOCKS, HEAD_FP32 = 106_496, 4_096, 2, 24_576  # activation elements per example
@@ -87,3 +89,75 @@ def test_the_lower_bound_shares_the_state_under_fsdp_and_doubles_activations_in_
     p = predictor(gpus=4)
     assert p.lower_bound("bf16", "full", 2, sharding="fsdp") == 12 * P // 4 + 2 * BLOCKS * BLOCK_INPUT * 2
     assert p.lower_bound("fp32", "full", 2) == 12 * P + 2 * BLOCKS * BLOCK_INPUT * 4
+
+
+def deeper(layers: int, gpus: int) -> MemoryPredictor:
+    req = PlanRequest(workload="transformer", preset="tiny", model={"n_layers": layers}, target="h100-sxm", gpus=gpus,
+                      compile_for_tpu=False)
+    return MemoryPredictor(req, lambda *a, **k: None, estimate_because="worked by hand", workers=0)
+
+
+def test_fsdp_gathers_every_block_without_remat_and_two_at_a_time_with_it():
+    """The tiny transformer with 4 layers: 220,544 parameters, 55,136 a block. Under FSDP without remat all 4
+    blocks' gathered bf16 copies stay live: 2 B x 4 x 55,136 = 441,088 B (over 2 GPUs as over 8: the gathered
+    copy is whole); with remat 2 of them: 220,544 B. A tensor-parallel split of 2 halves each copy. Nothing is
+    gathered where the state is whole on each GPU: replicated (with or without a tensor split) or FSDP on 1."""
+    assert get_workload("transformer").param_count(get_workload("transformer").config("tiny", {"n_layers": 4})) == 220_544
+    eight = deeper(4, 8)
+    assert eight.gathered_weights("bf16", "none", "fsdp") == 441_088
+    assert deeper(4, 2).gathered_weights("bf16", "none", "fsdp") == 441_088
+    assert eight.gathered_weights("bf16", "full", "fsdp") == eight.gathered_weights("bf16", "dots", "fsdp") == 220_544
+    assert eight.gathered_weights("fp32", "full", "fsdp") == 441_088  # 4 B
+    assert eight.gathered_weights("bf16", "none", "fsdp+tp2") == 220_544
+    assert eight.gathered_weights("bf16", "none", "replicated+tp2") == 0
+    assert deeper(4, 1).gathered_weights("bf16", "none", "fsdp") == 0
+    # the estimate adds them: state 16 x 220,544 / 8 = 441,088; batch 1 of 4 blocks x 106,496 x 2 B +
+    # 24,576 x 4 B = 950,272; and 441,088 gathered
+    assert eight.estimate("bf16", "none", 1, sharding="fsdp") == 441_088 + 950_272 + 441_088
+
+
+def test_parameters_outside_whole_blocks_are_gathered_whole():
+    """3 layers: 170,560 parameters over 3 blocks is 56,853 a block and 1 left outside them. With remat, 2
+    blocks and the one outside: 2 B x (2 x 56,853 + 1) = 227,414 B; without, all: 2 x 170,560 = 341,120 B."""
+    p = deeper(3, 8)
+    assert p.gathered_weights("bf16", "full", "fsdp") == 227_414
+    assert p.gathered_weights("bf16", "none", "fsdp") == 341_120
+
+
+def test_the_estimate_record_in_fp32_under_fsdp():
+    """8 GPUs, fp32, no remat, batch 4: state 16 x 120,576 / 8 = 241,152; activations 4 x (2 x 106,496 x 4 B
+    + 24,576 x 4 B) = 3,801,088; gathered 4 B x 120,576 = 482,304: 4,524,544 B. The state the record
+    reports is the 12 B a parameter the lower bound counts, shared: 180,864."""
+    assert predictor(8).estimate_memory("fp32", "none", 4, 1, "fsdp") == {"peak_bytes": 4_524_544,
+                                                                          "state_bytes": 180_864}
+
+
+def test_a_model_without_named_activations_keeps_each_blocks_input():
+    """The tiny MLP (101,770 parameters, one block of 256 activations, input 128, 814 fp32 logits) names
+    none: a named policy saves nothing more than full remat, batch 4 in bf16: 16 x 101,770 + 4 x ((128 +
+    256) x 2 + 814 x 4) = 1,628,320 + 16,096 = 1,644,416; the bound: 12 x 101,770 + 4 x 128 x 2 = 1,222,264."""
+    req = PlanRequest(workload="mlp", preset="tiny", target="h100-sxm", gpus=1, compile_for_tpu=False)
+    p = MemoryPredictor(req, lambda *a, **k: None, estimate_because="worked by hand", workers=0)
+    assert p.estimate("bf16", "save_qkv", 4) == p.estimate("bf16", "full", 4) == 1_644_416
+    assert p.lower_bound("bf16", "none", 4) == 1_222_264
+
+
+def test_a_registered_model_naming_some_activations_counts_only_those(monkeypatch):
+    """A team's decoder that tags only its query projection (4,096 elements a block): save_qkv keeps each of
+    the 2 blocks' input and that, and one block recomputed: batch 2 in bf16, 16 x 120,576 + 2 x ((2 x (4,096
+    + 4,096) + 106,496) x 2 B + 24,576 x 4 B) = 1,929,216 + 688,128 = 2,617,344; the bound keeps the same
+    names per block: 12 x 120,576 + 2 x 2 x 8,192 x 2 B = 1,512,448."""
+    base = type(get_workload("transformer"))
+
+    class OnlyQueryNamed(base):
+        name = "only-query-named"
+
+        def activation_profile(self, cfg):
+            prof = super().activation_profile(cfg)
+            return dataclasses.replace(prof, named={"query_proj": prof.named["query_proj"]})
+
+    monkeypatch.setitem(WORKLOADS, OnlyQueryNamed.name, OnlyQueryNamed())
+    req = PlanRequest(workload=OnlyQueryNamed.name, preset="tiny", target="h100-sxm", gpus=1, compile_for_tpu=False)
+    p = MemoryPredictor(req, lambda *a, **k: None, estimate_because="worked by hand", workers=0)
+    assert p.estimate("bf16", "save_qkv", 2) == 2_617_344
+    assert p.lower_bound("bf16", "save_qkv", 2) == 1_512_448
