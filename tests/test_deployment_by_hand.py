@@ -64,6 +64,17 @@ def test_several_nodes_see_their_own_gpus_on_each_node():
     """16 GPUs on 2 nodes of 8: each node sees 0-7; 4 GPUs on one node: 0-3."""
     assert environment(gpus=16, nodes=2)["CUDA_VISIBLE_DEVICES"]["value"] == "0,1,2,3,4,5,6,7"
     assert environment(gpus=4)["CUDA_VISIBLE_DEVICES"]["value"] == "0,1,2,3"
+    assert environment(gpus=4)["CUDA_VISIBLE_DEVICES"]["why"] == "pin the job to its GPUs (set before JAX is imported)"
+    assert environment(gpus=16, nodes=2)["CUDA_VISIBLE_DEVICES"]["why"] == (
+        "on every node, that node's GPUs (set before JAX is imported)")
+
+
+def test_an_fp32_plans_gathers_are_combined_at_four_bytes_a_parameter():
+    """FSDP gathers in the compute dtype: 1,000,000 parameters a block x 4 B = 3.81 MiB -> 4 MiB in fp32,
+    x 2 B = 1.91 MiB -> 2 MiB in bf16."""
+    for precision, mib in (("fp32", 4), ("bf16", 2)):
+        flags = environment(precision=precision)["XLA_FLAGS"]["value"]
+        assert f"--xla_gpu_all_gather_combine_threshold_bytes={mib * MIB}" in flags, precision
 
 
 # The scripts a user copies, whole. Each expected file was read line by line against the plan it is for:
