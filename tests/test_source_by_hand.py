@@ -92,6 +92,6 @@ def test_the_method_line_over_several_slices_names_the_data_centre_network_or_sa
     assert ", between the 3 slices, 50 Gb/s of data-centre network per chip" in text
     assert TPU_SPECS["tpu-v4-8"].dcn_bytes_per_s is None  # the v4 page states none
     assert TPU_SPECS["tpu-v4-8"].ici_bytes_per_s is None
-    assert "collectives not timed (no inter-chip bandwidth stated for this chip)" in tpu_step_method(
+    assert "; collectives not timed (no inter-chip bandwidth stated for this chip); expected error" in tpu_step_method(
         STEP, TPU_SPECS["tpu-v4-8"])
     assert "; expected error about ±25%" in tpu_step_method(STEP, TPU_SPECS["tpu-v4-8"], slices=2)
