@@ -561,3 +561,119 @@ def test_asynchronous_copies_scatters_and_updates_move_what_they_move():
     assert k["cs"].bytes == 2048 and k["dss"].bytes == 2048
     assert k["dus"].bytes == 2 * 2048
     assert k["sc"].bytes == 16 * 4 + 2 * (16 * 1024 * 2)
+
+
+UPDATES = """HloModule step
+
+%two_updates (p0: bf16[8,1024], p1: bf16[1,1024], p2: bf16[8,512], p3: bf16[1,512], p4: s32[]) -> (bf16[8,1024], bf16[8,512]) {
+  %p0 = bf16[8,1024]{1,0} parameter(0)
+  %p1 = bf16[1,1024]{1,0} parameter(1)
+  %p2 = bf16[8,512]{1,0} parameter(2)
+  %p3 = bf16[1,512]{1,0} parameter(3)
+  %p4 = s32[] parameter(4)
+  %z = s32[] constant(0)
+  %u0 = bf16[8,1024]{1,0} dynamic-update-slice(%p0, %p1, %p4, %z)
+  %u1 = bf16[8,512]{1,0} dynamic-update-slice(%p2, %p3, %p4, %z)
+  ROOT %t = (bf16[8,1024]{1,0}, bf16[8,512]{1,0}) tuple(%u0, %u1)
+}
+
+%reshaped (p0: bf16[8,1024], p1: bf16[1,1024], p2: s32[]) -> bf16[8192] {
+  %p0 = bf16[8,1024]{1,0} parameter(0)
+  %p1 = bf16[1,1024]{1,0} parameter(1)
+  %p2 = s32[] parameter(2)
+  %z = s32[] constant(0)
+  %u = bf16[8,1024]{1,0} dynamic-update-slice(%p0, %p1, %p2, %z)
+  ROOT %b = bf16[8192]{0} bitcast(%u)
+}
+
+%scatter_then_update (p0: s32[16,1], p1: bf16[16,1024], p2: bf16[8,512], p3: bf16[1,512], p4: s32[]) -> (bf16[4096,1024], bf16[8,512]) {
+  %p0 = s32[16,1]{1,0} parameter(0)
+  %p1 = bf16[16,1024]{1,0} parameter(1)
+  %p2 = bf16[8,512]{1,0} parameter(2)
+  %p3 = bf16[1,512]{1,0} parameter(3)
+  %p4 = s32[] parameter(4)
+  %zero = bf16[] constant(0)
+  %z = s32[] constant(0)
+  %buf = bf16[4096,1024]{1,0} broadcast(%zero), dimensions={}
+  %sc = bf16[4096,1024]{1,0} scatter(%buf, %p0, %p1), update_window_dims={1}, inserted_window_dims={0}, scatter_dims_to_operand_dims={0}, index_vector_dim=1, to_apply=%add
+  %u = bf16[8,512]{1,0} dynamic-update-slice(%p2, %p3, %p4, %z)
+  ROOT %t = (bf16[4096,1024]{1,0}, bf16[8,512]{1,0}) tuple(%sc, %u)
+}
+
+ENTRY %main (a: bf16[8,1024], b: bf16[1,1024], c: bf16[8,512], d: bf16[1,512], i: s32[], idx: s32[16,1], upd: bf16[16,1024]) -> f32[] {
+  %a = bf16[8,1024]{1,0} parameter(0)
+  %b = bf16[1,1024]{1,0} parameter(1)
+  %c = bf16[8,512]{1,0} parameter(2)
+  %d = bf16[1,512]{1,0} parameter(3)
+  %i = s32[] parameter(4)
+  %idx = s32[16,1]{1,0} parameter(5)
+  %upd = bf16[16,1024]{1,0} parameter(6)
+  %both = (bf16[8,1024]{1,0}, bf16[8,512]{1,0}) fusion(%a, %b, %c, %d, %i), kind=kLoop, calls=%two_updates
+  %flat = bf16[8192]{0} fusion(%a, %b, %i), kind=kLoop, calls=%reshaped
+  %mixed = (bf16[4096,1024]{1,0}, bf16[8,512]{1,0}) fusion(%idx, %upd, %c, %d, %i), kind=kLoop, calls=%scatter_then_update
+  ROOT %r = f32[] constant(0)
+}
+"""
+
+
+def test_a_fusion_of_several_updates_in_place_writes_each_update():
+    """Two rows updated in place, returned as a tuple: rows of 1,024 and 512 bf16 (2,048 + 1,024 B) read and
+    written, the index (4 B) read, the two buffers (16 KiB and 8 KiB) neither: 3,076 + 3,072 = 6,148 B. The
+    same update returned through a bitcast: 2,048 + 4 read, 2,048 written = 4,100 B. A scatter into a buffer
+    the fusion makes (a broadcast of zeros, 4,096 x 1,024 x 2 B = 8 MiB) writes it whole and reads its 16
+    indices (64 B) and 16 rows (32,768 B); the row update after it still counts: 8,388,608 + 1,024 written,
+    64 + 32,768 + 1,024 + 4 read = 8,423,492 B."""
+    k = kernels(UPDATES)
+    assert k["both"].bytes == 6_148
+    assert k["flat"].bytes == 4_100
+    assert k["mixed"].bytes == 8_388_608 + 1_024 + 64 + 32_768 + 1_024 + 4
+
+
+def test_convolutions_inside_a_fusion_are_counted_each():
+    """Two [2, 8, 8, 4] x [3, 3, 4, 8] SAME convolutions fused with their sum: 61,952 FLOPs each (as the
+    top-level one above), 123,904 in all, kind convolution, the unit of the bf16 input."""
+    text = """HloModule step
+
+%fused_convs (p0: bf16[2,8,8,4], p1: bf16[3,3,4,8]) -> bf16[2,8,8,8] {
+  %p0 = bf16[2,8,8,4]{3,2,1,0} parameter(0)
+  %p1 = bf16[3,3,4,8]{3,2,1,0} parameter(1)
+  %c1 = bf16[2,8,8,8]{3,2,1,0} convolution(%p0, %p1), window={size=3x3 pad=1_1x1_1}, dim_labels=b01f_01io->b01f
+  %c2 = bf16[2,8,8,8]{3,2,1,0} convolution(%p0, %p1), window={size=3x3 pad=1_1x1_1}, dim_labels=b01f_01io->b01f
+  ROOT %s = bf16[2,8,8,8]{3,2,1,0} add(%c1, %c2)
+}
+
+ENTRY %main (x: bf16[2,8,8,4], w: bf16[3,3,4,8]) -> bf16[2,8,8,8] {
+  %x = bf16[2,8,8,4]{3,2,1,0} parameter(0)
+  %w = bf16[3,3,4,8]{3,2,1,0} parameter(1)
+  ROOT %f = bf16[2,8,8,8]{3,2,1,0} fusion(%x, %w), kind=kOutput, calls=%fused_convs
+}
+"""
+    k = kernels(text)["f"]
+    assert (k.kind, k.unit, k.flops) == ("convolution", "bf16", 2 * 61_952)
+
+
+def test_a_collective_in_a_branch_spans_the_nodes_its_group_does():
+    """A conditional whose costlier branch all-reduces over 16 devices: with 8 a node, the collective crosses
+    2 nodes there as it would outside a branch (the other branch only negates)."""
+    text = """HloModule step
+
+%b0 (p: bf16[1024]) -> bf16[1024] {
+  %p = bf16[1024]{0} parameter(0)
+  %n = bf16[1024]{0} negate(%p)
+  ROOT %ar = bf16[1024]{0} all-reduce(%n), replica_groups=[1,16]<=[16], to_apply=%add
+}
+
+%b1 (p: bf16[1024]) -> bf16[1024] {
+  %p = bf16[1024]{0} parameter(0)
+  ROOT %m = bf16[1024]{0} negate(%p)
+}
+
+ENTRY %main (i: s32[], x: bf16[1024]) -> bf16[1024] {
+  %i = s32[] parameter(0)
+  %x = bf16[1024]{0} parameter(1)
+  ROOT %c = bf16[1024]{0} conditional(%i, %x, %x), branch_computations={%b0, %b1}
+}
+"""
+    k = kernels(text, per_node=8)
+    assert "m" not in k and (k["ar"].group, k["ar"].nodes) == (16, 2)
+    assert kernels(text, per_node=16)["ar"].nodes == 1
