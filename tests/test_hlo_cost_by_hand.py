@@ -677,3 +677,56 @@ ENTRY %main (i: s32[], x: bf16[1024]) -> bf16[1024] {
     k = kernels(text, per_node=8)
     assert "m" not in k and (k["ar"].group, k["ar"].nodes) == (16, 2)
     assert kernels(text, per_node=16)["ar"].nodes == 1
+
+
+def test_collectives_nested_in_an_offloaded_computation_stay_asynchronous():
+    """A computation started on another engine (call-start) that gathers inside a loop of 2 trips, inside a
+    fusion's called computation and inside a plain call: every one of those gathers overlaps the main
+    program's work, as the offloaded computation's own would."""
+    text = """HloModule step
+
+%g_body (p: (s32[], bf16[64,64])) -> (s32[], bf16[64,64]) {
+  %p = (s32[], bf16[64,64]{1,0}) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %x = bf16[64,64]{1,0} get-tuple-element(%p), index=1
+  %loop_gather = bf16[512,64]{1,0} all-gather(%x), replica_groups=[1,8]<=[8], dimensions={0}
+  %one = s32[] constant(1)
+  %next = s32[] add(%i, %one)
+  ROOT %t = (s32[], bf16[64,64]{1,0}) tuple(%next, %x)
+}
+
+%g_cond (p: (s32[], bf16[64,64])) -> pred[] {
+  %p = (s32[], bf16[64,64]{1,0}) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %n = s32[] constant(2)
+  ROOT %c = pred[] compare(%i, %n), direction=LT
+}
+
+%called (a: bf16[64,64]) -> bf16[512,64] {
+  %a = bf16[64,64]{1,0} parameter(0)
+  ROOT %call_gather = bf16[512,64]{1,0} all-gather(%a), replica_groups=[1,8]<=[8], dimensions={0}
+}
+
+%applied (a: bf16[64,64]) -> bf16[512,64] {
+  %a = bf16[64,64]{1,0} parameter(0)
+  ROOT %apply_gather = bf16[512,64]{1,0} all-gather(%a), replica_groups=[1,8]<=[8], dimensions={0}
+}
+
+%offloaded (a: bf16[64,64]) -> bf16[512,64] {
+  %a = bf16[64,64]{1,0} parameter(0)
+  %z = s32[] constant(0)
+  %init = (s32[], bf16[64,64]{1,0}) tuple(%z, %a)
+  %w = (s32[], bf16[64,64]{1,0}) while(%init), condition=%g_cond, body=%g_body
+  %c1 = bf16[512,64]{1,0} call(%a), calls=%called
+  ROOT %c2 = bf16[512,64]{1,0} call(%a), to_apply=%applied
+}
+
+ENTRY %main (x: bf16[64,64]) -> bf16[512,64] {
+  %x = bf16[64,64]{1,0} parameter(0)
+  %cs = ((bf16[64,64]{1,0}), bf16[512,64]{1,0}) call-start(%x), async_execution_thread="sparsecore", to_apply=%offloaded
+  ROOT %cd = bf16[512,64]{1,0} call-done(%cs)
+}
+"""
+    k = kernels(text)
+    assert k["loop_gather"].count == 2
+    assert all(k[n].asynchronous for n in ("loop_gather", "call_gather", "apply_gather"))
