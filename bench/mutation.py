@@ -91,9 +91,9 @@ GROUPS = {
                         "estimate", "estimate_memory", "gathered_weights", "lower_bound", "_model_cfg")),
                                "migration.planning.memory.xǁTargetǁpeak_flops__mutmut_*")),
     # what the target's compute capability allows: fp8 recipes and refusals, cuDNN attention
-    "planner": Group(("migration/planning/planner.py", "migration/config/requests.py"), ("tests/test_planner_by_hand.py",),
-                     functions=("migration.planning.planner.x_fp8_recipe__mutmut_*",
-                                "migration.planning.planner.x_planned_model__mutmut_*",
+    "planner": Group(("migration/planning/capability.py", "migration/config/requests.py"), ("tests/test_planner_by_hand.py",),
+                     functions=("migration.planning.capability.x_fp8_recipe__mutmut_*",
+                                "migration.planning.capability.x_planned_model__mutmut_*",
                                 "migration.config.requests.x_check_fp8_target__mutmut_*")),
     # the serving plan's arithmetic and the engine's (not the compiles: tests/test_serving_plan.py)
     "serving": Group(("migration/planning/serving.py", "migration/planning/capacity.py"), ("tests/test_serving_by_hand.py",),

@@ -19,8 +19,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import record  # noqa: E402
-from migration.common import write_csv  # noqa: E402
-from migration.config.limits import ConfigError  # noqa: E402
+from migration.common import ConfigError, write_csv  # noqa: E402
 from migration.grading.scaling import loss_tolerance  # noqa: E402
 from migration.service.scaling_runs import scaling_table  # noqa: E402
 

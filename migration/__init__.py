@@ -31,12 +31,14 @@ def version() -> str:
     `python -m migration.codecheck --version` and kept in CHANGELOG.md."""
     pyproject = _Path(__file__).resolve().parent.parent / "pyproject.toml"
     if pyproject.is_file():
+        # reason: import-time cost: only the version lookup reads TOML or package metadata, and every
+        # linter run imports this package
         import tomllib
 
         project = tomllib.loads(pyproject.read_text(encoding="utf-8")).get("project", {})
         if project.get("name") == DISTRIBUTION and "version" in project:
             return str(project["version"])
-    from importlib import metadata
+    from importlib import metadata  # reason: as tomllib above
 
     try:
         return metadata.version(DISTRIBUTION)

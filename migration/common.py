@@ -1,5 +1,5 @@
 """Small helpers the backend shares, one home each: byte formatting, the first line of an error,
-the peak of a compiled program, out-of-memory markers, CSV and atomic JSON writing, the cache
+the peak of a compiled program, out-of-memory markers, the error a bad config value raises, CSV and atomic JSON writing, the cache
 directory and JAX's persistent compilation cache in it. Imports nothing heavy at module level (only
 `enable_compile_cache` imports JAX): the config layer and the worker's start-up use it.
 """
@@ -179,7 +179,7 @@ def enable_compile_cache(folder: str | Path | None = None) -> Path | None:
     described GPU is written but cannot be read back). Imports JAX; call it before the process's
     first compile. Returns the folder, or None where JAX_ENABLE_COMPILATION_CACHE switched the cache
     off. Raises OSError where the folder cannot be made."""
-    import jax
+    import jax  # reason: import-time cost: the config layer and the worker's start-up import this module
 
     if not jax.config.jax_enable_compilation_cache:
         return None
@@ -235,6 +235,16 @@ def one_of(allowed: Iterable[str]) -> str:
         groups.setdefault(prefix if prefix else value, []).append(rest if prefix else "")
     return ", ".join(prefix if values == [""] else f"{prefix}-{{{','.join(values)}}}" if len(values) > 1
                      else f"{prefix}-{values[0]}" for prefix, values in groups.items())
+
+
+class ConfigError(ValueError):
+    """A config field (a form, API, command-line or plan-file value) is invalid. `str()` is one line
+    naming the field and what is allowed. Here, below the config layer, so that the catalogs it
+    validates against (prices, hardware) raise it without importing the config layer."""
+
+    def __init__(self, field: str, message: str):
+        self.field, self.message = field, message
+        super().__init__(f"{field}: {message}")
 
 
 def shown(value: Any) -> str:

@@ -345,6 +345,7 @@ def cpu_peak_flops(precision: str) -> tuple[float, str]:
     Measured once per (CPU model, core count, JAX version, dtype) and cached as JSON. Returns the
     figure and a label saying how it was obtained. Must run inside a worker (JAX initialised).
     """
+    # reason: import-time cost: the catalog is read without JAX (config layer, server); this runs in workers
     import jax
     import jax.numpy as jnp
 
@@ -531,7 +532,7 @@ _CC_LIMITS: dict[tuple[int, int], tuple[int, int, int, int]] = {
 
 
 def _installed_version(*names: str) -> tuple[int, int] | None:
-    from importlib import metadata
+    from importlib import metadata  # reason: import-time cost: read only when a target config is built
 
     for name in names:
         try:

@@ -22,8 +22,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from migration.common import one_of, shown
-from migration.config.limits import ConfigError
+from migration.common import ConfigError, one_of, shown
 from migration.hardware import GPU_SPECS, TPU_CHIPS, TpuSpec
 
 PRICES_AS_OF = "2026-12-02"  # when the table's sources were read

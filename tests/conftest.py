@@ -41,6 +41,7 @@ else:
     os.environ["XLA_FLAGS"] = _outer_xla_flags
 
 from migration.config.requests import RunConfig  # noqa: E402
+from tests.budget import pytest_sessionfinish, pytest_sessionstart, pytest_terminal_summary  # noqa: E402,F401 (hooks)
 from migration.step.policies import DynamicLossScale  # noqa: E402
 from migration.step.train import TrainProgram, step_parts  # noqa: E402
 

@@ -22,7 +22,7 @@ from migration.service.autotune import (
     start_autotune,
     summarise,
 )
-from migration.config.limits import ConfigError
+from migration.common import ConfigError
 from migration.config.requests import PlanRequest, RunConfig
 from migration.planning.planner import plan_migration
 from migration.service.orchestrate import RunOptions, base_config, run_plan

@@ -15,7 +15,7 @@ import jax
 import numpy as np
 import pytest
 
-from migration.config.limits import ConfigError
+from migration.common import ConfigError
 from migration.config.requests import RunConfig, validate
 from migration.results import RunReport
 from migration.grading.scaling import scaling_rows

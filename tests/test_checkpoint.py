@@ -16,7 +16,7 @@ import pytest
 from migration.running import checkpoint
 
 from migration.config import forms
-from migration.config.limits import ConfigError
+from migration.common import ConfigError
 from migration.config.requests import CHECKPOINT_META_FILE, RunConfig, validate
 from migration.running.runner import run
 from migration.step.train import DATA_AXIS, TrainProgram, replicate_per_device, step_parts

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from migration.config import forms
-from migration.config.limits import ConfigError
+from migration.common import ConfigError
 from migration.config.requests import PlanRequest
 from migration.hardware import GPU_SPECS, TPU_SPECS
 from migration.planning.compare import compare, headline, rows, shown_rows, summary, tpu_needs_bytes, trust

@@ -10,7 +10,7 @@ import pytest
 
 from migration.config.requests import PlanRequest
 from migration.hardware import Links
-from migration.planning import planner
+from migration.planning import ranking
 from migration.planning.hlo_cost import first_group, pack, unpack, Kernel
 from migration.planning.planner import plan_migration
 from migration.planning.steptime import collective_seconds
@@ -37,7 +37,7 @@ def check_compiled_choice(p) -> None:
     # Each compiled row reports how far the analytic estimate was from its compiled figure.
     for r in timed:
         assert r["disagreement"] == pytest.approx(r["analytic_s"] / r["compiled_step_s"] - 1, abs=1e-3)
-    assert p.ranking["timed"] >= 1 and p.ranking["top_k"] == planner.COMPILED_TOP_K
+    assert p.ranking["timed"] >= 1 and p.ranking["top_k"] == ranking.COMPILED_TOP_K
 
 
 @pytest.mark.parametrize("workload,model,target,gpus,batch", [
@@ -106,7 +106,7 @@ def test_a_collective_inside_a_node_runs_over_nvlink_and_one_across_nodes_over_t
 
 
 def test_up_to_4096_gpus_and_the_network_are_fields_with_one_line_refusals():
-    from migration.config.limits import ConfigError
+    from migration.common import ConfigError
 
     req = PlanRequest.from_dict(dict(workload="llama", source="tpu-v5p-1024", target="h100-sxm", gpus=4096,
                                      global_batch=4096, network_gbps=800))
@@ -120,7 +120,7 @@ def test_up_to_4096_gpus_and_the_network_are_fields_with_one_line_refusals():
 @pytest.mark.slow
 def test_xla_attention_in_the_users_code_is_planned_with_and_cudnns_saving_recommended():
     from migration.config import forms
-    from migration.config.limits import ConfigError
+    from migration.common import ConfigError
 
     req = forms.plan_request(workload="transformer", preset="gpt2-small", n_layers=4, seq_len=2048, target="h100-sxm",
                              gpus=8, global_batch=32, attention="xla")

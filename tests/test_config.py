@@ -2,7 +2,7 @@
 
 import pytest
 
-from migration.config.limits import ConfigError
+from migration.common import ConfigError
 from migration.config.requests import RunConfig, validate
 from migration.running.worker_env import worker_environment
 from migration.results import RunReport, write_csv

@@ -11,7 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from migration.config import forms
-from migration.config.limits import LIMITS, PLAN_LIMITS, ConfigError
+from migration.config.limits import LIMITS, PLAN_LIMITS
+from migration.common import ConfigError
 from migration.config.requests import PlanRequest, RunConfig, validate, validate_plan_request
 
 ANY = st.one_of(

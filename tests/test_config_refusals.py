@@ -16,11 +16,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from migration.common import shown
+from migration.common import ConfigError, shown
 from migration.config import forms
 from migration.config.checkpoints import CheckpointMeta, model_dims
 from migration.config.fields import FIELD
-from migration.config.limits import ConfigError
 from migration.config.requests import CHECKPOINT_META_FILE
 from migration.config.serving import (
     ServeRequest,

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from migration.cli.parser import MODEL_FLAGS, build_parser, model_overrides as _model_overrides
-from migration.config.limits import ConfigError
+from migration.common import ConfigError
 from migration.config.requests import PlanRequest, RunConfig, validate, validate_plan_request
 from migration.step.train import (
     TrainProgram,

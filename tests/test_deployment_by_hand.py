@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from migration.planning.deployment import combine_threshold, deployment_snippet, plan_environment, xla_flags_for
-from migration.planning.planner import mesh_of
+from migration.planning.deployment import mesh_of
 from migration.results import Plan
 
 MIB = 2**20

@@ -179,3 +179,29 @@ def test_the_tests_start_the_projects_python_never_a_bare_one():
                              'subprocess.run([sys.executable, "-m", "x"])\nsubprocess.run(["pythonic"])') == [1, 2]
     found = {p.name: bare_python_calls(p.read_text(encoding="utf-8")) for p in sorted((ROOT / "tests").glob("*.py"))}
     assert {name: lines for name, lines in found.items() if lines} == {}
+
+
+BUDGET_SUITE = {
+    "pytest.ini": "[pytest]\ntestpaths = t\n",
+    "t/conftest.py": "from tests.budget import pytest_sessionfinish, pytest_sessionstart, pytest_terminal_summary\n",
+    "t/test_one.py": "def test_one():\n    assert 1 + 1 == 2\n",
+}
+
+
+@pytest.mark.parametrize("budget_s,over", [("0", True), ("3600", False)])
+def test_the_whole_suite_fails_past_its_time_budget(tmp_path, budget_s, over):
+    """tests/budget.py on a suite of one test: past the budget (here 0 s) the whole run fails and says so;
+    within it, it passes and prints its time against the budget; a selection (-k) is never judged."""
+    for name, text in BUDGET_SUITE.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "MIGRATION_SUITE_BUDGET_S": budget_s}
+    whole = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist"], cwd=tmp_path,
+                           capture_output=True, text=True, timeout=120, env=env)
+    assert "1 passed" in whole.stdout, whole.stdout[-2000:] + whole.stderr[-2000:]
+    assert "the whole suite took" in whole.stdout and "budget" in whole.stdout
+    assert (whole.returncode != 0) == over, whole.stdout[-2000:]
+    assert ("SUITE OVER ITS TIME BUDGET" in whole.stdout) == over
+    part = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist", "-k", "one"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env)
+    assert part.returncode == 0 and "the whole suite took" not in part.stdout, part.stdout[-2000:]

@@ -40,7 +40,7 @@ from flax import nnx  # noqa: E402
 from safetensors.numpy import load_file, save_file  # noqa: E402
 
 from migration.cli.commands import main  # noqa: E402
-from migration.config.limits import ConfigError  # noqa: E402
+from migration.common import ConfigError  # noqa: E402
 from migration.config.requests import CHECKPOINT_META_FILE  # noqa: E402
 from migration.running import checkpoint  # noqa: E402
 from migration.running.export import (  # noqa: E402

@@ -13,7 +13,7 @@ import pytest
 from migration.cli.parser import build_parser
 from migration.config import forms
 from migration.config.fields import FIELDS, Field, fields_of, flags_of
-from migration.config.limits import ConfigError
+from migration.common import ConfigError
 from migration.config.requests import PlanRequest, RunConfig
 from migration.service.autotune import TOP_MAX, AutotuneSettings
 from migration.service.orchestrate import RunOptions

@@ -14,7 +14,7 @@ from migration.codecheck import (
     check_sources,
     read_upload,
 )
-from migration.config.limits import ConfigError
+from migration.common import ConfigError
 from migration.config.requests import PlanRequest, validate_plan_request
 
 GOOD_PLAN = dict(workload="transformer", preset="tiny", source="tpu-v5e-8", global_batch=256, per_core_batch=0,

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from migration.config.limits import ConfigError
+from migration.common import ConfigError
 from migration.config.requests import PlanRequest, RunConfig, validate, validate_plan_request
 from migration.hardware import GPU_SPECS
 from migration.planning.hlo_cost import read_program

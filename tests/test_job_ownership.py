@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from migration.config.limits import ConfigError
+from migration.common import ConfigError
 from migration.service import jobs as jobs_module
 from migration.service.history import History, HistoryError
 from migration.service.job import (Job, Limits, LimitError, NotYourJob, RateLimiter, pump, until_cancelled,

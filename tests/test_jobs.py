@@ -4,7 +4,7 @@ queued and running jobs, and a shutdown that leaves no worker and marks what it 
 
 import pytest
 
-from migration.config.limits import ConfigError
+from migration.common import ConfigError
 from migration.config.requests import PlanRequest, RunConfig
 from migration.service.history import History
 from migration.service.job import Limits, LimitError, NotYourJob

@@ -8,9 +8,8 @@ import jax
 import numpy as np
 import pytest
 
-from migration.common import model_name
+from migration.common import ConfigError, model_name
 from migration.config import forms
-from migration.config.limits import ConfigError
 from migration.config.requests import RunConfig
 
 

@@ -3,10 +3,10 @@
 - `.importlinter` (checked by import-linter's `lint-imports`): the layers, top to bottom, and that the
   backend and the workloads never import the UI toolkit.
 - An import graph built here from the source with `ast`, for what import-linter does not say: no
-  import cycle between the project's modules (function-level imports included), no project import
-  inside a function without a `# reason:` comment on its line or just above it (such imports are for
-  heavy packages in worker-only paths, never to dodge a cycle), and no private name (`_name`) of one
-  project module used in another.
+  import cycle between the project's modules (function-level imports included), no import inside a
+  function (of the project, a package or the standard library) without a `# reason:` comment on its
+  line or just above it (import-time cost, an optional dependency, JAX's environment read at import;
+  never to dodge a cycle), and no private name (`_name`) of one project module used in another.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def test_a_broken_contract_is_caught(tmp_path):
 class Graph:
     modules: set[str] = field(default_factory=set)
     edges: dict[str, set[str]] = field(default_factory=dict)
-    unexplained: list[str] = field(default_factory=list)  # function-level project imports without a reason
+    unexplained: list[str] = field(default_factory=list)  # function-level imports without a reason
     private: list[str] = field(default_factory=list)  # private names used across modules
 
     def cycles(self) -> list[list[str]]:
@@ -143,7 +143,7 @@ def build_graph(root: Path, packages: tuple[str, ...] = PACKAGES) -> Graph:
                     if name is None:
                         for alias in node.names:
                             module_aliases[alias.asname or alias.name.split(".")[-1]] = target
-                if targets and in_function and not has_reason(lines, node.lineno):
+                if in_function and not has_reason(lines, node.lineno):
                     graph.unexplained.append(f"{here}:{node.lineno}: {lines[node.lineno - 1].strip()}")
         for node in ast.walk(tree):
             if (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")
@@ -181,7 +181,7 @@ def test_no_import_cycles_no_unexplained_function_imports_no_private_names_acros
     graph = build_graph(ROOT)
     assert len(graph.modules) > 40 and graph.edges, "the project's modules were not found"
     assert graph.cycles() == [], f"import cycles: {graph.cycles()}"
-    assert graph.unexplained == [], "project imports inside functions without a '# reason:' comment:\n" + \
+    assert graph.unexplained == [], "imports inside functions without a '# reason:' comment:\n" + \
         "\n".join(graph.unexplained)
     assert graph.private == [], "private names used outside their module:\n" + "\n".join(graph.private)
 
@@ -195,12 +195,46 @@ def test_the_graph_check_finds_a_cycle_a_hidden_import_and_a_private_name(tmp_pa
         "pkg/c.py": "from pkg.a import _secret\nimport pkg.d as d\nd._inner()\n",
         "pkg/d.py": "def _inner():\n    pass\n\n\ndef heavy():\n    # reason: imports JAX, only here\n"
                     "    from pkg import e\n    return e\n",
-        "pkg/e.py": "",
+        "pkg/e.py": "def late():\n    import json\n    return json\n",  # a standard-library import hidden too
+        "pkg/f.py": "def optional():\n    import torch  # reason: optional dependency\n    return torch\n",
     }
     for name, text in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(textwrap.dedent(text))
     graph = build_graph(tmp_path, ("pkg",))
     assert graph.cycles() == [["pkg.a", "pkg.b"]]
-    assert graph.unexplained == ["pkg.b:2: from pkg import a"]
+    assert graph.unexplained == ["pkg.b:2: from pkg import a", "pkg.e:2: import json"]
     assert graph.private == ["pkg.c:1 imports pkg.a._secret", "pkg.c:3 uses pkg.d._inner"]
+
+
+# -- sizes a newcomer can read -----------------------------------------------------------------------
+
+FUNCTION_LINES_MAX = 60  # a function longer than this is split into named steps
+MODULE_LINES_MAX = 650  # a module longer than this is split by job (the catalogs' tables count too)
+
+
+def project_files() -> list[Path]:
+    return [ROOT / "app.py", *(p for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py")))]
+
+
+def long_functions(path: Path, root: Path = ROOT, limit: int = FUNCTION_LINES_MAX) -> list[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    return [f"{path.relative_to(root)}:{node.lineno} {node.name}: {node.end_lineno - node.lineno + 1} lines"
+            for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.end_lineno - node.lineno + 1 > limit]
+
+
+def test_no_function_or_module_past_its_size():
+    files = project_files()
+    assert len(files) > 40
+    long = [line for path in files for line in long_functions(path)]
+    assert long == [], f"functions over {FUNCTION_LINES_MAX} lines (split them into named steps):\n" + "\n".join(long)
+    big = [f"{p.relative_to(ROOT)}: {n} lines" for p in files if (n := len(p.read_text().splitlines())) > MODULE_LINES_MAX]
+    assert big == [], f"modules over {MODULE_LINES_MAX} lines (split them by job):\n" + "\n".join(big)
+
+
+def test_the_size_check_finds_a_long_function(tmp_path):
+    body = "\n".join(f"    x{i} = {i}" for i in range(FUNCTION_LINES_MAX))
+    path = tmp_path / "probe.py"
+    path.write_text(f"def short():\n    return 1\n\n\ndef long():\n{body}\n    return x0\n")
+    assert long_functions(path, tmp_path) == [f"probe.py:5 long: {FUNCTION_LINES_MAX + 2} lines"]

@@ -9,7 +9,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from migration.config.layouts import Layout, parse_layout
-from migration.config.limits import ConfigError
+from migration.common import ConfigError
 from migration.config.requests import PlanRequest, RunConfig, validate
 
 LAYOUTS = ["fsdp", "hybrid:4", "hybrid:2", "replicated+tp2", "hybrid:4+tp2", "fsdp+tp4"]

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from migration.config.limits import ConfigError
+from migration.common import ConfigError
 from migration.config.requests import PlanRequest, validate_plan_request
 from migration.hardware import Links, link_bandwidth
 from migration.planning.deployment import deployment_snippet, sbatch_script

@@ -27,7 +27,7 @@ import yaml
 
 from migration.cli.commands import main as cli
 from migration.planning.deployment import deployment_snippet
-from migration.config.limits import ConfigError
+from migration.common import ConfigError
 from migration.config.requests import PlanRequest, RunConfig, validate
 from migration.config.distributed import parse_coordinator
 from migration.results import Plan

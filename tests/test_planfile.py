@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from migration.config.limits import ConfigError
+from migration.common import ConfigError
 from migration.config.requests import PlanRequest, RunConfig
 from migration.planning.deployment import deployment_snippet, environment_of
 from migration.service.orchestrate import config_as_planned

@@ -8,7 +8,7 @@ from pathlib import Path
 import jax
 import pytest
 
-from migration.config.limits import ConfigError
+from migration.common import ConfigError
 from migration.config.requests import PlanRequest
 from migration.planning.memory import MemoryPredictor
 from migration.planning.planner import plan_migration

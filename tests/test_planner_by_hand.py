@@ -8,11 +8,11 @@ import dataclasses
 
 import pytest
 
-from migration.config.limits import ConfigError
+from migration.common import ConfigError
 from migration.config.requests import PlanRequest, check_fp8_target
 from migration.hardware import GPU_SPECS
 from migration.planning.memory import resolve_target
-from migration.planning.planner import fp8_recipe, planned_model
+from migration.planning.capability import fp8_recipe, planned_model
 
 
 def target(key: str, **model):

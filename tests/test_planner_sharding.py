@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from migration.config.limits import ConfigError
+from migration.common import ConfigError
 from migration.config.requests import PlanRequest, validate_plan_request
 from migration.planning.planner import plan_migration
 

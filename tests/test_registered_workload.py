@@ -20,7 +20,7 @@ import pytest
 
 import workloads
 from migration.config import forms
-from migration.config.limits import ConfigError
+from migration.common import ConfigError
 from migration.config.requests import PlanRequest, RunConfig, validate, validate_plan_request
 from workloads import (
     BUILTIN,
@@ -146,7 +146,7 @@ def test_cli_refuses_a_reference_that_does_not_load_in_one_line(tmp_path):
 PLAIN_PROBE = """
 import json
 import workloads
-from migration.config.limits import ConfigError
+from migration.common import ConfigError
 from migration.config.requests import PlanRequest, RunConfig, validate, validate_plan_request
 out = {}
 for name in ("os:system", "workloads.transformer:LLAMA"):

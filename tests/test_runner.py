@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from migration.config.limits import ConfigError
+from migration.common import ConfigError
 from migration.config.requests import RunConfig
 from migration.running.runner import probe_environment, run, start_run
 

@@ -13,7 +13,7 @@ import pytest
 from flax import nnx
 
 from migration.cli.commands import main
-from migration.config.limits import ConfigError
+from migration.common import ConfigError
 from migration.config.requests import CHECKPOINT_META_FILE
 from migration.config.serving import serve_request, serve_run_request
 from migration.running.checkpoint import restore_params

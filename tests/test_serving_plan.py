@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from migration.config.limits import ConfigError
+from migration.common import ConfigError
 from migration.config.serving import ServeRequest, serve_request
 from migration.hardware import GPU_SPECS
 from migration.planning import capacity

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from migration.config.limits import ConfigError
+from migration.common import ConfigError
 from migration.config.serving import ServeRunRequest, serve_run_request
 from migration.running.serving import (LOGIT_TOLERANCE, Server, bucket, check_memory, logits_check, memory_floor,
                                        serve_run)

@@ -5,7 +5,7 @@ import jax
 import numpy as np
 import pytest
 
-from migration.config.limits import ConfigError
+from migration.common import ConfigError
 from migration.config.requests import RunConfig, validate
 from migration.step.train import TrainProgram, abstract_batch, abstract_state, fsdp_spec, jit_step, make_data_mesh
 from jax.sharding import PartitionSpec as P

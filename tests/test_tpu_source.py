@@ -100,9 +100,9 @@ def test_the_tpu_side_runs_splash_attention_and_the_reader_counts_its_products()
 
 
 def test_a_run_here_refuses_the_tpu_kernel_and_a_gpu_plan_takes_cudnns_for_it():
-    from migration.config.limits import ConfigError
+    from migration.common import ConfigError
     from migration.config.requests import RunConfig, validate
-    from migration.planning.planner import planned_model
+    from migration.planning.capability import planned_model
     from migration.planning.memory import resolve_target
 
     with pytest.raises(ConfigError, match="attention: splash .* runs on TPUs only"):

@@ -14,8 +14,7 @@ from pathlib import Path
 import gradio as gr
 
 from migration.cluster.executors import make_executor
-from migration.common import cache_dir, first_line, private_dir, remove_older_than
-from migration.config.limits import ConfigError
+from migration.common import cache_dir, ConfigError, first_line, private_dir, remove_older_than
 from migration.running.runner import PlanError
 from migration.running.worker_env import nvidia_gpus
 from migration.service.history import History

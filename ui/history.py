@@ -13,7 +13,7 @@ import dataclasses
 import gradio as gr
 
 from migration.config import forms
-from migration.config.limits import ConfigError
+from migration.common import ConfigError
 from migration.service.history import EXPORT_MAX_ROWS, KINDS, HistoryError
 from migration.service.job import LimitError
 from ui.context import AppContext, refuse, user_of

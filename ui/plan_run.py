@@ -17,9 +17,8 @@ from typing import Any
 import gradio as gr
 
 from migration.codecheck import CodeCheck
-from migration.common import private_dir, write_csv
+from migration.common import ConfigError, private_dir, write_csv
 from migration.config import forms
-from migration.config.limits import ConfigError
 from migration.config.requests import PlanRequest, RunConfig
 from migration.planning.planfile import MAX_PLAN_BYTES, checked_plan, read_plan
 from migration.results import Plan

@@ -23,10 +23,9 @@ import pandas as pd
 from gradio.components import Component
 
 from migration.codecheck import CodeCheck
-from migration.common import mix_text, model_name, private_dir, write_csv
+from migration.common import ConfigError, mix_text, model_name, private_dir, write_csv
 from migration.config import forms
 from migration.config.fields import FIELD
-from migration.config.limits import ConfigError
 from migration.config.serving import (CHUNK, CHUNK_LIMITS, DECODER_WORKLOADS, KV_CACHES, MEMORY_FRACTION,
                                       SERVE_PRECISIONS, serve_request, serve_run_request)
 from migration.grading.serving import ServingEvidence, serving_checklist
@@ -72,72 +71,96 @@ def serve_tab() -> ServeTab:
                     "decode step for the target GPU without it, and finds how many sequences its memory and step "
                     "budget hold; **Run serving here** measures a stream of requests on this machine's device.")
         d = PLAN_DEFAULTS | RUN_DEFAULTS
-        inputs: dict[str, Component] = {}
-        with gr.Row():
-            inputs["workload"] = gr.Dropdown(list(DECODER_WORKLOADS), value=d["workload"], label="Decoder workload",
-                                             allow_custom_value=True)
-            inputs["preset"] = gr.Dropdown(list(WORKLOADS[d["workload"]].presets), value=d["preset"],
-                                           label="Decoder preset", allow_custom_value=True)
-            inputs["precision"] = gr.Dropdown(list(SERVE_PRECISIONS), value=d["precision"], label="Serving precision",
-                                              allow_custom_value=True)
-            inputs["memory_fraction"] = gr.Number(d["memory_fraction"], label="GPU memory share to serve in (0.05 to 1)")
-            inputs["label"] = gr.Textbox(d["label"], label="Serving job label (shown in the History)", max_lines=1)
-            inputs["checkpoint"] = gr.Textbox(d["checkpoint"], max_lines=1,
-                                              label="Your checkpoint to serve (its name; of the model chosen here)")
-        with gr.Row():  # the training form's model fields: any dimensions over the preset's
-            for name in forms.MODEL_DIMENSIONS:
-                f = FIELD[name]
-                if f.kind == "choice":
-                    inputs[name] = gr.Dropdown(list(f.choices), value=f.default, label=f.label, allow_custom_value=True)
-                else:
-                    inputs[name] = gr.Number(f.default, label=f"{f.label} (0: the preset's)")
-        with gr.Row():
-            inputs["target"] = gr.Dropdown(list(GPU_SPECS), value=d["target"], label="GPU to plan for",
-                                           allow_custom_value=True)
-            inputs["gpus"] = gr.Number(d["gpus"], label="GPUs (tensor-parallel in one node, 1-8)")
-            inputs["kv_cache"] = gr.Dropdown(list(KV_CACHES), value=d["kv_cache"], allow_custom_value=True,
-                                             label="KV cache (fp8: half the bytes, twice the sequences)")
-            inputs["prompt_len"] = gr.Number(d["prompt_len"], label="Prompt length (tokens)")
-            inputs["gen_len"] = gr.Number(d["gen_len"], label="Generation length (tokens)")
-            inputs["batches"] = gr.Textbox(d["batches"], label="Concurrencies to plan (e.g. 1,8,32; empty: automatic)",
-                                           max_lines=1, placeholder="automatic: 1, and a quarter, half and all of what fits")
-            inputs["chunk"] = gr.Number(d["chunk"], label=f"Token budget a step ({CHUNK_LIMITS[0]}-{CHUNK_LIMITS[1]:,}: "
-                                                          "decode tokens and prompt chunks)")
-            inputs["mix"] = gr.Textbox(d["mix"], max_lines=1, label="Request mix (replaces the two lengths; e.g. "
-                                                                    "0.7*512:128, 0.3*4096:512)")
-        with gr.Row():
-            inputs["requests"] = gr.Number(d["requests"], label="Requests in the measured stream")
-            inputs["run_batches"] = gr.Textbox(d["run_batches"], label="Batch sizes to measure (e.g. 1,4)", max_lines=1)
-            inputs["prompt_min"] = gr.Number(d["prompt_min"], label="Shortest prompt")
-            inputs["prompt_max"] = gr.Number(d["prompt_max"], label="Longest prompt")
-            inputs["gen_min"] = gr.Number(d["gen_min"], label="Shortest generation")
-            inputs["gen_max"] = gr.Number(d["gen_max"], label="Longest generation")
-            inputs["temperature"] = gr.Number(d["temperature"], label="Temperature (0: greedy)")
-            inputs["seed"] = gr.Number(d["seed"], label="Seed (weights and requests)")
+        inputs = {**_model_inputs(d), **_plan_inputs(d), **_run_inputs(d)}
         with gr.Row():
             buttons = {"plan": gr.Button("Plan serving", variant="primary"),
                        "run": gr.Button("Run serving here", variant="secondary"),
                        "stop": gr.Button("Stop", variant="stop")}
-        outputs: dict[str, Component] = {
-            "status": gr.Markdown(label="Serving status", show_label=False),
-            "table": gr.Dataframe(label="Serving: one row per concurrency (planned) or batch size (measured)",
-                                  wrap=True, visible=False,
-                                  elem_id="serve-table"),
-        }
-        with gr.Row():
-            outputs["latency"] = gr.LinePlot(x="batch", y="ms", color="series", x_title=X_TITLE,
-                                             title="Latency by concurrency or batch size (ms)",
-                                             height=300, visible=False, elem_id="serve-latency",
-                                             label="Latency by batch size", show_label=False)
-            outputs["throughput"] = gr.LinePlot(x="batch", y="tokens_per_s", color="series", height=300, x_title=X_TITLE,
-                                                title="Throughput by concurrency or batch size (generated tokens/s)",
-                                                visible=False,
-                                                elem_id="serve-throughput", label="Throughput by batch size",
-                                                show_label=False)
-        outputs["csv"] = gr.File(label="Serving table (CSV)", visible=False)
-        outputs["checklist"] = gr.HTML(visible=False, label="Serving checklist", show_label=False,
-                                       elem_id="serve-checklist")
-        return ServeTab(inputs, buttons, outputs, job_state=gr.State(None), plan_state=gr.State(None))
+        return ServeTab(inputs, buttons, _outputs(), job_state=gr.State(None), plan_state=gr.State(None))
+
+
+def _model_inputs(d: dict[str, Any]) -> dict[str, Component]:
+    """The model served: workload, preset, precision, memory share, label, checkpoint, and the training
+    form's dimension fields over the preset's."""
+    inputs: dict[str, Component] = {}
+    with gr.Row():
+        inputs["workload"] = gr.Dropdown(list(DECODER_WORKLOADS), value=d["workload"], label="Decoder workload",
+                                         allow_custom_value=True)
+        inputs["preset"] = gr.Dropdown(list(WORKLOADS[d["workload"]].presets), value=d["preset"],
+                                       label="Decoder preset", allow_custom_value=True)
+        inputs["precision"] = gr.Dropdown(list(SERVE_PRECISIONS), value=d["precision"], label="Serving precision",
+                                          allow_custom_value=True)
+        inputs["memory_fraction"] = gr.Number(d["memory_fraction"], label="GPU memory share to serve in (0.05 to 1)")
+        inputs["label"] = gr.Textbox(d["label"], label="Serving job label (shown in the History)", max_lines=1)
+        inputs["checkpoint"] = gr.Textbox(d["checkpoint"], max_lines=1,
+                                          label="Your checkpoint to serve (its name; of the model chosen here)")
+    with gr.Row():  # the training form's model fields: any dimensions over the preset's
+        for name in forms.MODEL_DIMENSIONS:
+            f = FIELD[name]
+            if f.kind == "choice":
+                inputs[name] = gr.Dropdown(list(f.choices), value=f.default, label=f.label, allow_custom_value=True)
+            else:
+                inputs[name] = gr.Number(f.default, label=f"{f.label} (0: the preset's)")
+    return inputs
+
+
+def _plan_inputs(d: dict[str, Any]) -> dict[str, Component]:
+    """What a serving plan is for: the GPU, how many, the cache, the lengths, the concurrencies, the budget."""
+    inputs: dict[str, Component] = {}
+    with gr.Row():
+        inputs["target"] = gr.Dropdown(list(GPU_SPECS), value=d["target"], label="GPU to plan for",
+                                       allow_custom_value=True)
+        inputs["gpus"] = gr.Number(d["gpus"], label="GPUs (tensor-parallel in one node, 1-8)")
+        inputs["kv_cache"] = gr.Dropdown(list(KV_CACHES), value=d["kv_cache"], allow_custom_value=True,
+                                         label="KV cache (fp8: half the bytes, twice the sequences)")
+        inputs["prompt_len"] = gr.Number(d["prompt_len"], label="Prompt length (tokens)")
+        inputs["gen_len"] = gr.Number(d["gen_len"], label="Generation length (tokens)")
+        inputs["batches"] = gr.Textbox(d["batches"], label="Concurrencies to plan (e.g. 1,8,32; empty: automatic)",
+                                       max_lines=1, placeholder="automatic: 1, and a quarter, half and all of what fits")
+        inputs["chunk"] = gr.Number(d["chunk"], label=f"Token budget a step ({CHUNK_LIMITS[0]}-{CHUNK_LIMITS[1]:,}: "
+                                                      "decode tokens and prompt chunks)")
+        inputs["mix"] = gr.Textbox(d["mix"], max_lines=1, label="Request mix (replaces the two lengths; e.g. "
+                                                                "0.7*512:128, 0.3*4096:512)")
+    return inputs
+
+
+def _run_inputs(d: dict[str, Any]) -> dict[str, Component]:
+    """The stream of requests a serving run measures here."""
+    inputs: dict[str, Component] = {}
+    with gr.Row():
+        inputs["requests"] = gr.Number(d["requests"], label="Requests in the measured stream")
+        inputs["run_batches"] = gr.Textbox(d["run_batches"], label="Batch sizes to measure (e.g. 1,4)", max_lines=1)
+        inputs["prompt_min"] = gr.Number(d["prompt_min"], label="Shortest prompt")
+        inputs["prompt_max"] = gr.Number(d["prompt_max"], label="Longest prompt")
+        inputs["gen_min"] = gr.Number(d["gen_min"], label="Shortest generation")
+        inputs["gen_max"] = gr.Number(d["gen_max"], label="Longest generation")
+        inputs["temperature"] = gr.Number(d["temperature"], label="Temperature (0: greedy)")
+        inputs["seed"] = gr.Number(d["seed"], label="Seed (weights and requests)")
+    return inputs
+
+
+def _outputs() -> dict[str, Component]:
+    """What a serving plan or run shows: its status, its table, latency and throughput plots, CSV and checklist."""
+    outputs: dict[str, Component] = {
+        "status": gr.Markdown(label="Serving status", show_label=False),
+        "table": gr.Dataframe(label="Serving: one row per concurrency (planned) or batch size (measured)",
+                              wrap=True, visible=False,
+                              elem_id="serve-table"),
+    }
+    with gr.Row():
+        outputs["latency"] = gr.LinePlot(x="batch", y="ms", color="series", x_title=X_TITLE,
+                                         title="Latency by concurrency or batch size (ms)",
+                                         height=300, visible=False, elem_id="serve-latency",
+                                         label="Latency by batch size", show_label=False)
+        outputs["throughput"] = gr.LinePlot(x="batch", y="tokens_per_s", color="series", height=300, x_title=X_TITLE,
+                                            title="Throughput by concurrency or batch size (generated tokens/s)",
+                                            visible=False,
+                                            elem_id="serve-throughput", label="Throughput by batch size",
+                                            show_label=False)
+    outputs["csv"] = gr.File(label="Serving table (CSV)", visible=False)
+    outputs["checklist"] = gr.HTML(visible=False, label="Serving checklist", show_label=False,
+                                   elem_id="serve-checklist")
+    return outputs
 
 
 def wire_serve(tab: ServeTab, handlers: ServeHandlers, stop: Any, code_state: gr.State) -> None:

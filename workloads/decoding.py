@@ -50,7 +50,7 @@ def quantize_int8(model: Decoder) -> Decoder:
     """`model` with every Linear (attention and MLP projections of every layer, and the output head
     when it is not tied to the embedding) replaced by an Int8Linear of its weights, in place. The
     embedding and the norms stay in floating point: a tied head reads the embedding as it is."""
-    for path, module in list(model.iter_modules()):
+    for path, module in list(nnx.iter_modules(model)):
         if isinstance(module, nnx.Linear):
             kernel, scale = quantize_kernel(module.kernel[...])
             bias = module.bias[...] if module.bias is not None else None

@@ -30,10 +30,9 @@ from migration.cli.output import (
 )
 from migration.cli.parser import FLAGS, MODEL_FIELDS, build_parser, given_fields, model_overrides
 from migration.codecheck import CodeCheckError, check_files, check_paths, has_errors
-from migration.common import model_name, write_csv
+from migration.common import ConfigError, model_name, write_csv
 from migration.config import forms
 from migration.config.fields import AUTO, DIMENSIONS, FIELD, flags_of
-from migration.config.limits import ConfigError
 from migration.config.requests import PlanRequest, RunConfig
 from migration.config.serving import MEMORY_FRACTION, serve_request, serve_run_request
 from migration.grading.checklist import to_csv

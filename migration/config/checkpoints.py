@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from migration.config.limits import ConfigError
+from migration.common import ConfigError
 from migration.config.requests import CHECKPOINT_META_FILE
 
 FORMAT = 1  # of checkpoint.json; a folder of another format is refused

@@ -35,8 +35,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from migration.common import shown
-from migration.config.limits import ConfigError, check_int
+from migration.common import ConfigError, shown
+from migration.config.limits import check_int
 
 AUTO = "auto"  # `coordinator`: let JAX detect the cluster
 CPU_COLLECTIVES = "gloo"  # accepted by jaxlib 0.10.2's jax_cpu_collectives_implementation: gloo, mpi, megascale

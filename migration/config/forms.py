@@ -19,10 +19,9 @@ import unicodedata
 from pathlib import Path
 from typing import Any
 
-from migration.common import one_of, shown
+from migration.common import ConfigError, one_of, shown
 from migration.config.layouts import parse_layout
 from migration.config.fields import AUTO, DIMENSIONS, FIELD, FIELDS, LABEL_MAX_CHARS, Field
-from migration.config.limits import ConfigError
 from migration.config.requests import CHECKPOINT_META_FILE, PlanRequest, validate_plan_request
 from migration.prices import parse_prices
 

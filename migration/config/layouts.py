@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from migration.config.limits import ConfigError
+from migration.common import ConfigError
 
 KINDS = ("replicated", "fsdp", "hybrid")
 AXES = ("data", "fsdp", "tensor")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, get_args
 
-from migration.common import shown
+from migration.common import ConfigError, shown
 
 Precision = Literal["fp32", "bf16", "fp16", "fp8", "mxfp8"]
 FP8_PRECISIONS = ("fp8", "mxfp8")  # bf16 compute with fp8 Linear products (migration/step/fp8.py)
@@ -75,14 +75,6 @@ PLAN_LIMITS: dict[str, tuple[float, float]] = {
     "timeout_s": (10, 7200),
     "silence_timeout_s": (2, 3600),
 }
-
-
-class ConfigError(ValueError):
-    """A config field is invalid. `str()` is one line naming the field and what is allowed."""
-
-    def __init__(self, field: str, message: str):
-        self.field, self.message = field, message
-        super().__init__(f"{field}: {message}")
 
 
 def check_int(cfg: Any, field: str) -> None:

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from migration.common import one_of, shown
+from migration.common import ConfigError, one_of, shown
 from migration.config.distributed import check_distributed
 from migration.config.layouts import parse_layout
 from migration.config.limits import (
@@ -28,7 +28,6 @@ from migration.config.limits import (
     STEP_STYLES,
     GRANULARITIES,
     PLAN_LIMITS,
-    ConfigError,
     Granularity,
     MatmulPrecision,
     Platform,

@@ -11,7 +11,8 @@ import os
 
 from migration.config.checkpoints import CheckpointMeta, read_checkpoint
 from migration.config.forms import choice, number, whole
-from migration.config.limits import ConfigError, shown
+from migration.config.limits import shown
+from migration.common import ConfigError
 from migration.hardware import GPU_SPECS
 
 SERVE_PRECISIONS = ("bf16", "fp16", "fp32", "int8")  # int8: weight-only, bf16 compute and cache

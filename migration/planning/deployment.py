@@ -1,5 +1,6 @@
-"""What a plan hands over to run it elsewhere: the environment its job needs and the scripts that
-set it and start the job (one node; several nodes through srun, a Kubernetes indexed Job, or by hand).
+"""What a plan hands over to run it elsewhere: the device mesh of its layout (axes, specs, MaxText's
+parallelism settings, how the job launches), the environment its job needs and the scripts that set it
+and start the job (one node; several nodes through srun, a Kubernetes indexed Job, or by hand).
 
 The environment is always rebuilt here from the plan's decisions (target, GPUs and nodes, memory
 share, state sharding, precision, the model's size): a plan is also a file a user can upload, and
@@ -242,3 +243,42 @@ def multi_node_launch(plan: Any, run: str = RUN_COMMAND) -> str:
         "*)", per_node_command(plan, run), ";;",
         "esac",
     ]) + "\n"
+
+
+# -- the mesh ---------------------------------------------------------------------------------
+def mesh_of(layout: str, gpus: int, per_node: int, nodes: int) -> dict[str, Any]:
+    """What the plan file and the deployment snippet say of the layout: the mesh's axes and sizes, the
+    specs of the state and the batch, and how the job launches."""
+    lay = parse_layout(layout)
+    axes = lay.axes(gpus) if lay.kind == "hybrid" or lay.tensor > 1 else {"data": gpus}
+    state_axis = "fsdp" if "fsdp" in axes else "data"
+    batch = [a for a in axes if a != "tensor"]
+    return {
+        "layout": layout, "axes": axes, "describe": lay.describe(gpus, per_node),
+        "mesh": f"jax.make_mesh({tuple(axes.values())}, {tuple(axes)})",
+        "batch_spec": f"P(None, {tuple(batch) if len(batch) > 1 else repr(batch[0])})",
+        "state_spec": ("P() (whole on every GPU)" if not lay.shards_state() else
+                       f"each array's largest dimension divisible by {axes.get(state_axis, gpus)} over {state_axis!r}")
+                      + ("; block weights split over 'tensor' (q, kv, up: outputs; out, down: inputs)"
+                         if lay.tensor > 1 else ""),
+        "maxtext": maxtext_parallelism(lay, gpus, per_node),
+        "launch": (f"{nodes} processes, one per node, each calling jax.distributed.initialize() first; devices in "
+                   "node order, so the innermost mesh axes stay inside a node" if nodes > 1 else
+                   "one process over the node's GPUs"),
+        "code": "migration/step/train.py make_mesh, state_shardings, batch_sharding",
+    }
+
+
+def maxtext_parallelism(lay: Any, gpus: int, per_node: int) -> dict[str, int]:
+    """The layout in MaxText's settings: ici_* inside a node, dcn_* across nodes."""
+    nodes = max(1, gpus // per_node)
+    inside = per_node // lay.tensor
+    if lay.kind == "replicated":
+        return {"ici_data_parallelism": inside, "dcn_data_parallelism": nodes, "ici_tensor_parallelism": lay.tensor}
+    if lay.kind == "fsdp":
+        return {"ici_fsdp_parallelism": inside, "dcn_fsdp_parallelism": nodes, "ici_tensor_parallelism": lay.tensor}
+    group_nodes = max(1, lay.group // per_node)
+    return {"ici_fsdp_parallelism": min(lay.group, per_node) // lay.tensor,
+            "ici_data_parallelism": max(1, per_node // lay.group),
+            "dcn_fsdp_parallelism": group_nodes, "dcn_data_parallelism": nodes // group_nodes,
+            "ici_tensor_parallelism": lay.tensor}

@@ -19,9 +19,9 @@ import types
 import typing
 from typing import Any, Union
 
-from migration.common import shown
+from migration.common import ConfigError, shown
 from migration.config.layouts import parse_layout
-from migration.config.limits import LIMITS, PRECISIONS, REMAT_NAMES, ConfigError
+from migration.config.limits import LIMITS, PRECISIONS, REMAT_NAMES
 from migration.config.requests import PlanRequest, check_model, validate_plan_request
 from migration.planning.deployment import environment_of, one_line
 from migration.hardware import GPU_SPECS, TPU_SPECS

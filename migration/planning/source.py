@@ -8,6 +8,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from jax.experimental import topologies
+
 from migration.common import first_line, fmt_gib, fmt_seconds, is_oom
 from migration.config.requests import PlanRequest, RunConfig
 from migration.hardware import TPU_SPECS, Links, TpuSpec
@@ -82,8 +84,6 @@ def tpu_topology(source: TpuSpec, slices: int = 1) -> Any:
     without its chips (libtpu's compile-only devices), with the chip configuration that live Cloud TPU
     hosts use: one JAX device per chip (megacore) on v4 and v5p, one per TensorCore on TPU7x. Raises
     where libtpu is not installed."""
-    from jax.experimental import topologies
-
     return topologies.get_topology_desc(topology_name=source.topology, platform="tpu",
                                         **{**source.compile_options, "num_slices": slices})
 

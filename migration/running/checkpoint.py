@@ -33,7 +33,7 @@ from jax.sharding import Mesh
 
 from migration.config.checkpoints import (  # noqa: F401  (read_meta, layout_text: used through this module)
     CheckpointMeta, checkpoint_model, layout_text, model_dims, read_checkpoint, read_meta)
-from migration.config.limits import ConfigError
+from migration.common import ConfigError
 from migration.config.requests import CHECKPOINT_META_FILE, RunConfig
 from migration.step.policies import LossScaleState
 from migration.step.train import TrainProgram, TrainState, abstract_state, replicated

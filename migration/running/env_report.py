@@ -8,6 +8,7 @@ from typing import Any
 
 import flax
 import jax
+import jaxlib
 import optax
 
 from migration.running.worker_env import jax_env_in_effect, nvidia_gpus
@@ -42,7 +43,7 @@ def collect_environment() -> dict[str, Any]:
         "versions": {
             "python": sys.version.split()[0],
             "jax": jax.__version__,
-            "jaxlib": getattr(jax.lib, "__version__", None) or _jaxlib(),
+            "jaxlib": jaxlib.__version__,
             "flax": flax.__version__,
             "optax": optax.__version__,
         },
@@ -51,9 +52,3 @@ def collect_environment() -> dict[str, Any]:
         "nvidia_gpus": gpus,
         "warnings": warnings,
     }
-
-
-def _jaxlib() -> str | None:
-    import jaxlib
-
-    return getattr(jaxlib, "__version__", None)

@@ -42,7 +42,7 @@ import numpy as np
 from flax import nnx
 from safetensors.numpy import save_file
 
-from migration.config.limits import ConfigError
+from migration.common import ConfigError
 from migration.running import checkpoint
 from workloads.base import no_wrap
 from workloads.transformer import Decoder, TransformerConfig
@@ -211,7 +211,8 @@ def verify_export(folder: str | Path, cfg: TransformerConfig, params: Any, dtype
     logits at every position of 3 random sequences with this product's float32 forward on `params`:
     {"transformers", "max_abs_diff" (over the largest logit), "tolerance", "within", "top1_agreement"}.
     ImportError when transformers or torch is not installed (requirements-export.txt)."""
-    import torch  # noqa: PLC0415 (optional: requirements-export.txt)
+    # reason: optional dependencies (requirements-export.txt), needed only to verify an export
+    import torch  # noqa: PLC0415
     import transformers  # noqa: PLC0415
 
     tokens = np.random.default_rng(seed).integers(0, cfg.vocab_size, (3, min(64, cfg.seq_len)))

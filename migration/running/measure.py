@@ -31,12 +31,12 @@ from typing import Any
 
 import flax
 import jax
+import jaxlib
 import numpy as np
 import optax
 
 from migration.running import checkpoint
-from migration.common import compiled_peak_bytes, fmt_gib
-from migration.config.limits import ConfigError
+from migration.common import ConfigError, compiled_peak_bytes, fmt_gib
 from migration.config.requests import RunConfig
 from migration.hardware import (
     MATMUL_UNITS,
@@ -164,7 +164,7 @@ def _announce(cfg: RunConfig, emit: Emit, platform: str, devices: list[Any], pro
         process_index=jax.process_index(),  # of a multi-process job (migration/config/distributed.py); 0 of 1 otherwise
         process_count=jax.process_count(),
         jax_version=jax.__version__,
-        jaxlib_version=getattr(jax.lib, "__version__", None) or _jaxlib_version(),
+        jaxlib_version=jaxlib.__version__,
         flax_version=flax.__version__,
         optax_version=optax.__version__,
         python_version=sys.version.split()[0],
@@ -315,12 +315,3 @@ def _figures(cfg: RunConfig, program: TrainProgram, platform: str, devices: list
         skipped_steps=timed.skipped,
         final_loss_scale=float(timed.last_metrics["loss_scale"]) if cfg.precision == "fp16" else None,
     )
-
-
-def _jaxlib_version() -> str | None:
-    try:
-        import jaxlib
-
-        return jaxlib.__version__
-    except (ImportError, AttributeError):
-        return None

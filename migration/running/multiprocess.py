@@ -13,7 +13,7 @@ import jax
 from jax._src.distributed import global_state  # what the cluster said, before the backend starts
 
 from migration.config.distributed import AUTO, CPU_COLLECTIVES, LAUNCH_HINT, is_multiprocess, join_timeout_s, parse_coordinator
-from migration.config.limits import ConfigError
+from migration.common import ConfigError
 
 
 class ProcessPlace(NamedTuple):

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from migration.config.limits import ConfigError
+from migration.common import ConfigError
 from migration.config.serving import ServeRunRequest
 from migration.running.checkpoint import restore_params
 from workloads import get_workload

@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import signal
 import sys
 import threading
@@ -42,9 +43,9 @@ from collections.abc import Callable
 from typing import Any
 
 from migration.codecheck import FINDINGS_KEPT, CodeCheckError, check_sources
-from migration.common import enable_compile_cache, first_line, is_oom, json_safe
+from migration.common import ConfigError, enable_compile_cache, first_line, is_oom, json_safe
 from migration.config.forms import number
-from migration.config.limits import LIMITS, ConfigError
+from migration.config.limits import LIMITS
 from migration.config.requests import PlanRequest, RunConfig, validate, validate_plan_request
 from migration.config.serving import serve_request, serve_run_request
 from migration.running.worker_env import (compile_environment, planner_environment, with_serving_flags,
@@ -169,7 +170,7 @@ class CompileCacheHits:
     """Counts the executables JAX's persistent compilation cache served in this process."""
 
     def __init__(self) -> None:
-        import jax
+        import jax  # reason: JAX reads its environment when imported: the worker sets it first
 
         self.count = 0
         jax.monitoring.register_event_listener(self._on_event)
@@ -230,8 +231,6 @@ def pin_to_worker_cpus(spec: str) -> None:
 def limit_resources(memory_bytes: int | None, cpu_seconds: int | None) -> None:
     """Hard limits for a worker that reads untrusted input: past them an allocation fails
     (MemoryError) or the kernel ends the process (SIGXCPU, then SIGKILL)."""
-    import resource
-
     if memory_bytes:
         resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
     if cpu_seconds:

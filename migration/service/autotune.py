@@ -23,8 +23,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from migration.common import fmt_gib
-from migration.config.limits import ConfigError
+from migration.common import ConfigError, fmt_gib
 from migration.config.requests import RunConfig
 from migration.hardware import GPU_SPECS, gpu_spec_for_device_kind
 from migration.service.history import History

@@ -33,9 +33,9 @@ from typing import Any, Callable
 
 from migration.service.autotune import AutotuneSettings, autotuned_plan, check_target_here, start_autotune
 from migration.codecheck import CodeCheck
-from migration.common import first_line, model_name
+from migration.common import ConfigError, first_line, model_name
 from migration.config.forms import number
-from migration.config.limits import LIMITS, ConfigError
+from migration.config.limits import LIMITS
 from migration.config.requests import PlanRequest, RunConfig, check_model, validate, validate_plan_request
 from migration.config.serving import ServeRequest, ServeRunRequest, format_mix, serve_request, serve_run_request
 from migration.service.history import History, HistoryError

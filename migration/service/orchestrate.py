@@ -28,8 +28,8 @@ from migration.planning import deployment
 
 from migration.config import distributed
 from migration.codecheck import CodeCheck
-from migration.common import first_line, fmt_gib, fmt_loss, write_csv as write_csv_rows
-from migration.config.limits import FP8_PRECISIONS, ConfigError
+from migration.common import ConfigError, first_line, fmt_gib, fmt_loss, write_csv as write_csv_rows
+from migration.config.limits import FP8_PRECISIONS
 from migration.config.requests import PlanRequest, RunConfig, validate
 from migration.service.history import History, HistoryError
 from migration.results import Plan, RunReport

@@ -101,7 +101,7 @@ def apply_fp8(model: nnx.Module, recipe: str) -> int:
     Convolutions, embeddings and attention's own products are left in the compute dtype."""
     dot_general = DOT_GENERALS[recipe]
     count = 0
-    for _, module in model.iter_modules():
+    for _, module in nnx.iter_modules(model):
         if isinstance(module, nnx.Linear):
             module.dot_general = dot_general
             count += 1

@@ -36,6 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
+from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 from migration.config.layouts import parse_layout
@@ -270,8 +271,6 @@ def make_multislice_mesh(devices: list[Any], layout: str, slices: int) -> Mesh:
     """`make_mesh` over TPU slices joined by the data-centre network (multislice), ordered slice by slice
     (each slice's devices in its own ICI order): data parallelism across the slices, as MaxText's
     dcn_data_parallelism; a hybrid layout's FSDP groups are the slices."""
-    from jax.experimental import mesh_utils
-
     if slices == 1:
         return make_mesh(devices, layout)
     per_slice = len(devices) // slices
