@@ -51,7 +51,8 @@ def main() -> int:
     os.environ.update(planner_environment(req))  # before JAX is first imported, as in a planner worker
     validate_plan_request(req)  # imports the workloads, and with them JAX
 
-    from migration.planning.memory import CompileCache, MemoryPredictor, compile_workers
+    from migration.planning.compile_cache import CompileCache
+    from migration.planning.memory import MemoryPredictor, compile_workers
     from migration.planning.planner import plan_migration
 
     quiet = lambda *a, **k: None  # noqa: E731

@@ -136,7 +136,7 @@ def run_config(entry: dict):
 
 
 def _key(entry: dict) -> str:
-    from migration.planning.memory import code_fingerprint, package_versions
+    from migration.planning.compile_cache import code_fingerprint, package_versions
 
     cfg = run_config(entry)
     parts = [cfg.to_dict(), entry["gpu"], entry["nodes"], code_fingerprint(), package_versions(), os.environ["XLA_FLAGS"],
@@ -193,7 +193,7 @@ XLA_FLAGS = os.environ["XLA_FLAGS"]  # as set above, when this module was first 
 def program_key(entry: dict) -> str:
     """What decides the entry's compiled program: its configuration and target, the packages' versions, the
     XLA flags and the code that builds the step."""
-    from migration.planning.memory import package_versions
+    from migration.planning.compile_cache import package_versions
 
     digest = hashlib.sha256()
     for source in PROGRAM_SOURCES:

@@ -101,7 +101,7 @@ def run_config(entry: dict):
 
 
 def _key(entry: dict) -> str:
-    from migration.planning.memory import code_fingerprint, package_versions
+    from migration.planning.compile_cache import code_fingerprint, package_versions
 
     parts = ["tpu", run_config(entry).to_dict(), spec_for(entry).topology, code_fingerprint(), package_versions(),
              os.environ.get("XLA_FLAGS", ""), (ROOT / "migration/planning/hlo_cost.py").read_text()]

@@ -1,5 +1,5 @@
 """Small helpers the backend shares, one home each: byte formatting, the first line of an error,
-the peak of a compiled program, out-of-memory markers, the error a bad config value raises, CSV and atomic JSON writing, the cache
+out-of-memory markers, the error a bad config value raises, CSV and atomic JSON writing, the cache
 directory and JAX's persistent compilation cache in it. Imports nothing heavy at module level (only
 `enable_compile_cache` imports JAX): the config layer and the worker's start-up use it.
 """
@@ -78,16 +78,6 @@ def is_oom(text: str) -> bool:
     return any(marker in text for marker in OOM_MARKERS)
 
 
-def compiled_peak_bytes(compiled: Any) -> int | None:
-    """Peak device bytes of a compiled program from its memory analysis: arguments + outputs -
-    aliased (donated) + temporaries. None where the backend gives no analysis."""
-    stats = compiled.memory_analysis()
-    if stats is None:
-        return None
-    return int(stats.argument_size_in_bytes + stats.output_size_in_bytes
-               - stats.alias_size_in_bytes + stats.temp_size_in_bytes)
-
-
 def fmt_model(overrides: Mapping[str, Any]) -> str:
     """Dimension overrides as one line, "n_layers=4 d_model=256", in a stable order ("" for none)."""
     return " ".join(f"{k}={overrides[k]}" for k in sorted(overrides))
@@ -162,9 +152,20 @@ def read_json(path: Path, default: Any) -> Any:
 
 
 def cache_dir() -> Path:
-    """Where measured CPU peaks and compiled memory figures are cached ($MIGRATION_CACHE_DIR), a
-    folder private to the service user (created on first use)."""
+    """The service's own files ($MIGRATION_CACHE_DIR): Gradio's uploads, exports, checkpoints, and by
+    default the compiled figures (`compile_cache_dir`); a folder private to the service user (created on
+    first use)."""
     return private_dir(os.environ.get("MIGRATION_CACHE_DIR", Path.home() / ".cache" / "tpu-gpu-migration"))
+
+
+def compile_cache_dir() -> Path:
+    """Where compiled figures are kept ($MIGRATION_COMPILE_CACHE_DIR, else `cache_dir()`): the planner's
+    figures of each compiled candidate, the CPU's measured peak and JAX's persistent compilation cache.
+    Every entry is keyed by what produced it (code, packages, flags, target, program) and holds nothing of
+    a user's, so several instances of the app, or a cluster's nodes on a shared disk, may share one
+    folder and each other's compiles. Private to the service user."""
+    given = os.environ.get("MIGRATION_COMPILE_CACHE_DIR", "").strip()
+    return private_dir(given) if given else cache_dir()
 
 
 # JAX's persistent compilation cache keeps every compile that took at least this long. Loading an
@@ -173,7 +174,7 @@ COMPILE_CACHE_MIN_COMPILE_S = 0.2
 
 
 def enable_compile_cache(folder: str | Path | None = None) -> Path | None:
-    """Point JAX's persistent compilation cache at `folder` (default: `cache_dir() / "xla"`, private
+    """Point JAX's persistent compilation cache at `folder` (default: `compile_cache_dir() / "xla"`, private
     to the service user), keeping compiles of COMPILE_CACHE_MIN_COMPILE_S and longer whatever their
     size, on every backend that can reload an executable (CPU and GPU; a deviceless compile for a
     described GPU is written but cannot be read back). Imports JAX; call it before the process's
@@ -183,7 +184,7 @@ def enable_compile_cache(folder: str | Path | None = None) -> Path | None:
 
     if not jax.config.jax_enable_compilation_cache:
         return None
-    path = private_dir(cache_dir() / "xla" if folder is None else folder)
+    path = private_dir(compile_cache_dir() / "xla" if folder is None else folder)
     jax.config.update("jax_compilation_cache_dir", str(path))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", COMPILE_CACHE_MIN_COMPILE_S)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)  # no size floor, and JAX may not set one

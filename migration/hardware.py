@@ -20,7 +20,7 @@ import time
 from typing import Any
 from pathlib import Path
 
-from migration.common import GiB, cache_dir, read_json, write_json_atomic
+from migration.common import GiB, compile_cache_dir, read_json, write_json_atomic
 
 GB = 1000**3
 TFLOPS = 1e12
@@ -353,7 +353,7 @@ def cpu_peak_flops(precision: str) -> tuple[float, str]:
     precision = "bf16" if precision in ("fp8", "mxfp8") else precision
     dtype = {"fp32": jnp.float32, "bf16": jnp.bfloat16, "fp16": jnp.float16}[precision]
     key = f"{_cpu_model()}|{os.cpu_count()}|jax {jax.__version__}|{precision}"
-    path = cache_dir() / "cpu_peak.json"
+    path = compile_cache_dir() / "cpu_peak.json"
     cache = read_json(path, {})
     label = f"measured on this CPU: best of 5 {{n}}x{{n}} {precision} matrix products"
     if key in cache:

@@ -41,7 +41,8 @@ else:
     os.environ["XLA_FLAGS"] = _outer_xla_flags
 
 from migration.config.requests import RunConfig  # noqa: E402
-from tests.budget import pytest_sessionfinish, pytest_sessionstart, pytest_terminal_summary  # noqa: E402,F401 (hooks)
+from tests.budget import pytest_sessionstart, pytest_terminal_summary, whole_suite  # noqa: E402,F401 (hooks)
+from tests.budget import pytest_sessionfinish as budget_sessionfinish  # noqa: E402
 from migration.step.policies import DynamicLossScale  # noqa: E402
 from migration.step.train import TrainProgram, step_parts  # noqa: E402
 
@@ -66,6 +67,60 @@ class Trainer:
         return out
 
 
+def session_root(tmp_path_factory) -> Path:
+    """This test session's folder, shared by its xdist workers (each has its own folder below it)."""
+    shared = os.environ.get("MIGRATION_TEST_REUSE")
+    if shared:
+        return Path(shared)
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+# Compiled figures the suite needs, made by this code and these packages: a store keyed like the planner's
+# own cache (migration/planning/compile_cache.py). A change to the code that shapes a compile, or to the
+# packages, makes it unreadable (every figure is compiled again); `MIGRATION_UPDATE_COMPILE_STORE=1 python
+# -m pytest` (the whole suite) writes it anew from the figures the run compiled.
+COMPILE_STORE = Path(__file__).resolve().parent / "fixtures" / "compiled" / "figures.json.gz"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def shared_caches(tmp_path_factory):
+    """Every test, and every worker, planner and server it starts, keeps the service's files in this
+    session's folder (never the user's ~/.cache) and shares one cache of compiled figures (the planner's
+    figures, the CPU's measured peak, JAX's compilation cache), over the store above: a program one test
+    compiled, another reads back, as the app's planner workers do. A test about the caches themselves
+    asks for `cold_caches`."""
+    root = session_root(tmp_path_factory)
+    os.environ["MIGRATION_CACHE_DIR"] = str(root / "service")
+    os.environ["MIGRATION_COMPILE_CACHE_DIR"] = str(root / "compiled")
+    os.environ["MIGRATION_COMPILE_STORE"] = str(COMPILE_STORE)
+    yield root
+
+
+@pytest.fixture
+def cold_caches(tmp_path, monkeypatch):
+    """A cold start, as a new user's first plan: this test's own empty caches and no store."""
+    monkeypatch.setenv("MIGRATION_CACHE_DIR", str(tmp_path / "cold-cache"))
+    monkeypatch.setenv("MIGRATION_COMPILE_CACHE_DIR", str(tmp_path / "cold-cache"))
+    monkeypatch.delenv("MIGRATION_COMPILE_STORE", raising=False)
+    return tmp_path / "cold-cache"
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """With MIGRATION_UPDATE_COMPILE_STORE=1, a whole-suite run writes the store anew from every cache of
+    compiled figures it made (its own folder's, and those of the tests' own cold caches), whatever the
+    tests' outcome: every figure is keyed by what made it."""
+    budget_sessionfinish(session, exitstatus)
+    if (os.environ.get("MIGRATION_UPDATE_COMPILE_STORE") != "1" or hasattr(session.config, "workerinput")
+            or not whole_suite(session.config)):
+        return
+    from migration.planning.compile_cache import CACHE_FILE, write_store
+
+    root = session.config._tmp_path_factory.getbasetemp()
+    count = write_store(COMPILE_STORE, sorted(root.rglob(CACHE_FILE)))
+    print(f"\nwrote {count} compiled figures to {COMPILE_STORE.relative_to(Path(__file__).resolve().parent.parent)}")
+
+
 def reused(name: str, make, tmp_path_factory):
     """`make(folder)`: a costly fixture's value (real plans and runs, made in `folder`), made once per
     test session and read back by every test file and xdist worker that asks for it (the first to
@@ -73,13 +128,7 @@ def reused(name: str, make, tmp_path_factory):
     (MIGRATION_TEST_REUSE names a folder) it is made once per mutation run, by the unmutated code
     while mutmut learns which tests reach which function, so that a mutant pays for its tests and
     not for the fixture's runs."""
-    shared = os.environ.get("MIGRATION_TEST_REUSE")
-    if shared:
-        root = Path(shared)
-    elif os.environ.get("PYTEST_XDIST_WORKER"):
-        root = tmp_path_factory.getbasetemp().parent  # this session's folder, above each worker's own
-    else:
-        root = tmp_path_factory.getbasetemp()
+    root = session_root(tmp_path_factory)
     folder, saved = root / name, root / f"{name}.pickle"
     with FileLock(str(root / f"{name}.lock")):
         if saved.exists():
@@ -108,9 +157,10 @@ def app_server(tmp_path_factory):
     s.close()
 
 
-# The suite runs on two pytest-xdist workers, a file at a time each (pytest.ini: --dist loadfile),
-# handed out in collection order. The files that take longest (minutes on 2 cores) go first, so
-# that none of them starts last while the other worker sits idle.
+# The suite runs on two pytest-xdist workers, a file at a time each, handed out in collection order
+# (pytest.ini: --dist loadfile --no-loadscope-reorder; without the latter xdist hands out the files with
+# the most tests first, whatever their time). The files that take longest go first, so that none of them
+# starts last while the other worker sits idle.
 LONGEST_FIRST = ("test_planner.py", "test_faults.py", "test_app.py", "test_attacks.py", "test_memory_properties.py",
                  "test_numerics.py", "test_planner_sharding.py", "test_ray.py", "test_serving_plan.py", "test_benches.py",
                  "test_serving_run.py", "test_runner.py", "test_sharding.py", "test_security_and_input.py",

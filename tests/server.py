@@ -65,6 +65,9 @@ def value(output: Any) -> Any:
     return output.get("value") if isinstance(output, dict) and "__type__" in output else output
 
 
+SHARED_SETTINGS = ("MIGRATION_COMPILE_CACHE_DIR", "MIGRATION_COMPILE_STORE")
+
+
 class Server:
     """`python app.py --port P --history-db DB *args` with MIGRATION_CACHE_DIR under `tmp`.
 
@@ -95,7 +98,10 @@ class Server:
                 os.chmod(folder, 0o755)
         self.stdout_path = tmp / f"app-{self.port}.out.log"
         self.stderr_path = tmp / f"app-{self.port}.err.log"
-        self.env = {k: v for k, v in os.environ.items() if not k.startswith("MIGRATION_") and k != "GRADIO_TEMP_DIR"}
+        # The app's own settings come from the arguments, never from the caller's environment; the compiled
+        # figures it shares with every other process of the test session do (tests/conftest.py shared_caches).
+        self.env = {k: v for k, v in os.environ.items() if (not k.startswith("MIGRATION_") or k in SHARED_SETTINGS)
+                    and k != "GRADIO_TEMP_DIR"}
         # Without auth the server asks for its token (the printed URL carries it); clients send it.
         self.token = secrets.token_urlsafe(16)
         self.env.update({"MIGRATION_CACHE_DIR": str(self.cache), "GRADIO_ANALYTICS_ENABLED": "False",

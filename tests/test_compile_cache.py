@@ -1,12 +1,17 @@
 """The compile caches: the planner's key (a changed model, train step or policy never serves stale
 figures), and JAX's persistent compilation cache in the worker (private, and hit by a second run)."""
 
+import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from migration.planning.memory import COMPILE_SOURCES, PROJECT_ROOT, code_fingerprint
+from migration.common import PROJECT_ROOT
+from migration.planning.compile_cache import COMPILE_SOURCES, code_fingerprint
 
 
 def copy_sources(dest: Path) -> None:
@@ -21,7 +26,8 @@ def test_the_fingerprint_changes_with_the_code_that_shapes_the_compile(tmp_path)
     copy_sources(tmp_path / "a")
     copy_sources(tmp_path / "b")
     assert code_fingerprint(tmp_path / "a") == code_fingerprint(tmp_path / "b") == code_fingerprint(PROJECT_ROOT)
-    for i, changed in enumerate(["workloads/transformer.py", "migration/step/train.py", "migration/step/policies.py"]):
+    for i, changed in enumerate(["workloads/transformer.py", "migration/step/train.py", "migration/step/policies.py",
+                                 "migration/step/fp8.py", "migration/config/layouts.py"]):
         root = tmp_path / f"changed{i}"
         copy_sources(root)
         (root / changed).write_text((root / changed).read_text() + "\n# a changed line\n")
@@ -29,21 +35,22 @@ def test_the_fingerprint_changes_with_the_code_that_shapes_the_compile(tmp_path)
 
 
 def test_the_fingerprint_is_part_of_every_cache_key(monkeypatch, tmp_path):
+    import migration.planning.compile_cache as compile_cache
     import migration.planning.memory as memory
     from migration.config.requests import PlanRequest
 
     req = PlanRequest(workload="transformer", preset="tiny", target="t4")
     predictor = memory.MemoryPredictor(req, lambda *a, **k: None, estimate_because="no compile in this test",
-                                       cache=memory.CompileCache(tmp_path / "cache.json"))
+                                       cache=compile_cache.CompileCache(tmp_path / "cache.json"))
     before = predictor._key("bf16", "none", 8, 1, "replicated")
-    monkeypatch.setattr(memory, "code_fingerprint", lambda root=PROJECT_ROOT: "a-different-code-version")
+    monkeypatch.setattr(compile_cache, "code_fingerprint", lambda root=PROJECT_ROOT: "a-different-code-version")
     assert predictor._key("bf16", "none", 8, 1, "replicated") != before
     monkeypatch.undo()
-    installed = memory.package_versions()
+    installed = compile_cache.package_versions()
     assert {"jax", "jaxlib", "flax", "optax", "jax-cuda12-plugin"} <= {name for name, _ in installed}
     for name, _ in installed:  # a new jaxlib, CUDA plugin, Flax or Optax: other compiles
         newer = [(n, "999.0" if n == name else v) for n, v in installed]
-        monkeypatch.setattr(memory, "package_versions", lambda newer=newer: newer)
+        monkeypatch.setattr(compile_cache, "package_versions", lambda newer=newer: newer)
         assert predictor._key("bf16", "none", 8, 1, "replicated") != before, name
 
 
@@ -71,6 +78,7 @@ def test_the_persistent_cache_is_private_and_keeps_compiles_of_a_few_tenths_of_a
     from migration.common import COMPILE_CACHE_MIN_COMPILE_S, enable_compile_cache
 
     monkeypatch.setenv("MIGRATION_CACHE_DIR", str(tmp_path / "service"))
+    monkeypatch.delenv("MIGRATION_COMPILE_CACHE_DIR")  # by default, in the service's own folder
     (tmp_path / "service" / "xla").mkdir(parents=True, mode=0o755)  # left open by someone: tightened
     folder = enable_compile_cache()  # JAX refuses an option name it does not know (AttributeError)
     assert folder == tmp_path / "service" / "xla"
@@ -86,6 +94,7 @@ def test_the_cache_switched_off_by_jax_is_left_off(monkeypatch, tmp_path, jax_ca
     from migration.common import enable_compile_cache
 
     monkeypatch.setenv("MIGRATION_CACHE_DIR", str(tmp_path / "service"))
+    monkeypatch.delenv("MIGRATION_COMPILE_CACHE_DIR")
     before = {name: getattr(jax_cache_config, name) for name in CACHE_OPTIONS}
     jax_cache_config.update("jax_enable_compilation_cache", False)  # what JAX_ENABLE_COMPILATION_CACHE=false sets
     assert enable_compile_cache() is None
@@ -132,6 +141,7 @@ def test_a_second_worker_run_loads_its_compiles_from_the_private_cache(monkeypat
     from migration.running.runner import run
 
     monkeypatch.setenv("MIGRATION_CACHE_DIR", str(tmp_path / "service"))
+    monkeypatch.delenv("MIGRATION_COMPILE_CACHE_DIR")
     cfg = RunConfig(workload="transformer", preset="tiny", per_device_batch=2, steps=2, warmup_steps=1, platform="cpu")
     first = run(cfg)
     assert first.ok, first.message + first.stderr_tail
@@ -142,3 +152,79 @@ def test_a_second_worker_run_loads_its_compiles_from_the_private_cache(monkeypat
     assert second.ok, second.message + second.stderr_tail
     assert first.compile_cache_hits == 0 and second.compile_cache_hits > 0
     assert second.losses == first.losses  # the loaded executable computes what the compiled one did
+
+
+# -- the disk cache of compiled figures, shared by processes, and the read-only store ---------------
+
+WRITER = """
+import sys
+from pathlib import Path
+from migration.planning.compile_cache import CompileCache
+cache = CompileCache(Path(sys.argv[1]))
+for i in range(int(sys.argv[3])):
+    cache.put(f"{sys.argv[2]}-{i}", {"peak_bytes": i, "where": "compiled-for-target"})
+"""
+
+
+def test_processes_writing_one_cache_at_once_keep_every_entry(tmp_path):
+    """Four processes each put 40 figures into one file at the same time (as planner workers and app
+    instances sharing a folder do): the file ends with all 160, none dropped by another's write."""
+    path = tmp_path / "compile_memory.json"
+    writers = [subprocess.Popen([sys.executable, "-c", WRITER, str(path), f"p{n}", "40"], cwd=PROJECT_ROOT,
+                                env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)}) for n in range(4)]
+    assert [w.wait(timeout=120) for w in writers] == [0, 0, 0, 0]
+    assert len(json.loads(path.read_text())) == 160
+
+
+def test_a_figure_another_process_wrote_is_found_and_the_store_answers_only_for_this_code(tmp_path, monkeypatch):
+    from migration.planning import compile_cache
+
+    mine, theirs = compile_cache.CompileCache(tmp_path / "c.json"), compile_cache.CompileCache(tmp_path / "c.json")
+    theirs.put("k1", {"peak_bytes": 1, "where": "compiled-for-target"})
+    assert mine.get("k1") == {"peak_bytes": 1, "where": "compiled-for-target"}  # read again when the file changed
+    theirs.put("local", {"peak_bytes": 2, "where": "compiled-local"})
+    store = tmp_path / "store.json.gz"
+    assert compile_cache.write_store(store, [tmp_path / "c.json"]) == 1  # this machine's own compile stays out
+    monkeypatch.setenv("MIGRATION_COMPILE_STORE", str(store))
+    fresh = compile_cache.CompileCache(tmp_path / "empty.json")
+    assert fresh.get("k1") == {"peak_bytes": 1, "where": "compiled-for-target"} and fresh.store_hits == 1
+    assert fresh.get("local") is None
+    assert compile_cache.CompileCache(tmp_path / "empty.json", use_store=False).get("k1") is None
+    monkeypatch.setattr(compile_cache, "code_fingerprint", lambda root=PROJECT_ROOT: "other code")
+    assert compile_cache.CompileCache(tmp_path / "empty.json").get("k1") is None  # a store of other code: unread
+    (tmp_path / "broken.json.gz").write_bytes(b"\x1f\x8b not gzip")
+    monkeypatch.setenv("MIGRATION_COMPILE_STORE", str(tmp_path / "broken.json.gz"))
+    assert compile_cache.CompileCache(tmp_path / "empty.json").get("k1") is None
+
+
+def test_the_suites_store_is_this_codes(tmp_path):
+    """tests/fixtures/compiled/ holds the figures the suite compiles, made by this checkout's code and
+    packages: when it is not (a change to the code that shapes a compile), every figure is compiled
+    again and the suite runs long; `MIGRATION_UPDATE_COMPILE_STORE=1 python -m pytest` writes it anew."""
+    from migration.planning.compile_cache import read_store, store_fingerprint
+    from tests.conftest import COMPILE_STORE
+
+    found = read_store(COMPILE_STORE)
+    assert found.get("entries"), f"{COMPILE_STORE} is missing or empty"
+    if found.get("fingerprint") != store_fingerprint():
+        pytest.xfail("the compiled-figure store was made by other code or packages: its figures are compiled again "
+                     "(MIGRATION_UPDATE_COMPILE_STORE=1 python -m pytest writes it anew)")
+
+
+@pytest.mark.slow
+def test_the_tpu_side_and_a_serving_plan_compile_once(cold_caches):
+    """The TPU job's compile for its slice and a serving plan's programs go through the same cache: a
+    second plan of the same job compiles nothing and gives the same figures."""
+    from migration.config.requests import PlanRequest
+    from migration.config.serving import ServeRequest
+    from migration.planning.serving import serve_plan
+    from migration.planning.source import compile_for_source_tpu
+
+    req = PlanRequest(workload="transformer", preset="tiny", source="tpu-v5e-8", global_batch=64)
+    first, again = compile_for_source_tpu(req), compile_for_source_tpu(req)
+    assert first["status"] == again["status"] == "ok" and (first["cached"], again["cached"]) == (False, True)
+    assert {k: v for k, v in first.items() if k != "cached"} == {k: v for k, v in again.items() if k != "cached"}
+    serve = ServeRequest(workload="llama", preset="tiny", target="h100-sxm", prompt_len=64, gen_len=16)
+    one, two = serve_plan(serve), serve_plan(serve)
+    assert one["compiled_batches"] > 0 and (two["compiled_batches"], two["cached_programs"]) == (0, one["compiled_batches"])
+    assert one["rows"] == two["rows"]

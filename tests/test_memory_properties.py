@@ -13,7 +13,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from migration.config.limits import REMAT_NAMES
 from migration.config.requests import PlanRequest, remat_applies
-from migration.planning.memory import CompileCache, MemoryPredictor
+from migration.planning.compile_cache import CompileCache
+from migration.planning.memory import MemoryPredictor
 from migration.running.runner import plan
 from migration.running.worker_env import DISABLE_XLA_REMAT, planner_environment
 from workloads import get_workload
@@ -123,7 +124,7 @@ def test_the_lower_bound_rules_out_what_is_far_over_the_budget(tmp_path):
     """gpt2-medium at the TPU job's 512 per device on an A100 40GB: the bound alone is several times
     the budget, so the planner does not compile it."""
     req = PlanRequest(workload="transformer", preset="gpt2-medium", target="a100-40gb", compile_for_tpu=False)
-    p = MemoryPredictor(req, lambda *a, **k: None, cache=CompileCache(tmp_path / "c.json"))
+    p = MemoryPredictor(req, lambda *a, **k: None, cache=CompileCache(tmp_path / "c.json", use_store=False))
     p.budget = 28 * 2**30
     assert p.predict("bf16", "none", 512) > 4 * p.budget
     assert p.compiles == 0 and p.ruled_out == 1 and p.table[-1]["lower_bound"]
@@ -135,7 +136,7 @@ def test_a_candidate_compiled_in_a_compile_worker_gives_the_figures_of_one_compi
     assignment may differ by a few hundred bytes between processes)."""
     here = predictor("transformer", "tiny", cache_root).predict("bf16", "none", 8, 2)
     req = PlanRequest(workload="transformer", preset="tiny", target="a100-80gb", compile_for_tpu=False)
-    p = MemoryPredictor(req, lambda *a, **k: None, cache=CompileCache(tmp_path / "c.json"), workers=1)
+    p = MemoryPredictor(req, lambda *a, **k: None, cache=CompileCache(tmp_path / "c.json", use_store=False), workers=1)
     try:
         assert p.prefetch("bf16", "none", 8, 2) and not p.prefetch("bf16", "none", 8, 2)  # once per candidate
         assert abs(p.predict("bf16", "none", 8, 2) - here) <= 1024
@@ -160,7 +161,8 @@ req = PlanRequest(workload="transformer", preset="tiny", target="t4", compile_fo
 env = planner_environment(req)
 env["XLA_FLAGS"] = env["XLA_FLAGS"].replace(DISABLE_XLA_REMAT, "").strip()
 os.environ.update(env)
-from migration.planning.memory import CompileCache, MemoryPredictor
+from migration.planning.compile_cache import CompileCache
+from migration.planning.memory import MemoryPredictor
 p = MemoryPredictor(req, lambda *a, **k: None, cache=CompileCache(__import__("pathlib").Path(sys.argv[1])))
 print(p.predict("fp16", "none", 32768))
 """

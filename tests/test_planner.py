@@ -21,11 +21,6 @@ NO_CUDA_PLUGIN = ROOT / "tests" / "fixtures" / "no_cuda_plugin"
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(autouse=True)
-def fresh_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("MIGRATION_CACHE_DIR", str(tmp_path / "cache"))
-
-
 def tiny(**change) -> PlanRequest:
     base = dict(workload="transformer", preset="tiny", compile_for_tpu=False, timeout_s=600)
     return PlanRequest(**{**base, **change})
@@ -57,7 +52,7 @@ def test_bisection_finds_the_boundary_with_real_compiles(bisection_plans, granul
     assert p.compiles <= 8  # not a linear scan of the candidates
 
 
-def test_the_cache_avoids_repeated_compiles():
+def test_the_cache_avoids_repeated_compiles(cold_caches):
     req = tiny(target="a100-80gb", global_batch=64)
     first = plan(req)
     second = plan(req)

@@ -249,7 +249,8 @@ def test_editing_a_registered_workloads_file_compiles_its_plan_anew(tmp_path):
     team = tmp_path / "team"
     shutil.copytree(TEAM, team)
     env = env_with(team)
-    env["MIGRATION_CACHE_DIR"] = str(tmp_path / "cache")
+    env["MIGRATION_CACHE_DIR"] = env["MIGRATION_COMPILE_CACHE_DIR"] = str(tmp_path / "cache")  # cold: its own,
+    env.pop("MIGRATION_COMPILE_STORE", None)  # and no store of figures
 
     def plan(name: str) -> dict:
         out = tmp_path / f"{name}.json"

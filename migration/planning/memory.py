@@ -1,6 +1,6 @@
 """Memory prediction for the planner: where a plan compiles (a catalog GPU without the device, or
-this machine), the per-device peak of the real train step for a (precision, remat, batch,
-accumulation), and the disk cache of those figures.
+this machine), and the per-device peak of the real train step for a (precision, remat, batch,
+accumulation), compiled once and kept in the disk cache of compiled figures (`compile_cache.py`).
 
 Runs inside a planner worker (JAX's environment set before import; see `migration/running/worker_env.py`).
 The peak comes from compiling the same step a run uses (`migration/step/train.py`) on abstract inputs
@@ -12,10 +12,7 @@ no compile for the target is possible, an analytic estimate stands in, labelled 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import hashlib
-import importlib.metadata
-import inspect
 import json
 import multiprocessing
 import os
@@ -28,7 +25,7 @@ from typing import Any
 
 import jax
 
-from migration.common import PROJECT_ROOT, cache_dir, compiled_peak_bytes, first_line, fmt_gib, is_oom, read_json, write_json_atomic
+from migration.common import first_line, fmt_gib, is_oom
 from migration.config.limits import REMAT_NAMED
 from migration.config.requests import PlanRequest, RunConfig
 from migration.hardware import (
@@ -43,17 +40,15 @@ from migration.hardware import (
     link_bandwidth,
     matmul_unit,
 )
+from migration.planning.compile_cache import CompileCache, cache_key, workload_fingerprint
 from migration.planning.deployment import block_params
 from migration.planning.hlo_cost import Kernel, pack, read_program, unpack
 from migration.planning.search import ROWS_PER_SM_TO_FILL
 from migration.config.layouts import parse_layout
-from migration.step.train import TrainProgram, abstract_batch, abstract_state, jit_step, make_mesh
+from migration.step.train import TrainProgram, abstract_batch, abstract_state, compiled_peak_bytes, jit_step, make_mesh
 from workloads import get_workload
 
 Emit = Callable[..., None]
-# The code that shapes a compile: a change to any of it invalidates cached figures.
-COMPILE_SOURCES = ("workloads/*.py", "migration/step/train.py", "migration/step/policies.py", "migration/planning/memory.py",
-                   "migration/planning/hlo_cost.py", "migration/config/requests.py", "migration/common.py")
 # float32 parameters, gradients and AdamW's two moments, all live during the update
 STATE_BYTES_PER_PARAM = 16
 # Named activations each policy keeps for the backward pass, at the least: without remat, the q, k,
@@ -68,54 +63,6 @@ MUST_KEEP: dict[str, tuple[str, ...]] = {
     "save_dot_except_mlp": REMAT_NAMED["save_dot_except_mlp"],
     "save_qkv": REMAT_NAMED["save_qkv"],
 }
-
-
-@functools.lru_cache(maxsize=4)
-def code_fingerprint(root: Path = PROJECT_ROOT) -> str:
-    """sha256 over the sources that shape the compiled step (workloads, train step, policies)."""
-    digest = hashlib.sha256()
-    for pattern in COMPILE_SOURCES:
-        for path in sorted(root.glob(pattern)):
-            digest.update(path.relative_to(root).as_posix().encode())
-            digest.update(path.read_bytes())
-    return digest.hexdigest()[:16]
-
-
-# The packages whose versions change a compile: JAX and its compiler, the CUDA plugin, the TPU compiler,
-# the model and optimizer libraries.
-COMPILE_PACKAGES = ("jax", "jaxlib", "jax-cuda12-plugin", "jax-cuda12-pjrt", "jax-cuda13-plugin", "jax-cuda13-pjrt",
-                    "libtpu", "flax", "optax")
-
-
-def package_versions() -> list[tuple[str, str | None]]:
-    found = []
-    for name in COMPILE_PACKAGES:
-        try:
-            found.append((name, importlib.metadata.version(name)))
-        except importlib.metadata.PackageNotFoundError:
-            found.append((name, None))
-    return found
-
-
-def workload_fingerprint(workload: Any) -> str:
-    """sha256 over the source of the module that defines `workload`'s class and the Python files beside
-    it (a team's model is often split over a package): an edited team model compiles anew, whether
-    registered through an entry point or named as module:OBJECT. Read each time: a file edited while
-    the server runs must not keep its old figures."""
-    digest = hashlib.sha256()
-    try:
-        source = inspect.getsourcefile(type(workload))
-    except TypeError:
-        source = None
-    if source is None:
-        return "no-source"
-    here = Path(source)
-    for path in [here] + sorted(p for p in here.parent.glob("*.py") if p != here):
-        try:
-            digest.update(path.name.encode() + b"\0" + path.read_bytes())
-        except OSError:
-            continue
-    return digest.hexdigest()[:16]
 
 
 def compile_memory(program: TrainProgram, mesh: Any, kernels: bool = False, per_node: int | None = None,
@@ -138,21 +85,6 @@ def compile_memory(program: TrainProgram, mesh: Any, kernels: bool = False, per_
 
 def compile_peak(program: TrainProgram, mesh: Any) -> int | None:
     return compile_memory(program, mesh)["peak_bytes"]
-
-
-class CompileCache:
-    """Predicted peaks on disk, one JSON file; a lost race only loses an entry."""
-
-    def __init__(self, path: Path | None = None):
-        self.path = path or cache_dir() / "compile_memory.json"
-        self.data: dict[str, Any] = read_json(self.path, {})
-
-    def get(self, key: str) -> Any:
-        return self.data.get(key)
-
-    def put(self, key: str, value: Any) -> None:
-        self.data[key] = value
-        write_json_atomic(self.path, self.data)
 
 
 class CompileFailed(RuntimeError):
@@ -361,11 +293,9 @@ class MemoryPredictor:
                 mesh, hashlib.sha256((text + topology).encode()).hexdigest()[:16])
 
     def _key(self, precision: str, remat: str, batch: int, accum: int, sharding: str) -> str:
-        parts = [package_versions(), code_fingerprint(), workload_fingerprint(get_workload(self.req.workload)),
-                 self.method, self.target_id, self.req.workload, self.req.preset,
-                 sorted(self.model.items()), precision, remat, batch, accum, self.req.gpus, sharding,
-                 os.environ.get("XLA_FLAGS", "")]
-        return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()
+        return cache_key(workload_fingerprint(get_workload(self.req.workload)), self.method, self.target_id,
+                         self.req.workload, self.req.preset, sorted(self.model.items()), precision, remat, batch,
+                         accum, self.req.gpus, sharding, os.environ.get("XLA_FLAGS", ""))
 
     # -- prediction ------------------------------------------------------------------------
     def predict(self, precision: str, remat: str, batch: int, accum: int = 1, record: bool = True,
@@ -380,7 +310,7 @@ class MemoryPredictor:
             found = hit
         elif self.method == "estimate":
             found = self.estimate_memory(precision, remat, batch, accum, sharding)
-            self.cache.put(key, found)
+            self.cache.put(key, {**found, "where": self.method})
         else:
             bound = self.lower_bound(precision, remat, batch, sharding) if self.budget is not None else None
             if bound is not None and bound > self.budget:  # over the budget whatever the compiler does
@@ -392,7 +322,7 @@ class MemoryPredictor:
                 found = self._collect(key)
                 if found is None:
                     found = self._compile(precision, remat, batch, accum, sharding)
-                self.cache.put(key, found)
+                self.cache.put(key, {**found, "where": self.method})
         peak = found["peak_bytes"]
         self.state_bytes[(sharding, remat, batch, accum, precision)] = found.get("state_bytes")
         if found.get("kernels") is not None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from typing import Any
 
 import jax
@@ -31,14 +32,15 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from migration.common import compiled_peak_bytes
 from migration.config.serving import SERVE_LIMITS, ServeRequest
-from migration.hardware import GPU_SPECS, GpuSpec, link_bandwidth
+from migration.hardware import GPU_SPECS, GpuSpec, gpu_target_config, link_bandwidth
 from migration.planning.capacity import (RequestClass, budget_bound_concurrency, chunked_attention_flops,
                                           kv_bound_concurrency, mix_figures, steady_state)
-from migration.planning.hlo_cost import read_program
+from migration.planning.compile_cache import CompileCache, cache_key, sources_fingerprint
+from migration.planning.hlo_cost import pack, read_program, unpack
 from migration.planning.memory import deviceless_devices
 from migration.planning.steptime import CALIBRATION, predict
+from migration.step.train import compiled_peak_bytes
 from workloads import get_workload
 from workloads.kv_cache import cache_dtype, cache_layout
 from workloads.decoding import cache_shape, serving_decoder
@@ -133,14 +135,20 @@ def compile_program(cfg: TransformerConfig, precision: str, model: dict[str, Any
         model["state"], ints(batch, width), ints(batch), cache).compile()
 
 
-def program_figures(compiled: Any, spec: GpuSpec, link_bytes_per_s: float | None) -> dict[str, Any]:
-    """One GPU's figures of a compiled program: peak, donated and workspace bytes, predicted seconds
-    (its collectives over `link_bytes_per_s`)."""
+def compiled_figures(compiled: Any) -> dict[str, Any]:
+    """What is kept of a compiled serving program: its peak, donated and temporary bytes and its kernels."""
     stats = compiled.memory_analysis()
-    kernels = read_program(compiled.as_text())
-    timing = predict(kernels, spec, link_bytes_per_s)
     return {"peak_bytes": compiled_peak_bytes(compiled), "donated_bytes": int(stats.alias_size_in_bytes),
-            "temp_bytes": int(stats.temp_size_in_bytes), "seconds": timing.seconds, "flops": timing.flops,
+            "temp_bytes": int(stats.temp_size_in_bytes), "kernels": pack(read_program(compiled.as_text()))}
+
+
+def program_figures(found: dict[str, Any], spec: GpuSpec, link_bytes_per_s: float | None) -> dict[str, Any]:
+    """One GPU's figures of a compiled program (`compiled_figures`): peak, donated and workspace bytes,
+    predicted seconds (its collectives over `link_bytes_per_s`)."""
+    kernels = unpack(found["kernels"])
+    timing = predict(kernels, spec, link_bytes_per_s)
+    return {"peak_bytes": found["peak_bytes"], "donated_bytes": found["donated_bytes"],
+            "temp_bytes": found["temp_bytes"], "seconds": timing.seconds, "flops": timing.flops,
             "communication_s": timing.communication_s,
             "bytes": sum(k.bytes for k in kernels if k.kind in ("matmul", "attention", "convolution", "memory"))}
 
@@ -148,6 +156,10 @@ def program_figures(compiled: Any, spec: GpuSpec, link_bytes_per_s: float | None
 def kv_bytes_per_token(cfg: TransformerConfig, precision: str, kv_cache: str, gpus: int) -> float:
     """One GPU's bytes of one position's keys and values (kv heads divide among the GPUs)."""
     return kv_cache_bytes(cfg, 1, 1, jnp.dtype(cache_dtype(precision, kv_cache)).itemsize) / gpus
+
+
+# The code that shapes a serving program beyond the workloads' (their decode path is in COMPILE_SOURCES).
+SERVING_SOURCES = ("migration/planning/serving.py", "migration/config/serving.py")
 
 
 class _Planner:
@@ -163,14 +175,27 @@ class _Planner:
         self.per_token = kv_bytes_per_token(self.cfg, req.precision, req.kv_cache, req.gpus)
         self.context = max(1, round(self.figures.context_read))  # positions a decode step reads a sequence
         self.budget = int(self.spec.memory_bytes * req.memory_fraction)
-        self.compiles = 0
+        self.compiles = 0  # programs compiled for this plan
+        self.cache_hits = 0  # programs whose figures the cache of compiled figures served
+        self.cache = CompileCache()
         self.decodes: dict[int, dict[str, Any]] = {}
 
     def figures_of(self, kind: str, batch: int, tokens: int, cache_len: int) -> dict[str, Any]:
-        self.compiles += 1
-        compiled = compile_program(self.cfg, self.req.precision, self.model, self.mesh, kind, batch, tokens,
-                                   cache_len, self.req.kv_cache)
-        return program_figures(compiled, self.spec, self.link)
+        """A serving program's figures, compiled once (a compile for the target kept in the cache of
+        compiled figures, compile_cache.py, under a key of the model, target and program's settings)."""
+        key = cache_key("serve", sources_fingerprint(SERVING_SOURCES), dataclasses.asdict(self.cfg),
+                        gpu_target_config(self.spec), self.req.gpus, self.req.precision, self.req.kv_cache, kind,
+                        batch, tokens, cache_len, os.environ.get("XLA_FLAGS", ""))
+        found = self.cache.get(key)
+        if found is not None:
+            self.cache_hits += 1
+        else:
+            self.compiles += 1
+            compiled = compile_program(self.cfg, self.req.precision, self.model, self.mesh, kind, batch, tokens,
+                                       cache_len, self.req.kv_cache)
+            found = {**compiled_figures(compiled), "where": "compiled-serving"}
+            self.cache.put(key, found)
+        return program_figures(found, self.spec, self.link)
 
     def chunk(self) -> dict[str, Any]:
         """The prefill chunk's program: its tokens, time, peak and workspace (beyond weights and its cache)."""
@@ -269,4 +294,4 @@ def serve_plan(req: ServeRequest) -> dict[str, Any]:
             "kv_bytes_per_token": planner.per_token, "tokens_held_per_sequence": planner.figures.tokens_held,
             "decode_context": planner.context, "prompt_per_output": planner.figures.prompt_per_output,
             "mix": [list(c) for c in req.classes], "search_limit": MAX_BATCH,
-            "compiled_batches": planner.compiles, "rows": rows}
+            "compiled_batches": planner.compiles, "cached_programs": planner.cache_hits, "rows": rows}

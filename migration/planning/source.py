@@ -5,6 +5,7 @@ source TPU.
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -14,6 +15,7 @@ from migration.common import first_line, fmt_gib, fmt_seconds, is_oom
 from migration.config.requests import PlanRequest, RunConfig
 from migration.hardware import TPU_SPECS, Links, TpuSpec
 from migration.planning import steptime
+from migration.planning.compile_cache import CompileCache, cache_key, workload_fingerprint
 from migration.planning.hlo_cost import unpack
 from migration.planning.memory import STATE_BYTES_PER_PARAM, CompileFailed, MemoryPredictor, compile_memory
 from migration.step.train import TrainProgram, make_multislice_mesh
@@ -100,6 +102,25 @@ def tpu_links(source: TpuSpec, slices: int) -> Links | float | None:
     return source.ici_bytes_per_s if slices == 1 else Links(source.ici_bytes_per_s, source.dcn_bytes_per_s)
 
 
+def compile_for_tpu(cfg: RunConfig, topo: Any, source: TpuSpec, layout: str, slices: int) -> tuple[dict[str, Any], bool]:
+    """The TPU step's compiled figures (peak, kernels, how long the compile took) and whether they came
+    from the cache of compiled figures (compile_cache.py), where they are kept under the same kind of key
+    as a GPU candidate's. Raises what XLA raises."""
+    cache = CompileCache()
+    key = cache_key("tpu", workload_fingerprint(get_workload(cfg.workload)), source.topology, slices, layout,
+                    cfg.to_dict(), os.environ.get("XLA_FLAGS", ""))
+    found = cache.get(key)
+    if found is not None:
+        return found, True
+    t0 = time.perf_counter()
+    found = compile_memory(TrainProgram.from_config(cfg), make_multislice_mesh(topo.devices, layout, slices),
+                           kernels=True, fp32_unit="bf16", per_node=source.devices)
+    seconds = time.perf_counter() - t0  # migration: ignore[TIME001] compile() returns when compiled: nothing runs
+    found = {**found, "compile_s": round(seconds, 2), "where": "compiled-for-tpu"}
+    cache.put(key, found)
+    return found, False
+
+
 def compile_for_source_tpu(req: PlanRequest) -> dict[str, Any]:
     """The TPU-style setup compiled for the source TPU (libtpu, installed with the product)."""
     source, slices = TPU_SPECS[req.source], req.source_slices
@@ -121,16 +142,13 @@ def compile_for_source_tpu(req: PlanRequest) -> dict[str, Any]:
         cfg = RunConfig(workload=req.workload, preset=req.preset, model=model,
                         per_device_batch=req.source_per_core_batch, devices=req.source_devices,
                         precision=req.source_precision, remat="none", sharding=layout)
-        t0 = time.perf_counter()
-        found = compile_memory(TrainProgram.from_config(cfg), make_multislice_mesh(topo.devices, layout, slices),
-                               kernels=True, fp32_unit="bf16", per_node=source.devices)
-        seconds = time.perf_counter() - t0  # migration: ignore[TIME001] compile() returns when compiled: nothing runs
+        found, cached = compile_for_tpu(cfg, topo, source, layout, slices)
         step = steptime.predict(unpack(found["kernels"]), source, tpu_links(source, slices), steptime.TPU_CALIBRATION)
         return {"status": "ok", "peak_bytes_per_chip": found["peak_bytes"],
                 "hbm_bytes_per_device": source.hbm_bytes_per_device, "device_kind": topo.devices[0].device_kind,
-                "topology": source.topology, "compile_s": round(seconds, 2), "attention": model.get("attention"),
-                "predicted_step_s": step.seconds, "step_method": tpu_step_method(step, source, slices),
-                "slices": slices, "layout": layout}
+                "topology": source.topology, "compile_s": found["compile_s"], "cached": cached,
+                "attention": model.get("attention"), "predicted_step_s": step.seconds,
+                "step_method": tpu_step_method(step, source, slices), "slices": slices, "layout": layout}
     except Exception as exc:  # noqa: BLE001 - XLA raises several types; memory is told apart by its message
         text = first_line(exc, 400)
         if is_oom(text):

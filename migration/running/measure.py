@@ -36,7 +36,7 @@ import numpy as np
 import optax
 
 from migration.running import checkpoint
-from migration.common import ConfigError, compiled_peak_bytes, fmt_gib
+from migration.common import ConfigError, fmt_gib
 from migration.config.requests import RunConfig
 from migration.hardware import (
     MATMUL_UNITS,
@@ -47,7 +47,7 @@ from migration.hardware import (
     matmul_unit,
 )
 from migration.running.profiling import summarise_trace
-from migration.step.train import StepParts, TrainProgram, replicate_per_device, step_parts
+from migration.step.train import StepParts, TrainProgram, compiled_peak_bytes, replicate_per_device, step_parts
 from migration.running.worker_env import jax_env_in_effect
 
 Emit = Callable[..., None]
