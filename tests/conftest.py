@@ -1,15 +1,16 @@
 """Test setup: the CPU backend with 8 XLA CPU devices, set before JAX is first imported, in the
 planner worker's environment (deviceless GPU and TPU compiles allowed, XLA's own rematerialisation
-off), so that tests can compile for catalog GPUs and TPU slices in-process exactly as a planner
-worker does.
+off, machine code unoptimised: migration/running/worker_env.py compile_environment), so that tests can
+compile for catalog GPUs and TPU slices in-process exactly as a planner worker does.
 
-The tests' own process also compiles without LLVM's optimisations (IN_PROCESS_ONLY): the programs
-it compiles run a few steps, so optimising their machine code costs far more than it saves (the
-numerics tests take about 45% less CPU time). It changes neither the math nor the memory figures:
-buffer assignment comes before code generation, and
+The processes the tests start (workers, servers, command lines) get the caller's flags plus that last
+one, NO_CODEGEN_OPTIMISATION: they run a few steps of tiny models, so optimising their machine code
+costs far more than it saves (the numerics tests take about 45% less CPU time). It changes neither the
+math nor the memory figures: buffer assignment comes before code generation, and
 test_memory_properties.py::test_a_candidate_compiled_in_a_compile_worker_gives_the_figures_of_one_compiled_here
-compares this process's figures with a compile worker's, which keeps XLA's default. Worker and
-server processes the tests start get the caller's flags, as a user's would."""
+and ::test_the_machine_codes_optimisation_changes_no_figure compare figures compiled with and without it.
+What a user's run does with XLA's default flags is measured by the benchmarks (bench/), which this
+setup does not touch."""
 
 import os
 import pickle
@@ -17,28 +18,24 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from migration.running.worker_env import DISABLE_XLA_REMAT, LIBTPU_COMPILE_ONLY  # noqa: E402  (imports no JAX)
+from migration.running.worker_env import DISABLE_XLA_REMAT, LIBTPU_COMPILE_ONLY, NO_CODEGEN_OPTIMISATION  # noqa: E402
 
 os.environ["JAX_PLATFORMS"] = "cpu"
 os.environ["JAX_NUM_CPU_DEVICES"] = "8"
 os.environ["JAX_SKIP_CUDA_CONSTRAINTS_CHECK"] = "1"
 for _name, _value in LIBTPU_COMPILE_ONLY.items():
     os.environ.setdefault(_name, _value)
-IN_PROCESS_ONLY = "--xla_backend_optimization_level=0"
 _outer_xla_flags = os.environ.get("XLA_FLAGS")
-os.environ["XLA_FLAGS"] = " ".join(f for f in (_outer_xla_flags or "", DISABLE_XLA_REMAT, IN_PROCESS_ONLY) if f)
+os.environ["XLA_FLAGS"] = " ".join(f for f in (_outer_xla_flags or "", DISABLE_XLA_REMAT, NO_CODEGEN_OPTIMISATION) if f)
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
 from filelock import FileLock  # noqa: E402
 
-# XLA reads XLA_FLAGS once, at its first compile: compile now, then give the worker processes the
-# tests start the caller's flags back (they set their own).
+# XLA reads XLA_FLAGS once, at its first compile: compile now, then give the processes the tests start
+# the caller's flags and unoptimised machine code (they set their own on top).
 jax.jit(lambda x: x + 1)(1.0).block_until_ready()
-if _outer_xla_flags is None:
-    del os.environ["XLA_FLAGS"]
-else:
-    os.environ["XLA_FLAGS"] = _outer_xla_flags
+os.environ["XLA_FLAGS"] = " ".join(f for f in (_outer_xla_flags or "", NO_CODEGEN_OPTIMISATION) if f)
 
 from migration.config.requests import RunConfig  # noqa: E402
 from tests.budget import pytest_sessionstart, pytest_terminal_summary, whole_suite  # noqa: E402,F401 (hooks)

@@ -59,11 +59,12 @@ def app(tmp_path_factory, cache):
 
 
 def test_out_of_memory_says_does_not_fit_and_the_next_job_runs(app, tmp_path):
-    # A plan saved for this machine, edited to a per-device batch no host can hold (~34 TB of logits).
-    # Its global batch is replaced below: planned at 8, one compile finds it (at 32, the search on this
-    # host takes five).
+    # A plan saved for this machine, edited to a per-device batch no host can hold (~9 TB of logits: the
+    # tiny model's two layers, with a 32k vocabulary over 1,024 tokens). Its global batch is replaced
+    # below: planned at 8 with the policy given, one compile finds it.
     plan_path = tmp_path / "plan.json"
-    subprocess.run([sys.executable, "-m", "migration", "plan", "--workload", "transformer", "--preset", "small",
+    subprocess.run([sys.executable, "-m", "migration", "plan", "--workload", "transformer", "--preset", "tiny",
+                    "--vocab", "32768", "--seq", "1024", "--remat", "none", "--no-tpu-compile",
                     "--global-batch", "8", "--target", "local", "--json", str(plan_path)], cwd=ROOT, check=True,
                    capture_output=True, env={**os.environ, "MIGRATION_CACHE_DIR": str(tmp_path / "cache")})
     plan = json.loads(plan_path.read_text())

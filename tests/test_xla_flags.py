@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from migration.planning.deployment import xla_flags_for
-from migration.running.worker_env import DISABLE_XLA_REMAT
+from migration.running.worker_env import DISABLE_XLA_REMAT, NO_CODEGEN_OPTIMISATION
 
 START_JAX = "import jax, jax.numpy as jnp; print(float(jnp.ones(3).sum()))"
 
@@ -22,7 +22,7 @@ def start_jax_with(flags: list[str]) -> subprocess.CompletedProcess:
 
 
 def planned_flags() -> list[str]:
-    flags = {DISABLE_XLA_REMAT}
+    flags = {DISABLE_XLA_REMAT, NO_CODEGEN_OPTIMISATION}
     for sharding in ("replicated", "fsdp"):
         for precision in ("bf16", "fp32"):
             flags.update(f for f, _ in xla_flags_for(sharding, precision, 123_456_789))
