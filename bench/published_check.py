@@ -25,25 +25,33 @@ from __future__ import annotations
 
 import os
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
-os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
-os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_disable_hlo_passes=rematerialization").strip()
-
-import argparse  # noqa: E402
-import dataclasses  # noqa: E402
-import gzip  # noqa: E402
-import hashlib  # noqa: E402
-import json  # noqa: E402
-import statistics  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
+import argparse
+import dataclasses
+import gzip
+import hashlib
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from migration.running.worker_env import LIBTPU_COMPILE_ONLY  # noqa: E402  (imports no JAX)
+from migration.running.worker_env import (  # noqa: E402  (imports no JAX)
+    DISABLE_XLA_REMAT,
+    LIBTPU_COMPILE_ONLY,
+    NO_CODEGEN_OPTIMISATION,
+)
 
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
+# The step compiled as the planner compiles it (XLA's rematerialisation off), by XLA's default pipeline
+# otherwise: a caller's NO_CODEGEN_OPTIMISATION (the test suite's processes carry it) is dropped, so that the
+# stored programs and their keys are the same whoever starts this script.
+os.environ["XLA_FLAGS"] = " ".join(
+    [f for f in os.environ.get("XLA_FLAGS", "").split() if f not in (NO_CODEGEN_OPTIMISATION, DISABLE_XLA_REMAT)]
+    + [DISABLE_XLA_REMAT])
 for _name, _value in LIBTPU_COMPILE_ONLY.items():  # libtpu compiles only, in any number of processes
     os.environ.setdefault(_name, _value)
 

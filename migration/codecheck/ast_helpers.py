@@ -16,55 +16,68 @@ NAME_TOKENS_MAX_CHARS = 128  # only this much of an identifier is split into wor
 WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+")
 
 
-# operators and load/store markers: shared leaf nodes no rule looks at (read through `.op`, `.ctx`)
-MARKERS = (ast.expr_context, ast.operator, ast.cmpop, ast.boolop, ast.unaryop)
+# The grammar's types that are not nodes (names, strings, numbers, constants), or nodes no rule walks to:
+# the operator and load/store markers (`.op`, `.ops`, `.ctx`: shared leaf nodes, read through their field).
+NOT_WALKED = {"identifier", "string", "int", "constant", "expr_context", "operator", "cmpop", "boolop", "unaryop"}
+# Two lists of nodes may also hold None: `{**a}`'s key, a keyword-only argument without a default.
+MAY_HOLD_NONE = {(ast.Dict, "keys"), (ast.arguments, "kw_defaults")}
+_DECLARED = re.compile(r"(\w+)[*?]? (\w+)")  # "stmt* body" in a node type's grammar: `ast.If.__doc__`
+_LAYOUTS: dict[type, tuple[tuple[str, bool], ...]] = {}
 
 
-# fields that never hold a child worth walking: names and flags, and the operator and load/store markers
-LEAF_FIELDS = {"ctx", "op", "ops", "id", "attr", "arg", "name", "kind", "type_comment", "conversion", "is_async",
-               "simple", "level", "module"}
-_NODE_FIELDS: dict[type, tuple[str, ...]] = {ast.Constant: ()}
+def _layout(cls: type) -> tuple[tuple[str, bool], ...]:
+    """(field, whether a list there may hold None) for each field of `cls` that holds nodes, read from the
+    type's grammar (`If(expr test, stmt* body, stmt* orelse)`)."""
+    declared = {field: kind for kind, field in _DECLARED.findall(cls.__doc__ or "")}
+    layout = _LAYOUTS[cls] = tuple((f, (cls, f) in MAY_HOLD_NONE) for f in cls._fields
+                                   if declared.get(f) not in NOT_WALKED)
+    return layout
 
 
 def children(node: ast.AST) -> list[ast.AST]:
-    """`ast.iter_child_nodes(node)` as a list, less MARKERS, kept on the node after the first call (the
-    rules walk the same subtrees many times, and a tree is never changed once parsed)."""
+    """`ast.iter_child_nodes(node)` as a list, less the operator and load/store markers, kept on the node
+    after the first call (the rules walk the same subtrees many times, and a tree is never changed once
+    parsed)."""
     kids = node.__dict__.get("_kids")
     if kids is None:
-        fields = _NODE_FIELDS.get(node.__class__)
-        if fields is None:
-            fields = _NODE_FIELDS[node.__class__] = tuple(f for f in node._fields if f not in LEAF_FIELDS)
         kids = []
-        for field in fields:
+        layout = _LAYOUTS.get(node.__class__)
+        for field, may_hold_none in _layout(node.__class__) if layout is None else layout:
             value = getattr(node, field, None)
+            if value is None:
+                continue
             if value.__class__ is list:
-                kids += [v for v in value if isinstance(v, ast.AST) and not isinstance(v, MARKERS)]
-            elif value is not None and isinstance(value, ast.AST) and not isinstance(value, MARKERS):
+                kids += [v for v in value if v is not None] if may_hold_none else value
+            else:
                 kids.append(value)
         node._kids = kids
     return kids
 
 
 def walk(node: ast.AST) -> list[ast.AST]:
-    """`ast.walk(node)` (the node, then its descendants breadth first) as a list, from `children`; kept on
-    the node (the rules walk the same statements and expressions many times). Not to be changed."""
-    out = node.__dict__.get("_walk")
-    if out is None:
+    """`ast.walk(node)` (the node, then its descendants breadth first) as a new list, from `children`; the
+    descendants are kept on the node (the rules walk the same statements and expressions many times), the
+    node itself not: a node holding itself would be a reference cycle, and a file's tree is freed as soon
+    as it is checked only while it holds none."""
+    below = node.__dict__.get("_below")
+    if below is None:
         out, i = [node], 0
         while i < len(out):
             current = out[i]
             kids = current.__dict__.get("_kids")
             out.extend(children(current) if kids is None else kids)
             i += 1
-        node._walk = out
-    return out
+        node._below = out[1:]
+        return out
+    return [node, *below]
 
 
 def dotted(node: ast.AST) -> str:
     """'jax.lax.pmean' for an attribute chain, the name for a Name, '' otherwise."""
-    if isinstance(node, ast.Name):
+    kind = node.__class__  # the exact node types: a parsed tree holds no subclasses of them
+    if kind is ast.Name:
         return node.id
-    if not isinstance(node, ast.Attribute):
+    if kind is not ast.Attribute:
         return ""
     known = node.__dict__.get("_dotted")
     if known is None:
@@ -75,9 +88,10 @@ def dotted(node: ast.AST) -> str:
 
 def last_name(func: ast.AST) -> str:
     """The called name: 'block_until_ready' for `f(x).block_until_ready()`, 'f' for `f()`."""
-    if isinstance(func, ast.Attribute):
+    kind = func.__class__
+    if kind is ast.Attribute:
         return func.attr
-    return func.id if isinstance(func, ast.Name) else ""
+    return func.id if kind is ast.Name else ""
 
 
 def const_str(node: ast.AST | None) -> str | None:
@@ -187,17 +201,20 @@ def _container_text(node: ast.AST) -> str:
     return ast.unparse(node)
 
 
+SCOPE_TYPES = frozenset(SCOPES)
+
+
 def scope_nodes(scope: ast.AST) -> list[ast.AST]:
     """Nodes of one function (or module) body, not descending into nested functions or classes. Kept on
     the node after the first call: the rules ask for the same scopes many times, and a tree is never
     changed once parsed."""
-    cached = getattr(scope, "_scope_nodes", None)
+    cached = scope.__dict__.get("_scope_nodes")
     if cached is None:
         cached, stack = [], list(children(scope))
         while stack:
             node = stack.pop()
             cached.append(node)
-            if not isinstance(node, SCOPES):
+            if node.__class__ not in SCOPE_TYPES:
                 kids = node.__dict__.get("_kids")
                 stack.extend(children(node) if kids is None else kids)
         scope._scope_nodes = cached
@@ -219,11 +236,12 @@ def static_uses(expr: ast.AST) -> set[int]:
     `is` comparisons or comparisons with a string or a dtype (which a traced array never equals)."""
     static: set[int] = set()
     for sub in walk(expr):
-        if isinstance(sub, ast.Attribute) and sub.attr in STATIC_ATTRS:
+        kind = sub.__class__
+        if kind is ast.Attribute and sub.attr in STATIC_ATTRS:
             static |= {id(n) for n in walk(sub.value)}
-        elif isinstance(sub, ast.Call) and last_name(sub.func) in STATIC_FUNCS:
+        elif kind is ast.Call and last_name(sub.func) in STATIC_FUNCS:
             static |= {id(n) for n in walk(sub)}
-        elif isinstance(sub, ast.Compare) and (any(isinstance(op, (ast.Is, ast.IsNot)) for op in sub.ops)
+        elif kind is ast.Compare and (any(isinstance(op, (ast.Is, ast.IsNot)) for op in sub.ops)
                                                or any(const_str(c) is not None or dotted(c) and is_dtype(c)
                                                       for c in [sub.left, *sub.comparators])):
             static |= {id(n) for n in walk(sub)}

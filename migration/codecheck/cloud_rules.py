@@ -34,7 +34,7 @@ class CloudRules(RuleFamily):
     def __init__(self, ctx, found):
         super().__init__(ctx, found)
         # names bound to a Cloud Storage client or bucket: `client = storage.Client()`
-        self.clients = {t.id for n in ctx.nodes if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call)
+        self.clients = {t.id for n in ctx.of(ast.Assign) if isinstance(n.value, ast.Call)
                         and ctx.resolve(n.value.func).startswith(GCS_CLIENT) for t in n.targets
                         if isinstance(t, ast.Name)}
 

@@ -29,6 +29,7 @@ class Context:
         self.nodes = walk(tree)
         self.parents = {child: node for node in self.nodes for child in node._kids}
         self.by_type: dict[type, list[ast.AST]] = {}
+        self._position: dict[int, int] | None = None  # id(node) -> its place in the walk, when asked
         for node in self.nodes:
             kind = self.by_type.get(node.__class__)
             if kind is None:
@@ -38,8 +39,8 @@ class Context:
         self.aliases_read = False
         self.removed_bindings: set[str] = set()
         self.jax_import: tuple[int, str] | None = None
-        for node in sorted((n for n in self.nodes if isinstance(n, (ast.Import, ast.ImportFrom))),
-                           key=lambda n: n.lineno):
+        # in the file's order (two imports on one line are statements of one block, in the walk's order too)
+        for node in sorted(self.of(ast.Import, ast.ImportFrom), key=lambda n: (n.lineno, n.col_offset)):
             self._read_import(node)
         self._read_module_aliases()
         self.aliases_read = True
@@ -49,8 +50,9 @@ class Context:
         self._defs_in: dict[int, dict[str, ast.FunctionDef | ast.AsyncFunctionDef]] = {}  # scope -> its functions
         self.compiled: dict[str, str] = {}  # name bound to a transformed function -> the function's name
         self.summaries: dict[tuple, object] = {}  # (id(FunctionDef), seed) -> values.Summary, on first use
+        self.call_reads: dict[int, tuple] = {}  # id(Call) -> what decides whether it returns a device value
         for node in self.nodes:
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Call)):
+            if node.__class__ in TRANSFORM_SITES:
                 self._read_transforms(node)
         self._read_uses()
         self.placement_helpers = placement_helpers(
@@ -82,26 +84,24 @@ class Context:
     def _read_bindings(self) -> None:
         """Names the file binds itself, and its functions by name (a name bound to a lambda counts as
         a function: `log = lambda m: print(float(m))`)."""
-        nodes = self.nodes
         self.functions: dict[str, list[ast.FunctionDef | ast.AsyncFunctionDef]] = {}
-        for node in (n for n in nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+        for node in self.in_walk_order(ast.FunctionDef, ast.AsyncFunctionDef):
             self.functions.setdefault(node.name, []).append(node)
-        for node in (n for n in nodes if isinstance(n, ast.Assign) and isinstance(n.value, ast.Lambda)):
+        for node in (n for n in self.of(ast.Assign) if isinstance(n.value, ast.Lambda)):
             for target in node.targets:
                 if isinstance(target, ast.Name):
                     self.functions.setdefault(target.id, []).append(lambda_function(target.id, node.value))
-        self.bound_here = {n.id for n in nodes if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
+        self.bound_here = {n.id for n in self.of(ast.Name) if n.ctx.__class__ is not ast.Load}
         self.bound_here |= set(self.functions)
-        classes = [n for n in nodes if isinstance(n, ast.ClassDef)]
+        classes = self.of(ast.ClassDef)
         self.classes = {c.name: c for c in classes if sum(o.name == c.name for o in classes) == 1}
         self.bound_here |= {c.name for c in classes}  # the file's own class is no snippet's pmap or DataLoader
-        self.bound_here |= {a.arg for n in nodes if isinstance(n, ast.arguments)
-                            for a in n.posonlyargs + n.args + n.kwonlyargs}
+        self.bound_here |= {a.arg for n in self.of(ast.arguments) for a in n.posonlyargs + n.args + n.kwonlyargs}
         # name -> sorted (line, callee name) of each `name = Callee(...)`: which class last made an object,
         # looked up per call by bisection (a scan of the file per call was quadratic in the file's length)
         self.made_by: dict[str, list[tuple[int, str]]] = {}
-        for n in nodes:
-            if not (isinstance(n, ast.Assign) and isinstance(n.value, ast.Call)):
+        for n in self.of(ast.Assign):
+            if n.value.__class__ is not ast.Call:
                 continue
             func = n.value.func
             # `obj = Trainer(...)`, or a class of this file's own constructor: `state = TrainState.create(...)`
@@ -117,19 +117,30 @@ class Context:
     def _read_uses(self) -> None:
         """Whether the file uses JAX at all, pmap, shard_map (or xmap), and loss scaling anywhere."""
         parents = self.parents
-        refs = {self.resolve(n) for n in self.of(ast.Name, ast.Attribute)
-                if not isinstance(parents.get(n), ast.Attribute)}  # whole chains: `jax.lax.pmean`, not `jax.lax`
+        # whole chains: `jax.lax.pmean`, not `jax.lax`; a plain name resolves by its spelling alone
+        names = {n.id for n in self.of(ast.Name) if parents[n].__class__ is not ast.Attribute}
+        refs = {self.expand(name) for name in names}
+        refs |= {self.resolve(n) for n in self.of(ast.Attribute) if parents[n].__class__ is not ast.Attribute}
         self.uses_pmap = "jax.pmap" in refs
         self.uses_shard_map = any(r.endswith(("shard_map", "xmap")) for r in refs)
         # JAX in the file: an import of it (or Flax, Optax, ...) or a name under jax (jnp, lax)
         self.uses_jax = self.jax_import is not None or any(r.startswith("jax.") for r in refs)
-        self.words = words = {w.lower() for n in self.of(*WORDS) for w in WORDS[n.__class__](n)
-                              if isinstance(w, str)}  # every identifier the file spells, lower-cased
+        spelled = {getattr(n, field) for kind, field in WORDS.items() for n in self.by_type.get(kind, ())}
+        self.words = words = {w.lower() for w in spelled if isinstance(w, str)}  # every identifier, lower-cased
         self.has_loss_scaling = any(h in w for w in words for h in LOSS_SCALING_HINTS)
 
     def of(self, *types: type) -> list[ast.AST]:
         """The file's nodes of these exact types (type by type, each in walk order)."""
         return [n for t in types for n in self.by_type.get(t, ())]
+
+    def in_walk_order(self, *types: type) -> list[ast.AST]:
+        """The file's nodes of these exact types, in walk order."""
+        found = self.of(*types)
+        if sum(t in self.by_type for t in types) > 1:
+            if self._position is None:
+                self._position = {id(n): i for i, n in enumerate(self.nodes)}
+            found.sort(key=lambda n: self._position[id(n)])
+        return found
 
     # imports ---------------------------------------------------------------------------
     def _read_import(self, node: ast.Import | ast.ImportFrom) -> None:
@@ -158,16 +169,20 @@ class Context:
     def resolve(self, node: ast.AST) -> str:
         """The dotted name with its import alias expanded: 'jnp.float16' -> 'jax.numpy.float16' (kept on the
         node once the file's aliases are all read)."""
-        cached = getattr(node, "_resolved", None)
+        cached = node.__dict__.get("_resolved")
         if cached is not None:
             return cached
-        root, _, rest = dotted(node).partition(".")
-        base = self.aliases.get(root, root)
-        full = f"{base}.{rest}" if rest and base else base
-        full = WRAPPERS.get(full, full)
+        full = self.expand(dotted(node))
         if self.aliases_read:
             node._resolved = full
         return full
+
+    def expand(self, name: str) -> str:
+        """A dotted name with its import alias expanded."""
+        root, _, rest = name.partition(".")
+        base = self.aliases.get(root, root)
+        full = f"{base}.{rest}" if rest and base else base
+        return WRAPPERS.get(full, full)
 
     # transformations ---------------------------------------------------------------------
     def transform_kind(self, node: ast.AST) -> str | None:
@@ -363,7 +378,8 @@ def lambda_function(name: str, lam: ast.Lambda) -> ast.FunctionDef:
     return fn
 
 
+# the nodes that may name a transformation: a decorated function, a call
+TRANSFORM_SITES = {ast.FunctionDef, ast.AsyncFunctionDef, ast.Call}
 # the identifiers a node spells, by node type (the loss-scaling hints are looked for in them)
-WORDS = {ast.Name: lambda n: (n.id,), ast.Attribute: lambda n: (n.attr,), ast.FunctionDef: lambda n: (n.name,),
-         ast.AsyncFunctionDef: lambda n: (n.name,), ast.ClassDef: lambda n: (n.name,), ast.alias: lambda n: (n.name,),
-         ast.ImportFrom: lambda n: (n.module,), ast.ExceptHandler: lambda n: (n.name,)}
+WORDS = {ast.Name: "id", ast.Attribute: "attr", ast.FunctionDef: "name", ast.AsyncFunctionDef: "name",
+         ast.ClassDef: "name", ast.alias: "name", ast.ImportFrom: "module", ast.ExceptHandler: "name"}

@@ -26,9 +26,9 @@ class DeviceRules(RuleFamily):
         self.pmap_depth = 0
         self.platform_names: set[str] = set()
         queries = ctx.words & {a.lower() for a in PLATFORM_ATTRS} | ctx.words & {"default_backend", "get_backend"}
-        self.platform_names = {n for node in (ctx.nodes if queries else [])
-                               if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign, ast.NamedExpr))
-                               for t, v in assigned_pairs(node) if self.platform_query(v) for n in target_names(t)}
+        writes = ctx.of(ast.Assign, ast.AnnAssign, ast.AugAssign, ast.NamedExpr) if queries else []
+        self.platform_names = {n for node in writes for t, v in assigned_pairs(node) if self.platform_query(v)
+                               for n in target_names(t)}
 
     # imports and names (REMOVED001, PMAP001) ----------------------------------------------
     def removed_import(self, node: ast.AST, names: list[str]) -> None:

@@ -10,7 +10,7 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
-from migration.codecheck.ast_helpers import (scope_nodes, walk)
+from migration.codecheck.ast_helpers import scope_nodes, walk
 from migration.codecheck.checker import Checker
 from migration.codecheck.context import Context
 from migration.codecheck.env_rules import env_findings, env_writes
@@ -24,6 +24,9 @@ from migration.codecheck.sync import direct_step_call, step_loop_syncs
 from migration.codecheck.timing import Timing, timer_names, uses_timer
 from migration.codecheck.values import Values
 from migration.codecheck.vocabulary import ENV_PREFIXES, FRAMEWORK_EXPERIMENTS, LOOPS
+
+
+LOOP_TYPES = frozenset(LOOPS)
 
 
 @dataclasses.dataclass
@@ -45,7 +48,7 @@ def scope_findings(ctx: Context) -> list[RawFinding]:
     scopes = [ctx.tree] + sorted(functions, key=lambda n: (n.lineno, n.col_offset))
     for scope in scopes:
         nodes = list(scope_nodes(scope))
-        loops = [n for n in nodes if isinstance(n, LOOPS) and direct_step_call(ctx, n)]
+        loops = [n for n in nodes if n.__class__ in LOOP_TYPES and direct_step_call(ctx, n)]
         loops += framework_step_loop(ctx, scope)
         starts = Timing.starts_in(ctx, nodes)
         timed = starts or uses_timer(nodes, timer_names(ctx))

@@ -236,9 +236,10 @@ def fix_summary(results: Sequence[FixResult], write: bool) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     # Many small AST objects are built and dropped: automatic collections spend about a sixth of a run
     # traversing trees still in use (mypy raises the thresholds for the same reason). Instead, what is
-    # loaded by now is set aside (`gc.freeze`) and each file's trees, which hold cycles (a node's cached walk
-    # lists the node), are collected once that file is done: memory stays one file's worth. The caller's
-    # collector is given back as it was (tests and tools call `main` in their own process).
+    # loaded by now is set aside (`gc.freeze`); a file's trees hold no reference cycles, so reference
+    # counting frees them once the file is done, and a collection after each file is left only for a cycle
+    # some rule might make: memory stays one file's worth. The caller's collector is given back as it was
+    # (tests and tools call `main` in their own process).
     enabled = gc.isenabled()
     gc.disable()
     gc.freeze()

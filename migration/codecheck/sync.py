@@ -19,11 +19,15 @@ def direct_step_call(ctx: Context, loop: ast.AST, training: bool = False) -> boo
     stack = list(loop.body)
     while stack:
         node = stack.pop()
-        if isinstance(node, ast.Call) and ctx.is_step_call(node) and not (training and is_eval_step(ctx, node)):
+        kind = node.__class__
+        if kind is ast.Call and ctx.is_step_call(node) and not (training and is_eval_step(ctx, node)):
             return True
-        if not isinstance(node, (*LOOPS, *SCOPES)):
+        if kind not in LOOPS_AND_SCOPES:
             stack.extend(children(node))
     return False
+
+
+LOOPS_AND_SCOPES = frozenset((*LOOPS, *SCOPES))  # the node types `direct_step_call` does not look into
 
 
 def is_env_step(call: ast.Call) -> bool:

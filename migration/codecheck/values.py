@@ -42,7 +42,15 @@ class Values:
         """Whether `node` evaluates to (or holds) a device array, the names in `known` holding ones."""
         stack = [(node, known)]
         while stack:
-            device, parts = self._look(*stack.pop())
+            node, known = stack.pop()
+            kind = node.__class__
+            if kind is ast.Name:  # the commonest nodes, read here as `_look` reads them
+                if node.id in known:
+                    return True
+                continue
+            if kind is ast.Constant:
+                continue
+            device, parts = self._look(node, known)
             if device:
                 return True
             stack.extend(parts)
@@ -50,17 +58,19 @@ class Values:
 
     def _look(self, node: ast.AST, known: set[str]) -> tuple[bool, list[tuple[ast.AST, set[str]]]]:
         """(a device value for certain, the sub-expressions that decide it otherwise)."""
-        if isinstance(node, (ast.Name, ast.Attribute)):
+        kind = node.__class__
+        if kind is ast.Name:
+            return node.id in known, []
+        if kind is ast.Attribute:
             if dotted(node) in known:
                 return True, []
-            keep = isinstance(node, ast.Attribute) and node.attr not in STATIC_ATTRS
-            return False, [(node.value, known)] if keep else []
-        if isinstance(node, ast.Subscript):
-            return False, [(node.value, known)]
-        if isinstance(node, ast.Call):
+            return False, [(node.value, known)] if node.attr not in STATIC_ATTRS else []
+        if kind is ast.Call:
             return self._look_call(node, known)
-        if isinstance(node, (ast.Constant, ast.JoinedStr, ast.Lambda)):
+        if kind is ast.Constant or kind is ast.JoinedStr or kind is ast.Lambda:
             return False, []
+        if kind is ast.Subscript:
+            return False, [(node.value, known)]
         if isinstance(node, ast.Compare) and any(isinstance(op, (ast.Is, ast.IsNot, ast.In, ast.NotIn))
                                                  for op in node.ops):
             return False, []  # identity and key membership: answered on the host
@@ -81,21 +91,36 @@ class Values:
         return names
 
     def _look_call(self, call: ast.Call, known: set[str]) -> tuple[bool, list[tuple[ast.AST, set[str]]]]:
+        reads = self.ctx.call_reads  # kept by the file's context, not on the node: a call in the function it
+        read = reads.get(id(call))      # calls would hold that function, a reference cycle
+        if read is None:
+            read = reads[id(call)] = self._read_call(call)
+        before, callee, after, parts = read
+        if before is not None:
+            return before, []
+        if callee is not None and summary(self.ctx, callee).returns_host:
+            return False, []  # a function of this file that hands back host values (`np.array(loss).mean()`)
+        if after is not None:
+            return after, []
+        return False, [(a, known) for a in parts]
+
+    def _read_call(self, call: ast.Call) -> tuple[bool | None, ast.FunctionDef | None, bool | None, list[ast.AST]]:
+        """What decides whether a call's result is a device value, whatever names hold ones, read once per
+        call: (the answer before this file's callee is asked, the callee, the answer after it, the
+        sub-expressions that decide otherwise)."""
         ctx = self.ctx
         if ctx.is_host_call(call) or ctx.transform_kind(call.func) or last_name(call.func) in AOT_METHODS:
-            return False, []
+            return False, None, None, []
         if isinstance(call.func, ast.Call) and ctx.transform_kind(call.func.func):
-            return True, []  # jax.grad(loss)(params)
+            return True, None, None, []  # jax.grad(loss)(params)
         name = ctx.resolve(call.func)
-        callee = ctx.callee(call)
-        if callee is not None and summary(ctx, callee).returns_host:
-            return False, []  # a function of this file that hands back host values (`np.array(loss).mean()`)
+        after = None
         if ctx.is_step_call(call) or last_name(call.func) in ctx.compiled or name.startswith(COMPUTE_NAMESPACES):
-            return True, []
-        if name.startswith("optax."):  # transformations and schedules are host objects; a few calls compute
-            return name in OPTAX_ARRAYS or name.startswith(OPTAX_ARRAY_NAMESPACES), []
+            after = True
+        elif name.startswith("optax."):  # transformations and schedules are host objects; a few calls compute
+            after = name in OPTAX_ARRAYS or name.startswith(OPTAX_ARRAY_NAMESPACES)
         parts = [call.func.value] if isinstance(call.func, ast.Attribute) else []
-        return False, [(a, known) for a in parts + call.args + [k.value for k in call.keywords]]
+        return None, ctx.callee(call), after, parts + call.args + [k.value for k in call.keywords]
 
     def sync_message(self, node: ast.AST, known: set[str]) -> str | None:
         """Why `node` copies a device value to the host (and waits for it), or None."""

@@ -4,6 +4,7 @@ configuration names, and the APIs removed from JAX with their replacements."""
 from __future__ import annotations
 
 import ast
+import functools
 
 from migration.codecheck.removed_api import CHANGELOG_REMOVED
 
@@ -200,6 +201,7 @@ def removed_from(key: str) -> str:
     return "Flax" if key.startswith("flax.") else "JAX"
 
 
+@functools.lru_cache(maxsize=8192)
 def removed_key(full: str) -> str | None:
     """The REMOVED entry `full` falls under ('jax.experimental.maps' for 'jax.experimental.maps.xmap')."""
     parts = full.split(".")
