@@ -137,11 +137,15 @@ def target_names(target: ast.AST) -> list[str]:
     return [name] if name else []
 
 
+ONE_TARGET_WRITES = frozenset((ast.AnnAssign, ast.AugAssign, ast.NamedExpr))
+
+
 def assigned_pairs(stmt: ast.AST) -> list[tuple[ast.AST, ast.AST]]:
     """(target, value) pairs of an assignment; tuple unpacking of a tuple value is paired up."""
-    if isinstance(stmt, ast.Assign):
+    kind = stmt.__class__
+    if kind is ast.Assign:
         pairs = [(t, stmt.value) for t in stmt.targets]
-    elif isinstance(stmt, (ast.AnnAssign, ast.AugAssign, ast.NamedExpr)) and stmt.value is not None:
+    elif kind in ONE_TARGET_WRITES and stmt.value is not None:
         pairs = [(stmt.target, stmt.value)]
     else:
         return []
@@ -222,8 +226,16 @@ def scope_nodes(scope: ast.AST) -> list[ast.AST]:
 
 
 def child_blocks(stmt: ast.stmt) -> list[list[ast.stmt]]:
-    """The statement lists nested in a compound statement (bodies, else, handlers, finally, cases)."""
-    if isinstance(stmt, SCOPES):
+    """The statement lists nested in a compound statement (bodies, else, handlers, finally, cases); kept on
+    the statement after the first call. Not to be changed."""
+    blocks = stmt.__dict__.get("_blocks")
+    if blocks is None:
+        blocks = stmt._blocks = _child_blocks(stmt)
+    return blocks
+
+
+def _child_blocks(stmt: ast.stmt) -> list[list[ast.stmt]]:
+    if stmt.__class__ in SCOPE_TYPES:
         return []
     blocks = [getattr(stmt, f) for f in ("body", "orelse", "finalbody") if isinstance(getattr(stmt, f, None), list)]
     blocks += [h.body for h in getattr(stmt, "handlers", [])]

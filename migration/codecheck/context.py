@@ -50,6 +50,7 @@ class Context:
         self._defs_in: dict[int, dict[str, ast.FunctionDef | ast.AsyncFunctionDef]] = {}  # scope -> its functions
         self.compiled: dict[str, str] = {}  # name bound to a transformed function -> the function's name
         self.summaries: dict[tuple, object] = {}  # (id(FunctionDef), seed) -> values.Summary, on first use
+        self._callees: dict[int, ast.FunctionDef | ast.AsyncFunctionDef | None] = {}  # id(Call) -> `callee`
         self.call_reads: dict[int, tuple] = {}  # id(Call) -> what decides whether it returns a device value
         for node in self.nodes:
             if node.__class__ in TRANSFORM_SITES:
@@ -340,7 +341,14 @@ class Context:
 
     def callee(self, call: ast.Call) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
         """The one function of this file that `f(...)` or `self.f(...)` calls, or `obj.f(...)` where `obj`
-        was last made by a class of this file (`obj = Trainer(...)`); not a transformed one."""
+        was last made by a class of this file (`obj = Trainer(...)`); not a transformed one. Read once
+        per call (kept here, not on the node: a call in the function it calls would hold that function)."""
+        known = self._callees.get(id(call), call)
+        if known is call:
+            known = self._callees[id(call)] = self._callee(call)
+        return known
+
+    def _callee(self, call: ast.Call) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
         func = call.func
         if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id in ("self", "cls"):
             name = func.attr

@@ -83,15 +83,17 @@ class DeviceRules(RuleFamily):
         (`tree_map(replicate, x)`), this file's copy of one, or one by a distinctive name from a project
         module."""
         message = "places data by hand for pmap (a leading device axis, a copy per device)"
-        fn = self.ctx.callee(node)
         handed = [a for a in node.args if isinstance(a, (ast.Name, ast.Attribute))
                   and self.ctx.resolve(a) in PLACEMENT_HELPERS]
         if name in PLACEMENT_HELPERS:
             self.add(node, "PMAP003", f"`{last}` {message}", PLACEMENT_HELPERS[name])
-        elif handed:
+            return
+        if handed:
             self.add(handed[0], "PMAP003", f"`{last_name(handed[0])}` {message}",
                      PLACEMENT_HELPERS[self.ctx.resolve(handed[0])])
-        elif fn is not None and id(fn) in self.ctx.placement_helpers:
+            return
+        fn = self.ctx.callee(node)
+        if fn is not None and id(fn) in self.ctx.placement_helpers:
             self.add(node, "PMAP003", f"`{last}` (a copy of a pmap-era helper, line {fn.lineno}) {message}",
                      PLACEMENT_REPLACEMENT)
         elif fn is None and (last in DISTINCTIVE_NAMES or self._project_shard(node, last)) \

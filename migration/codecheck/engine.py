@@ -10,7 +10,7 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
-from migration.codecheck.ast_helpers import scope_nodes, walk
+from migration.codecheck.ast_helpers import SCOPE_TYPES, scope_nodes, walk
 from migration.codecheck.checker import Checker
 from migration.codecheck.context import Context
 from migration.codecheck.env_rules import env_findings, env_writes
@@ -21,7 +21,7 @@ from migration.codecheck.inputs import read_source, refuse_unreadable
 from migration.codecheck.monitoring import monitoring_uses
 from migration.codecheck.rules import RULES
 from migration.codecheck.sync import direct_step_call, step_loop_syncs
-from migration.codecheck.timing import Timing, timer_names, uses_timer
+from migration.codecheck.timing import Timing, is_clock, timer_call, timer_names, uses_timer
 from migration.codecheck.values import Values
 from migration.codecheck.vocabulary import ENV_PREFIXES, FRAMEWORK_EXPERIMENTS, LOOPS
 
@@ -46,12 +46,21 @@ def scope_findings(ctx: Context) -> list[RawFinding]:
     found = []
     functions = ctx.of(ast.FunctionDef, ast.AsyncFunctionDef)
     scopes = [ctx.tree] + sorted(functions, key=lambda n: (n.lineno, n.col_offset))
+    timers = timer_names(ctx)
+    # the scopes with a loop, a clock read or a timer's call (read from the file's nodes by type): the
+    # others have nothing either check looks for, and their nodes are not gathered
+    clocked = [n for n in ctx.of(ast.Assign, ast.AnnAssign) if is_clock(ctx, n.value)]
+    timer_calls = [n for n in ctx.of(ast.Call) if timer_call(n, timers)] if timers else []
+    candidates = {id(scope_of(ctx, n)) for n in ctx.of(*LOOPS) + clocked + timer_calls}
     for scope in scopes:
+        framework_loops = framework_step_loop(ctx, scope)
+        if id(scope) not in candidates and not framework_loops:
+            continue
         nodes = list(scope_nodes(scope))
         loops = [n for n in nodes if n.__class__ in LOOP_TYPES and direct_step_call(ctx, n)]
-        loops += framework_step_loop(ctx, scope)
+        loops += framework_loops
         starts = Timing.starts_in(ctx, nodes)
-        timed = starts or uses_timer(nodes, timer_names(ctx))
+        timed = starts or uses_timer(nodes, timers)
         if not loops and not timed:
             continue
         values = Values(ctx, scope)
@@ -70,6 +79,14 @@ def scope_findings(ctx: Context) -> list[RawFinding]:
             timing = Timing(ctx, values, scope, starts, nodes)
             found += [(node, "TIME001", message, None) for node, message in timing.found]
     return found
+
+
+def scope_of(ctx: Context, node: ast.AST) -> ast.AST:
+    """The function, class or lambda whose own body holds `node`, else the module."""
+    parent = ctx.parents.get(node)
+    while parent is not None and parent.__class__ not in SCOPE_TYPES:
+        parent = ctx.parents.get(parent)
+    return ctx.tree if parent is None else parent
 
 
 def framework_step_loop(ctx: Context, scope: ast.AST) -> list[ast.While]:

@@ -61,11 +61,15 @@ def propagate_traced(fn: ast.AST, traced: set[str]) -> set[str]:
     traced = set(traced)
     pairs = [p for n in scope_nodes(fn) for p in assigned_pairs(n)]
     pairs += [(n.target, n.iter) for n in scope_nodes(fn) if isinstance(n, (ast.For, ast.AsyncFor))]
+    # each value's names read other than statically, found once: `traced_uses(value, traced)` is not empty
+    # exactly when they meet `traced`
+    reads = [(target, {n.id for n in walk(value) if n.__class__ is ast.Name and id(n) not in static})
+             for target, value in pairs for static in [static_uses(value)]]
     changed = True
     while changed:
         changed = False
-        for target, value in pairs:
-            if traced_uses(value, traced):
+        for target, names in reads:
+            if names & traced:
                 new = set(target_names(target)) - traced
                 traced |= new
                 changed |= bool(new)

@@ -291,9 +291,12 @@ def periodic(test: ast.AST) -> bool:
 
 def uses_timer(nodes: list[ast.AST], timers: dict[str, str]) -> bool:
     """Whether a scope's nodes call a timer object or a progress reporter (`timer_names`)."""
-    return bool(timers) and any(
-        isinstance(n, ast.Call) and (dotted(n.func) in timers or isinstance(n.func, ast.Attribute)
-                                     and dotted(n.func.value) in timers) for n in nodes)
+    return bool(timers) and any(isinstance(n, ast.Call) and timer_call(n, timers) for n in nodes)
+
+
+def timer_call(call: ast.Call, timers: dict[str, str]) -> bool:
+    """`chrono.pause()`, `report_progress(step)`: a call of a timer object or progress reporter."""
+    return dotted(call.func) in timers or isinstance(call.func, ast.Attribute) and dotted(call.func.value) in timers
 
 
 def is_clock(ctx: Context, node: ast.AST | None) -> bool:

@@ -5,6 +5,7 @@ kept in a 16-bit type)."""
 from __future__ import annotations
 
 import ast
+import functools
 
 from migration.codecheck.ast_helpers import (const_str, dotted, last_name, name_tokens, target_names, walk)
 from migration.codecheck.family import RuleFamily
@@ -23,6 +24,12 @@ def int_literals(node: ast.AST) -> list[int] | None:
     elts = node.elts if isinstance(node, (ast.Tuple, ast.List)) else [node]
     values = [e.value for e in elts if isinstance(e, ast.Constant) and type(e.value) is int]
     return values if len(values) == len(elts) and all(v > 0 for v in values) else None
+
+
+@functools.lru_cache(maxsize=4096)
+def is_accumulator(name: str) -> bool:
+    """`grad_acc`, `self.accumulated_grads`: a name for accumulated values."""
+    return bool(set(name_tokens(name.rsplit(".", 1)[-1])) & ACCUMULATOR_TOKENS)
 
 
 def is_half(node: ast.AST | None) -> bool:
@@ -74,7 +81,7 @@ class TopologyRules(RuleFamily):
         """`grad_acc = jax.tree.map(lambda p: jnp.zeros_like(p, dtype=jnp.bfloat16), params)`."""
         targets = node.targets if isinstance(node, ast.Assign) else [node.target]
         names = [n for t in targets for n in target_names(t)]
-        if node.value is None or not any(set(name_tokens(n.rsplit(".", 1)[-1])) & ACCUMULATOR_TOKENS for n in names):
+        if node.value is None or not any(is_accumulator(n) for n in names):
             return
         half = [n for n in walk(node.value) if isinstance(n, ast.keyword) and n.arg == "dtype" and is_half(n.value)]
         half += [n for n in walk(node.value) if isinstance(n, ast.Call) and last_name(n.func) == "astype"
