@@ -26,7 +26,6 @@ from migration.running.worker import WORKER_CPUS_VARIABLE
 from migration.service.accounts import Authenticator
 from migration.service.job import Limits
 from ui.guard import read_auth
-from ui.launch import Address, serve
 from ui.settings import EXPORTS_MARKER, Settings
 
 
@@ -37,6 +36,10 @@ def main() -> None:
         os.chmod(existing, 0o600)  # version left readable (with its -wal and -shm) is tightened too
     users = read_auth(args.auth_file, os.environ.get("MIGRATION_AUTH"))
     settings, public = checked_settings(args, users)
+    # reason: the page's module imports Gradio (about 4 s on two cores): flags are read, and bad ones
+    # refused, before it
+    from ui.launch import Address, serve
+
     serve(settings, Address(host=args.host, port=args.port, root_path=args.root_path, public=public,
                             allowed_hosts=args.allowed_hosts), users)
 
