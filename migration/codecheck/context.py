@@ -189,9 +189,10 @@ class Context:
     def transform_kind(self, node: ast.AST) -> str | None:
         """'compile' | 'grad' | 'control' when `node` names a JAX transformation."""
         name = self.resolve(node)
+        if not name.startswith("jax.") and not (node.__class__ is ast.Name and self.is_bare(node)):
+            return None  # most calls: neither under jax nor a snippet's bare name
         last = name.rsplit(".", 1)[-1]
-        bare = self.is_bare(node) and last in BARE_TRANSFORMS
-        if not (name.startswith("jax.") or bare):
+        if not name.startswith("jax.") and last not in BARE_TRANSFORMS:
             return None
         if last in COMPILE_TRANSFORMS:
             return "compile"

@@ -112,9 +112,10 @@ class DeviceRules(RuleFamily):
     def _tpu_call(self, node: ast.Call, name: str, last: str) -> None:
         if name.startswith("jax.tools.colab_tpu"):
             self.add(node, "TPU001", f"`{last}()` connects a Colab runtime to its TPU: there is none on a GPU machine")
-        backend = next((const_str(k.value) for k in node.keywords if k.arg == "backend"), None)
+        backend = next((const_str(k.value) for k in node.keywords if k.arg == "backend"), None) \
+            if node.keywords else None
         arg = const_str(node.args[0]) if node.args and last in DEVICE_QUERIES else None
-        if any(v and v.lower() == "tpu" for v in (backend, arg)):
+        if backend and backend.lower() == "tpu" or arg and arg.lower() == "tpu":
             self.add(node, "TPU001", f"`{name or last}(... \"tpu\")` selects TPU devices only: it fails on a GPU "
                                      "machine")
         if last in ("startswith", "endswith") and isinstance(node.func, ast.Attribute) and node.args \

@@ -31,8 +31,8 @@ class Ignore:
 
 def read_ignores(text: str) -> list[Ignore]:
     found = []
-    if not re.search(r"migration\s*:", text, re.IGNORECASE):
-        return found  # no comment can match: skip tokenizing
+    if "migration:" not in text:
+        return found  # no comment can match IGNORE_COMMENT: skip tokenizing
     try:
         for tok in tokenize.generate_tokens(io.StringIO(text).readline):
             m = IGNORE_COMMENT.search(tok.string) if tok.type == tokenize.COMMENT else None
