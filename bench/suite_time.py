@@ -28,7 +28,10 @@ SLOWEST = 10
 
 def read(path: Path) -> dict:
     """{"wall_s", "tests", "test_s", "files": {file: seconds}} of one run's JUnit file."""
-    root = ET.parse(path).getroot()
+    try:
+        root = ET.parse(path).getroot()
+    except ET.ParseError as exc:
+        raise SystemExit(f"{path}: not XML ({exc}); write a JUnit file with `python -m pytest --junitxml=PATH`")
     suite = root if root.tag == "testsuite" else root.find("testsuite")
     if suite is None:
         raise SystemExit(f"{path}: no <testsuite> element; write one with `python -m pytest --junitxml=PATH`")

@@ -20,8 +20,18 @@ SUITE_GOAL_S = 20 * 60
 
 
 def budget_s() -> float:
+    """The budget in seconds: $MIGRATION_SUITE_BUDGET_S when set (a number of seconds, 0 or more), else 25 min."""
     given = os.environ.get("MIGRATION_SUITE_BUDGET_S", "").strip()
-    return float(given) if given else float(SUITE_BUDGET_S)
+    if not given:
+        return float(SUITE_BUDGET_S)
+    try:
+        value = float(given)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float("inf"):
+        raise pytest.UsageError(f"MIGRATION_SUITE_BUDGET_S={given!r}: the suite's time budget is a number of "
+                                "seconds, 0 or more (unset: 1500, 25 minutes)")
+    return value
 
 
 def whole_suite(config: pytest.Config) -> bool:
@@ -40,6 +50,7 @@ def _controller(config: pytest.Config) -> bool:
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
+    budget_s()  # a budget that is not a number is refused before the run, not after it
     session.config.stash[_STARTED] = time.monotonic()
 
 

@@ -38,6 +38,11 @@ def test_the_suite_time_bench_refuses_a_missing_or_foreign_file(tmp_path):
     foreign = subprocess.run([sys.executable, "bench/suite_time.py", str(other)], cwd=ROOT, capture_output=True,
                              text=True, timeout=60)
     assert foreign.returncode != 0 and "testsuite" in foreign.stderr and "Traceback" not in foreign.stderr
+    broken = tmp_path / "broken.xml"
+    broken.write_text("<testsuite><testcase")
+    bad = subprocess.run([sys.executable, "bench/suite_time.py", str(broken)], cwd=ROOT, capture_output=True,
+                         text=True, timeout=60)
+    assert bad.returncode != 0 and "not XML" in bad.stderr and "Traceback" not in bad.stderr
 
 
 def test_the_speed_bench_runs_a_commits_linter_beside_this_checkouts(tmp_path):

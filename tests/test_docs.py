@@ -184,13 +184,16 @@ def test_the_tests_start_the_projects_python_never_a_bare_one():
 BUDGET_SUITE = {
     "pytest.ini": "[pytest]\ntestpaths = t\n",
     "t/conftest.py": "from tests.budget import pytest_sessionfinish, pytest_sessionstart, pytest_terminal_summary\n",
-    "t/test_one.py": "def test_one():\n    assert 1 + 1 == 2\n",
+    # one test that takes a known time: the run past a budget below it fails, one within a budget above it passes
+    "t/test_one.py": "import time\n\ndef test_one():\n    start = time.monotonic()\n    time.sleep(0.5)\n"
+                     "    assert time.monotonic() - start >= 0.5\n",
 }
 
 
-@pytest.mark.parametrize("budget_s,over", [("0", True), ("3600", False)])
+@pytest.mark.parametrize("budget_s,over", [("0.3", True), ("3600", False)])
 def test_the_whole_suite_fails_past_its_time_budget(tmp_path, budget_s, over):
-    """tests/budget.py on a suite of one test: past the budget (here 0 s) the whole run fails and says so;
+    """tests/budget.py on a suite of one half-second test: past the budget (here 0.3 s) the whole run fails and
+    says so;
     within it, it passes and prints its time against the budget; a selection (-k) is never judged."""
     for name, text in BUDGET_SUITE.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
@@ -205,3 +208,16 @@ def test_the_whole_suite_fails_past_its_time_budget(tmp_path, budget_s, over):
     part = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist", "-k", "one"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env)
     assert part.returncode == 0 and "the whole suite took" not in part.stdout, part.stdout[-2000:]
+
+
+@pytest.mark.parametrize("budget_s", ["abc", "-5", "inf", "nan"])
+def test_a_budget_that_is_not_a_number_of_seconds_is_refused_before_the_run(tmp_path, budget_s):
+    for name, text in BUDGET_SUITE.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "MIGRATION_SUITE_BUDGET_S": budget_s}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120, env=env)
+    out = done.stdout + done.stderr
+    assert done.returncode != 0 and "MIGRATION_SUITE_BUDGET_S" in out and "number of seconds" in out, out[-2000:]
+    assert "Traceback" not in out and "1 passed" not in out  # refused before any test ran
