@@ -495,13 +495,14 @@ def test_the_rate_limiter_allows_exactly_its_burst_and_stays_bounded():
     with pytest.raises(LimitError) as refused:
         rate.take("alice", "history")
     assert str(refused.value) == ("history: more than 2 requests in a burst or 0 a second from one user; "
-                                  "wait a moment")
+                                  "retry in a while")
+    assert refused.value.retry_after_s == float("inf")
     many = RateLimiter()
     for i in range(50_000):
         many.take(f"user{i}", "history")
-    assert len(many._buckets) == 50_000
+    assert len(many._buckets._levels) == 50_000
     many.take("one more", "history")
-    assert len(many._buckets) == 0  # past 50,000 buckets they are dropped (an idle one is full again anyway)
+    assert len(many._buckets._levels) == 0  # past 50,000 buckets they are dropped (an idle one is full again anyway)
 
 
 def test_a_watcher_waits_for_new_events_only_while_the_job_runs():

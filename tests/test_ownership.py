@@ -24,18 +24,49 @@ def test_a_session_is_bound_to_its_first_user_and_refused_to_another():
     assert tables.session_owner("s1") == "alice"
 
 
-def test_a_user_past_their_sessions_is_refused_new_ones_and_nobody_else_loses_theirs():
-    tables = Ownership(OwnershipLimits(sessions_per_user=3))
+def test_a_user_at_their_cap_loses_their_own_oldest_idle_session_never_anyone_elses():
+    forgotten = []
+    tables = Ownership(OwnershipLimits(sessions_per_user=3), forget_session=forgotten.append)
     tables.open_session("alice-1", "alice")
+    tables.close_session("alice-1")
     for i in range(3):
         tables.open_session(f"junk-{i}", "bob")
-    with pytest.raises(Refused) as refused:
-        tables.open_session("junk-3", "bob")
-    assert refused.value.status == 429 and "too many open sessions" in refused.value.text
-    assert tables.session_owner("alice-1") == "alice"
+        tables.close_session(f"junk-{i}")
+        time.sleep(0.001)
+    tables.open_session("junk-3", "bob")  # bob's own least recently used goes, with its Gradio state
+    assert forgotten == ["junk-0"] and tables.session_owner("junk-0") is None
+    assert tables.sessions_of("bob") == 3 and tables.session_owner("alice-1") == "alice"
     with pytest.raises(Refused):
         tables.open_session("alice-1", "bob")  # the flood did not free alice's session for a claim
     tables.open_session("alice-2", "alice")  # alice is not limited by bob's sessions
+
+
+def test_a_user_whose_sessions_are_all_in_use_is_refused_a_new_one():
+    busy: set[str] = set()
+    tables = Ownership(OwnershipLimits(sessions_per_user=3), busy_sessions=lambda: busy)
+    tables.open_session("page", "bob")  # held open (a page's heartbeat)
+    tables.bind_event("event-1", "bob")  # a call that named no session: its event's id is its session
+    tables.bind_event("event-2", "bob")
+    busy |= {"event-1", "event-2"}  # Gradio's queue still has their events
+    assert tables.sessions_of("bob") == 3
+    for make in (lambda: tables.open_session("one-more", "bob"), lambda: tables.make_room("bob")):
+        with pytest.raises(Refused) as refused:
+            make()
+        assert refused.value.status == 429 and "all in use" in refused.value.text
+    busy.discard("event-1")  # its event ended: the user's own idle session makes the room
+    tables.make_room("bob")
+    assert tables.session_owner("event-1") is None and tables.session_owner("event-2") == "bob"
+
+
+def test_sessions_made_by_calls_count_against_the_callers_cap():
+    forgotten = []
+    tables = Ownership(OwnershipLimits(sessions_per_user=5), forget_session=forgotten.append)
+    tables.open_session("alice-page", "alice")
+    for i in range(1000):
+        tables.make_room("bob")
+        tables.bind_event(f"bob-call-{i}", "bob")
+    assert tables.sessions_of("bob") == 5 and len(forgotten) == 995
+    assert tables.session_owner("alice-page") == "alice" and tables.sessions_of("alice") == 1
 
 
 def test_an_idle_session_expires_with_its_gradio_state_but_an_open_one_stays():
@@ -135,3 +166,18 @@ def test_a_capped_check_keeps_the_first_findings_and_the_first_of_every_rule_and
     assert CodeCheck.from_dict(capped.to_dict()) == capped
     assert capped.capped(5).total == 52  # capping again keeps the counts
     assert check.capped(100) is check
+
+
+def test_a_guessing_loop_on_a_name_does_not_lock_out_an_address_that_signed_it_in_before():
+    tables = Ownership(OwnershipLimits(sign_in_per_user=3, sign_in_per_address=50, sign_in_refill_s=60))
+    tables.take_sign_in("10.0.0.1", "alice")
+    tables.refund_sign_in("10.0.0.1", "alice")  # alice signed in from her desk
+    for _ in range(3):
+        tables.take_sign_in("10.6.6.6", "alice")  # someone else guesses her password
+    with pytest.raises(Refused) as refused:
+        tables.take_sign_in("10.6.6.7", "alice")
+    assert "user name" in refused.value.text
+    for _ in range(3):
+        tables.take_sign_in("10.0.0.1", "alice")  # her own address keeps its own attempts
+    with pytest.raises(Refused):
+        tables.take_sign_in("10.0.0.1", "alice")  # and they are limited too

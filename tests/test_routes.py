@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from tests.server import free_port
-from ui.routes import ROUTES, Access, RouteMatcher, app_routes
+from ui.routes import JSON, NONE, ROUTES, Access, RouteMatcher, app_routes
 
 pytestmark = pytest.mark.slow
 
@@ -73,3 +73,36 @@ def test_every_refused_route_says_why():
     refused = [t for t, rule in ROUTES.items() if rule.access is Access.REFUSED]
     assert "/monitoring" in refused and "/gradio_api/proxy={url_path:path}" in refused
     assert all(ROUTES[t].why for t in ROUTES)
+
+
+def test_no_component_has_a_server_function_so_component_server_stays_refused(running_app):
+    """Gradio's component_server runs a component's server function in the session the body names; the
+    guard refuses the route because no component of this app has one. A component that adds one fails
+    here until the route gets a rule that reads its bodies (JSON and multipart) for their session."""
+    blocks = running_app.get_blocks()
+    with_server_fns = sorted({type(block).__name__ for block in blocks.blocks.values()
+                              for name in dir(type(block))
+                              if getattr(getattr(type(block), name, None), "_is_server_fn", False)})
+    assert not with_server_fns, f"components with server functions: {with_server_fns}"
+    assert ROUTES["/gradio_api/component_server"].access is Access.REFUSED
+
+
+def test_every_route_that_names_a_session_says_which_body_its_handler_reads(running_app):
+    methods = {template: m for template, m in app_routes(running_app)}
+    for template, rule in ROUTES.items():
+        if rule.access in (Access.SESSION, Access.EVENT):
+            posts = "POST" in methods[template]
+            assert rule.body == (JSON if posts and not template.endswith("/close") else NONE), template
+
+
+def test_every_event_has_a_lane_and_stop_waits_in_no_queue(running_app):
+    from ui.lanes import API_LANES, Lane, lane_of
+    fns = list(running_app.get_blocks().fns.values())
+    public = {fn.api_name for fn in fns if fn.api_name and fn.fn is not None and fn.api_visibility != "private"}
+    assert public == set(API_LANES), "each public endpoint belongs to a decided lane (ui/lanes.py API_LANES)"
+    for fn in fns:
+        if lane_of(fn.api_name) is Lane.STOP:
+            assert fn.concurrency_limit is None, fn.api_name  # never behind anyone's stops in Gradio's queue
+            assert fn.queue is False or fn.api_name == "cancel_job", fn.api_name  # the page's Stop runs unqueued
+        if fn.api_visibility == "private" and fn.fn is not None:
+            assert fn.queue is False and lane_of(fn.api_name) is Lane.LIGHT, fn.api_name  # the page's small events

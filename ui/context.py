@@ -1,6 +1,6 @@
 """What every tab's handlers share, created once per server: the settings, the job service and the history,
-the exports and checkpoints folders, and the rate limiter of the light endpoints. Also the two rules every
-handler follows: whose request it is, and how a refusal reads."""
+and the exports and checkpoints folders (each user's calls are limited before they reach a handler: the
+gateway's lanes, `ui.lanes`). Also the two rules every handler follows: whose request it is, and how a refusal reads."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from migration.common import cache_dir, ConfigError, first_line, private_dir, re
 from migration.running.runner import PlanError
 from migration.running.worker_env import nvidia_gpus
 from migration.service.history import History
-from migration.service.job import RateLimiter, user_exports
+from migration.service.job import user_exports
 from migration.service.jobs import JobService
 from ui.settings import EXPORTS_MARKER, Settings
 
@@ -35,7 +35,6 @@ class AppContext:
     export_dir: Path
     checkpoint_root: Path  # one folder per user; never cleaned up by age
     default_target: str  # the Migrate form's target: this machine when it has a GPU
-    rate: RateLimiter  # per user and light endpoint: one user's flood is refused, never queued
 
     @classmethod
     def create(cls, settings: Settings) -> AppContext:
@@ -47,8 +46,7 @@ class AppContext:
                           max_bytes=int(settings.history_max_mb * 2**20) if settings.history_max_mb else None)
         service = JobService(history, export_dir, settings.limits, executor=make_executor(settings.ray_address))
         context = cls(settings=settings, history=history, service=service, export_dir=export_dir,
-                      checkpoint_root=checkpoint_root, default_target="local" if nvidia_gpus() else "h100-sxm",
-                      rate=RateLimiter())
+                      checkpoint_root=checkpoint_root, default_target="local" if nvidia_gpus() else "h100-sxm")
         threading.Thread(target=context.remove_old_exports, name="remove-old-exports", daemon=True).start()
         return context
 

@@ -58,6 +58,6 @@ def build_demo(settings: Settings | None = None) -> gr.Blocks:
         wire_history(history, history_handlers)
         wire_environment(environment, context)
         wire_serve(serve, ServeHandlers(context), job_handlers.do_stop, migrate.code_state)
-        demo.load(history_handlers.do_history, history.filters, history.table, api_visibility="private")
+        demo.load(history_handlers.do_history, history.filters, history.table, api_visibility="private", queue=False)
     demo.service = service  # type: ignore[attr-defined]  # for start-up and shutdown
     return demo

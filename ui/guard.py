@@ -21,10 +21,15 @@ from typing import Any
 
 from starlette._utils import get_route_path
 
+from pydantic import TypeAdapter, ValidationError
+
 from migration.config import forms
 from migration.service.accounts import USER_NAME, AccountsError, Authenticator, hash_password, read_users
+from migration.service.job import Limits
+from ui.bodies import NAME_HEADER, Names, check_format, has_body, json_names, last_wins, read_form, request_headers
+from ui.lanes import Gateway, Lane, LaneLimits, lane_limits, lane_of
 from ui.ownership import Ownership, OwnershipLimits, Refused
-from ui.routes import SMALL, Access, Resolved, RouteMatcher
+from ui.routes import FORM, NONE, SMALL, Access, Resolved, RouteMatcher
 
 
 def holding_response(send: Any, finish: Callable[[bytes], bytes]) -> Any:
@@ -83,8 +88,12 @@ class LoginPageWithoutApi:
 TOKEN_COOKIE = "migration-token"
 TOKEN_HEADER = b"x-migration-token"
 TOKEN_FREE_PATHS = ("/gradio_api/startup-events",)  # Gradio calls it on itself while it launches
-EVENT_CREATING = frozenset({"/gradio_api/queue/join", "/gradio_api/call/{api_name}", "/gradio_api/call/{api_name}/",
-                            "/gradio_api/call/v2/{api_name}", "/gradio_api/call/v2/{api_name}/"})
+QUEUED_CALLS = frozenset({"/gradio_api/queue/join", "/gradio_api/call/{api_name}", "/gradio_api/call/{api_name}/",
+                          "/gradio_api/call/v2/{api_name}", "/gradio_api/call/v2/{api_name}/"})  # make an event
+UNQUEUED_CALLS = frozenset({"/gradio_api/run/{api_name}", "/gradio_api/run/{api_name}/", "/gradio_api/api/{api_name}",
+                            "/gradio_api/api/{api_name}/"})  # run in the request itself
+BY_NAME_ONLY = frozenset(t for t in QUEUED_CALLS if "/call/" in t)  # the function is the path's, never the body's
+FN_INDEX = TypeAdapter(int | None)  # the body model's field, validated as FastAPI validates it
 
 
 @dataclasses.dataclass
@@ -99,28 +108,23 @@ class WebPolicy:
     export_dir: Path | None = None
     auth: bool = False
     limits: OwnershipLimits = OwnershipLimits()
-
-
-@dataclasses.dataclass
-class _Names:
-    """What a request names: sessions, events and files (in its path, query and body)."""
-
-    sessions: list[str] = dataclasses.field(default_factory=list)
-    events: list[str] = dataclasses.field(default_factory=list)
-    files: list[str] = dataclasses.field(default_factory=list)
+    lanes: dict[Lane, LaneLimits] = dataclasses.field(default_factory=lambda: lane_limits(Limits()))
 
 
 class WebGuard:
     """ASGI middleware in front of Gradio. In order: the Host (DNS rebinding) and Origin (another site's
     page) checks, the server's token when it has no users, then the route's rule in `ui.routes.ROUTES`
-    (a route outside the table is refused): the body's size, who may call it, and that every session,
-    event and file the request names anywhere (path, query, a body of any content type) is the caller's.
-    Session cookies are made SameSite=Lax."""
+    (a route outside the table is refused): the body's size and form (the form its handler reads, read
+    the way it reads it: `ui.bodies`), who may call it, and that every session, event and file the
+    request names anywhere (path, query, headers, body) is the caller's. A call is then admitted in its
+    lane (`ui.lanes`), per user, before it takes anything shared. Session cookies are made SameSite=Lax."""
 
     def __init__(self, app: Any, policy: WebPolicy):
         self.app = app
         self.policy = policy
-        self.ownership = Ownership(policy.limits, forget_session=self._forget_session)
+        self.ownership = Ownership(policy.limits, forget_session=self._forget_session,
+                                   busy_sessions=self._busy_sessions)
+        self.gateway = Gateway(policy.lanes, event_live=self._event_live)
         self._matcher: RouteMatcher | None = None
         self._gradio_app: Any = None
 
@@ -132,7 +136,11 @@ class WebGuard:
             await send({"type": "websocket.close", "code": 1008})
             return
         self._gradio_app = scope.get("app", self._gradio_app)
-        headers = {k.lower(): v for k, v in scope.get("headers", [])}
+        try:
+            headers = request_headers(scope)
+        except Refused as exc:
+            await _reply(send, exc.status, exc.text)
+            return
         refusal = self._refusal(scope, headers)
         if refusal is None and self.policy.token and not scope.get("path", "").endswith(TOKEN_FREE_PATHS):
             refusal, send = self._token_check(scope, headers, send)
@@ -166,26 +174,32 @@ class WebGuard:
             await self.app(scope, _CappedBody(receive, limit).receive, self._lax_cookies(send))
             return
         if access is Access.SIGN_IN:
-            await self._sign_in(scope, receive, send, limit)
+            await self._sign_in(scope, headers, receive, send, limit)
             return
         user = self._user(scope, headers)
         if user is None:
             raise Refused(401, "sign in first")
-        if access is Access.FILE:
-            self._file_check(resolved.params.get("path_or_url", resolved.params.get("path", "")), user)
-        elif access is Access.UPLOAD:
+        if access is Access.UPLOAD:
             await self._upload(scope, receive, send, user, limit)
             return
+        body = b""
+        if has_body(scope, headers):
+            body, receive = await _read_body(receive, limit)
+        parsed = check_format(body, headers, rule.body if access in (Access.SESSION, Access.EVENT) else NONE,
+                              resolved.template)
+        if access is Access.FILE:
+            self._file_check(resolved.params.get("path_or_url", resolved.params.get("path", "")), user)
         elif access in (Access.SESSION, Access.EVENT):
-            await self._named(scope, headers, receive, send, user, resolved, limit)
+            await self._named(scope, headers, receive, send, user, resolved, parsed)
             return
-        await self.app(scope, _CappedBody(receive, limit).receive, self._lax_cookies(send))
+        await self.app(scope, receive, self._lax_cookies(send))
 
     async def _named(self, scope: dict[str, Any], headers: dict[bytes, bytes], receive: Any, send: Any, user: str,
-                     resolved: Resolved, limit: int) -> None:
+                     resolved: Resolved, parsed: Any) -> None:
         """A route that names sessions, events or files: each must be the caller's (a session is bound to
-        them at its first use); the events it creates become theirs."""
-        names = _Names()
+        them at its first use; a call that names none gets room for the session Gradio will make of its
+        event). A call is then admitted in its lane; the events it creates become the caller's."""
+        names = Names()
         if "session_hash" in resolved.params:
             names.sessions.append(resolved.params["session_hash"])
         if "event_id" in resolved.params:
@@ -193,33 +207,66 @@ class WebGuard:
         query = urllib.parse.parse_qs(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
         names.sessions += query.get("session_hash", [])
         names.events += query.get("event_id", [])
-        if scope.get("method") not in ("GET", "HEAD"):
-            body, receive = await _read_body(receive, limit)
-            _body_names(body, names)
+        if NAME_HEADER in headers:
+            names.sessions.append(headers[NAME_HEADER].decode("latin-1"))
+        json_names(parsed, names)
         for event_id in names.events:
             self.ownership.check_event(event_id, user)
+            if self.ownership.session_owner(event_id) == user:  # a call's own session: held while it streams
+                names.sessions.append(event_id)
         for path in names.files:
             self._file_check(path, user, refusal=(403, "that file is not yours"))
+        sessions = list(dict.fromkeys(names.sessions))
+        for session in sessions:
+            self.ownership.check_session(session, user)
+        template = resolved.template
+        ticket = None
+        if template in QUEUED_CALLS or template in UNQUEUED_CALLS:  # admitted before it binds or takes anything
+            ticket = await self.gateway.admit(user, lane_of(self._api_name(scope, resolved, parsed)))
         opened: list[str] = []
         try:
-            for session in dict.fromkeys(names.sessions):
+            if template in QUEUED_CALLS and not sessions:
+                self.ownership.make_room(user)  # Gradio will make a session of the event's id
+            for session in sessions:
                 self.ownership.open_session(session, user)
                 opened.append(session)
-            if resolved.template in EVENT_CREATING:
-                send = self._binding_events(send, user)
+            if template in QUEUED_CALLS:
+                send = self._binding_events(send, user, ticket)
             await self.app(scope, receive, self._lax_cookies(send))
         finally:
+            if ticket is not None and ticket.event_id is None:  # unqueued, or no event made: the slot is free
+                self.gateway.release(ticket)
             for session in opened:
                 self.ownership.close_session(session)
 
-    def _binding_events(self, send: Any, user: str) -> Any:
+    def _api_name(self, scope: dict[str, Any], resolved: Resolved, parsed: Any) -> str | None:
+        """The api name of the function a call runs, found as Gradio finds it (`route_utils.get_fn`): the
+        body's fn_index when it has a valid one, else the path's api name (a /call's is always the path's)."""
+        blocks = scope["app"].get_blocks()
+        body = last_wins(parsed)
+        fn_index = None
+        if resolved.template not in BY_NAME_ONLY and isinstance(body, dict):
+            with contextlib.suppress(ValidationError):
+                fn_index = FN_INDEX.validate_python(body.get("fn_index"))
+        if fn_index is not None:
+            fn = blocks.fns.get(fn_index)
+            if fn is None:
+                raise Refused(404, f"no function {fn_index} in this app")
+            return fn.api_name
+        return resolved.params.get("api_name")
+
+    def _binding_events(self, send: Any, user: str, ticket: Any) -> Any:
         """`send` for a route that creates an event: its response (a small JSON object) is held until the
-        event id in it is bound to `user`, so that the caller's next request finds it theirs."""
+        event id in it is bound to `user`, so that the caller's next request finds it theirs, and the
+        call's slot in its lane is held by the event (or given back when it made none)."""
         def bind(body: bytes) -> bytes:
+            event_id = None
             with contextlib.suppress(ValueError, AttributeError, TypeError):
                 event_id = json.loads(body).get("event_id")
-                if isinstance(event_id, str) and event_id:
-                    self.ownership.bind_event(event_id, user)
+            if isinstance(event_id, str) and event_id:
+                self.ownership.bind_event(event_id, user)
+                if ticket is not None:
+                    self.gateway.bind(ticket, event_id)
             return body
         return holding_response(send, bind)
 
@@ -272,12 +319,15 @@ class WebGuard:
                    {"type": "http.response.start", "status": 500, "headers": []})
         await send({"type": "http.response.body", "body": body})
 
-    async def _sign_in(self, scope: dict[str, Any], receive: Any, send: Any, limit: int) -> None:
+    async def _sign_in(self, scope: dict[str, Any], headers: dict[bytes, bytes], receive: Any, send: Any,
+                       limit: int) -> None:
         """A sign-in: refused (429) past the attempts allowed from its address or for its user name, before
-        any password is checked; a successful one gives its attempt back."""
+        any password is checked; a successful one gives its attempt back. The user name is read from the
+        form as the sign-in handler reads it (the page posts multipart, scripts URL-encoded)."""
         body, receive = await _read_body(receive, limit)
-        form = urllib.parse.parse_qs(body.decode("latin-1"))
-        user_name = (form.get("username") or [""])[0].strip()
+        form = await read_form(scope, headers, body)
+        given = form.get("username")
+        user_name = given.strip() if isinstance(given, str) else ""
         address = (scope.get("client") or ("?", 0))[0]
         self.ownership.take_sign_in(address, user_name)
         status: list[int] = []
@@ -374,14 +424,32 @@ class WebGuard:
         return bool(real) and self.ownership.owns_upload(real, user)
 
     def _forget_session(self, session: str) -> None:
-        """A session whose binding expired: Gradio's state for it goes too (its plan, its code check)."""
+        """A session whose binding went (expired, or its user's oldest past their cap): Gradio's state for
+        it goes too (its plan, its code check), and its queue's unread messages."""
         holder = getattr(self._gradio_app, "state_holder", None)
         lock = getattr(holder, "lock", None)
-        if holder is None or lock is None:
-            return
-        with lock:
-            holder.session_data.pop(session, None)
-            holder.time_last_used.pop(session, None)
+        if holder is not None and lock is not None:
+            with lock:
+                holder.session_data.pop(session, None)
+                holder.time_last_used.pop(session, None)
+        queue = self._queue()
+        if queue is not None:
+            queue.pending_messages_per_session.pop(session, None)
+            queue.pending_event_ids_session.pop(session, None)
+
+    def _queue(self) -> Any:
+        get_blocks = getattr(self._gradio_app, "get_blocks", None)
+        return getattr(get_blocks(), "_queue", None) if callable(get_blocks) else None
+
+    def _event_live(self, event_id: str) -> bool:
+        """Whether Gradio's queue still holds the event (waiting or running)."""
+        queue = self._queue()
+        return queue is not None and event_id in queue.event_ids_to_events
+
+    def _busy_sessions(self) -> set[str]:
+        """The sessions Gradio's queue has events of (never dropped to make room)."""
+        queue = self._queue()
+        return set() if queue is None else {e.session_hash for e in list(queue.event_ids_to_events.values())}
 
     @staticmethod
     def _lax_cookies(send: Any) -> Any:
@@ -443,39 +511,6 @@ async def _read_body(receive: Any, limit: int) -> tuple[bytes, Any]:
             return {"type": "http.request", "body": body, "more_body": False}
         return await receive()
     return body, replay
-
-
-def _body_names(body: bytes, names: _Names) -> None:
-    """The sessions, events and files a body names, whatever its content type says: JSON (every value of a
-    repeated key, at any depth), else a form."""
-    if not body:
-        return
-    try:
-        found = json.loads(body, object_pairs_hook=_Pairs)
-    except (ValueError, RecursionError):
-        form = urllib.parse.parse_qs(body.decode("latin-1"), keep_blank_values=True)
-        names.sessions += form.get("session_hash", [])
-        names.events += form.get("event_id", [])
-        return
-    stack = [found]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, _Pairs):
-            for key, value in node:
-                if key == "session_hash" and isinstance(value, str):
-                    names.sessions.append(value)
-                elif key == "event_id" and isinstance(value, str):
-                    names.events.append(value)
-                elif key == "path" and isinstance(value, str):
-                    names.files.append(value)
-                else:
-                    stack.append(value)
-        elif isinstance(node, list):
-            stack.extend(node)
-
-
-class _Pairs(list):
-    """A JSON object as its (key, value) pairs, repeated keys kept."""
 
 
 def read_auth(path: str | None, env_value: str | None) -> Authenticator | None:

@@ -15,7 +15,6 @@ import gradio as gr
 from migration.config import forms
 from migration.common import ConfigError
 from migration.service.history import EXPORT_MAX_ROWS, KINDS, HistoryError
-from migration.service.job import LimitError
 from ui.context import AppContext, refuse, user_of
 from ui.frames import HISTORY_COLUMNS, compare_frames, history_frame
 from workloads import WORKLOADS
@@ -72,7 +71,7 @@ def wire_history(tab: HistoryTab, handlers: HistoryHandlers) -> None:
     """Refresh, a row clicked, Compare and the two exports (the page's load fills the table: `ui.demo`)."""
     scope = tab.filters[0]
     tab.refresh.click(handlers.do_history, tab.filters, tab.table, api_name="history", queue=False)
-    tab.table.select(handlers.do_select, tab.ids, tab.ids, api_visibility="private")
+    tab.table.select(handlers.do_select, tab.ids, tab.ids, api_visibility="private", queue=False)
     tab.buttons["compare"].click(handlers.do_compare, [tab.ids, scope], tab.compare, api_name="compare", queue=False)
     tab.buttons["export_selected"].click(handlers.do_export, [tab.ids, scope], tab.export_file, api_name="export_csv",
                                          queue=False)
@@ -103,7 +102,6 @@ class HistoryHandlers:
 
     def do_history(self, scope, kind, workload, status, request: gr.Request):
         try:
-            self.context.rate.take(user_of(request), "history")
             user = self.scope_user(scope, request)
             for field, value, allowed in (("kind", kind, ("all", *KINDS)),
                                           ("workload", workload, ("all", *WORKLOADS)),
@@ -113,7 +111,7 @@ class HistoryHandlers:
                                                    workload=None if workload == "all" else workload,
                                                    status=None if status == "all" else status, user=user,
                                                    payload=False)
-        except (ConfigError, HistoryError, LimitError) as exc:
+        except (ConfigError, HistoryError) as exc:
             raise refuse(exc)
         return history_frame(entries)
 
@@ -132,13 +130,12 @@ class HistoryHandlers:
 
     def do_compare(self, ids_text, scope, request: gr.Request):
         try:
-            self.context.rate.take(user_of(request), "compare")
             ids = parse_ids(ids_text)
             if len(ids) > COMPARE_MAX:
                 raise ConfigError("ids", f"compare at most {COMPARE_MAX} runs at once; got {len(ids)}")
             entries = (self.context.history.entries(kind="run", ids=ids, user=self.scope_user(scope, request))
                        if ids else [])
-        except (ConfigError, HistoryError, LimitError) as exc:
+        except (ConfigError, HistoryError) as exc:
             raise refuse(exc)
         if len(entries) < 2:
             raise gr.Error(f"Select two or more runs to compare (click their rows in the table); "
@@ -148,14 +145,13 @@ class HistoryHandlers:
 
     def do_export(self, ids_text, scope, request: gr.Request):
         try:
-            self.context.rate.take(user_of(request), "export")
             ids = parse_ids(ids_text) or None
             if ids is not None and len(ids) > EXPORT_MAX_ROWS:
                 raise ConfigError("ids", f"export at most {EXPORT_MAX_ROWS} entries at once; got {len(ids)}")
             path = self.context.export_path("history" if ids is None else "selection", user_of(request))
             self.context.history.to_csv(ids=ids, path=path, user=self.scope_user(scope, request),
                                         viewer=user_of(request))
-        except (ConfigError, HistoryError, OSError, LimitError) as exc:
+        except (ConfigError, HistoryError, OSError) as exc:
             raise refuse(exc)
         return gr.update(value=str(path), visible=True)
 

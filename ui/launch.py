@@ -19,10 +19,15 @@ from starlette.middleware import Middleware
 from migration.common import cache_dir, private_dir
 from migration.running.runner import ExecutorError
 from migration.service.accounts import Authenticator
+from migration.service.job import Limits
 from migration.service.jobs import JobService
 from ui.demo import build_demo
 from ui.guard import LoginPageWithoutApi, WebGuard, WebPolicy, allowed_hosts
+from ui.lanes import lane_limits
 from ui.settings import EXPORTS_MARKER, Settings, history_visibility
+
+
+LIGHT_WORKERS = 32  # Gradio queue workers beyond the jobs' and tasks': light calls from API clients
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,11 +56,12 @@ def serve(settings: Settings, address: Address, users: Authenticator | None) -> 
     public = address.public
     policy = WebPolicy(hosts=allowed_hosts(address.host, public, address.allowed_hosts),
                        public_origins=frozenset({f"{public.scheme}://{public.netloc}"} if public else ()),
-                       token=token, export_dir=export_dir, auth=users is not None)
+                       token=token, export_dir=export_dir, auth=users is not None,
+                       lanes=lane_limits(settings.limits))
     announce(settings, address, users, token, export_dir, service)
     demo.queue(max_size=max(64, 4 * settings.limits.queue_size), default_concurrency_limit=4)
     middleware = [Middleware(WebGuard, policy=policy)] + ([Middleware(LoginPageWithoutApi)] if users else [])
-    launch(demo, address, users, export_dir, middleware)
+    launch(demo, address, users, export_dir, middleware, queue_workers(settings.limits))
 
 
 def stop_on_signals(service: JobService) -> None:
@@ -88,15 +94,22 @@ def announce(settings: Settings, address: Address, users: Authenticator | None, 
               file=sys.stderr, flush=True)
 
 
+def queue_workers(limits: Limits) -> int:
+    """Gradio's queue workers: one for every job and task the service admits (each streams its progress
+    from a worker for as long as it waits or runs) and room for the light calls past them, so that a full
+    job queue never leaves a light call or a Stop without a worker."""
+    return limits.queue_size + limits.task_queue + LIGHT_WORKERS
+
+
 def launch(demo: gr.Blocks, address: Address, users: Authenticator | None, export_dir: Path,
-           middleware: list[Middleware]) -> None:
+           middleware: list[Middleware], workers: int) -> None:
     # Exports are served from their own folder, not copied into Gradio's cache (where the web guard could
     # not tell whose a copy is): the guard serves a file of that folder to the user whose subfolder holds it.
     gr.set_static_paths([str(export_dir)])
     demo.launch(server_name=address.host, server_port=address.port, root_path=address.root_path or None,
                 auth=users.check if users else None,
                 enable_monitoring=False, ssr_mode=False, show_error=True, share=False, run_history=False,
-                max_threads=64, allowed_paths=[str(export_dir)], max_file_size="5mb", quiet=True,
+                max_threads=workers, allowed_paths=[str(export_dir)], max_file_size="5mb", quiet=True,
                 app_kwargs={"middleware": middleware}, prevent_thread_lock=True)
     # Everything built so far (Gradio, pandas, the page's components) lives as long as the server:
     # out of the collector's sight, so that a full collection under load walks only what came after

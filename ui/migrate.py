@@ -107,7 +107,7 @@ def wire_migrate(tab: MigrateTab, handlers: JobHandlers) -> None:
     """The tab's events: the presets follow the workload; Plan, Run, Autotune and Stop; and `cancel_job`,
     an API endpoint without a button."""
     i, o, job = tab.inputs, tab.outputs, tab.job_state
-    i["workload"].change(presets_of, i["workload"], i["preset"], api_visibility="private")
+    i["workload"].change(presets_of, i["workload"], i["preset"], api_visibility="private", queue=False)
     plan_event = tab.buttons["plan"].click(
         handlers.do_plan, [i[name] for name in PLAN_INPUTS],
         [o["progress"], o["comparison"], o["time_plot"], o["cost_plot"], o["comparison_file"], o["plan"],
@@ -121,6 +121,8 @@ def wire_migrate(tab: MigrateTab, handlers: JobHandlers) -> None:
     autotune_event = tab.buttons["autotune"].click(
         handlers.do_autotune, [tab.plan_state, *(i[name] for name in AUTOTUNE_INPUTS)],
         [o["progress"], o["autotune_table"], o["autotune_file"], job], api_name="autotune", concurrency_limit=None)
+    # Stop and cancel_job: unqueued from the page, and without a concurrency limit from a client's queue,
+    # so that no backlog of anyone's holds them (the gateway's stop lane bounds each user: `ui.lanes`)
     tab.buttons["stop"].click(handlers.do_stop, job, o["progress"], cancels=[run_event, plan_event, autotune_event],
-                              api_name="stop")
-    gr.api(handlers.do_cancel_job, api_name="cancel_job")
+                              api_name="stop", queue=False, concurrency_limit=None)
+    gr.api(handlers.do_cancel_job, api_name="cancel_job", concurrency_limit=None)

@@ -32,11 +32,15 @@ class Access(enum.Enum):
     REFUSED = "refused"  # not served by this app: features it does not use, or that would expose the server
 
 
+JSON, FORM, UPLOAD, NONE = "json", "form", "upload", ""  # the body a route's handler reads (`ui.bodies`)
+
+
 @dataclasses.dataclass(frozen=True)
 class RouteRule:
     access: Access
     why: str
     body_bytes: int = 0  # the largest request body taken (a longer one is refused with 413 before it is read)
+    body: str = NONE  # the body's form, as its handler reads it; any other form is refused (415)
 
 
 JSON_CALL = 4 * MiB  # an event's inputs: a 1 MB paste, JSON-escaped, with the form's other fields
@@ -64,8 +68,8 @@ ROUTES: dict[str, RouteRule] = {
     "/gradio_api/app_id": RouteRule(Access.PUBLIC, "the page asks which server it talks to"),
     "/gradio_api/app_id/": RouteRule(Access.PUBLIC, "the page asks which server it talks to"),
     # signing in and out
-    "/login": RouteRule(Access.SIGN_IN, "the sign-in form", SMALL),
-    "/login/": RouteRule(Access.SIGN_IN, "the sign-in form", SMALL),
+    "/login": RouteRule(Access.SIGN_IN, "the sign-in form", SMALL, FORM),
+    "/login/": RouteRule(Access.SIGN_IN, "the sign-in form", SMALL, FORM),
     "/logout": RouteRule(Access.SIGN_OUT, "signs the user out: POST from this server's page only", SMALL),
     "/gradio_api/login_check": RouteRule(Access.PUBLIC, "whether the visitor is signed in"),
     "/gradio_api/login_check/": RouteRule(Access.PUBLIC, "whether the visitor is signed in"),
@@ -77,26 +81,24 @@ ROUTES: dict[str, RouteRule] = {
     "/gradio_api/queue/status": RouteRule(Access.USER, "the queue's length, nobody's data"),
     "/gradio_api/upload_progress": RouteRule(Access.USER, "an upload's progress (bytes only)"),
     # events: each names a session (bound to its first user) and creates or names events (bound to their creator)
-    "/gradio_api/queue/join": RouteRule(Access.SESSION, "starts an event in the caller's session", JSON_CALL),
+    "/gradio_api/queue/join": RouteRule(Access.SESSION, "starts an event in the caller's session", JSON_CALL, JSON),
     "/gradio_api/queue/data": RouteRule(Access.SESSION, "streams the caller's session's events"),
     "/gradio_api/heartbeat/{session_hash}": RouteRule(Access.SESSION, "keeps the caller's page's session alive"),
-    "/gradio_api/run/{api_name}": RouteRule(Access.SESSION, "an unqueued event in the caller's session", JSON_CALL),
-    "/gradio_api/run/{api_name}/": RouteRule(Access.SESSION, "an unqueued event", JSON_CALL),
-    "/gradio_api/api/{api_name}": RouteRule(Access.SESSION, "an unqueued event (older clients)", JSON_CALL),
-    "/gradio_api/api/{api_name}/": RouteRule(Access.SESSION, "an unqueued event (older clients)", JSON_CALL),
-    "/gradio_api/call/{api_name}": RouteRule(Access.SESSION, "starts an event for a plain HTTP client", JSON_CALL),
-    "/gradio_api/call/{api_name}/": RouteRule(Access.SESSION, "starts an event for a plain HTTP client", JSON_CALL),
-    "/gradio_api/call/v2/{api_name}": RouteRule(Access.SESSION, "starts an event (v2 clients)", JSON_CALL),
-    "/gradio_api/call/v2/{api_name}/": RouteRule(Access.SESSION, "starts an event (v2 clients)", JSON_CALL),
+    "/gradio_api/run/{api_name}": RouteRule(Access.SESSION, "an unqueued event in the caller's session", JSON_CALL, JSON),
+    "/gradio_api/run/{api_name}/": RouteRule(Access.SESSION, "an unqueued event", JSON_CALL, JSON),
+    "/gradio_api/api/{api_name}": RouteRule(Access.SESSION, "an unqueued event (older clients)", JSON_CALL, JSON),
+    "/gradio_api/api/{api_name}/": RouteRule(Access.SESSION, "an unqueued event (older clients)", JSON_CALL, JSON),
+    "/gradio_api/call/{api_name}": RouteRule(Access.SESSION, "starts an event for a plain HTTP client", JSON_CALL, JSON),
+    "/gradio_api/call/{api_name}/": RouteRule(Access.SESSION, "starts an event for a plain HTTP client", JSON_CALL, JSON),
+    "/gradio_api/call/v2/{api_name}": RouteRule(Access.SESSION, "starts an event (v2 clients)", JSON_CALL, JSON),
+    "/gradio_api/call/v2/{api_name}/": RouteRule(Access.SESSION, "starts an event (v2 clients)", JSON_CALL, JSON),
     "/gradio_api/call/{api_name}/{event_id}": RouteRule(Access.EVENT, "streams the result of the caller's event"),
     "/gradio_api/call/v2/{api_name}/{event_id}": RouteRule(Access.EVENT, "streams the caller's event (v2)"),
-    "/gradio_api/cancel": RouteRule(Access.SESSION, "cancels the caller's event", SMALL),
-    "/gradio_api/reset": RouteRule(Access.SESSION, "resets the caller's generator event", SMALL),
-    "/gradio_api/reset/": RouteRule(Access.SESSION, "resets the caller's generator event", SMALL),
+    "/gradio_api/cancel": RouteRule(Access.SESSION, "cancels the caller's event", SMALL, JSON),
+    "/gradio_api/reset": RouteRule(Access.SESSION, "resets the caller's generator event", SMALL, JSON),
+    "/gradio_api/reset/": RouteRule(Access.SESSION, "resets the caller's generator event", SMALL, JSON),
     "/gradio_api/deep_link": RouteRule(Access.SESSION, "a link to the caller's session's state"),
-    "/gradio_api/component_server": RouteRule(Access.SESSION, "a component's server function", JSON_CALL),
-    "/gradio_api/component_server/": RouteRule(Access.SESSION, "a component's server function", JSON_CALL),
-    "/gradio_api/stream/{event_id}": RouteRule(Access.EVENT, "feeds the caller's streaming event", JSON_CALL),
+    "/gradio_api/stream/{event_id}": RouteRule(Access.EVENT, "feeds the caller's streaming event", JSON_CALL, JSON),
     "/gradio_api/stream/{event_id}/close": RouteRule(Access.EVENT, "closes the caller's streaming event"),
     "/gradio_api/stream/{session_hash}/{run}/{component_id}/playlist.m3u8":
         RouteRule(Access.SESSION, "the caller's session's media stream"),
@@ -107,7 +109,7 @@ ROUTES: dict[str, RouteRule] = {
     # files
     "/gradio_api/file={path_or_url:path}": RouteRule(Access.FILE, "the caller's own exports and uploads"),
     "/gradio_api/file/{path:path}": RouteRule(Access.FILE, "the older form of the same (one check for both)"),
-    "/gradio_api/upload": RouteRule(Access.UPLOAD, "the caller's .py files and saved plans", 21 * MiB),
+    "/gradio_api/upload": RouteRule(Access.UPLOAD, "the caller's .py files and saved plans", 21 * MiB, UPLOAD),
     # refused: what this app does not use, or what would expose the server
     "/openapi.json": RouteRule(Access.REFUSED, "FastAPI's schema of Gradio's internals; /gradio_api/info describes the API"),
     "/gradio_api/openapi.json": RouteRule(Access.REFUSED, "the same schema; /gradio_api/info describes the API"),
@@ -125,6 +127,9 @@ ROUTES: dict[str, RouteRule] = {
     "/gradio_api/run-history/records/{endpoint}/{record_id}/assets/{asset_id}":
         RouteRule(Access.REFUSED, "Gradio's run history"),
     "/gradio_api/proxy={url_path:path}": RouteRule(Access.REFUSED, "fetches other servers' URLs (for gr.load)"),
+    "/gradio_api/component_server": RouteRule(Access.REFUSED, "components' server functions: no component of "
+                                              "this app has one (tests/test_routes.py checks)"),
+    "/gradio_api/component_server/": RouteRule(Access.REFUSED, "components' server functions: none in this app"),
     "/gradio_api/custom_component/{id}/{environment}/{type}/{file_name}": _REFUSED_UNUSED,
     "/gradio_api/process_recording": _REFUSED_UNUSED,
     "/gradio_api/vibe-edit": RouteRule(Access.REFUSED, "Gradio's AI code editing of the running app"),

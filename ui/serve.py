@@ -168,13 +168,14 @@ def wire_serve(tab: ServeTab, handlers: ServeHandlers, stop: Any, code_state: gr
     it also ends this tab's stream). The checklist is graded from the Code check tab's last result
     (`code_state`) and, for a run, this session's last plan."""
     i, o, job, plan = tab.inputs, tab.outputs, tab.job_state, tab.plan_state
-    i["workload"].change(presets_of, i["workload"], i["preset"], api_visibility="private")
+    i["workload"].change(presets_of, i["workload"], i["preset"], api_visibility="private", queue=False)
     shown = [o[name] for name in OUTPUTS]
     plan_event = tab.buttons["plan"].click(handlers.do_serve_plan, [code_state, *(i[name] for name in PLAN_INPUTS)],
                                            [*shown, job, plan], api_name="serve_plan", concurrency_limit=None)
     run_event = tab.buttons["run"].click(handlers.do_serve_run, [plan, code_state, *(i[name] for name in RUN_INPUTS)],
                                          [*shown, job, plan], api_name="serve_run", concurrency_limit=None)
-    tab.buttons["stop"].click(stop, job, o["status"], cancels=[plan_event, run_event], api_name="serve_stop")
+    tab.buttons["stop"].click(stop, job, o["status"], cancels=[plan_event, run_event], api_name="serve_stop",
+                              queue=False, concurrency_limit=None)
 
 
 class ServeHandlers:

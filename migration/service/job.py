@@ -6,6 +6,7 @@ are pumped into it. `migration/service/jobs.py` queues and runs jobs.
 from __future__ import annotations
 
 import dataclasses
+import math
 import threading
 import time
 from collections.abc import Iterator
@@ -36,31 +37,74 @@ class Limits:
     history_mb_per_user: float = 256.0  # and their size
 
 
+class TokenBuckets:
+    """Token buckets by key: each holds at most `burst` tokens and refills at `per_s` a second. `take` takes
+    one token from every key named, or none when any is empty (then it says how long to wait). Bounded:
+    past `max_keys` the full buckets are forgotten (a full bucket carries no information)."""
+
+    def __init__(self, per_s: float, burst: int, max_keys: int = 50_000):
+        self.per_s, self.burst, self.max_keys = per_s, burst, max_keys
+        self._levels: dict[Any, tuple[float, float]] = {}  # key -> (tokens, at)
+        self._lock = threading.Lock()
+
+    def take(self, *keys: Any) -> float:
+        """0.0: a token taken from each key; else the seconds until every key has one (nothing taken)."""
+        now = time.monotonic()
+        with self._lock:
+            levels = [self._level(key, now) for key in keys]
+            short = max((1.0 - level for level in levels), default=0.0)
+            if short > 0.0:
+                return short / self.per_s if self.per_s > 0 else float("inf")
+            for key, level in zip(keys, levels):
+                self._levels[key] = (level - 1.0, now)
+            if len(self._levels) > self.max_keys:
+                self._levels = {k: v for k, v in self._levels.items() if self._level(k, now) < self.burst}
+                if len(self._levels) > self.max_keys:  # every bucket in use: forget them all (lenient, bounded)
+                    self._levels.clear()
+            return 0.0
+
+    def give_back(self, *keys: Any) -> None:
+        now = time.monotonic()
+        with self._lock:
+            for key in keys:
+                self._levels[key] = (min(float(self.burst), self._level(key, now) + 1.0), now)
+
+    def level(self, key: Any) -> float:
+        with self._lock:
+            return self._level(key, time.monotonic())
+
+    def _level(self, key: Any, now: float) -> float:
+        tokens, at = self._levels.get(key, (float(self.burst), now))
+        return min(float(self.burst), tokens + (now - at) * self.per_s)
+
+
 class RateLimiter:
-    """Requests per user and endpoint for the light endpoints (history, compare, exports, stop): a
-    token bucket of `burst` requests refilled at `per_s` a second. Past it a request is refused at
-    once, so that one user's flood never queues ahead of another user's page."""
+    """Requests per user and endpoint: a token bucket of `burst` requests refilled at `per_s` a second;
+    past it a request is refused at once (LimitError, with the seconds to wait)."""
 
     def __init__(self, per_s: float = 5.0, burst: int = 20):
         self.per_s, self.burst = per_s, burst
-        self._buckets: dict[tuple[str, str], tuple[float, float]] = {}
-        self._lock = threading.Lock()
+        self._buckets = TokenBuckets(per_s, burst)
 
     def take(self, user: str, endpoint: str) -> None:
-        now = time.monotonic()
-        with self._lock:
-            tokens, at = self._buckets.get((user, endpoint), (float(self.burst), now))
-            tokens = min(float(self.burst), tokens + (now - at) * self.per_s)
-            if tokens < 1.0:
-                raise LimitError(f"{endpoint}: more than {self.burst} requests in a burst or {self.per_s:g} a second "
-                                 "from one user; wait a moment")
-            self._buckets[(user, endpoint)] = (tokens - 1.0, now)
-            if len(self._buckets) > 50_000:  # bounded: idle buckets are full again anyway
-                self._buckets.clear()
+        wait = self._buckets.take((user, endpoint))
+        if wait > 0.0:
+            raise LimitError(f"{endpoint}: more than {self.burst} requests in a burst or {self.per_s:g} a second "
+                             f"from one user; retry in {retry_text(wait)}", retry_after_s=wait)
+
+
+def retry_text(wait_s: float) -> str:
+    """A wait for a person: whole seconds, at least one."""
+    return "a while" if wait_s == float("inf") else f"{max(1, math.ceil(wait_s))} s"
 
 
 class LimitError(ValueError):
-    """A submission refused by a limit; `str()` is one line saying which and what to do."""
+    """A submission refused by a limit; `str()` is one line saying which and what to do (and, for a rate,
+    `retry_after_s`)."""
+
+    def __init__(self, text: str, retry_after_s: float | None = None):
+        super().__init__(text)
+        self.retry_after_s = retry_after_s
 
 
 class NotYourJob(PermissionError):
