@@ -1,0 +1,364 @@
+"""One signed-in user's flood against another user's page, on the running app with auth (loopback).
+
+Starts `app.py` with three users (alice floods, bob works, mallory guesses passwords), then measures, side
+by side in one run:
+
+1. Foreign sessions: bob names alice's session or event in every encoding (the route table crossed with
+   JSON, nested and repeated keys, UTF-16, URL-encoded and multipart forms, a file part, text/plain, a
+   header, the query; chunked and not): how many the guard refused and how many reached Gradio.
+2. Fresh sessions: alice sends `--fresh` requests that each make a session in one of the ways there are
+   (a heartbeat, a queue join, an unqueued call, a /call that names none, a deep link, component_server),
+   fresh names every time. Reported: the server's resident memory per 1,000 such requests, and a
+   session's size (the memory of `--sessions` sessions made at the pace the rate allows, divided) times
+   the cap on one user's sessions: the most her flood may hold. Then bob's page still answers.
+3. Flood: bob's history (the page's unqueued call), Stop (the page's unqueued call) and cancel_job (a
+   client's queued /call) timed idle, then while alice sends `--flood` light calls at once (history,
+   Stop and cancel_job by every route). Reported: bob's p50 and max under the flood over his idle p50
+   (target: within max(3x idle, 0.5 s)), and what alice was answered (ok, 429 with a retry time).
+4. Run lanes: alice submits `--runs` runs at once; then bob submits his first run. Reported: how alice's
+   were answered (admitted, refused by the job service, refused at the gateway) and when bob's run
+   started (its queue position and seconds to its first step) against the same run with nothing queued.
+5. Sign-in: mallory guesses alice's password from another address for `--guess-s` seconds. Reported:
+   guesses checked and refused, and whether alice signs in from her own address meanwhile.
+
+    python bench/flood.py [--flood 250] [--fresh 10000] [--sessions 80] [--runs 50] [--guess-s 20]
+                          [--json bench/results/flood.json]
+
+`--flood 60 --fresh 600 --sessions 0 --runs 0 --guess-s 0` is the smoke size the suite runs
+(tests/test_benches.py); tests/test_attacks.py runs the flood and the fresh sessions on its own server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import concurrent.futures
+import json
+import os
+import re
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from bench import record  # noqa: E402
+from tests.server import Server, users_file  # noqa: E402
+
+USERS = {"alice": "pw-alice-flood", "bob": "pw-bob-works", "carol": "pw-carol-size", "mallory": "pw-mallory-x"}
+HISTORY_ARGS = ["mine", "all", "all", "all"]
+RUN_FORM = ["mlp", "tiny", "tpu-v5e-8", 8, 0, "bf16", "local", 1, 0.8, "multiple8", "auto", "auto", 0, 0, 0, 0, 0, 0,
+            0, 0, "preset", "auto", 8]
+WITHIN_FACTOR, WITHIN_FLOOR_S = 3.0, 0.5
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmRSS")
+
+
+def sign_in(server: Server, user: str, password: str | None = None, address: str | None = None) -> httpx.Cookies:
+    headers = {"x-forwarded-for": address} if address else {}
+    r = httpx.post(f"{server.url}login/", data={"username": user, "password": password or USERS[user]},
+                   headers=headers, timeout=30)
+    r.raise_for_status()
+    return r.cookies
+
+
+class Page:
+    """A signed-in user's page: their cookies, a session and the function indices of the light events."""
+
+    def __init__(self, server: Server, user: str, password: str | None = None):
+        self.server, self.user = server, user
+        self.cookies = sign_in(server, user, password)
+        self.session = f"{user}-page-{os.urandom(6).hex()}"
+        config = httpx.get(f"{server.url}config", cookies=self.cookies, timeout=30).json()
+        self.fn = {(d.get("api_name") or "").strip("/"): d["id"] for d in config["dependencies"]}
+        self.base = f"{server.url}gradio_api"
+
+    def unqueued(self, api: str, data: list[Any], client: httpx.Client | None = None) -> httpx.Response:
+        return (client or httpx).post(f"{self.base}/run/{api}", cookies=self.cookies, timeout=60,
+                                      json={"data": data, "fn_index": self.fn[api], "session_hash": self.session})
+
+    def history(self) -> float:
+        t0 = time.monotonic()
+        r = self.unqueued("history", HISTORY_ARGS)
+        assert r.status_code == 200, r.text[:300]
+        return time.monotonic() - t0
+
+    def stop(self) -> float:
+        t0 = time.monotonic()
+        r = self.unqueued("stop", [None])
+        assert r.status_code == 200 and "Nothing of yours" in r.text, r.text[:300]
+        return time.monotonic() - t0
+
+    def cancel_job(self) -> float:
+        """A client's queued call: POST /call, then its result's stream to the end."""
+        t0 = time.monotonic()
+        r = httpx.post(f"{self.base}/call/cancel_job", json={"data": ["999999"]}, cookies=self.cookies, timeout=60)
+        assert r.status_code == 200, r.text[:300]
+        with httpx.stream("GET", f"{self.base}/call/cancel_job/{r.json()['event_id']}", cookies=self.cookies,
+                          timeout=60) as s:
+            text = "".join(s.iter_text())
+        assert "event: error" in text or "event: complete" in text, text[:300]
+        return time.monotonic() - t0
+
+
+def timings(page: Page, n: int) -> dict[str, list[float]]:
+    """`n` of each of the page's light actions, paced within the user's own rate."""
+    out: dict[str, list[float]] = {"history": [], "stop": [], "cancel_job": []}
+    for _ in range(n):
+        for name in out:
+            out[name].append(getattr(page, name)())
+            time.sleep(0.25)
+    return out
+
+
+async def _flood(page: Page, n: int) -> dict[str, int]:
+    """`n` light calls of `page`'s user at once, every route a client can take; what each was answered."""
+    answers: dict[str, int] = {}
+    kinds = [("run", "history", HISTORY_ARGS), ("call", "history", HISTORY_ARGS), ("join", "history", HISTORY_ARGS),
+             ("run", "stop", [None]), ("call", "cancel_job", ["999999"])]
+    limits = httpx.Limits(max_connections=n + 10, max_keepalive_connections=n + 10)
+    async with httpx.AsyncClient(cookies=page.cookies, timeout=120, limits=limits) as client:
+        async def one(i: int) -> None:
+            how, api, data = kinds[i % len(kinds)]
+            if how == "call":
+                r = await client.post(f"{page.base}/call/{api}", json={"data": data})
+            else:
+                body = {"data": data, "fn_index": page.fn[api], "session_hash": page.session}
+                r = await client.post(f"{page.base}/{'run/' + api if how == 'run' else 'queue/join'}", json=body)
+            key = f"{r.status_code}"
+            if r.status_code == 429:
+                answers.setdefault("sample", r.text)  # type: ignore[arg-type]
+                answers.setdefault("retry-after", r.headers.get("retry-after"))  # type: ignore[arg-type]
+            answers[key] = answers.get(key, 0) + 1
+        await asyncio.gather(*(one(i) for i in range(n)))
+    return answers
+
+
+def flood(victim: Page, flooder: Page, n: int, bursts: int = 8) -> dict[str, Any]:
+    """The victim's light actions idle, then during each of `bursts` floods of `n` calls sent at once (the
+    victim's history, Stop and cancel_job start as the flood lands)."""
+    idle = timings(victim, bursts)
+    under: dict[str, list[float]] = {name: [] for name in idle}
+    answers: list[dict[str, int]] = []
+    for _ in range(bursts):
+        burst = threading.Thread(target=lambda: answers.append(asyncio.run(_flood(flooder, n))))
+        burst.start()
+        time.sleep(0.05)
+        for name in under:
+            under[name].append(getattr(victim, name)())
+        burst.join()
+        time.sleep(1.5)  # the flooder's rate refills a little between bursts
+    rows = []
+    for name in idle:
+        p50_idle = statistics.median(idle[name])
+        bound = max(WITHIN_FACTOR * p50_idle, WITHIN_FLOOR_S)
+        rows.append({"action": name, "idle_p50_ms": 1e3 * p50_idle, "flood_p50_ms": 1e3 * statistics.median(under[name]),
+                     "flood_max_ms": 1e3 * max(under[name]), "bound_ms": 1e3 * bound,
+                     "ratio": statistics.median(under[name]) / p50_idle, "within": max(under[name]) <= bound})
+    total: dict[str, Any] = {}
+    for a in answers:
+        for k, v in a.items():
+            total[k] = v if isinstance(v, str) or v is None else total.get(k, 0) + v
+    return {"rows": rows, "answers": total, "floods": len(answers)}
+
+
+def fresh_sessions(server: Server, page: Page, n: int) -> dict[str, Any]:
+    """`n` requests of `page`'s user that each name a fresh session, cycling through every way one is made;
+    the server's memory before and after, and what they were answered."""
+    ways = ["heartbeat", "join", "run", "call", "deep_link", "component_server"]
+    answers: dict[str, dict[str, int]] = {w: {} for w in ways}
+    pid = server.proc.pid
+    before = rss_mb(pid)
+    t0 = time.monotonic()
+    with httpx.Client(cookies=page.cookies, timeout=30) as client:
+        for i in range(n):
+            way, fresh = ways[i % len(ways)], f"fresh-{i}-{os.urandom(4).hex()}"
+            body = {"data": HISTORY_ARGS, "fn_index": page.fn["history"], "session_hash": fresh}
+            if way == "heartbeat":
+                with client.stream("GET", f"{page.base}/heartbeat/{fresh}") as r:
+                    status = r.status_code
+            elif way == "join":
+                status = client.post(f"{page.base}/queue/join", json=body).status_code
+            elif way == "run":
+                status = client.post(f"{page.base}/run/history", json=body).status_code
+            elif way == "call":
+                status = client.post(f"{page.base}/call/history", json={"data": HISTORY_ARGS}).status_code
+            elif way == "deep_link":
+                status = client.get(f"{page.base}/deep_link", params={"session_hash": fresh}).status_code
+            else:
+                status = client.post(f"{page.base}/component_server", files={"session_hash": (None, fresh),
+                                     "component_id": (None, "1"), "fn_name": (None, "x")}).status_code
+            answers[way][str(status)] = answers[way].get(str(status), 0) + 1
+    wall = time.monotonic() - t0
+    time.sleep(1.0)
+    after = rss_mb(pid)
+    return {"requests": n, "wall_s": wall, "rss_before_mb": before, "rss_after_mb": after,
+            "mb_per_1000": (after - before) * 1000 / max(n, 1), "answers": answers}
+
+
+def session_size(server: Server, page: Page, n: int) -> dict[str, Any]:
+    """The memory a session's state takes in the server: `n` fresh sessions, each opened by a queued history
+    call paced within the user's rate (so that every one is admitted and Gradio makes its state), then the
+    resident memory's growth per session, and the number the cap lets one user keep."""
+    pid = server.proc.pid
+    before = rss_mb(pid)
+    with httpx.Client(cookies=page.cookies, timeout=30) as client:
+        for i in range(n):
+            body = {"data": HISTORY_ARGS, "fn_index": page.fn["history"], "session_hash": f"size-{i}"}
+            r = client.post(f"{page.base}/run/history", json=body)
+            assert r.status_code == 200, r.text[:200]
+            time.sleep(0.21)
+    time.sleep(1.0)
+    grown = rss_mb(pid) - before
+    return {"sessions": n, "grown_mb": grown}
+
+
+def run_lanes(server: Server, flooder: Page, victim: Page, n: int) -> dict[str, Any]:
+    """The victim's first run with nothing queued, then again after the flooder submitted `n` runs at once."""
+    def submit(page: Page, label: str) -> httpx.Response:
+        data = [None, 2, 0.003, False, False, False, False, False, *RUN_FORM, label, "", ""]
+        return httpx.post(f"{page.base}/call/run", json={"data": data}, cookies=page.cookies, timeout=120)
+
+    def first_step_s(page: Page, label: str) -> tuple[float, str]:
+        t0 = time.monotonic()
+        r = submit(page, label)
+        assert r.status_code == 200, r.text[:300]
+        lines = []
+        with httpx.stream("GET", f"{page.base}/call/run/{r.json()['event_id']}", cookies=page.cookies,
+                          timeout=1800) as s:
+            for line in s.iter_lines():
+                lines.append(line)
+                if "Run finished" in line or "event: error" in line:
+                    break
+        found = next((re.search(r"position \d+[^\"\\]{0,40}", ln) for ln in lines if "position" in ln), None)
+        return time.monotonic() - t0, found.group(0) if found else ""
+
+    first_step_s(victim, "bob alone, warming up")
+    alone_s, _ = first_step_s(victim, "bob alone")
+    with concurrent.futures.ThreadPoolExecutor(n) as pool:
+        floods = [pool.submit(submit, flooder, f"alice {i}") for i in range(n)]
+        answered = [f.result() for f in floods]
+        time.sleep(0.5)
+        behind_s, position = first_step_s(victim, "bob behind alice")
+    codes: dict[str, int] = {}
+    for r in answered:
+        codes[str(r.status_code)] = codes.get(str(r.status_code), 0) + 1
+    return {"alone_s": alone_s, "behind_s": behind_s, "position": position, "alice_answers": codes}
+
+
+def guessing(server: Server, seconds: float) -> dict[str, Any]:
+    """mallory guesses alice's password from 10.6.6.6 for `seconds`; alice signs in from her own address
+    (127.0.0.1, known: she signed in from it before) every second meanwhile, and once from a new one."""
+    sign_in(server, "alice")  # her address is known
+    counts = {"checked": 0, "refused": 0}
+    alice_ok, deadline = [], time.monotonic() + seconds
+    with httpx.Client(timeout=30) as client:
+        last_alice = 0.0
+        while time.monotonic() < deadline:
+            r = client.post(f"{server.url}login/", data={"username": "alice", "password": "guess"},
+                            headers={"x-forwarded-for": "10.6.6.6"})
+            counts["refused" if r.status_code == 429 else "checked"] += 1
+            if time.monotonic() - last_alice > 1.0:
+                last_alice = time.monotonic()
+                ok = httpx.post(f"{server.url}login/", data={"username": "alice", "password": USERS["alice"]},
+                                timeout=30)
+                alice_ok.append(ok.status_code == 200)
+        new_address = client.post(f"{server.url}login/", data={"username": "alice", "password": USERS["alice"]},
+                                  headers={"x-forwarded-for": "10.7.7.7"}).status_code
+    return {"seconds": seconds, **counts, "alice_signed_in": sum(alice_ok), "alice_tries": len(alice_ok),
+            "new_address_status": new_address}
+
+
+def _ms(x: float) -> str:
+    return f"{x:.0f} ms"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--flood", type=int, default=250, help="light calls the flooder sends at once")
+    parser.add_argument("--fresh", type=int, default=10_000, help="fresh-session requests")
+    parser.add_argument("--sessions", type=int, default=63, help="sessions made at the allowed pace to size one "
+                                                                  "(at most the cap less one)")
+    parser.add_argument("--runs", type=int, default=50, help="runs the flooder submits at once (0: skip)")
+    parser.add_argument("--guess-s", type=float, default=20.0, help="seconds of password guessing (0: skip)")
+    parser.add_argument("--json", metavar="PATH", default=None)
+    args = parser.parse_args()
+    from ui.ownership import OwnershipLimits
+    cap = OwnershipLimits().sessions_per_user
+    tables, notes, data = [], [], {}
+    with tempfile.TemporaryDirectory(prefix="flood-") as tmp_name:
+        tmp = Path(tmp_name)
+        server = Server(tmp, "--auth-file", str(users_file(tmp / "users.txt", USERS)), client=False)
+        try:
+            size = None
+            if args.sessions:  # first, by a user with no other session, below the cap: every one is kept
+                size = session_size(server, Page(server, "carol"), min(args.sessions, cap - 1))
+                data["session_size"] = size
+            alice, bob = Page(server, "alice"), Page(server, "bob")
+            result = flood(bob, alice, args.flood)
+            data["flood"] = result
+            tables.append(record.table(
+                f"bob's light actions idle and as each of {result['floods']} floods of {args.flood} light calls "
+                f"alice sends at once lands; bound: max({WITHIN_FACTOR:g}x idle p50, {WITHIN_FLOOR_S * 1e3:.0f} ms)",
+                ["action", "idle p50", "flood p50", "flood max", "bound", "p50 flood / idle", "within"],
+                [[r["action"], _ms(r["idle_p50_ms"]), _ms(r["flood_p50_ms"]), _ms(r["flood_max_ms"]), _ms(r["bound_ms"]),
+                  f"{r['ratio']:.2f}x", "yes" if r["within"] else "NO"] for r in result["rows"]]))
+            answers = result["answers"]
+            notes.append(f"alice's answers: {answers.get('200', 0)} ok, {answers.get('429', 0)} refused with 429 "
+                         f"(Retry-After {answers.get('retry-after')} s; \"{answers.get('sample', '')}\").")
+            fresh = fresh_sessions(server, alice, args.fresh)
+            data["fresh"] = fresh
+            rows = [[way, ", ".join(f"{k}: {v}" for k, v in sorted(a.items()))] for way, a in fresh["answers"].items()]
+            tables.append(record.table(f"{args.fresh} fresh-session requests of alice's, by way ({fresh['wall_s']:.0f} s)",
+                                       ["way", "answers (status: count)"], rows))
+            line = (f"memory: {fresh['rss_before_mb']:.0f} -> {fresh['rss_after_mb']:.0f} MB resident, "
+                    f"{fresh['mb_per_1000']:+.1f} MB per 1,000 fresh-session requests")
+            if size is not None:
+                per = size["grown_mb"] / size["sessions"]
+                line += (f"; a session's state {per * 1e3:.0f} KB ({size['sessions']} made at the allowed pace: "
+                         f"+{size['grown_mb']:.1f} MB), so one user's cap of {cap} sessions holds at most "
+                         f"{cap * per:.0f} MB")
+            notes.append(line + ".")
+            bob.history()  # bob's page still answers
+            if args.runs:
+                lanes = run_lanes(server, alice, bob, args.runs)
+                data["run_lanes"] = lanes
+                notes.append(f"run lanes: bob's run (2 steps of mlp/tiny, submitted to its end) took "
+                             f"{lanes['alone_s']:.1f} s with nothing queued and {lanes['behind_s']:.1f} s after alice "
+                             f"submitted {args.runs} at once ({lanes['position'] or 'no queue position shown'}); "
+                             f"alice's {args.runs} were answered {lanes['alice_answers']} (200: the call was queued and "
+                             "the job service took it or refused it past her jobs; 429: refused at the gateway).")
+            if args.guess_s:
+                g = guessing(server, args.guess_s)
+                data["sign_in"] = g
+                notes.append(f"sign-in: mallory's {g['checked'] + g['refused']} guesses at alice's password in "
+                             f"{g['seconds']:.0f} s from another address: {g['checked']} checked, {g['refused']} "
+                             f"refused (429) before any check; alice signed in {g['alice_signed_in']} of "
+                             f"{g['alice_tries']} times from her own address meanwhile; from a new address: "
+                             f"HTTP {g['new_address_status']}.")
+        finally:
+            server.close()
+    for t in tables:
+        print(f"\n{t['title']}\n| " + " | ".join(t["columns"]) + " |")
+        for row in t["rows"]:
+            print("| " + " | ".join(row) + " |")
+    for n in notes:
+        print(n)
+    record.write(args.json, "flood", tables, notes, data=data)
+    within = all(r["within"] for r in data["flood"]["rows"])
+    return 0 if within else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
