@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import concurrent.futures
+import dataclasses
 import json
 import os
 import re
@@ -173,6 +174,113 @@ def flood(victim: Page, flooder: Page, n: int, bursts: int = 8) -> dict[str, Any
     return {"rows": rows, "answers": total, "floods": len(answers)}
 
 
+ENCODINGS = ("json", "json-nested", "json-repeated-key", "json-utf16", "urlencoded", "multipart", "multipart-file",
+             "text", "header", "query")
+GUARD_REFUSED = re.compile(r"another user|no such event of yours|takes a JSON body|takes no request body|"
+                           r"not valid JSON|appears twice")
+PLACEHOLDERS = {"api_name": "history", "run": "r0", "component_id": "1", "segment_id": "0", "ext": "ts",
+                "path": "x", "path_or_url": "x"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Spelling:
+    """How a request spells what it carries: the media types' capitalisation (`case`: one flag a letter,
+    repeated), the JSON content type (None: no header), a charset parameter, the multipart boundary, the
+    type of a text body, and whether the body comes in chunks."""
+
+    case: tuple[bool, ...] = (False,)
+    json_type: str | None = "application/json"
+    charset: str = ""
+    boundary: str = "b0undary"
+    text_type: str = "text/plain"
+    chunked: bool = False
+
+    def spell(self, text: str) -> str:
+        return "".join(c.upper() if self.case[i % len(self.case)] else c for i, c in enumerate(text))
+
+
+def encode_names(encoding: str, key: str, value: str, how: Spelling) -> tuple[str, dict[str, str], bytes]:
+    """(query, headers, body) of a request naming `value` under `key` in `encoding`, spelled `how`."""
+    call = {"data": HISTORY_ARGS, "fn_index": 0}
+    headers = {"content-type": how.spell(how.json_type) + how.charset} if how.json_type else {}
+    if encoding in ("json", "json-nested", "json-utf16"):
+        body_obj = {**call, key: value} if encoding != "json-nested" else {**call, "data": [{"x": {key: value}}]}
+        return "", headers, json.dumps(body_obj).encode("utf-16" if encoding == "json-utf16" else "utf-8")
+    if encoding == "json-repeated-key":  # the caller's own value first, the named one last (what a parser keeps)
+        return "", headers, f'{{"data": [], "fn_index": 0, "{key}": "own", "{key}": "{value}"}}'.encode()
+    if encoding == "urlencoded":
+        kind = how.spell("application/x-www-form-urlencoded") + how.charset
+        return "", {"content-type": kind}, f"{key}={value}&component_id=1&fn_name=x".encode()
+    if encoding in ("multipart", "multipart-file"):
+        b = how.boundary
+        file = '; filename="s.txt"' if encoding == "multipart-file" else ""
+        body = (f'--{b}\r\nContent-Disposition: form-data; name="{key}"{file}\r\n\r\n{value}\r\n'
+                f'--{b}\r\nContent-Disposition: form-data; name="fn_name"\r\n\r\nx\r\n--{b}--\r\n')
+        return "", {"content-type": how.spell("multipart/form-data") + f"; boundary={b}"}, body.encode()
+    if encoding == "text":
+        return "", {"content-type": how.spell(how.text_type) + how.charset}, json.dumps({**call, key: value}).encode()
+    if encoding == "header":
+        return "", {**headers, how.spell("session_hash"): value}, json.dumps(call).encode()
+    return f"?{key}={value}", headers, json.dumps(call).encode()  # query
+
+
+def named_templates() -> list[str]:
+    from ui.routes import ROUTES, Access
+    return sorted(t for t, rule in ROUTES.items() if rule.access in (Access.SESSION, Access.EVENT))
+
+
+def foreign_attempt(server: Server, cookies: httpx.Cookies, template: str, encoding: str, key: str, value: str,
+                    how: Spelling, own_event: str) -> tuple[int, str]:
+    """One request on `template` naming `value` (someone else's) in `encoding`; the caller's own session
+    and event in the path, so the named value is the only foreign name. (status, the first of the text)."""
+    from ui.routes import JSON, ROUTES
+    query, headers, body = encode_names(encoding, key, value, how)
+    params = dict(PLACEHOLDERS, session_hash=f"own-{os.urandom(4).hex()}", event_id=own_event)
+    path = re.sub(r"{(\w+)(:\w+)?}", lambda m: params[m.group(1)], template)
+    method = "POST" if ROUTES[template].body == JSON or template.endswith("/close") else "GET"
+    content = iter([body[:7], body[7:]]) if how.chunked else body
+    with httpx.stream(method, f"{server.url}{path.lstrip('/')}{query}", content=content, headers=headers,
+                      cookies=cookies, timeout=10) as r:
+        return r.status_code, r.read().decode("utf-8", "replace")[:2000]
+
+
+def refused_by_the_guard(status: int, text: str) -> bool:
+    return status == 405 or (status in (400, 403, 404, 415) and bool(GUARD_REFUSED.search(text)))
+
+
+def foreign_sessions(server: Server, victim: Page, attacker: Page, spellings: int = 2) -> dict[str, Any]:
+    """The route table crossed with every encoding: the attacker names the victim's session or event,
+    in `spellings` spellings each; how many the guard refused, and how many it let through to Gradio."""
+    import random
+    rng = random.Random(0)
+    called = httpx.post(f"{victim.base}/call/history", json={"data": HISTORY_ARGS}, cookies=victim.cookies, timeout=30)
+    own = httpx.post(f"{attacker.base}/call/history", json={"data": HISTORY_ARGS}, cookies=attacker.cookies,
+                     timeout=30)
+    victim.unqueued("history", HISTORY_ARGS)  # binds the victim's page session
+    names = {"session_hash": victim.session, "event_id": called.json()["event_id"]}
+    counts = {"requests": 0, "refused": 0, "passed": 0}
+    passed: list[str] = []
+    for template in named_templates():
+        for encoding in ENCODINGS:
+            for key in (("session_hash",) if encoding == "header" else tuple(names)):
+                for _ in range(spellings):
+                    how = Spelling(case=tuple(rng.random() < 0.5 for _ in range(7)),
+                                   json_type=rng.choice((None, "application/json", "application/vnd.gradio+json")),
+                                   charset=rng.choice(("", "; charset=utf-8", "; Charset=UTF-16")),
+                                   boundary=rng.choice(("b0undary", "----WebKitFormBoundaryAbC")),
+                                   text_type=rng.choice(("text/plain", "application/octet-stream")),
+                                   chunked=rng.random() < 0.5)
+                    status, text = foreign_attempt(server, attacker.cookies, template, encoding, key, names[key],
+                                                   how, own.json()["event_id"])
+                    counts["requests"] += 1
+                    if refused_by_the_guard(status, text):
+                        counts["refused"] += 1
+                    else:
+                        counts["passed"] += 1
+                        passed.append(f"{template} {encoding} {key}: {status} {text[:80]}")
+    return {**counts, "passed_examples": passed[:5], "templates": len(named_templates())}
+
+
 def fresh_sessions(server: Server, page: Page, n: int) -> dict[str, Any]:
     """`n` requests of `page`'s user that each name a fresh session, cycling through every way one is made;
     the server's memory before and after, and what they were answered."""
@@ -306,6 +414,12 @@ def main() -> int:
                 size = session_size(server, Page(server, "carol"), min(args.sessions, cap - 1))
                 data["session_size"] = size
             alice, bob = Page(server, "alice"), Page(server, "bob")
+            foreign = foreign_sessions(server, bob, alice)
+            data["foreign"] = foreign
+            notes.append(f"foreign sessions: alice named bob's session or event in {foreign['requests']} requests "
+                         f"({foreign['templates']} routes x {len(ENCODINGS)} encodings, 2 spellings each): "
+                         f"{foreign['refused']} refused by the guard, {foreign['passed']} reached Gradio"
+                         + (f" ({'; '.join(foreign['passed_examples'])})" if foreign["passed"] else "") + ".")
             result = flood(bob, alice, args.flood)
             data["flood"] = result
             tables.append(record.table(
@@ -357,7 +471,7 @@ def main() -> int:
         print(n)
     record.write(args.json, "flood", tables, notes, data=data)
     within = all(r["within"] for r in data["flood"]["rows"])
-    return 0 if within else 1
+    return 0 if within and data["foreign"]["passed"] == 0 else 1
 
 
 if __name__ == "__main__":

@@ -3,9 +3,10 @@ side by side in one process: the same requests to the app's real Gradio server o
 and without it, over ASGI in-process (no sockets), alternated so that both see the same machine.
 
 Requests: GET /config (the page's layout, public), POST /gradio_api/run/history (an unqueued event in a
-session: the body is read and parsed for the session, events and files it names; past the history's
-per-user rate limit some are refused, the same way on both sides) and a GET of a route outside the table
-(refused by the guard alone, by Gradio's 404 without it).
+session: the body is read as its handler reads it and checked for the session, events and files it
+names, then the call is admitted in its lane; the lanes' rates are set out of reach here, so that every
+call runs on both sides) and a GET of a route outside the table (refused by the guard alone, by
+Gradio's 404 without it).
 
     python bench/guard_overhead.py [--requests 300]
 """
@@ -33,6 +34,7 @@ from bench import record  # noqa: E402
 from tests.server import free_port  # noqa: E402
 from ui.demo import build_demo  # noqa: E402
 from ui.guard import WebGuard, WebPolicy  # noqa: E402
+from ui.lanes import Lane, LaneLimits  # noqa: E402
 from ui.settings import Settings  # noqa: E402
 
 
@@ -59,7 +61,9 @@ async def main_async(requests: int) -> list[list[str]]:
     app, _, _ = demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True,
                             enable_monitoring=False, ssr_mode=False)
     fn = next(d._id for d in demo.fns.values() if d.api_name == "history")
-    guard = WithApp(WebGuard(app, WebPolicy(hosts=frozenset({"test"}), export_dir=Path(_TMP) / "exports")), app)
+    lanes = {lane: LaneLimits(burst=10**9, per_s=1e9, running=10**9, waiting=0) for lane in Lane}
+    guard = WithApp(WebGuard(app, WebPolicy(hosts=frozenset({"test"}), export_dir=Path(_TMP) / "exports",
+                                            lanes=lanes)), app)
     body = {"data": ["mine", "all", "all", "all"], "fn_index": fn, "session_hash": "bench-session"}
     cases = {"GET /config": ("GET", "/config", {}),
              "POST /gradio_api/run/history": ("POST", "/gradio_api/run/history", {"json": body}),

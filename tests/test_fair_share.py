@@ -1,5 +1,5 @@
 """Fair sharing of the box: round-robin between users in a lane, backfill with a bound, budgets
-per job and per user and day, history quotas, rate limits on the light endpoints."""
+per job and per user and day, history quotas, the token buckets the rate limits are made of."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 import pytest
 
 from migration.service.history import History
-from migration.service.job import Limits, LimitError, RateLimiter
+from migration.service.job import Limits, LimitError, TokenBuckets
 from migration.service.jobs import BACKFILL_MAX, JobService
 from migration.running.runner import LocalExecutor
 from tests.server import wait_until
@@ -98,13 +98,12 @@ def test_history_quota_refuses_a_user_past_it_and_prune_frees_room(tmp_path):
     service._submit("run", "alice", "", "gpu", "after pruning", "mlp", "tiny", {}, finish)
 
 
-def test_the_rate_limiter_refuses_a_flood_and_refills():
-    rate = RateLimiter(per_s=10, burst=5)
+def test_a_token_bucket_refuses_a_flood_and_refills():
+    rate = TokenBuckets(per_s=10, burst=5)
     for _ in range(5):
-        rate.take("alice", "history")
-    with pytest.raises(LimitError, match="history: more than 5 requests"):
-        rate.take("alice", "history")
-    rate.take("bob", "history")  # per user
-    rate.take("alice", "export")  # and per endpoint
+        assert rate.take(("alice", "light")) == 0.0
+    assert 0.0 < rate.take(("alice", "light")) <= 0.1  # the wait for the next token
+    assert rate.take(("bob", "light")) == 0.0  # per user
+    assert rate.take(("alice", "stop")) == 0.0  # and per lane
     time.sleep(0.25)
-    rate.take("alice", "history")
+    assert rate.take(("alice", "light")) == 0.0

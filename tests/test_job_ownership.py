@@ -15,7 +15,7 @@ import pytest
 from migration.common import ConfigError
 from migration.service import jobs as jobs_module
 from migration.service.history import History, HistoryError
-from migration.service.job import (Job, Limits, LimitError, NotYourJob, RateLimiter, pump, until_cancelled,
+from migration.service.job import (Job, Limits, LimitError, NotYourJob, TokenBuckets, pump, retry_text, until_cancelled,
                                    user_exports)
 from migration.service.jobs import INTERRUPTED, JobService
 from migration.running.runner import LocalExecutor
@@ -488,21 +488,17 @@ def test_shutdown_waits_at_most_its_timeout_and_marks_what_is_still_running(tmp_
     assert [status_of(service, j) for j in stuck_jobs] == [("interrupted", INTERRUPTED)] * 2
 
 
-def test_the_rate_limiter_allows_exactly_its_burst_and_stays_bounded():
-    rate = RateLimiter(per_s=0.0, burst=2)  # no refill: exactly two
-    rate.take("alice", "history")
-    rate.take("alice", "history")
-    with pytest.raises(LimitError) as refused:
-        rate.take("alice", "history")
-    assert str(refused.value) == ("history: more than 2 requests in a burst or 0 a second from one user; "
-                                  "retry in a while")
-    assert refused.value.retry_after_s == float("inf")
-    many = RateLimiter(per_s=0.0, burst=20)  # no refill: no bucket is full again, so all are dropped at once
+def test_a_token_bucket_allows_exactly_its_burst_and_stays_bounded():
+    rate = TokenBuckets(per_s=0.0, burst=2)  # no refill: exactly two
+    assert rate.take("alice") == rate.take("alice") == 0.0
+    assert rate.take("alice") == float("inf") and rate.take("bob") == 0.0  # a key each
+    assert retry_text(float("inf")) == "a while" and retry_text(0.2) == "1 s" and retry_text(2.5) == "3 s"
+    many = TokenBuckets(per_s=0.0, burst=20, max_keys=50_000)  # no bucket is full again: all are dropped at once
     for i in range(50_000):
-        many.take(f"user{i}", "history")
-    assert len(many._buckets._levels) == 50_000
-    many.take("one more", "history")
-    assert len(many._buckets._levels) == 0  # past 50,000 buckets they are dropped (an idle one is full again anyway)
+        many.take(f"user{i}")
+    assert len(many._levels) == 50_000
+    many.take("one more")
+    assert len(many._levels) == 0
 
 
 def test_a_watcher_waits_for_new_events_only_while_the_job_runs():
@@ -585,12 +581,13 @@ def test_each_job_runs_in_a_named_daemon_thread_and_running_defaults_to_the_gpu_
     wait_until(lambda: job.finished, WITHIN_S)
 
 
-def test_the_default_rate_is_twenty_at_once_then_five_a_second():
-    rate = RateLimiter()
-    for _ in range(20):
-        rate.take("alice", "history")
-    with pytest.raises(LimitError, match=r"^history: more than 20 requests in a burst or 5 a second"):
-        rate.take("alice", "history")
+def test_two_keys_are_taken_together_or_not_at_all_and_a_token_comes_back():
+    rate = TokenBuckets(per_s=0.0, burst=1)
+    assert rate.take("address", "name") == 0.0
+    assert rate.take("address", "other name") == float("inf")  # the address is empty: nothing taken
+    assert rate.level("other name") == 1.0
+    rate.give_back("address")
+    assert rate.take("address", "other name") == 0.0
 
 
 def test_a_watcher_without_a_timeout_does_not_wait():

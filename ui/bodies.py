@@ -26,10 +26,7 @@ from starlette.datastructures import FormData
 from starlette.requests import Request
 
 from ui.ownership import Refused
-
-JSON = "json"
-FORM = "form"
-NONE = ""
+from ui.routes import JSON, NONE
 SINGLE_HEADERS = (b"content-type", b"content-length", b"transfer-encoding")
 NAME_HEADER = b"session_hash"  # Gradio reads a session's name from this header too (an upload's trace)
 

@@ -29,7 +29,7 @@ from migration.service.job import Limits
 from ui.bodies import NAME_HEADER, Names, check_format, has_body, json_names, last_wins, read_form, request_headers
 from ui.lanes import Gateway, Lane, LaneLimits, lane_limits, lane_of
 from ui.ownership import Ownership, OwnershipLimits, Refused
-from ui.routes import FORM, NONE, SMALL, Access, Resolved, RouteMatcher
+from ui.routes import NONE, SMALL, Access, Resolved, RouteMatcher
 
 
 def holding_response(send: Any, finish: Callable[[bytes], bytes]) -> Any:

@@ -1,5 +1,5 @@
 """One job of the shared box and its bounds: the `Job` record its watchers read (state, events, loss
-curves, result), the per-user limits and the light endpoints' rate limit, and how a job's work events
+curves, result), the per-user limits and the token buckets every rate limit is made of, and how a job's work events
 are pumped into it. `migration/service/jobs.py` queues and runs jobs.
 """
 
@@ -78,33 +78,13 @@ class TokenBuckets:
         return min(float(self.burst), tokens + (now - at) * self.per_s)
 
 
-class RateLimiter:
-    """Requests per user and endpoint: a token bucket of `burst` requests refilled at `per_s` a second;
-    past it a request is refused at once (LimitError, with the seconds to wait)."""
-
-    def __init__(self, per_s: float = 5.0, burst: int = 20):
-        self.per_s, self.burst = per_s, burst
-        self._buckets = TokenBuckets(per_s, burst)
-
-    def take(self, user: str, endpoint: str) -> None:
-        wait = self._buckets.take((user, endpoint))
-        if wait > 0.0:
-            raise LimitError(f"{endpoint}: more than {self.burst} requests in a burst or {self.per_s:g} a second "
-                             f"from one user; retry in {retry_text(wait)}", retry_after_s=wait)
-
-
 def retry_text(wait_s: float) -> str:
     """A wait for a person: whole seconds, at least one."""
     return "a while" if wait_s == float("inf") else f"{max(1, math.ceil(wait_s))} s"
 
 
 class LimitError(ValueError):
-    """A submission refused by a limit; `str()` is one line saying which and what to do (and, for a rate,
-    `retry_after_s`)."""
-
-    def __init__(self, text: str, retry_after_s: float | None = None):
-        super().__init__(text)
-        self.retry_after_s = retry_after_s
+    """A submission refused by a limit; `str()` is one line saying which and what to do."""
 
 
 class NotYourJob(PermissionError):
