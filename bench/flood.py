@@ -80,14 +80,15 @@ class Page:
     def __init__(self, server: Server, user: str, password: str | None = None):
         self.server, self.user = server, user
         self.cookies = sign_in(server, user, password)
+        self.http = httpx.Client(cookies=self.cookies, timeout=60)  # one connection, kept, as a page's
         self.session = f"{user}-page-{os.urandom(6).hex()}"
-        config = httpx.get(f"{server.url}config", cookies=self.cookies, timeout=30).json()
+        config = self.http.get(f"{server.url}config").json()
         self.fn = {(d.get("api_name") or "").strip("/"): d["id"] for d in config["dependencies"]}
         self.base = f"{server.url}gradio_api"
 
-    def unqueued(self, api: str, data: list[Any], client: httpx.Client | None = None) -> httpx.Response:
-        return (client or httpx).post(f"{self.base}/run/{api}", cookies=self.cookies, timeout=60,
-                                      json={"data": data, "fn_index": self.fn[api], "session_hash": self.session})
+    def unqueued(self, api: str, data: list[Any]) -> httpx.Response:
+        return self.http.post(f"{self.base}/run/{api}",
+                              json={"data": data, "fn_index": self.fn[api], "session_hash": self.session})
 
     def history(self) -> float:
         t0 = time.monotonic()
@@ -104,10 +105,9 @@ class Page:
     def cancel_job(self) -> float:
         """A client's queued call: POST /call, then its result's stream to the end."""
         t0 = time.monotonic()
-        r = httpx.post(f"{self.base}/call/cancel_job", json={"data": ["999999"]}, cookies=self.cookies, timeout=60)
+        r = self.http.post(f"{self.base}/call/cancel_job", json={"data": ["999999"]})
         assert r.status_code == 200, r.text[:300]
-        with httpx.stream("GET", f"{self.base}/call/cancel_job/{r.json()['event_id']}", cookies=self.cookies,
-                          timeout=60) as s:
+        with self.http.stream("GET", f"{self.base}/call/cancel_job/{r.json()['event_id']}") as s:
             text = "".join(s.iter_text())
         assert "event: error" in text or "event: complete" in text, text[:300]
         return time.monotonic() - t0
@@ -139,7 +139,7 @@ async def _flood(page: Page, n: int) -> dict[str, int]:
                 r = await client.post(f"{page.base}/{'run/' + api if how == 'run' else 'queue/join'}", json=body)
             key = f"{r.status_code}"
             if r.status_code == 429:
-                answers.setdefault("sample", r.text)  # type: ignore[arg-type]
+                answers.setdefault("sample", r.json()["error"])  # type: ignore[arg-type]
                 answers.setdefault("retry-after", r.headers.get("retry-after"))  # type: ignore[arg-type]
             answers[key] = answers.get(key, 0) + 1
         await asyncio.gather(*(one(i) for i in range(n)))
@@ -229,7 +229,7 @@ def named_templates() -> list[str]:
     return sorted(t for t, rule in ROUTES.items() if rule.access in (Access.SESSION, Access.EVENT))
 
 
-def foreign_attempt(server: Server, cookies: httpx.Cookies, template: str, encoding: str, key: str, value: str,
+def foreign_attempt(server: Server, client: httpx.Client, template: str, encoding: str, key: str, value: str,
                     how: Spelling, own_event: str) -> tuple[int, str]:
     """One request on `template` naming `value` (someone else's) in `encoding`; the caller's own session
     and event in the path, so the named value is the only foreign name. (status, the first of the text)."""
@@ -239,8 +239,8 @@ def foreign_attempt(server: Server, cookies: httpx.Cookies, template: str, encod
     path = re.sub(r"{(\w+)(:\w+)?}", lambda m: params[m.group(1)], template)
     method = "POST" if ROUTES[template].body == JSON or template.endswith("/close") else "GET"
     content = iter([body[:7], body[7:]]) if how.chunked else body
-    with httpx.stream(method, f"{server.url}{path.lstrip('/')}{query}", content=content, headers=headers,
-                      cookies=cookies, timeout=10) as r:
+    with client.stream(method, f"{server.url}{path.lstrip('/')}{query}", content=content, headers=headers,
+                       timeout=10) as r:
         return r.status_code, r.read().decode("utf-8", "replace")[:2000]
 
 
@@ -253,9 +253,8 @@ def foreign_sessions(server: Server, victim: Page, attacker: Page, spellings: in
     in `spellings` spellings each; how many the guard refused, and how many it let through to Gradio."""
     import random
     rng = random.Random(0)
-    called = httpx.post(f"{victim.base}/call/history", json={"data": HISTORY_ARGS}, cookies=victim.cookies, timeout=30)
-    own = httpx.post(f"{attacker.base}/call/history", json={"data": HISTORY_ARGS}, cookies=attacker.cookies,
-                     timeout=30)
+    called = victim.http.post(f"{victim.base}/call/history", json={"data": HISTORY_ARGS})
+    own = attacker.http.post(f"{attacker.base}/call/history", json={"data": HISTORY_ARGS})
     victim.unqueued("history", HISTORY_ARGS)  # binds the victim's page session
     names = {"session_hash": victim.session, "event_id": called.json()["event_id"]}
     counts = {"requests": 0, "refused": 0, "passed": 0}
@@ -270,7 +269,7 @@ def foreign_sessions(server: Server, victim: Page, attacker: Page, spellings: in
                                    boundary=rng.choice(("b0undary", "----WebKitFormBoundaryAbC")),
                                    text_type=rng.choice(("text/plain", "application/octet-stream")),
                                    chunked=rng.random() < 0.5)
-                    status, text = foreign_attempt(server, attacker.cookies, template, encoding, key, names[key],
+                    status, text = foreign_attempt(server, attacker.http, template, encoding, key, names[key],
                                                    how, own.json()["event_id"])
                     counts["requests"] += 1
                     if refused_by_the_guard(status, text):

@@ -148,7 +148,8 @@ class WebGuard:
             try:
                 await self._route(scope, headers, receive, send)
             except Refused as exc:
-                await _reply(send, exc.status, exc.text, exc.retry_after_s)
+                api = get_route_path(scope).startswith("/gradio_api/")
+                await _reply(send, exc.status, exc.text, exc.retry_after_s, as_json=api)
             return
         await _reply(send, *refusal)
 
@@ -464,9 +465,15 @@ class WebGuard:
         return rewrite
 
 
-async def _reply(send: Any, status: int, text: str, retry_after_s: float | None = None) -> None:
-    body = text.encode()
-    headers = [(b"content-type", b"text/plain; charset=utf-8"), (b"content-length", str(len(body)).encode())]
+async def _reply(send: Any, status: int, text: str, retry_after_s: float | None = None, as_json: bool = False) -> None:
+    """A refusal: one line of text, or for the API's routes a JSON object that says it as Gradio's clients
+    read an error (`error`, which the page shows, and FastAPI's `detail`)."""
+    if as_json:
+        body = json.dumps({"error": text, "detail": text}, ensure_ascii=False).encode()
+        kind = b"application/json"
+    else:
+        body, kind = text.encode(), b"text/plain; charset=utf-8"
+    headers = [(b"content-type", kind), (b"content-length", str(len(body)).encode())]
     if retry_after_s is not None:
         headers.append((b"retry-after", str(max(1, round(retry_after_s))).encode()))
     await send({"type": "http.response.start", "status": status, "headers": headers})

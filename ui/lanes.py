@@ -61,9 +61,11 @@ class LaneLimits:
 
 def lane_limits(limits: Limits) -> dict[Lane, LaneLimits]:
     """Per user, in each lane. Jobs and tasks get one slot over the job service's own limit, so that the
-    first call past it reads the service's own explanation; further ones are refused here."""
-    return {Lane.JOB: LaneLimits(burst=10, per_s=1.0, running=limits.jobs_per_user + 1, waiting=0),
-            Lane.TASK: LaneLimits(burst=10, per_s=1.0, running=limits.tasks_per_user + 1, waiting=0),
+    first call past it reads the service's own explanation; further ones are refused here. Their rate is
+    loose (a script that submits and corrects a form in a loop is not a flood): the running slots are
+    what bound them."""
+    return {Lane.JOB: LaneLimits(burst=60, per_s=10.0, running=limits.jobs_per_user + 1, waiting=0),
+            Lane.TASK: LaneLimits(burst=60, per_s=10.0, running=limits.tasks_per_user + 1, waiting=0),
             Lane.LIGHT: LaneLimits(burst=20, per_s=5.0, running=2, waiting=8),
             Lane.STOP: LaneLimits(burst=10, per_s=2.0, running=2, waiting=4)}
 
