@@ -57,6 +57,7 @@ HISTORY_ARGS = ["mine", "all", "all", "all"]
 RUN_FORM = ["mlp", "tiny", "tpu-v5e-8", 8, 0, "bf16", "local", 1, 0.8, "multiple8", "auto", "auto", 0, 0, 0, 0, 0, 0,
             0, 0, "preset", "auto", 8]
 WITHIN_FACTOR, WITHIN_FLOOR_S = 3.0, 0.5
+ACTIONS = {"history": HISTORY_ARGS, "stop": [None], "cancel_job": ["999999"]}  # the light actions, their data
 
 
 def rss_mb(pid: int) -> float:
@@ -103,22 +104,26 @@ class Page:
         return time.monotonic() - t0
 
     def cancel_job(self) -> float:
+        return self.called("cancel_job")
+
+    def called(self, api: str) -> float:
         """A client's queued call: POST /call, then its result's stream to the end."""
         t0 = time.monotonic()
-        r = self.http.post(f"{self.base}/call/cancel_job", json={"data": ["999999"]})
+        r = self.http.post(f"{self.base}/call/{api}", json={"data": ACTIONS[api]})
         assert r.status_code == 200, r.text[:300]
-        with self.http.stream("GET", f"{self.base}/call/cancel_job/{r.json()['event_id']}") as s:
+        with self.http.stream("GET", f"{self.base}/call/{api}/{r.json()['event_id']}") as s:
             text = "".join(s.iter_text())
         assert "event: error" in text or "event: complete" in text, text[:300]
         return time.monotonic() - t0
 
 
-def timings(page: Page, n: int) -> dict[str, list[float]]:
-    """`n` of each of the page's light actions, paced within the user's own rate."""
-    out: dict[str, list[float]] = {"history": [], "stop": [], "cancel_job": []}
+def timings(page: Page, n: int, by_call: bool = False) -> dict[str, list[float]]:
+    """`n` of each light action, paced within the user's own rate: as the page sends them, or (`by_call`)
+    each as a client's queued /call (a path every version of the app has)."""
+    out: dict[str, list[float]] = {name: [] for name in ACTIONS}
     for _ in range(n):
         for name in out:
-            out[name].append(getattr(page, name)())
+            out[name].append(page.called(name) if by_call else getattr(page, name)())
             time.sleep(0.25)
     return out
 
@@ -146,10 +151,10 @@ async def _flood(page: Page, n: int) -> dict[str, int]:
     return answers
 
 
-def flood(victim: Page, flooder: Page, n: int, bursts: int = 8) -> dict[str, Any]:
+def flood(victim: Page, flooder: Page, n: int, bursts: int = 8, by_call: bool = False) -> dict[str, Any]:
     """The victim's light actions idle, then during each of `bursts` floods of `n` calls sent at once (the
     victim's history, Stop and cancel_job start as the flood lands)."""
-    idle = timings(victim, bursts)
+    idle = timings(victim, bursts, by_call)
     under: dict[str, list[float]] = {name: [] for name in idle}
     answers: list[dict[str, int]] = []
     for _ in range(bursts):
@@ -157,7 +162,7 @@ def flood(victim: Page, flooder: Page, n: int, bursts: int = 8) -> dict[str, Any
         burst.start()
         time.sleep(0.05)
         for name in under:
-            under[name].append(getattr(victim, name)())
+            under[name].append(victim.called(name) if by_call else getattr(victim, name)())
         burst.join()
         time.sleep(1.5)  # the flooder's rate refills a little between bursts
     rows = []
@@ -387,6 +392,38 @@ def guessing(server: Server, seconds: float) -> dict[str, Any]:
             "new_address_status": new_address}
 
 
+def before_and_after(before: Path, args: argparse.Namespace, data: dict[str, Any]) -> dict[str, Any]:
+    """The flood, every action as a client's queued /call (a path both versions have), and the fresh
+    sessions, against `before`'s app and then this checkout's, one after the other on this machine."""
+    import subprocess
+    commit = subprocess.run(["git", "-C", str(before), "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip() or str(before)
+    sides: dict[str, Any] = {}
+    for name, root in ((commit, before), ("this checkout", ROOT)):
+        with tempfile.TemporaryDirectory(prefix="flood-side-") as tmp_name:
+            tmp = Path(tmp_name)
+            server = Server(tmp, "--auth-file", str(users_file(tmp / "users.txt", USERS)), client=False, root=root)
+            try:
+                alice, bob = Page(server, "alice"), Page(server, "bob")
+                sides[name] = {"flood": flood(bob, alice, args.flood, bursts=4, by_call=True),
+                               "fresh": fresh_sessions(server, alice, min(args.fresh, 2000))}
+            finally:
+                server.close()
+    data["before_and_after"] = sides
+    rows = []
+    for action in ACTIONS:
+        row = [action]
+        for side in sides.values():
+            r = next(x for x in side["flood"]["rows"] if x["action"] == action)
+            row += [f"{_ms(r['idle_p50_ms'])} / {_ms(r['flood_p50_ms'])} / {_ms(r['flood_max_ms'])}"]
+        rows.append(row)
+    rows.append(["memory per 1,000 fresh-session requests", *(f"{side['fresh']['mb_per_1000']:+.1f} MB"
+                                                              for side in sides.values())])
+    return record.table(f"before ({commit}) and after: bob's history, Stop and cancel_job, each as a client's /call, "
+                        f"idle p50 / p50 and max as each of 4 floods of {args.flood} of alice's calls lands; and the "
+                        "server's memory over fresh-session requests", ["", *sides], rows)
+
+
 def _ms(x: float) -> str:
     return f"{x:.0f} ms"
 
@@ -399,11 +436,16 @@ def main() -> int:
                                                                   "(at most the cap less one)")
     parser.add_argument("--runs", type=int, default=50, help="runs the flooder submits at once (0: skip)")
     parser.add_argument("--guess-s", type=float, default=20.0, help="seconds of password guessing (0: skip)")
+    parser.add_argument("--before", metavar="DIR", default=None,
+                        help="also run the flood (every action as a client's /call) and the fresh sessions against "
+                             "the app in another checkout (git worktree add DIR COMMIT), then this one's, side by side")
     parser.add_argument("--json", metavar="PATH", default=None)
     args = parser.parse_args()
     from ui.ownership import OwnershipLimits
     cap = OwnershipLimits().sessions_per_user
     tables, notes, data = [], [], {}
+    if args.before:
+        tables.append(before_and_after(Path(args.before), args, data))
     with tempfile.TemporaryDirectory(prefix="flood-") as tmp_name:
         tmp = Path(tmp_name)
         server = Server(tmp, "--auth-file", str(users_file(tmp / "users.txt", USERS)), client=False)

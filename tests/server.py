@@ -74,7 +74,7 @@ class Server:
     wait: return once the port listens (else call `wait_ready`); client: then also connect a
     gradio_client as `self.client` (a server with auth needs `connect(auth)` instead);
     pre_create_cache: make the cache folders first, readable by everyone (the app must tighten them);
-    python: the interpreter that runs it;
+    python: the interpreter that runs it; root: the checkout whose app.py it runs;
     db: the history database (default `tmp/history.sqlite`); cache: MIGRATION_CACHE_DIR (default
     `tmp/cache`: compile figures, Gradio's files, exports); port: 0 for a free one.
     `close()` then `start()` restarts it on the same port with the same history.
@@ -82,12 +82,13 @@ class Server:
 
     def __init__(self, tmp: Path, *args: str, env: dict[str, str] | None = None, db: Path | None = None,
                  cache: Path | None = None, port: int = 0, wait: bool = True, client: bool = True,
-                 pre_create_cache: bool = False, taskset: str = "", python: str = sys.executable):
+                 pre_create_cache: bool = False, taskset: str = "", python: str = sys.executable, root: Path = ROOT):
         tmp.mkdir(parents=True, exist_ok=True)
         self.tmp = tmp
         self.args = args
         self.taskset = taskset  # CPUs to pin the server to (the load benchmark keeps a core for it)
         self.python = python  # the interpreter (another environment's, for a before/after benchmark)
+        self.root = root  # the checkout whose app.py runs (another commit's, for a before/after benchmark)
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}/"
         self.db = db or tmp / "history.sqlite"
@@ -117,7 +118,7 @@ class Server:
         self.proc = subprocess.Popen(
             [*(["taskset", "-c", self.taskset] if self.taskset else []),
              self.python, "app.py", "--port", str(self.port), "--history-db", str(self.db), *self.args],
-            cwd=ROOT, stdout=self._out, stderr=self._err, env=self.env, start_new_session=True)
+            cwd=self.root, stdout=self._out, stderr=self._err, env=self.env, start_new_session=True)
         if wait:
             self.wait_ready()
             self.client = self.connect() if client else None
