@@ -117,10 +117,10 @@ class Page:
         return time.monotonic() - t0
 
 
-def timings(page: Page, n: int, by_call: bool = False) -> dict[str, list[float]]:
-    """`n` of each light action, paced within the user's own rate: as the page sends them, or (`by_call`)
-    each as a client's queued /call (a path every version of the app has)."""
-    out: dict[str, list[float]] = {name: [] for name in ACTIONS}
+def timings(page: Page, n: int, by_call: bool = False, only: str | None = None) -> dict[str, list[float]]:
+    """`n` of each light action (or `only` one), paced within the user's own rate: as the page sends them,
+    or (`by_call`) each as a client's queued /call (a path every version of the app has)."""
+    out: dict[str, list[float]] = {name: [] for name in ACTIONS if only in (None, name)}
     for _ in range(n):
         for name in out:
             out[name].append(page.called(name) if by_call else getattr(page, name)())
@@ -128,13 +128,22 @@ def timings(page: Page, n: int, by_call: bool = False) -> dict[str, list[float]]
     return out
 
 
-async def _flood(page: Page, n: int) -> dict[str, int]:
-    """`n` light calls of `page`'s user at once, every route a client can take; what each was answered."""
+async def _flood(page: Page, n: int, sent: threading.Event | None = None, only: str | None = None) -> dict[str, int]:
+    """`n` light calls of `page`'s user at once, every route a client can take (or `only` that action, each a
+    /call); what each was answered. `sent` is set once every one of them is on its way."""
     answers: dict[str, int] = {}
-    kinds = [("run", "history", HISTORY_ARGS), ("call", "history", HISTORY_ARGS), ("join", "history", HISTORY_ARGS),
-             ("run", "stop", [None]), ("call", "cancel_job", ["999999"])]
+    kinds = ([("call", only, ACTIONS[only])] if only else
+             [("run", "history", HISTORY_ARGS), ("call", "history", HISTORY_ARGS), ("join", "history", HISTORY_ARGS),
+              ("run", "stop", [None]), ("call", "cancel_job", ["999999"])])
     limits = httpx.Limits(max_connections=n + 10, max_keepalive_connections=n + 10)
-    async with httpx.AsyncClient(cookies=page.cookies, timeout=120, limits=limits) as client:
+    started = [0]
+
+    async def count(_request: httpx.Request) -> None:
+        started[0] += 1
+        if sent is not None and started[0] >= n:
+            sent.set()
+    async with httpx.AsyncClient(cookies=page.cookies, timeout=120, limits=limits,
+                                 event_hooks={"request": [count]}) as client:
         async def one(i: int) -> None:
             how, api, data = kinds[i % len(kinds)]
             if how == "call":
@@ -151,16 +160,19 @@ async def _flood(page: Page, n: int) -> dict[str, int]:
     return answers
 
 
-def flood(victim: Page, flooder: Page, n: int, bursts: int = 8, by_call: bool = False) -> dict[str, Any]:
+def flood(victim: Page, flooder: Page, n: int, bursts: int = 8, by_call: bool = False,
+          only: str | None = None) -> dict[str, Any]:
     """The victim's light actions idle, then during each of `bursts` floods of `n` calls sent at once (the
-    victim's history, Stop and cancel_job start as the flood lands)."""
-    idle = timings(victim, bursts, by_call)
+    victim's history, Stop and cancel_job start just after the last of the flood's calls is sent)."""
+    idle = timings(victim, bursts, by_call, only)
     under: dict[str, list[float]] = {name: [] for name in idle}
     answers: list[dict[str, int]] = []
     for _ in range(bursts):
-        burst = threading.Thread(target=lambda: answers.append(asyncio.run(_flood(flooder, n))))
+        sent = threading.Event()
+        burst = threading.Thread(target=lambda: answers.append(asyncio.run(_flood(flooder, n, sent, only))))
         burst.start()
-        time.sleep(0.05)
+        sent.wait(30)  # every call of the flood is on its way: the victim's go behind them
+        time.sleep(0.02)
         for name in under:
             under[name].append(victim.called(name) if by_call else getattr(victim, name)())
         burst.join()
@@ -393,8 +405,9 @@ def guessing(server: Server, seconds: float) -> dict[str, Any]:
 
 
 def before_and_after(before: Path, args: argparse.Namespace, data: dict[str, Any]) -> dict[str, Any]:
-    """The flood, every action as a client's queued /call (a path both versions have), and the fresh
-    sessions, against `before`'s app and then this checkout's, one after the other on this machine."""
+    """Each light action flooded by itself, as the hosting review did it: alice sends `--flood` /calls of
+    it at once and bob's own /call of it is timed (idle, then as each of 4 floods lands); and the fresh
+    sessions. Against `before`'s app, then this checkout's, one after the other on this machine."""
     import subprocess
     commit = subprocess.run(["git", "-C", str(before), "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip() or str(before)
@@ -405,7 +418,8 @@ def before_and_after(before: Path, args: argparse.Namespace, data: dict[str, Any
             server = Server(tmp, "--auth-file", str(users_file(tmp / "users.txt", USERS)), client=False, root=root)
             try:
                 alice, bob = Page(server, "alice"), Page(server, "bob")
-                sides[name] = {"flood": flood(bob, alice, args.flood, bursts=4, by_call=True),
+                sides[name] = {"flood": {a: flood(bob, alice, args.flood, bursts=4, by_call=True, only=a)
+                                         for a in ACTIONS},
                                "fresh": fresh_sessions(server, alice, min(args.fresh, 2000))}
             finally:
                 server.close()
@@ -414,14 +428,14 @@ def before_and_after(before: Path, args: argparse.Namespace, data: dict[str, Any
     for action in ACTIONS:
         row = [action]
         for side in sides.values():
-            r = next(x for x in side["flood"]["rows"] if x["action"] == action)
+            r = side["flood"][action]["rows"][0]
             row += [f"{_ms(r['idle_p50_ms'])} / {_ms(r['flood_p50_ms'])} / {_ms(r['flood_max_ms'])}"]
         rows.append(row)
     rows.append(["memory per 1,000 fresh-session requests", *(f"{side['fresh']['mb_per_1000']:+.1f} MB"
                                                               for side in sides.values())])
-    return record.table(f"before ({commit}) and after: bob's history, Stop and cancel_job, each as a client's /call, "
-                        f"idle p50 / p50 and max as each of 4 floods of {args.flood} of alice's calls lands; and the "
-                        "server's memory over fresh-session requests", ["", *sides], rows)
+    return record.table(f"before ({commit}) and after: alice sends {args.flood} /calls of one action at once, 4 times; "
+                        "bob's own /call of it, idle p50 / p50 and max as each flood lands; and the server's memory "
+                        "over fresh-session requests", ["", *sides], rows)
 
 
 def _ms(x: float) -> str:
