@@ -455,6 +455,11 @@ def main() -> int:
                              "the app in another checkout (git worktree add DIR COMMIT), then this one's, side by side")
     parser.add_argument("--json", metavar="PATH", default=None)
     args = parser.parse_args()
+    if args.before and not (Path(args.before) / "app.py").is_file():
+        parser.error(f"--before {args.before}: not a checkout of this project (no app.py there); make one with "
+                     "git worktree add DIR COMMIT")
+    if min(args.flood, args.fresh, args.sessions, args.runs) < 0 or args.guess_s < 0:
+        parser.error("--flood, --fresh, --sessions, --runs and --guess-s take counts of 0 or more")
     from ui.ownership import OwnershipLimits
     cap = OwnershipLimits().sessions_per_user
     tables, notes, data = [], [], {}

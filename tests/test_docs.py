@@ -190,15 +190,20 @@ BUDGET_SUITE = {
 }
 
 
+def _budget_suite(tmp_path, budget_s: str) -> dict[str, str]:
+    """The one-test suite written under `tmp_path`; the environment that runs it under `budget_s`."""
+    for name, text in BUDGET_SUITE.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    return {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "MIGRATION_SUITE_BUDGET_S": budget_s}
+
+
 @pytest.mark.parametrize("budget_s,over", [("0.3", True), ("3600", False)])
 def test_the_whole_suite_fails_past_its_time_budget(tmp_path, budget_s, over):
     """tests/budget.py on a suite of one half-second test: past the budget (here 0.3 s) the whole run fails and
     says so;
     within it, it passes and prints its time against the budget; a selection (-k) is never judged."""
-    for name, text in BUDGET_SUITE.items():
-        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / name).write_text(text)
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "MIGRATION_SUITE_BUDGET_S": budget_s}
+    env = _budget_suite(tmp_path, budget_s)
     whole = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist"], cwd=tmp_path,
                            capture_output=True, text=True, timeout=120, env=env)
     assert "1 passed" in whole.stdout, whole.stdout[-2000:] + whole.stderr[-2000:]
@@ -212,10 +217,7 @@ def test_the_whole_suite_fails_past_its_time_budget(tmp_path, budget_s, over):
 
 @pytest.mark.parametrize("budget_s", ["abc", "-5", "inf", "nan"])
 def test_a_budget_that_is_not_a_number_of_seconds_is_refused_before_the_run(tmp_path, budget_s):
-    for name, text in BUDGET_SUITE.items():
-        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / name).write_text(text)
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "MIGRATION_SUITE_BUDGET_S": budget_s}
+    env = _budget_suite(tmp_path, budget_s)
     done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist"], cwd=tmp_path,
                           capture_output=True, text=True, timeout=120, env=env)
     out = done.stdout + done.stderr
