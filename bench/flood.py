@@ -458,8 +458,8 @@ def main() -> int:
     if args.before and not (Path(args.before) / "app.py").is_file():
         parser.error(f"--before {args.before}: not a checkout of this project (no app.py there); make one with "
                      "git worktree add DIR COMMIT")
-    if min(args.flood, args.fresh, args.sessions, args.runs) < 0 or args.guess_s < 0:
-        parser.error("--flood, --fresh, --sessions, --runs and --guess-s take counts of 0 or more")
+    if args.flood < 1 or min(args.fresh, args.sessions, args.runs) < 0 or args.guess_s < 0:
+        parser.error("--flood takes 1 or more calls; --fresh, --sessions, --runs and --guess-s 0 or more")
     from ui.ownership import OwnershipLimits
     cap = OwnershipLimits().sessions_per_user
     tables, notes, data = [], [], {}
