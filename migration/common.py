@@ -28,6 +28,49 @@ def fmt_gib(n: float | None, digits: int = 2, missing: str = "n/a") -> str:
     return missing if n is None else f"{n / GiB:.{digits}f} GiB"
 
 
+def _number(x: float | None) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def fmt_number(x: float | None, digits: int = 3, missing: str = "n/a") -> str:
+    """A plain number for people: `digits` significant digits, whole numbers from 10**digits up with
+    thousands separators: "0.482", "324", "20,766"; never a raw float's seventeen digits."""
+    if not _number(x):
+        return missing
+    if x == int(x) and abs(x) < 10**15:
+        return f"{int(x):,}"
+    return f"{x:,.0f}" if abs(x) >= 10**digits else f"{x:.{digits}g}"
+
+
+def fmt_bytes(n: float | None, missing: str = "n/a") -> str:
+    """Bytes in the binary unit that fits them, three significant digits: "512 B", "1.5 KiB", "214 MiB",
+    "57 GiB", "1.2 TiB"; never "0.000 GiB"."""
+    if not _number(n):
+        return missing
+    for power, unit in ((4, "TiB"), (3, "GiB"), (2, "MiB"), (1, "KiB")):
+        if abs(n) >= 1024**power:
+            return f"{fmt_number(n / 1024**power)} {unit}"
+    return f"{fmt_number(n)} B"
+
+
+def fmt_count(x: float | None, unit: str = "", missing: str = "n/a") -> str:
+    """A count or rate for people, three significant digits with a decimal suffix and its unit:
+    "950 samples/s", "171k tokens/s", "5.28M tokens/s", "1T tokens"."""
+    if not _number(x):
+        return missing
+    text = fmt_number(x)
+    for scale, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= scale:
+            text = f"{fmt_number(x / scale)}{suffix}"
+            break
+    return f"{text} {unit}" if unit else text
+
+
+def fmt_percent(fraction: float | None, missing: str = "n/a") -> str:
+    """A fraction as a percentage, three significant digits: "9.5%", "0.42%", "100%"."""
+    return f"{fmt_number(100 * fraction)}%" if _number(fraction) else missing
+
+
 def fmt_seconds(s: float | None, missing: str = "n/a") -> str:
     """A short duration in the unit that fits it, three significant digits: "480 µs", "1.15 ms", "2.31 s"."""
     if s is None or not math.isfinite(s):

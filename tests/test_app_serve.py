@@ -6,6 +6,7 @@ answers with a traceback, none reaches alice's history)."""
 from __future__ import annotations
 
 import math
+import re
 import shutil
 import pandas as pd
 import pytest
@@ -65,11 +66,13 @@ def test_a_serving_plan_has_a_row_per_batch_asked_and_is_in_the_history(alice, s
     assert 'data-id="serve_host_sync" data-status="not checked"' in checklist
     assert "n_layers=3" in status  # the model's dimensions from the form, over the preset's
     rows = frame(table)
-    assert {1, 2} <= set(rows["running"]) and "running sequences" in status and "Engine modelled" in status
-    assert {"KV cache", "predicted peak", "budget", "fits", "TTFT ms", "TPOT ms", "TPOT bandwidth limit ms", "tokens/s",
-            "requests/s", "decode bytes / needed"} <= set(rows.columns)
-    first = rows[rows["running"] == 1].iloc[0]
-    assert first["fits"] == "yes" and first["decode bytes / needed"] > 0
+    assert {"1 sequences", "2 sequences"} <= set(rows["running"]) and "running sequences" in status
+    assert "Engine modelled" in status
+    assert {"KV cache", "predicted peak", "budget", "fits", "TTFT", "TPOT", "TPOT bandwidth limit", "throughput",
+            "requests", "decode bytes / needed"} <= set(rows.columns)
+    first = rows[rows["running"] == "1 sequences"].iloc[0]
+    assert first["fits"] == "yes" and first["decode bytes / needed"].endswith("×")
+    assert re.fullmatch(r"[0-9.]+ (µs|ms|s)", first["TTFT"]) and first["throughput"].endswith(" tokens/s")
     assert {"TTFT (predicted)", "TPOT (predicted)", "TPOT bandwidth limit"} <= {r[2] for r in latency["data"]}
     assert len(throughput["data"]) == len(rows)
     csv = pd.read_csv(csv_path)
@@ -105,7 +108,8 @@ def test_a_serving_run_has_measured_rows_labelled_with_the_backend(box, bob, ser
     # bob has no plan in his session: the run on the CPU backend warns, and says it is not a planned GPU
     assert 'data-id="kv_headroom" data-status="warn"' in checklist and "not on a GPU planned for" in checklist
     rows = frame(table)
-    assert list(rows["batch"]) == [1, 2] and (rows["tokens/s"] > 0).all() and (rows["compiles after warm-up"] == 0).all()
+    assert list(rows["batch"]) == ["1 sequences", "2 sequences"] and (rows["compiles after warm-up"] == "0").all()
+    assert all(t.endswith(" tokens/s") and not t.startswith("0 ") for t in rows["throughput"])
     assert all("cpu backend" in m and "CPU figures" in m for m in rows["measured on"])
     assert all("RSS" in p for p in rows["peak memory"])  # the CPU backend's peak: the process's
     assert {"TTFT p50 (cpu)", "TPOT p90 (cpu)"} <= {r[2] for r in latency["data"]}

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from migration.common import fmt_gib
+from migration.common import fmt_bytes, fmt_count
 from migration.grading import checklist, serving
 from migration.grading.checklist import FAIL, NA, NOT_CHECKED, PASS, WARN, Evidence
 from migration.grading.scaling import loss_tolerance
@@ -31,7 +31,7 @@ def test_batch_passes_at_the_budget_and_fails_one_byte_over(world):
         ran = on_gpu(world["run"], peak_memory_bytes=peak)
         status_, text, action = checklist.grade_batch(Evidence(plan, ran))
         assert status_ == status, (peak, text)
-        assert f"measured peak {fmt_gib(peak)} of a {fmt_gib(budget)} budget" in text
+        assert f"measured peak {fmt_bytes(peak)} of a {fmt_bytes(budget)} budget" in text
         assert TARGET_KIND in text
     assert "over budget" in checklist.grade_batch(Evidence(plan, on_gpu(world["run"], peak_memory_bytes=budget + 1)))[2]
 
@@ -42,8 +42,8 @@ def test_batch_reports_the_plan_and_the_run_it_compares(world):
     assert status == PASS and action == "keep the planned batch and accumulation"
     assert (f"plan for {plan.target_name}: TPU {plan.source_per_core_batch} per core -> {plan.per_device_batch} per GPU "
             f"x {plan.gpus} x {plan.accumulation_steps} accumulation = {plan.global_batch} (requested "
-            f"{plan.requested_global_batch}); predicted {fmt_gib(plan.predicted_peak_bytes)} "
-            f"({plan.prediction_method}) of a {fmt_gib(plan.budget_bytes)} budget") in text
+            f"{plan.requested_global_batch}); predicted {fmt_bytes(plan.predicted_peak_bytes)} "
+            f"({plan.prediction_method}) of a {fmt_bytes(plan.budget_bytes)} budget") in text
     assert (f"ran {r.per_device_batch} per device x {r.devices} x {r.accumulation_steps} = {r.global_batch}: "
             f"measured peak") in text
 
@@ -53,7 +53,7 @@ def test_batch_is_graded_against_the_budget_of_the_machine_it_ran_on(world):
     smaller = dataclasses.replace(plan, budget_bytes=plan.budget_bytes // 2)
     ran = on_gpu(world["run"], peak_memory_bytes=plan.budget_bytes // 2)
     status, text, _ = checklist.grade_batch(Evidence(plan, ran, ran_plan=smaller))
-    assert status == PASS and f"of a {fmt_gib(plan.budget_bytes // 2)} budget; measured" in text
+    assert status == PASS and f"of a {fmt_bytes(plan.budget_bytes // 2)} budget; measured" in text
     over = on_gpu(world["run"], peak_memory_bytes=plan.budget_bytes // 2 + 1)
     assert checklist.grade_batch(Evidence(plan, over, ran_plan=smaller))[0] == FAIL
 
@@ -78,7 +78,7 @@ def test_batch_elsewhere_reports_the_peak_and_whether_it_was_refit(world):
     status, text, action = checklist.grade_batch(Evidence(plan, r))
     assert status == WARN
     assert (f"; the run here ({r.per_device_batch} per device x {r.accumulation_steps}, as planned) peaked at "
-            f"{fmt_gib(r.peak_memory_bytes)} ({r.peak_memory_source}); measured on the CPU backend") in text
+            f"{fmt_bytes(r.peak_memory_bytes)} ({r.peak_memory_source}); measured on the CPU backend") in text
     assert action == f"the fit is a compile for the target, not a measurement: run the plan on {plan.target_name} to confirm"
     refit = dataclasses.replace(r, accumulation_steps=r.accumulation_steps + 1)
     assert "re-fitted to this machine" in checklist.grade_batch(Evidence(plan, refit))[1]
@@ -117,8 +117,8 @@ def test_remat_passes_at_the_budget_and_warns_over_it(world):
     status, text, action = checklist.grade_remat(Evidence(plan, r))
     per_policy = ", ".join(f"{k} {v}" for k, v in plan.max_batch_by_remat.items())
     assert text.startswith(f"policy {plan.remat} ({plan.remat_chosen_by}); largest batch per policy: {per_policy} "
-                           f"({plan.prediction_method}); the run under {r.remat} peaked at {fmt_gib(budget)} of "
-                           f"{fmt_gib(budget)}, {r.step_ms_median:.1f} ms per step; measured on {TARGET_KIND}")
+                           f"({plan.prediction_method}); the run under {r.remat} peaked at {fmt_bytes(budget)} of "
+                           f"{fmt_bytes(budget)}, {r.step_ms_median:.1f} ms per step; measured on {TARGET_KIND}")
     assert "keep it" in action
 
 
@@ -211,9 +211,9 @@ def test_benchmark_passes_from_0_9_of_the_tpu_rate(world, rate, status):
                                                            tpu_step_ms=step_ms))
     assert got == status, text
     src = TPU_SPECS[plan.source]
-    assert (f"migrated {rate:,.1f} samples/s on {world['run'].device_count} device(s) (measured on {TARGET_KIND}"
+    assert (f"migrated {fmt_count(rate, 'samples/s')} on {world['run'].device_count} device(s) (measured on {TARGET_KIND}"
             ) in text
-    assert (f"vs your {src.name} job 100.0 samples/s ({step_ms:g} ms per step at a global batch of "
+    assert (f"vs your {src.name} job 100 samples/s ({step_ms:g} ms per step at a global batch of "
             f"{plan.requested_global_batch}, as you measured it): {rate / 100:.2f}x") in text
     assert ("(under 0.9x)" in text) == (status == WARN)
     assert (action == "keep the migrated setup") == (status == PASS)
@@ -234,21 +234,28 @@ def test_benchmark_on_part_of_the_gpus_extrapolates(world):
     assert status == WARN and "measured on 1 of the plan's 4 GPUs: at linear scaling 4.00x" in text
 
 
-def test_benchmark_reports_the_tpu_style_run_and_the_estimate(world):
+def test_benchmark_reports_the_tpu_style_run_and_the_plans_own_tpu_figure(world):
     plan, r = world["plan"], on_gpu(world["run"], samples_per_s=200.0, peak_tflops=100.0)
     tpu = on_gpu(world["ref"], samples_per_s=80.0)
     status, text, action = checklist.grade_benchmark(Evidence(plan, r, tpu_style_run=tpu))
     assert status == NOT_CHECKED
-    assert "; the TPU-style setup run here: 80.0 samples/s (2.50x; the same device, not your TPU job)" in text
-    src = TPU_SPECS[plan.source]
-    peak = src.bf16_tflops_per_device * src.devices
-    assert (f"; a {src.name} peak-scaled ESTIMATE {200.0 * peak / 100.0:,.0f} samples/s (the same MFU on "
-            f"{peak:.0f} bf16 TFLOP/s; not a measurement)") in text
+    assert "; the TPU-style setup run here: 80 samples/s (2.50x; the same device, not your TPU job)" in text
+    assert "ESTIMATE" not in text and "peak-scaled" not in text  # no second estimate of the TPU job
     assert f"at a global batch of {plan.requested_global_batch}" in action
     failed = dataclasses.replace(tpu, status="failed", failure_kind="oom")
     assert "; the TPU-style setup run here failed (oom)" in checklist.grade_benchmark(Evidence(plan, r, tpu_style_run=failed))[1]
-    no_peak = dataclasses.replace(r, peak_tflops=None)
-    assert "ESTIMATE n/a" in checklist.grade_benchmark(Evidence(plan, no_peak))[1]
+    # The TPU figure is the plan's: the step its before/after panel predicts, the one estimate reported
+    tpu_side = {"step_s": 0.005, "global_batch": 256, "measured_step_s": None,
+                "step_source": "predicted from the compiled TPU program"}
+    predicted = dataclasses.replace(plan, comparison={"unit": "tokens", "tpu": tpu_side})
+    status, text, _ = checklist.grade_benchmark(Evidence(predicted, r))
+    assert status == NOT_CHECKED
+    assert ("the plan predicts your TPU job at 51.2k samples/s (256 samples a 5 ms step, predicted from the "
+            "compiled TPU program), a prediction, not your job's measurement") in text
+    # A step the user measured and gave to the plan is the TPU figure, graded like the run form's
+    measured = dataclasses.replace(plan, comparison={"unit": "tokens", "tpu": {**tpu_side, "measured_step_s": 0.5}})
+    status, text, _ = checklist.grade_benchmark(Evidence(measured, r))
+    assert status != NOT_CHECKED and "(500 ms per step at a global batch of" in text
 
 
 # -- numerics ------------------------------------------------------------------------------------
@@ -360,6 +367,18 @@ def test_pmap_code_and_device_decide_the_rest(world):
     assert checklist.grade_pmap(Evidence(w["plan"], pmap_run=r))[0] == NOT_CHECKED
 
 
+def test_pmap_in_the_users_code_fails_the_item_with_its_lines_without_any_run(world):
+    """The code check of the session found pmap: the item fails with the finding's line, with or without
+    the pmap step run beside the migrated one; clean code leaves the runs to decide."""
+    plan = world["plan"]
+    status, text, action = checklist.grade_pmap(Evidence(plan, code=code(PMAP_ONLY)))
+    assert status == FAIL and "your code still uses pmap: PMAP001 train.py:" in text
+    assert "NamedSharding" in action
+    assert checklist.grade_pmap(Evidence(plan, world["run"], code=code(PMAP_ONLY)))[0] == FAIL
+    assert checklist.grade_pmap(Evidence(plan, world["run"], code=code(CLEAN)))[0] == NOT_CHECKED
+    assert checklist.grade_pmap(Evidence(plan, world["run"], code=code(NO_JAX)))[0] == NOT_CHECKED
+
+
 # -- deployment ----------------------------------------------------------------------------------
 
 def test_deployment_fails_any_tpu_valued_setting(world):
@@ -407,9 +426,9 @@ def test_kv_headroom_passes_at_the_budget_and_fails_one_byte_over(evidence):
     for peak, status in ((math.floor(budget), PASS), (math.floor(budget) + 1, FAIL)):
         status_, text, action = serving.grade_kv_headroom(ServingEvidence(plan=plan, run=reaching(run, plan, peak)))
         assert status_ == status, (peak, budget)
-        assert text.startswith(f"measured on NVIDIA L4 (the gpu backend): peak {fmt_gib(peak)} at batch "
+        assert text.startswith(f"measured on NVIDIA L4 (the gpu backend): peak {fmt_bytes(peak)} at batch "
                                f"{plan['largest_batch']} (device memory_stats (peak so far)), requests up to 16 + 16 "
-                               f"tokens, against {fmt_gib(budget)} ({fraction:.0%} of L4)"), text
+                               f"tokens, against {fmt_bytes(budget)} ({fraction:.0%} of L4)"), text
     assert text  # the pass said what it measured
     passed = serving.grade_kv_headroom(ServingEvidence(plan=plan, run=reaching(run, plan, 1)))[1]
     assert passed.endswith(f": the plan's {plan['largest_batch']} running sequences and lengths, measured")
@@ -449,7 +468,7 @@ def test_kv_headroom_of_a_plan_file_without_a_fitting_row_warns(evidence):
     status, text, action = serving.grade_kv_headroom(ServingEvidence(plan=over))
     batches = ", ".join(str(r["batch"]) for r in plan["rows"])
     assert status == WARN and f"{plan['largest_batch']} running sequences, but the plan's rows ({batches}) all " \
-        f"exceed {fmt_gib(plan['budget_bytes'])}" in text
+        f"exceed {fmt_bytes(plan['budget_bytes'])}" in text
     assert action == "plan again with serve-plan, without --batches"
 
 
@@ -461,7 +480,7 @@ def test_kv_headroom_without_a_plan_warns_and_fails_over_90_percent_of_the_card(
     for peak, status in ((int(card * 0.9), WARN), (int(card * 0.9) + 1, FAIL)):
         got, text, action = serving.grade_kv_headroom(ServingEvidence(run=serve_on_gpu(run, peak=peak)))
         assert got == status
-        assert f"against {fmt_gib(card * 0.9)} (90% of L4)" in text
+        assert f"against {fmt_bytes(card * 0.9)} (90% of L4)" in text
     status, text, action = serving.grade_kv_headroom(ServingEvidence(run=serve_on_gpu(run, peak=1)))
     assert text.endswith("; no serving plan says how many sequences the server must hold")
     assert action.startswith("plan with serve-plan for L4")
@@ -473,8 +492,8 @@ def test_kv_headroom_prediction_names_the_concurrency(evidence):
     row = max((r for r in plan["rows"] if r["fits"]), key=lambda r: r["batch"])
     assert status == WARN
     assert text.startswith(f"predicted for {plan['target']} (compiled without the device): {plan['largest_batch']} "
-                           f"running sequences; at {row['batch']} peak {fmt_gib(row['predicted_peak_bytes'])} "
-                           f"of {fmt_gib(row['budget_bytes'])}, KV cache {fmt_gib(row['kv_cache_bytes'])}")
+                           f"running sequences; at {row['batch']} peak {fmt_bytes(row['predicted_peak_bytes'])} "
+                           f"of {fmt_bytes(row['budget_bytes'])}, KV cache {fmt_bytes(row['kv_cache_bytes'])}")
     assert action == (f"measure it on {plan['target']} (python -m migration serve-run --batches {plan['largest_batch']} "
                       "--prompt-max 16 --gen-max 16)")
     over = [r["batch"] for r in plan["rows"] if not r["fits"]]
@@ -498,7 +517,7 @@ def test_kv_headroom_prediction_lists_batches_that_do_not_fit_and_gpus(evidence)
     nothing = copy.deepcopy(plan) | {"largest_batch": 0}
     status, text, action = serving.grade_kv_headroom(ServingEvidence(plan=nothing))
     assert status == FAIL and text == (f"predicted for {plan['target']} (compiled without the device): not even one "
-                                       f"sequence fits in {fmt_gib(plan['budget_bytes'])}")
+                                       f"sequence fits in {fmt_bytes(plan['budget_bytes'])}")
     assert "int8 weights" in action
 
 
@@ -596,7 +615,7 @@ def test_host_sync_counts_and_locates_the_syncs(world):
 def test_monitoring_lists_the_reads_and_the_runs_peak(world):
     from tests.test_checklist import TRACED
     r = world["run"]
-    peak = f"; this run's peak {fmt_gib(r.peak_memory_bytes)} ({r.peak_memory_source})"
+    peak = f"; this run's peak {fmt_bytes(r.peak_memory_bytes)} ({r.peak_memory_source})"
     status, text, action = checklist.grade_monitoring(Evidence(world["plan"], r, code=code(CLEAN)))
     assert status == PASS and text == (f"code check of 1 file(s) (train.py): your code reads device memory or "
                                        f"utilisation: memory_stats train.py:19{peak}")

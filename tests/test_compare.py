@@ -128,7 +128,7 @@ def test_the_tpu_compilers_out_of_memory_says_the_setup_is_not_the_job():
     assert tpu_needs_bytes("RESOURCE_EXHAUSTED: something else") is None
     c = of(fake_plan(tpu_step=None, gpu_step=0.4, source="tpu-v5e-8", src_status="does-not-fit"))
     assert c["tpu"]["fits"] is False and c["tpu"]["step_s"] is None and c["matching_gpus"] is None
-    assert "needs 1320.96 GiB per device" in c["tpu_fit"] and "must differ from this description" in c["tpu_fit"]
+    assert "needs 1.29 TiB per device" in c["tpu_fit"] and "must differ from this description" in c["tpu_fit"]
     assert "give your measured TPU step" in headline(c)
     # with the user's measured step the TPU side has its figures again
     c = of(fake_plan(tpu_step=None, gpu_step=0.4, source="tpu-v5e-8", src_status="does-not-fit"),

@@ -91,6 +91,22 @@ def test_the_readme_is_a_front_page_whose_two_commands_are_what_ci_runs():
     assert app in getting_started and tests in getting_started
 
 
+def test_the_readmes_defaults_are_the_forms():
+    """The front page's description of the form's defaults names the values the form starts at."""
+    from migration.config.fields import FIELD
+    from migration.hardware import TPU_SPECS
+    from workloads import WORKLOADS
+
+    said = re.search(r"defaults describe a TPU job \(`(\w+)` / `([\w-]+)` from a ([\w-]+), global batch (\d+),\s+"
+                     r"(\w+), no remat\)", README)
+    assert said, "README no longer describes the form's defaults in the sentence this test reads"
+    workload, preset, source, batch, precision = said.groups()
+    assert workload == FIELD["workload"].default and preset == FIELD["preset"].default
+    assert "tiny" in WORKLOADS[workload].presets  # the preset the form picks for the workload (ui.migrate.presets_of)
+    assert FIELD["source"].default.endswith(source) and FIELD["source"].default in TPU_SPECS
+    assert int(batch) == FIELD["global_batch"].default and precision == FIELD["source_precision"].default
+
+
 def test_constraints_pin_every_requirement_that_ci_installs():
     pinned = {}
     for line in (ROOT / "constraints.txt").read_text(encoding="utf-8").splitlines():

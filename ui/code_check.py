@@ -1,6 +1,7 @@
-"""The Code check tab: paste a training script or upload .py files; a worker reads them with `ast` (nothing
-is ever run) and the findings come back as a table. The result also goes to the Migrate tab, whose checklist
-grades the items about the code from it."""
+"""The Code check tab: paste a script or upload .py files, and say what the code is (the training job, or a
+server that serves the model); a worker reads them with `ast` (nothing is ever run) and the findings come back
+as a table. The result goes to the checklist of its kind: a training script's to the Migrate tab's, a serving
+script's to the Serve tab's. Neither checklist grades from the other kind of code."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 
 import gradio as gr
 
+from migration.common import shown as quoted
 from migration.codecheck import MAX_FILES, CodeCheck, CodeCheckError, check_pasted, read_upload
 from migration.service.job import LimitError
 from ui.context import AppContext, user_of
@@ -17,8 +19,12 @@ from ui.frames import findings_frame
 from ui.streaming import finished
 
 
+CODE_KINDS = ("training", "serving")  # what the checked code is: the checklist that grades from it
+
+
 @dataclasses.dataclass
 class CodeCheckTab:
+    kind: gr.Radio
     text: gr.Code
     files: gr.File
     button: gr.Button
@@ -29,17 +35,23 @@ class CodeCheckTab:
 def code_check_tab() -> CodeCheckTab:
     with gr.Tab("Code check"):
         gr.Markdown("Reads Python source with `ast`; nothing is ever run. Up to 1 MB per file, UTF-8.")
-        return CodeCheckTab(text=gr.Code(language="python", label="Paste a training script"),
+        kind = gr.Radio(list(CODE_KINDS), value="training", label="This code is the job's",
+                        info="training: graded by the Migrate tab's checklist; serving: by the Serve tab's")
+        return CodeCheckTab(kind=kind, text=gr.Code(language="python", label="Paste a training or serving script"),
                             files=gr.File(label="…or upload .py files", file_count="multiple", file_types=[".py"]),
                             button=gr.Button("Check", variant="primary"),
                             summary=gr.Markdown(label="Code check summary", show_label=False),
-                            table=gr.Dataframe(label="Findings", wrap=True, visible=False))
+                            table=gr.Dataframe(label="Findings", wrap=True, visible=False, max_height=100_000,
+                                               elem_id="findings-table",
+                                               column_widths=["10%", "5%", "5%", "9%", "8%", "36%", "27%"]))
 
 
-def wire_code_check(tab: CodeCheckTab, context: AppContext, code_state: gr.State) -> None:
-    """Check: the summary, the findings table, and the result in the Migrate tab's state."""
-    tab.button.click(CodeCheckHandlers(context).do_code_check, [tab.text, tab.files],
-                     [tab.summary, tab.table, code_state], api_name="code_check", concurrency_limit=None)
+def wire_code_check(tab: CodeCheckTab, context: AppContext, code_state: gr.State, serving_code_state: gr.State) -> None:
+    """Check: the summary, the findings table, and the result in the state of its kind's checklist (the Migrate
+    tab's for training code, the Serve tab's for serving code)."""
+    tab.button.click(CodeCheckHandlers(context).do_code_check, [tab.text, tab.files, tab.kind],
+                     [tab.summary, tab.table, code_state, serving_code_state], api_name="code_check",
+                     concurrency_limit=None)
 
 
 class CodeCheckHandlers:
@@ -49,9 +61,11 @@ class CodeCheckHandlers:
         self.context = context
 
     # Both inputs may be left out (a None default is how the API learns that): one of them is enough.
-    async def do_code_check(self, text=None, files=None, request: gr.Request | None = None):
+    async def do_code_check(self, text=None, files=None, kind="training", request: gr.Request | None = None):
         service = self.context.service
         try:
+            if kind not in CODE_KINDS:
+                raise CodeCheckError(f"kind must be one of {', '.join(CODE_KINDS)} (what the code is); got {quoted(kind)}")
             sources = await asyncio.to_thread(code_sources, text, files)  # reads up to 20 files
             job = await finished(service, service.submit_code_check(user_of(request), sources))
         except (CodeCheckError, LimitError) as exc:
@@ -68,8 +82,12 @@ class CodeCheckHandlers:
             more = ", ".join(f"{rule} {n:,}" for rule, _, n in result.omitted)
             summary += (f"The table shows the first {len(shown):,} (and the first of every rule); "
                         f"{result.total - len(shown):,} more: {more}. `python -m migration check FILE` lists them all. ")
-        summary += "The Migrate tab's checklist grades the items about your code from this check."
-        return summary, gr.update(value=findings_frame(shown), visible=bool(findings)), result.to_dict()
+        summary += ("The Migrate tab's checklist grades the items about your training code from this check." if
+                    kind == "training" else "The Serve tab's checklist grades the items about your serving code from "
+                                            "this check.")
+        state = result.to_dict()
+        return (summary, gr.update(value=findings_frame(shown), visible=bool(findings)),
+                *((state, gr.skip()) if kind == "training" else (gr.skip(), state)))
 
 
 def code_sources(text: Any, files: Any) -> list[tuple[str, str]]:

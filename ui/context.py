@@ -66,12 +66,21 @@ def user_of(request: gr.Request | None) -> str:
     return (getattr(request, "username", None) or "") if request is not None else ""
 
 
-def refuse(exc: BaseException) -> gr.Error:
+def refusal_text(exc: BaseException) -> str:
     """One line for a person: what was wrong and what is allowed (never a traceback)."""
     if isinstance(exc, ConfigError):
-        text = f"Invalid input — {exc}"
-    elif isinstance(exc, PlanError):
-        text = f"Planning failed ({exc.kind}): {first_line(exc, 400)}"
-    else:
-        text = first_line(exc, 400)
-    return gr.Error(text, print_exception=False)
+        return f"Invalid input — {exc}"
+    if isinstance(exc, PlanError):
+        return f"Planning failed ({exc.kind}): {first_line(exc, 400)}"
+    return first_line(exc, 400)
+
+
+def refuse(exc: BaseException) -> gr.Error:
+    """The refusal as a queued event's error (the page shows it beside the event's outputs)."""
+    return gr.Error(refusal_text(exc), print_exception=False)
+
+
+def said(exc: BaseException) -> str:
+    """A refusal as a line for the page, for an event unqueued from it: its error would reach the page as an
+    HTTP 500 without its text, so the handler returns this to a message beside the control instead."""
+    return f"⚠️ {refusal_text(exc)}"

@@ -10,7 +10,7 @@ import gradio as gr
 from ui.code_check import code_check_tab, wire_code_check
 from ui.context import AppContext
 from ui.environment import environment_tab, wire_environment
-from ui.history import HistoryHandlers, history_tab, wire_history
+from ui.history import HistoryHandlers, history_tab, refresh_after, wire_history
 from ui.migrate import migrate_tab, wire_migrate
 from ui.plan_run import JobHandlers
 from ui.serve import ServeHandlers, serve_tab, wire_serve
@@ -52,12 +52,14 @@ def build_demo(settings: Settings | None = None) -> gr.Blocks:
         environment = environment_tab()
 
         job_handlers = JobHandlers(context)
-        wire_migrate(migrate, job_handlers)
-        wire_code_check(code_check, context, migrate.code_state)
+        job_events = wire_migrate(migrate, job_handlers)
+        wire_code_check(code_check, context, migrate.code_state, serve.code_state)
         history_handlers = HistoryHandlers(context)
         wire_history(history, history_handlers)
         wire_environment(environment, context)
-        wire_serve(serve, ServeHandlers(context), job_handlers.do_stop, migrate.code_state)
-        demo.load(history_handlers.do_history, history.filters, history.table, api_visibility="private", queue=False)
+        job_events += wire_serve(serve, ServeHandlers(context), job_handlers.do_stop)
+        refresh_after(job_events, history, history_handlers)
+        demo.load(history_handlers.page_history, history.filters, [history.table, history.message],
+                  api_visibility="private", queue=False)
     demo.service = service  # type: ignore[attr-defined]  # for start-up and shutdown
     return demo

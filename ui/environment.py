@@ -7,10 +7,9 @@ import dataclasses
 
 import gradio as gr
 
-from migration.common import first_line
+from migration.common import first_line, fmt_bytes
 from migration.service.job import LimitError
 from ui.context import AppContext, refuse, user_of
-from ui.frames import gib
 from ui.streaming import finished
 
 
@@ -58,7 +57,7 @@ class EnvironmentHandlers:
                  "**Versions:** " + ", ".join(f"{k} {v}" for k, v in info["versions"].items()),
                  "**JAX/XLA environment of a worker:** " + ", ".join(f"`{k}={v}`" for k, v in info["env"].items())]
         for g in info["nvidia_gpus"]:
-            lines.append(f"**GPU {g['index']}** {g['name']}: {gib(g['used_bytes'])} used of {gib(g['total_bytes'])}, "
-                         f"{gib(g['used_by_other_processes_bytes'])} by other processes")
+            lines.append(f"**GPU {g['index']}** {g['name']}: {fmt_bytes(g['used_bytes'])} used of {fmt_bytes(g['total_bytes'])}, "
+                         f"{fmt_bytes(g['used_by_other_processes_bytes'])} by other processes")
         lines += [f"⚠️ {w}" for w in warnings]
         return "\n\n".join(lines), info

@@ -11,7 +11,8 @@ from typing import Any
 import pandas as pd
 
 from migration.codecheck import Finding
-from migration.common import GiB, duration_unit, fmt_gib, fmt_seconds, model_name
+from migration.common import GiB, duration_unit, fmt_bytes, fmt_count, fmt_number, fmt_percent, fmt_seconds, model_name
+from migration.figures import MEASURED_MEMORY, run_figures
 from migration.grading import checklist
 from migration.planning.compare import headline, price_sources, shown_rows
 from migration.results import Plan, RunReport
@@ -21,42 +22,38 @@ from migration.service.orchestrate import MigrationResult
 PLOT_MAX_POINTS = 500  # points per run drawn in a loss plot
 
 
-def gib(n: Any) -> str:
-    return fmt_gib(n, 3)
-
-
 def plan_markdown(p: Plan) -> str:
     where = f"{p.nodes} nodes × {p.gpus_per_node}" if p.nodes > 1 else f"{p.gpus}"
     sj = p.source_job
-    source_job = (f"The TPU job: {sj['devices']} devices of {gib(sj['hbm_bytes_per_device'])}, "
+    source_job = (f"The TPU job: {sj['devices']} devices of {fmt_bytes(sj['hbm_bytes_per_device'])}, "
                   f"state **{sj['sharding']}** "
-                  f"({gib(sj['state_bytes_per_device'])} per device: {sj['why']}).\n\n" if sj else "")
+                  f"({fmt_bytes(sj['state_bytes_per_device'])} per device: {sj['why']}).\n\n" if sj else "")
     head = (f"### {model_name(p.workload, p.preset, p.model)}: {p.source_name} → {where} × {p.target_name}\n"
             f"{p.param_count:,} parameters. " + source_job +
-            f"Prediction: **{p.prediction_method}** — {p.prediction_note}. Budget per GPU {gib(p.budget_bytes)} "
-            f"({p.memory_fraction:.0%} of {gib(p.device_memory_bytes)} minus a {p.safety_margin:.0%} margin; device "
+            f"Prediction: **{p.prediction_method}** — {p.prediction_note}. Budget per GPU {fmt_bytes(p.budget_bytes)} "
+            f"({p.memory_fraction:.0%} of {fmt_bytes(p.device_memory_bytes)} minus a {p.safety_margin:.0%} margin; device "
             f"memory: {p.budget_source}).\n\n")
     if p.status != "ok":
         return head + f"**Not feasible.** {p.message}"
     exact = "" if p.global_batch_exact else f" (**not** the requested {p.requested_global_batch})"
     src = p.source_tpu_compile
     kernel = f", {src['attention']} attention" if src.get("attention") else ""
-    source_line = (f"On the source TPU ({src['device_kind']}{kernel}): {gib(src['peak_bytes_per_chip'])} per device; "
-                   f"the plan uses {gib(p.predicted_peak_bytes)} per GPU."
+    source_line = (f"On the source TPU ({src['device_kind']}{kernel}): {fmt_bytes(src['peak_bytes_per_chip'])} per device; "
+                   f"the plan uses {fmt_bytes(p.predicted_peak_bytes)} per GPU."
                    + (f" TPU step predicted {fmt_seconds(src['predicted_step_s'])} ({src['step_method']})."
                       if src.get("predicted_step_s") else "") + "\n\n" if src.get("status") == "ok" else
                    f"Source TPU compile: {src.get('status')} — {src.get('reason', '')}\n\n" if src else "")
     env = "\n".join(f"export {k}={v['value']!r}  # {v['why']}" for k, v in p.environment.items())
     st = p.state
     state_line = (f"State per GPU ({st['sharding']}, shared by {st['shared_by']}): "
-                  f"{gib(st['compiled_state_bytes_per_gpu'])} "
-                  f"compiled for parameters and AdamW moments, {gib(st['state_with_gradients_bytes_per_gpu'])} with "
-                  f"gradients, against 16 B/parameter / {st['shared_by']} = {gib(st['arithmetic_bytes_per_gpu'])} "
+                  f"{fmt_bytes(st['compiled_state_bytes_per_gpu'])} "
+                  f"compiled for parameters and AdamW moments, {fmt_bytes(st['state_with_gradients_bytes_per_gpu'])} with "
+                  f"gradients, against 16 B/parameter / {st['shared_by']} = {fmt_bytes(st['arithmetic_bytes_per_gpu'])} "
                   f"({st['difference']:+.2%}).\n\n" if st.get("state_with_gradients_bytes_per_gpu") is not None else "")
     return (head + f"**Plan:** **{p.sharding}** state, {p.per_device_batch} per GPU × {p.gpus} GPU(s) × "
             f"{p.accumulation_steps} accumulation = "
             f"global batch {p.global_batch}{exact}, **{p.precision}**, remat **{p.remat}**; predicted peak "
-            f"{gib(p.predicted_peak_bytes)} per GPU"
+            f"{fmt_bytes(p.predicted_peak_bytes)} per GPU"
             + (f", predicted step {p.step_label()}" if p.predicted_step_s else "")
             + ". The table below ranks every choice that fits by predicted step time.\n\n" + state_line +
             f"TPU-style setup on this target: {p.tpu_setup_on_target.get('summary', 'n/a')}.\n\n"
@@ -134,29 +131,29 @@ def memory_frame(rows: list[dict[str, Any]], budget: int | None) -> pd.DataFrame
     return frame.astype({"per_device_batch": "int64", "predicted_GiB": "float64", "series": "str"})
 
 
-def results_frame(r: RunReport, budget: int | None) -> pd.DataFrame:
+def memory_chart_has_shape(frame: pd.DataFrame) -> bool:
+    """Whether the memory chart shows how memory grows with the batch: two or more batches compiled. With one,
+    it would be a lone point; the plan's text gives that figure against the budget."""
+    return frame[frame["series"] != "budget"]["per_device_batch"].nunique() >= 2
+
+
+def results_frame(r: RunReport, budget: int | None, budget_of: str = "") -> pd.DataFrame:
+    """A run's report: what ran and where, then every figure labelled by its provenance (`migration.figures`:
+    measured, compiled, set), in units scaled for reading."""
     rows = [
         ("status", r.status if r.ok else f"{r.status} ({r.failure_kind}): {r.message}"),
-        ("measured on", f"{r.device_kind} ×{r.device_count}, {r.backend} backend, JAX {r.jax_version}, host {r.host}"),
-        ("peak memory, measured", f"{gib(r.peak_memory_bytes)} — {r.peak_memory_source}"),
-        ("peak memory, predicted (compiled)", gib(r.predicted_peak_bytes)),
-        ("memory budget (plan)", gib(budget)),
-        ("step time median / p90", f"{r.step_ms_median or 0:.2f} / {r.step_ms_p90 or 0:.2f} ms"),
-        ("samples/s", f"{r.samples_per_s or 0:,.1f}"),
-        ("tokens/s", "n/a" if r.tokens_per_s is None else f"{r.tokens_per_s:,.0f}"),
-        ("MFU", "n/a" if r.mfu is None else f"{100 * r.mfu:.1f} % of {r.peak_tflops_source}"),
-        ("compile time", f"{r.compile_s or 0:.2f} s"),
-        ("recompilations after the first step", str(r.recompilations)),
+        ("ran", f"{r.per_device_batch} per device × {r.devices} device(s) × {r.accumulation_steps} accumulation = "
+                f"global batch {r.global_batch}, {r.precision}, remat {r.remat}, {r.sharding} state, {r.step_style} "
+                "step" + (f"; model {r.model}" if r.model else "")),
+        ("where", f"{r.device_kind} ×{r.device_count}, {r.backend} backend, JAX {r.jax_version}, host {r.host}"),
+        *((f.label(), f.shown()) for f in run_figures(r, budget, budget_of)),
         ("fp32 matmul precision", str(r.fp32_matmul_precision)),
-        ("config", f"{r.per_device_batch} per device × {r.devices} × {r.accumulation_steps} accum = {r.global_batch}, "
-                   f"{r.precision}, remat {r.remat}, {r.sharding} state, {r.step_style} step"
-                   + (f"; model {r.model}" if r.model else "")),
     ]
     if r.checkpoint_restored:
         rows.append(("started from checkpoint", r.checkpoint_restored))
     if r.checkpoint_saved:
-        rows.append(("checkpoint saved", f"{r.checkpoint_saved}, {r.checkpoint_saved_bytes:,} bytes"))
-    return pd.DataFrame(rows, columns=["metric", "value"])
+        rows.append(("checkpoint saved", f"{r.checkpoint_saved}, {fmt_bytes(r.checkpoint_saved_bytes)}"))
+    return pd.DataFrame(rows, columns=["figure", "value"])
 
 
 def loss_frame(reports: list[tuple[str, RunReport]]) -> pd.DataFrame:
@@ -174,38 +171,47 @@ def curve_frame(curves: dict[str, list[Any]], max_points: int = PLOT_MAX_POINTS)
             if isinstance(losses[i], (int, float)) and math.isfinite(losses[i]):
                 rows.append({"step": i + 1, "loss": losses[i], "run": name})
     # Typed even when empty: a plot fixes its axis types from the first frame it is sent.
-    return pd.DataFrame(rows, columns=["step", "loss", "run"]).astype(
+    frame = pd.DataFrame(rows, columns=["step", "loss", "run"]).astype(
         {"step": "int64", "loss": "float64", "run": "str"})
+    if len(frame) and frame["step"].max() <= WHOLE_STEP_TICKS:
+        frame["step"] = whole_ticks(frame["step"])
+    return frame
+
+
+WHOLE_STEP_TICKS = 40  # up to this many steps a chart labels each step; beyond, a numeric axis ticks whole numbers
+
+
+def whole_ticks(values: pd.Series) -> pd.Series:
+    """Whole numbers as a chart's categories in numeric order: a short run's numeric axis would tick 1.0, 1.1,
+    1.2 ... The chart orders categories as text, so each is padded on the left to one width (" 2" before "10")."""
+    width = len(str(values.max()))
+    return values.map(lambda v: str(v).rjust(width)).astype("str")
 
 
 def before_after_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
-    """The pmap and jit runs side by side (rows from `orchestrate.scaling_view`), figures as text."""
-    def pct(x):
-        return "n/a" if x is None else f"{x:.0%}"
-
-    def num(x, spec):
-        return "n/a" if x is None else format(x, spec)
-
+    """The pmap and jit runs side by side (rows from `orchestrate.scaling_view`), every figure in its unit."""
     shown = [{"run": r["run"], "step": r["style"], "devices": r["devices"], "global batch": r["global_batch"],
-              "samples/s": num(r["samples_per_s"], ",.1f"), "tokens/s": num(r["tokens_per_s"], ",.0f"),
-              "step ms (median)": num(r["step_ms_median"], ".2f"), "scaling efficiency": pct(r["scaling_efficiency"]),
-              "jit / pmap": num(r["jit_over_pmap"], ".2f"),
+              "throughput": fmt_count(r["samples_per_s"], "samples/s"),
+              "tokens": fmt_count(r["tokens_per_s"], "tokens/s"),
+              "step time (median)": fmt_seconds(None if r["step_ms_median"] is None else r["step_ms_median"] / 1e3),
+              "scaling efficiency": fmt_percent(r["scaling_efficiency"]),
+              "jit / pmap": "n/a" if r["jit_over_pmap"] is None else f"{fmt_number(r['jit_over_pmap'])}×",
               "same loss": {True: "yes", False: "NO", None: "n/a"}[r["losses_match"]],
               "measured on": f"{r['device_kind']} ({r['backend']} backend), JAX {r['jax_version']}"} for r in rows]
-    return pd.DataFrame(shown, columns=["run", "step", "devices", "global batch", "samples/s", "tokens/s",
-                                        "step ms (median)", "scaling efficiency", "jit / pmap", "same loss",
+    return pd.DataFrame(shown, columns=["run", "step", "devices", "global batch", "throughput", "tokens",
+                                        "step time (median)", "scaling efficiency", "jit / pmap", "same loss",
                                         "measured on"])
 
 
 def autotune_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     """Autotune rows: predicted rank and step against the measured median, status, the pick."""
-    def ms(x):
-        return "" if x is None else f"{x:.1f}"
+    def secs(ms: Any) -> str:
+        return "" if ms is None else fmt_seconds(ms / 1e3)
     out = [{"predicted #": r["predicted_rank"], "state": r["sharding"], "remat": r["remat"],
             "batch": r["per_device_batch"], "accum": r["accumulation_steps"],
-            "predicted ms": ms(None if r["predicted_step_s"] is None else 1e3 * r["predicted_step_s"]),
-            "measured ms": ms(r["measured_step_ms"]), "measured #": r.get("measured_rank") or "",
-            "peak GiB": gib(r["peak_memory_bytes"]), "status": r["status"] if r["status"] == "ok"
+            "predicted step": "" if r["predicted_step_s"] is None else fmt_seconds(r["predicted_step_s"]),
+            "measured step": secs(r["measured_step_ms"]), "measured #": r.get("measured_rank") or "",
+            "peak memory": fmt_bytes(r["peak_memory_bytes"]), "status": r["status"] if r["status"] == "ok"
             else f"{r['status']} ({r['failure_kind']})", "pick": "✓" if r.get("picked") else ""} for r in rows]
     return pd.DataFrame(out)
 
@@ -245,42 +251,67 @@ def findings_frame(findings: list[Finding]) -> pd.DataFrame:
                         columns=["file", "line", "col", "rule", "severity", "message", "replacement"])
 
 
-HISTORY_COLUMNS = ["id", "created_at", "user", "label", "kind", "model", "status", "config", "device_kind",
-                   "samples_per_s", "tokens_per_s", "mfu_%", "peak_GiB", "predicted_GiB", "compile_s"]
+HISTORY_COLUMNS = ["id", "created", "user", "label", "kind", "model", "status", "config", "device or target",
+                   "throughput", "MFU", "peak memory", "predicted peak", "compile"]
+
+
+def peak_text(e: dict[str, Any]) -> str:
+    """A history entry's peak memory with its provenance: measured where the device reported it, else the
+    compiled figure, said so (`migration.figures`)."""
+    if e.get("peak_memory_bytes") is None:
+        return ""
+    source = e.get("peak_memory_source") or ""
+    return fmt_bytes(e["peak_memory_bytes"]) + ("" if source.startswith(MEASURED_MEMORY) else
+                                                " (compiled)" if source else "")
 
 
 def history_frame(entries: list[dict[str, Any]]) -> pd.DataFrame:
-    """The history as people read it: one line per entry, the configuration in one column."""
+    """The history as people read it: one line per entry, the configuration in one column, every figure in
+    its unit (the CSV export keeps the raw numbers)."""
     rows = []
     for e in entries:
         config = (f"{e.get('per_device_batch') or '?'}×{e.get('devices') or '?'}×{e.get('accumulation_steps') or '?'} "
                   f"{e.get('precision') or ''} {e.get('remat') or ''}").strip()
         if e["kind"] in SERVING_KINDS:  # the batch: a plan's largest that fits, a run's fastest measured
             config = f"serving batch {e.get('per_device_batch') or '?'}, {e.get('precision') or '?'}"
+        rate = (fmt_count(e["tokens_per_s"], "tokens/s") if e.get("tokens_per_s") is not None else
+                fmt_count(e.get("samples_per_s"), "samples/s", missing=""))
+        if e["kind"] == "plan" and rate:
+            rate += " (predicted)"
         rows.append({
-            "id": e["id"], "created_at": e["created_at"], "user": e.get("user") or "", "label": e.get("label") or "",
-            "kind": e["kind"], "model": f"{e['workload']}/{e['preset']}", "status": e["status"], "config": config,
-            "device_kind": e.get("device_kind") or e.get("target") or "",
-            "samples_per_s": e.get("samples_per_s"), "tokens_per_s": e.get("tokens_per_s"),
-            "mfu_%": None if e.get("mfu") is None else 100 * e["mfu"],
-            "peak_GiB": None if e.get("peak_memory_bytes") is None else e["peak_memory_bytes"] / GiB,
-            "predicted_GiB": None if e.get("predicted_peak_bytes") is None else e["predicted_peak_bytes"] / GiB,
-            "compile_s": e.get("compile_s")})
+            "id": e["id"], "created": str(e["created_at"]).replace("T", " ")[:19], "user": e.get("user") or "",
+            "label": e.get("label") or "", "kind": e["kind"], "model": f"{e['workload']}/{e['preset']}",
+            "status": e["status"], "config": config, "device or target": e.get("device_kind") or e.get("target") or "",
+            "throughput": rate, "MFU": fmt_percent(e.get("mfu"), missing=""), "peak memory": peak_text(e),
+            "predicted peak": fmt_bytes(e.get("predicted_peak_bytes"), missing=""),
+            "compile": fmt_seconds(e.get("compile_s"), missing="")})
     return pd.DataFrame(rows, columns=HISTORY_COLUMNS)
 
 
+def run_name(e: dict[str, Any]) -> str:
+    return f"#{e['id']}"
+
+
 def compare_frames(entries: list[dict[str, Any]]) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """Side-by-side table, throughput, peak memory (predicted beside measured) and loss curves."""
+    """Side-by-side table, throughput, peak memory (compiled beside measured, each bar named by its
+    provenance: a CPU run has no measured peak) and loss curves. Runs are named by their id, which the
+    table's first column shows with the rest of the configuration."""
     table = history_frame(entries)
-    names = [f"#{e['id']} {e['preset']} b{e.get('per_device_batch')}×{e.get('accumulation_steps')} {e.get('precision')}"
-             for e in entries]
+    names = [run_name(e) for e in entries]
     throughput = pd.DataFrame({"run": names, "samples_per_s": [float(e.get("samples_per_s") or 0) for e in entries]})
-    memory = pd.DataFrame(
-        [{"bar": f"{n} · {what}", "GiB": float(e.get(key) or 0) / GiB, "series": what}
-         for n, e in zip(names, entries) for what, key in (("predicted", "predicted_peak_bytes"),
-                                                          ("measured", "peak_memory_bytes"))],
-        columns=["bar", "GiB", "series"])
-    losses = curve_frame({n: e["payload"].get("losses") or [] for n, e in zip(names, entries)})
+    bars = []
+    for n, e in zip(names, entries):
+        payload = e.get("payload") or {}
+        measured = str(e.get("peak_memory_source") or payload.get("peak_memory_source") or "").startswith(MEASURED_MEMORY)
+        compiled = e.get("predicted_peak_bytes")
+        if compiled is None and not measured:
+            compiled = e.get("peak_memory_bytes")
+        if compiled is not None:
+            bars.append({"bar": f"{n} compiled", "GiB": compiled / GiB, "series": "compiled (XLA memory analysis)"})
+        if measured and e.get("peak_memory_bytes") is not None:
+            bars.append({"bar": f"{n} measured", "GiB": e["peak_memory_bytes"] / GiB, "series": "measured on the device"})
+    memory = pd.DataFrame(bars, columns=["bar", "GiB", "series"])
+    losses = curve_frame({n: (e.get("payload") or {}).get("losses") or [] for n, e in zip(names, entries)})
     return table, throughput, memory, losses
 
 
@@ -291,7 +322,7 @@ def run_headline(result: MigrationResult, budget: int | None) -> str:
     elif main.failure_kind == "oom":
         predicted = main.predicted_peak_bytes or result.plan.predicted_peak_bytes
         headline = (f"Run failed: **does not fit** — out of memory at {main.per_device_batch} per device "
-                    f"(predicted peak {gib(predicted)} per device, budget {gib(budget)}). Try a smaller per-device "
+                    f"(predicted peak {fmt_bytes(predicted)} per device, budget {fmt_bytes(budget)}). Try a smaller per-device "
                     "batch with more accumulation steps (Plan does this for you), a remat policy, or bf16")
     else:
         headline = f"Run failed ({main.failure_kind}): {main.message}"

@@ -25,6 +25,7 @@ from ui.demo import build_demo
 from ui.guard import LoginPageWithoutApi, WebGuard, WebPolicy, allowed_hosts
 from ui.lanes import lane_limits
 from ui.settings import EXPORTS_MARKER, Settings, history_visibility
+from ui.tables import PAGE_CSS
 
 
 LIGHT_WORKERS = 32  # Gradio queue workers beyond the jobs' and tasks': light calls from API clients
@@ -109,7 +110,7 @@ def launch(demo: gr.Blocks, address: Address, users: Authenticator | None, expor
     demo.launch(server_name=address.host, server_port=address.port, root_path=address.root_path or None,
                 auth=users.check if users else None,
                 enable_monitoring=False, ssr_mode=False, show_error=True, share=False, run_history=False,
-                max_threads=workers, allowed_paths=[str(export_dir)], max_file_size="5mb", quiet=True,
+                max_threads=workers, allowed_paths=[str(export_dir)], max_file_size="5mb", quiet=True, css=PAGE_CSS,
                 app_kwargs={"middleware": middleware}, prevent_thread_lock=True)
     # Everything built so far (Gradio, pandas, the page's components) lives as long as the server:
     # out of the collector's sight, so that a full collection under load walks only what came after

@@ -16,8 +16,11 @@ from gradio.components import Component
 from migration.config.fields import FIELDS
 from ui.form import PLAN_FILE, component, endpoint_inputs, form_rows
 from ui.plan_run import JobHandlers
+from ui.tables import table
 from workloads import WORKLOADS
 
+AUTOTUNE_SHARES = (5, 8, 8, 5, 5, 7, 7, 5, 8, 12, 3)  # ui.frames.autotune_frame's columns
+BEFORE_AFTER_SHARES = (8, 5, 5, 5, 9, 9, 7, 7, 5, 5, 20)  # ui.frames.before_after_frame's
 PLAN_INPUTS = endpoint_inputs("plan")
 RUN_INPUTS = endpoint_inputs("run", leading=(PLAN_FILE,))  # after the two states
 AUTOTUNE_INPUTS = endpoint_inputs("autotune", leading=(PLAN_FILE,))  # after the plan state
@@ -69,21 +72,21 @@ def result_outputs() -> dict[str, Component]:
                                       label="Cost to train", show_label=False)}
     o |= {"comparison_file": gr.File(label="Before and after (CSV)", visible=False),
          "plan": gr.Markdown(visible=False, label="Plan", show_label=False),
-         "memory_plot": gr.ScatterPlot(x="per_device_batch", y="predicted_GiB", color="series", visible=False,
-                                       title="Predicted peak memory per GPU for each batch compiled, and the budget",
-                                       x_axis_format="d", x_title="per-device batch", y_title="GiB",
-                                       height=300, label="Predicted peak memory per GPU", show_label=False),
-         "ranked": gr.Dataframe(label="Choices that fit, fastest predicted step first", wrap=True, visible=False,
-                                column_widths=["10%", "12%", "7%", "7%", "7%", "6%", "9%", "9%", "28%", "5%"]),
-         "autotune_table": gr.Dataframe(label="Autotune: the top choices measured here", wrap=True, visible=False,
-                                        elem_id="autotune-table"),
+         "memory_plot": gr.LinePlot(x="per_device_batch", y="predicted_GiB", color="series", visible=False,
+                                    title="Peak memory per GPU, compiled for the target, for each batch, and the budget",
+                                    x_axis_format="d", x_title="per-device batch", y_title="GiB", y_lim=[0, None],
+                                    height=300, label="Predicted peak memory per GPU", show_label=False,
+                                    elem_id="memory-plot"),
+         "ranked": table("Choices that fit, fastest predicted step first", (10, 12, 7, 7, 7, 6, 9, 9, 28, 5),
+                         elem_id="ranked-table"),
+         "autotune_table": table("Autotune: the top choices measured here", AUTOTUNE_SHARES, elem_id="autotune-table"),
          "autotune_file": gr.File(label="Autotune CSV", visible=False),
          "decisions": gr.HTML(visible=False, label="Decisions with their reasons", show_label=False),
-         "results": gr.Dataframe(label="Results", wrap=True, visible=False),
-         "loss_plot": gr.LinePlot(x="step", y="loss", color="run", title="Loss", height=300, visible=False,
+         "results": table("Results", (4, 6), elem_id="results-table"),
+         "loss_plot": gr.LinePlot(x="step", y="loss", color="run", title="Loss", height=300, visible=False, x_label_angle=0,
                                   label="Loss", show_label=False),
-         "before_after": gr.Dataframe(label="Before (pmap) and after (jit with shardings), side by side", wrap=True,
-                                      visible=False, elem_id="before-after"),
+         "before_after": table("Before (pmap) and after (jit with shardings), side by side", BEFORE_AFTER_SHARES,
+                               elem_id="before-after"),
          "scaling_plot": gr.LinePlot(x="devices", y="samples_per_s", color="style", height=300, visible=False,
                                      title="Throughput by device count (weak scaling: per-device batch kept)",
                                      elem_id="scaling-plot", label="Throughput by device count", show_label=False),
@@ -103,9 +106,9 @@ def presets_of(w: Any) -> Any:
     return gr.Dropdown(choices=presets, value="tiny" if "tiny" in presets else (presets or [None])[0])
 
 
-def wire_migrate(tab: MigrateTab, handlers: JobHandlers) -> None:
+def wire_migrate(tab: MigrateTab, handlers: JobHandlers) -> list[Any]:
     """The tab's events: the presets follow the workload; Plan, Run, Autotune and Stop; and `cancel_job`,
-    an API endpoint without a button."""
+    an API endpoint without a button. Returns the events whose end writes the history (plan, run, autotune)."""
     i, o, job = tab.inputs, tab.outputs, tab.job_state
     i["workload"].change(presets_of, i["workload"], i["preset"], api_visibility="private", queue=False)
     plan_event = tab.buttons["plan"].click(
@@ -126,3 +129,4 @@ def wire_migrate(tab: MigrateTab, handlers: JobHandlers) -> None:
     tab.buttons["stop"].click(handlers.do_stop, job, o["progress"], cancels=[run_event, plan_event, autotune_event],
                               api_name="stop", queue=False, concurrency_limit=None)
     gr.api(handlers.do_cancel_job, api_name="cancel_job", concurrency_limit=None)
+    return [plan_event, run_event, autotune_event]

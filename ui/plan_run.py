@@ -29,10 +29,10 @@ from migration.service.job import Job, LimitError, NotYourJob
 from migration.service.orchestrate import MigrationResult, RunOptions, candidate_text
 from migration.config.fields import FIELD
 from migration.planning.compare import rows as comparison_rows
-from ui.context import AppContext, refuse, user_of
+from ui.context import AppContext, refuse, said, user_of
 from ui.form import PLAN_FILE, takes_fields
 from ui.frames import (autotune_frame, before_after_frame, checklist_html, comparison_frames, comparison_markdown,
-                       curve_frame, decisions_html, loss_frame, memory_frame, plan_markdown, ranked_frame, results_frame,
+                       curve_frame, decisions_html, loss_frame, memory_chart_has_shape, memory_frame, plan_markdown, ranked_frame, results_frame,
                        run_headline, scaling_frame)
 from ui.streaming import cleared, follow, waiting_line
 
@@ -73,7 +73,7 @@ class JobHandlers:
             raise refuse(PlanError("failed", job.error or "the planner ended without a plan"))
         p: Plan = job.result
         yield ("", *self.comparison_updates(p, user_of(request)), gr.update(value=plan_markdown(p), visible=True),
-               gr.update(value=memory_frame(p.table, p.budget_bytes), visible=True),
+               memory_update(memory_frame(p.table, p.budget_bytes)),
                gr.update(value=ranked_frame(p), visible=True), gr.update(value=decisions_html(p), visible=True),
                p.to_dict(), None)
 
@@ -190,12 +190,16 @@ class JobHandlers:
                 gr.update(value=str(path), visible=True), None)
 
     def do_stop(self, job_id, request: gr.Request):
+        """Stop this tab's job. Unqueued, so it never raises: every answer is a line beside the button."""
         if job_id is None:
-            return "Nothing of yours is running in this tab."
+            return "Nothing of yours is running in this tab: there is nothing to stop."
         try:
-            job = self.context.service.cancel(int(job_id), user_of(request))
-        except (LookupError, NotYourJob) as exc:
-            raise refuse(exc)
+            job = self.context.service.get(int(job_id), user_of(request))
+            if job.finished:
+                return f"Job #{job.id} has already ended ({job.state}): there is nothing to stop."
+            job = self.context.service.cancel(job.id, user_of(request))
+        except (LookupError, NotYourJob, ValueError, TypeError) as exc:
+            return said(exc)
         return f"Stopping job #{job.id}…"
 
     def do_cancel_job(self, job_id: str = "", request: gr.Request | None = None) -> str:
@@ -235,10 +239,12 @@ class PlanWatch:
             now_plot = self.plot
             if time.monotonic() - self.drawn_at >= PLOT_EVERY_S:  # the final plan draws every candidate
                 self.drawn_at = time.monotonic()
-                now_plot, self.plot = gr.update(value=memory_frame(self.rows, self.budget), visible=True), gr.skip()
+                frame = memory_frame(self.rows, self.budget)
+                if memory_chart_has_shape(frame):
+                    now_plot, self.plot = memory_update(frame), gr.skip()
             return self.line(line, now_plot)
         if wev["event"] == "heartbeat":
-            text = f"Planning… {wev['elapsed_s']:.0f} s, {len(self.rows)} compile(s) so far"
+            text = f"Planning… {wev['elapsed_s']:.0f} s, {len(self.rows)} candidate(s) evaluated so far"
             if text != self.heartbeat:  # heartbeats come twice a second; the line changes once
                 self.heartbeat = text
                 return self.line(text)
@@ -304,10 +310,12 @@ def run_results(job: Job, note: str) -> tuple[Any, ...]:
     warnings = "".join(f"\n\n⚠️ {w}" for w in job.warnings)
     if result is None:
         raise gr.Error(f"The run could not start: {job.error or 'unknown reason'}{warnings}", print_exception=False)
-    budget = (result.local_plan or result.plan).budget_bytes
+    budget_plan = result.local_plan or result.plan
+    budget = budget_plan.budget_bytes
+    budget_of = f"{budget_plan.target_name}" + (" (this machine)" if result.local_plan is not None else "")
     files = result.files
     return (f"{note}{run_headline(result, budget)}{warnings}",
-            gr.update(value=results_frame(result.main, budget), visible=True),
+            gr.update(value=results_frame(result.main, budget, budget_of), visible=True),
             gr.update(value=loss_frame(result.runs), visible=True),
             gr.update(value=files["report_csv"], visible=True),
             gr.update(value=checklist_html(result.checklist), visible=True),
@@ -317,6 +325,11 @@ def run_results(job: Job, note: str) -> tuple[Any, ...]:
             gr.update(value=before_after_frame(result.scaling), visible=bool(result.scaling)),
             gr.update(value=scaling_frame(result.scaling), visible=len({r["devices"] for r in result.scaling}) > 1),
             gr.update(value=files.get("scaling_csv"), visible=bool(files.get("scaling_csv"))), None)
+
+
+def memory_update(frame: Any) -> Any:
+    """The memory chart, drawn where it has a shape (two or more batches compiled), else hidden."""
+    return gr.update(value=frame, visible=memory_chart_has_shape(frame))
 
 
 def same_job(plan_dict: dict[str, Any], req: PlanRequest) -> bool:

@@ -23,7 +23,7 @@ import pandas as pd
 from gradio.components import Component
 
 from migration.codecheck import CodeCheck
-from migration.common import ConfigError, mix_text, model_name, private_dir, write_csv
+from migration.common import ConfigError, fmt_bytes, fmt_count, fmt_number, fmt_seconds, mix_text, model_name, private_dir, write_csv
 from migration.config import forms
 from migration.config.fields import FIELD
 from migration.config.serving import (CHUNK, CHUNK_LIMITS, DECODER_WORKLOADS, KV_CACHES, MEMORY_FRACTION,
@@ -33,7 +33,8 @@ from migration.hardware import GPU_SPECS
 from migration.service.history import HistoryError
 from migration.service.job import Job, LimitError
 from ui.context import AppContext, refuse, user_of
-from ui.frames import checklist_html, gib
+from ui.frames import checklist_html
+from ui.tables import shaped, table
 from ui.migrate import presets_of
 from ui.streaming import cleared, follow, waiting_line
 from workloads import WORKLOADS
@@ -62,6 +63,7 @@ class ServeTab:
     outputs: dict[str, Component]  # OUTPUTS
     job_state: gr.State  # the id of this tab's job, for Stop
     plan_state: gr.State  # this session's last serving plan (a dict), which a run's checklist is graded against
+    code_state: gr.State  # the Code check tab's last check of serving code (a dict): the checklist's code evidence
 
 
 def serve_tab() -> ServeTab:
@@ -76,7 +78,8 @@ def serve_tab() -> ServeTab:
             buttons = {"plan": gr.Button("Plan serving", variant="primary"),
                        "run": gr.Button("Run serving here", variant="secondary"),
                        "stop": gr.Button("Stop", variant="stop")}
-        return ServeTab(inputs, buttons, _outputs(), job_state=gr.State(None), plan_state=gr.State(None))
+        return ServeTab(inputs, buttons, _outputs(), job_state=gr.State(None), plan_state=gr.State(None),
+                        code_state=gr.State(None))
 
 
 def _model_inputs(d: dict[str, Any]) -> dict[str, Component]:
@@ -143,9 +146,8 @@ def _outputs() -> dict[str, Component]:
     """What a serving plan or run shows: its status, its table, latency and throughput plots, CSV and checklist."""
     outputs: dict[str, Component] = {
         "status": gr.Markdown(label="Serving status", show_label=False),
-        "table": gr.Dataframe(label="Serving: one row per concurrency (planned) or batch size (measured)",
-                              wrap=True, visible=False,
-                              elem_id="serve-table"),
+        "table": table("Serving: one row per concurrency (planned) or batch size (measured)", PLAN_SHARES,
+                       elem_id="serve-table"),
     }
     with gr.Row():
         outputs["latency"] = gr.LinePlot(x="batch", y="ms", color="series", x_title=X_TITLE,
@@ -163,11 +165,12 @@ def _outputs() -> dict[str, Component]:
     return outputs
 
 
-def wire_serve(tab: ServeTab, handlers: ServeHandlers, stop: Any, code_state: gr.State) -> None:
+def wire_serve(tab: ServeTab, handlers: ServeHandlers, stop: Any) -> list[Any]:
     """The presets follow the workload; Plan, Run, and Stop (`stop`: the Migrate tab's, by this tab's job id;
-    it also ends this tab's stream). The checklist is graded from the Code check tab's last result
-    (`code_state`) and, for a run, this session's last plan."""
-    i, o, job, plan = tab.inputs, tab.outputs, tab.job_state, tab.plan_state
+    it also ends this tab's stream). The checklist is graded from the Code check tab's last check of serving
+    code (`tab.code_state`; never of training code) and, for a run, this session's last plan. Returns the
+    events whose end writes the history."""
+    i, o, job, plan, code_state = tab.inputs, tab.outputs, tab.job_state, tab.plan_state, tab.code_state
     i["workload"].change(presets_of, i["workload"], i["preset"], api_visibility="private", queue=False)
     shown = [o[name] for name in OUTPUTS]
     plan_event = tab.buttons["plan"].click(handlers.do_serve_plan, [code_state, *(i[name] for name in PLAN_INPUTS)],
@@ -176,6 +179,7 @@ def wire_serve(tab: ServeTab, handlers: ServeHandlers, stop: Any, code_state: gr
                                          [*shown, job, plan], api_name="serve_run", concurrency_limit=None)
     tab.buttons["stop"].click(stop, job, o["status"], cancels=[plan_event, run_event], api_name="serve_stop",
                               queue=False, concurrency_limit=None)
+    return [plan_event, run_event]
 
 
 class ServeHandlers:
@@ -313,7 +317,8 @@ class ServeHandlers:
             raise gr.Error(f"The {name} CSV could not be written ({exc.strerror or type(exc).__name__})",
                            print_exception=False)
         warnings = "".join(f"\n\n⚠️ {w}" for w in job.warnings)
-        return (f"{headline}{warnings}", gr.update(value=table, visible=True),
+        return (f"{headline}{warnings}",
+                shaped(table, PLAN_SHARES if list(table.columns) == PLAN_COLUMNS else RUN_SHARES),
                 gr.update(value=latency, visible=not latency.empty),
                 gr.update(value=throughput, visible=not throughput.empty),
                 gr.update(value=str(path), visible=True), gr.update(value=checklist, visible=True), None)
@@ -332,15 +337,16 @@ def ms(seconds: Any, digits: int = 3) -> float | None:
 
 def plan_headline(plan: dict[str, Any]) -> str:
     req = plan["request"]
-    largest, budget = plan.get("largest_batch"), gib(plan.get("budget_bytes"))
+    largest, budget = plan.get("largest_batch"), fmt_bytes(plan.get("budget_bytes"))
     limits = plan.get("concurrency_limits") or {}
     if not largest:
         fits = f"nothing fits in the budget of {budget}, not even one sequence"
     else:
         bound = {"kv_cache": "the KV cache's pages", "token_budget": "the step's token budget",
                  "search_limit": "the planner's limit"}.get(plan.get("bound_by"), plan.get("bound_by"))
-        fits = (f"**{largest:,}** running sequences in {budget}, bound by {bound} (KV cache: "
-                f"{limits.get('kv_cache', 0):,}; step budget: {limits.get('token_budget', 0):,})")
+        fits = (f"**{largest:,}** running sequences in {budget}, bound by {bound} (the KV cache holds "
+                f"{fmt_count(limits.get('kv_cache', 0), 'sequences')}; the step's token budget "
+                f"{fmt_count(limits.get('token_budget', 0), 'sequences')})")
     gpus = plan.get("gpus", 1)
     split = (f" Tensor-parallel over {gpus} GPUs ({plan.get('link')}): memory, KV cache and the limit are per GPU, "
              "the collectives are in TTFT and TPOT." if gpus > 1 else "")
@@ -353,16 +359,22 @@ def plan_headline(plan: dict[str, Any]) -> str:
 
 
 def plan_frame(plan: dict[str, Any]) -> pd.DataFrame:
+    """One row per concurrency planned, every figure in its unit (the CSV keeps bytes and seconds)."""
     gpus = plan.get("gpus", 1)
-    rows = [{"running": r["batch"], "KV cache": gib(r["kv_cache_bytes"]), "weights": gib(r["weights_bytes"]),
-             "predicted peak": gib(r["predicted_peak_bytes"]), "budget": gib(r["budget_bytes"]),
-             "fits": "yes" if r["fits"] else "NO", "TTFT ms": ms(r["predicted_ttft_s"]),
-             "TPOT ms": ms(r["predicted_tpot_s"]), "TPOT bandwidth limit ms": ms(r["bandwidth_limit_tpot_s"]),
-             "tokens/s": round(r["tokens_per_s_per_gpu"] * gpus, 1), "requests/s": round(r["requests_per_s"], 2),
-             "decode bytes / needed": round(r["decode_bytes_over_needed"], 2)} for r in plan["rows"]]
-    return pd.DataFrame(rows, columns=["running", "KV cache", "weights", "predicted peak", "budget", "fits", "TTFT ms",
-                                       "TPOT ms", "TPOT bandwidth limit ms", "tokens/s", "requests/s",
-                                       "decode bytes / needed"])
+    rows = [{"running": fmt_count(r["batch"], "sequences"), "KV cache": fmt_bytes(r["kv_cache_bytes"]),
+             "weights": fmt_bytes(r["weights_bytes"]), "predicted peak": fmt_bytes(r["predicted_peak_bytes"]),
+             "budget": fmt_bytes(r["budget_bytes"]), "fits": "yes" if r["fits"] else "NO",
+             "TTFT": fmt_seconds(r["predicted_ttft_s"]), "TPOT": fmt_seconds(r["predicted_tpot_s"]),
+             "TPOT bandwidth limit": fmt_seconds(r["bandwidth_limit_tpot_s"]),
+             "throughput": fmt_count(r["tokens_per_s_per_gpu"] * gpus, "tokens/s"),
+             "requests": fmt_count(r["requests_per_s"], "requests/s"),
+             "decode bytes / needed": f"{fmt_number(r['decode_bytes_over_needed'])}×"} for r in plan["rows"]]
+    return pd.DataFrame(rows, columns=PLAN_COLUMNS)
+
+
+PLAN_COLUMNS = ["running", "KV cache", "weights", "predicted peak", "budget", "fits", "TTFT", "TPOT",
+                "TPOT bandwidth limit", "throughput", "requests", "decode bytes / needed"]
+PLAN_SHARES = (9, 7, 7, 7, 7, 4, 7, 7, 9, 10, 9, 8)  # each column's share of the table's width
 
 
 def plan_csv_rows(plan: dict[str, Any]) -> list[dict[str, Any]]:
@@ -432,18 +444,25 @@ def logits_line(check: Any) -> str:
 
 
 def run_frame(result: dict[str, Any]) -> pd.DataFrame:
+    """One row per batch size measured, every figure in its unit, and where it was measured."""
     where = measured_on(result)
-    rows = [{"batch": r["batch"], "TTFT p50 ms": ms(r.get("ttft_p50_s")), "TTFT p90 ms": ms(r.get("ttft_p90_s")),
-             "TPOT p50 ms": ms(r.get("tpot_p50_s")), "TPOT p90 ms": ms(r.get("tpot_p90_s")),
-             "tokens/s": None if r.get("tokens_per_s") is None else round(r["tokens_per_s"], 1),
-             "warm-up s": None if r.get("warmup_s") is None else round(r["warmup_s"], 2),
-             "programs compiled": r.get("programs_compiled"), "compiles after warm-up": r.get("recompiles"),
-             "measured on": where,
-             "peak memory": f"{gib(r.get('peak_memory_bytes'))} ({r.get('peak_memory_source')})"}
+
+    def peak(r: dict[str, Any]) -> str:
+        source = str(r.get("peak_memory_source") or "")
+        return fmt_bytes(r.get("peak_memory_bytes")) + ("" if source.startswith("measured") else
+                                                        f" ({source})" if source else "")
+    rows = [{"batch": fmt_count(r["batch"], "sequences"), "TTFT p50": fmt_seconds(r.get("ttft_p50_s")),
+             "TTFT p90": fmt_seconds(r.get("ttft_p90_s")), "TPOT p50": fmt_seconds(r.get("tpot_p50_s")),
+             "TPOT p90": fmt_seconds(r.get("tpot_p90_s")), "throughput": fmt_count(r.get("tokens_per_s"), "tokens/s"),
+             "warm-up": fmt_seconds(r.get("warmup_s")), "programs compiled": fmt_number(r.get("programs_compiled")),
+             "compiles after warm-up": fmt_number(r.get("recompiles")), "measured on": where, "peak memory": peak(r)}
             for r in result.get("rows") or []]
-    return pd.DataFrame(rows, columns=["batch", "TTFT p50 ms", "TTFT p90 ms", "TPOT p50 ms", "TPOT p90 ms", "tokens/s",
-                                       "warm-up s", "programs compiled", "compiles after warm-up", "measured on",
-                                       "peak memory"])
+    return pd.DataFrame(rows, columns=RUN_COLUMNS)
+
+
+RUN_COLUMNS = ["batch", "TTFT p50", "TTFT p90", "TPOT p50", "TPOT p90", "throughput", "warm-up", "programs compiled",
+               "compiles after warm-up", "measured on", "peak memory"]
+RUN_SHARES = (8, 6, 6, 6, 6, 9, 6, 7, 7, 18, 14)
 
 
 def run_csv_rows(result: dict[str, Any]) -> list[dict[str, Any]]:

@@ -205,7 +205,7 @@ FIELDS: tuple[Field, ...] = (
           help="scan: one lax.scan (or nnx.scan) over stacked layers, MaxText's scan_layers; unrolled: a Python loop "
                "over the layers (Paxml's USE_REPEATED_LAYER=False): no stacked buffer of saved activations, a compile "
                "that grows with the depth; transformer and llama"),
-    Field("train_tokens", "float", "plan", 1e12, "Tokens to train (examples for mlp and cnn)", "cost",
+    Field("train_tokens", "float", "plan", 1e12, "Tokens to train (1e12 = 1T; examples for mlp and cnn)", "cost",
           limits=PLAN_LIMITS["train_tokens"], flag="train-tokens",
           help="tokens (examples where the workload has no tokens) the time and cost to train are given for, "
                "e.g. 1e12"),

@@ -25,8 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from migration.codecheck import CodeCheck
-from migration.common import fmt_gib, fmt_loss, write_csv
-from migration.hardware import TPU_SPECS, gpu_spec_for_device_kind
+from migration.common import fmt_bytes, fmt_count, fmt_loss, write_csv
+from migration.figures import tpu_samples_per_s
+from migration.hardware import gpu_spec_for_device_kind
 from migration.grading import environment
 from migration.grading.scaling import loss_tolerance, max_loss_rel_diff
 from migration.config.limits import FP8_PRECISIONS
@@ -168,15 +169,15 @@ def grade_batch(ev: Evidence) -> Grade:
         return FAIL, plan.message, "choose a larger GPU, a smaller preset, or shard parameters and optimizer state"
     planned = (f"plan for {plan.target_name}: TPU {plan.source_per_core_batch} per core -> {plan.per_device_batch} per GPU "
                f"x {plan.gpus} x {plan.accumulation_steps} accumulation = {plan.global_batch} (requested "
-               f"{plan.requested_global_batch}); predicted {fmt_gib(plan.predicted_peak_bytes)} ({plan.prediction_method}) "
-               f"of a {fmt_gib(plan.budget_bytes)} budget")
+               f"{plan.requested_global_batch}); predicted {fmt_bytes(plan.predicted_peak_bytes)} ({plan.prediction_method}) "
+               f"of a {fmt_bytes(plan.budget_bytes)} budget")
     if r is not None and r.failure_kind == "oom":
         return FAIL, (f"{planned}; the run at {r.per_device_batch} per device x {r.accumulation_steps} ran out of memory "
                       f"({r.message[:200]})"), "lower the per-device batch (raise accumulation) or choose remat"
     if ev.ran and ev.on_target(r) and r.peak_memory_bytes is not None:
         refit = (r.per_device_batch, r.accumulation_steps) != (plan.per_device_batch, plan.accumulation_steps)
         ran = (f"ran {r.per_device_batch} per device x {r.devices} x {r.accumulation_steps} = {r.global_batch}: measured "
-               f"peak {fmt_gib(r.peak_memory_bytes)} of a {fmt_gib(bp.budget_bytes)} budget; {where(r)}")
+               f"peak {fmt_bytes(r.peak_memory_bytes)} of a {fmt_bytes(bp.budget_bytes)} budget; {where(r)}")
         if r.peak_memory_bytes > bp.budget_bytes:
             return FAIL, f"{planned}; {ran}", "lower the per-device batch or choose remat: the measured peak is over budget"
         if refit:
@@ -191,7 +192,7 @@ def grade_batch(ev: Evidence) -> Grade:
         refit = (r.per_device_batch, r.accumulation_steps) != (plan.per_device_batch, plan.accumulation_steps)
         measured = (f"; the run here ({r.per_device_batch} per device x {r.accumulation_steps}, "
                     f"{'re-fitted to this machine' if refit else 'as planned'}) peaked at "
-                    f"{fmt_gib(r.peak_memory_bytes)} ({r.peak_memory_source}); {_elsewhere(ev, r)}")
+                    f"{fmt_bytes(r.peak_memory_bytes)} ({r.peak_memory_source}); {_elsewhere(ev, r)}")
     elif r is not None:
         measured = f"; the run {r.status} ({r.failure_kind}: {r.message[:160]})"
     else:
@@ -232,8 +233,8 @@ def grade_remat(ev: Evidence) -> Grade:
         return WARN, text + "; a CPU-backend compile does not show remat savings", f"plan for {plan.target_name} instead"
     if ev.ran and ev.on_target(r) and r.remat == plan.remat and r.peak_memory_bytes is not None \
             and r.peak_memory_bytes <= ev.budget_plan.budget_bytes:
-        return PASS, (f"{text}; the run under {r.remat} peaked at {fmt_gib(r.peak_memory_bytes)} of "
-                      f"{fmt_gib(ev.budget_plan.budget_bytes)}, {r.step_ms_median:.1f} ms per step; {where(r)}"), \
+        return PASS, (f"{text}; the run under {r.remat} peaked at {fmt_bytes(r.peak_memory_bytes)} of "
+                      f"{fmt_bytes(ev.budget_plan.budget_bytes)}, {r.step_ms_median:.1f} ms per step; {where(r)}"), \
             "keep it; compare step time against the next policy in the plan's ranking"
     return WARN, text + "; not yet measured on the target", f"run the plan on {plan.target_name} to confirm the choice"
 
@@ -272,25 +273,24 @@ def grade_benchmark(ev: Evidence) -> Grade:
     plan, r, tpu = ev.plan, ev.run, ev.tpu_style_run
     if not ev.ran:
         return NOT_CHECKED, "no successful run of the plan", "run the plan"
-    src = TPU_SPECS[plan.source]
     here = ""
     if tpu is not None and tpu.ok and tpu.samples_per_s:
-        here = (f"; the TPU-style setup run here: {tpu.samples_per_s:,.1f} samples/s "
+        here = (f"; the TPU-style setup run here: {fmt_count(tpu.samples_per_s, 'samples/s')} "
                 f"({r.samples_per_s / tpu.samples_per_s:.2f}x; the same device, not your TPU job)")
     elif tpu is not None:
         here = f"; the TPU-style setup run here {tpu.status} ({tpu.failure_kind or 'no throughput'})"
-    migrated = f"migrated {r.samples_per_s:,.1f} samples/s on {device_count(r)} device(s) ({where(r)})"
-    if not ev.tpu_step_ms:
-        tpu_peak = src.bf16_tflops_per_device * plan.source_devices
-        estimate = r.samples_per_s * tpu_peak / r.peak_tflops if r.peak_tflops else None
-        guess = (f"; a {plan.source_name} peak-scaled ESTIMATE " + (f"{estimate:,.0f} samples/s" if estimate else "n/a")
-                 + f" (the same MFU on {tpu_peak:.0f} bf16 TFLOP/s; not a measurement)")
+    migrated = f"migrated {fmt_count(r.samples_per_s, 'samples/s')} on {device_count(r)} device(s) ({where(r)})"
+    measured_ms = ev.tpu_step_ms or plan.measured_tpu_step_ms
+    if not measured_ms:
+        predicted = tpu_samples_per_s(plan)  # the plan's own TPU figure, the one its before/after panel shows
+        guess = (f"; the plan predicts your TPU job at {predicted.text()} ({predicted.how}), a prediction, not your "
+                 "job's measurement" if predicted is not None else "")
         return NOT_CHECKED, f"no measured figure of your TPU job; {migrated}{here}{guess}", \
             (f"enter your TPU job's measured step time (ms per optimizer step at a global batch of "
              f"{plan.requested_global_batch}) and run again")
-    tpu_rate = plan.requested_global_batch / (ev.tpu_step_ms / 1e3)
+    tpu_rate = plan.requested_global_batch / (measured_ms / 1e3)
     ratio = r.samples_per_s / tpu_rate
-    text = (f"{migrated} vs your {plan.source_name} job {tpu_rate:,.1f} samples/s ({ev.tpu_step_ms:g} ms per step at a "
+    text = (f"{migrated} vs your {plan.source_name} job {fmt_count(tpu_rate, 'samples/s')} ({measured_ms:g} ms per step at a "
             f"global batch of {plan.requested_global_batch}, as you measured it): {ratio:.2f}x{here}")
     if not ev.on_target(r):
         return WARN, f"{text}; {_elsewhere(ev, r)}", f"run the plan on {plan.gpus} x {plan.target_name}"
@@ -305,7 +305,7 @@ def grade_benchmark(ev: Evidence) -> Grade:
 
 
 def grade_monitoring(ev: Evidence) -> Grade:
-    measured = (f"; this run's peak {fmt_gib(ev.run.peak_memory_bytes)} ({ev.run.peak_memory_source})"
+    measured = (f"; this run's peak {fmt_bytes(ev.run.peak_memory_bytes)} ({ev.run.peak_memory_source})"
                 if ev.ran else "")
     if (unchecked := no_jax_code(ev, measured)) is not None:
         return unchecked
@@ -475,6 +475,11 @@ def _grade_fp8(ev: Evidence) -> Grade:
 
 def grade_pmap(ev: Evidence) -> Grade:
     r, before = ev.run, ev.pmap_run
+    pmap_calls = ev.findings(PMAP_RULES)
+    if pmap_calls:  # whatever the runs show, the user's own code still uses pmap
+        n = ev.finding_count(PMAP_RULES)
+        return FAIL, f"{_code_scope(ev.code)}: your code still uses pmap: {_lines(pmap_calls, n)}", \
+            "replace pmap and its collectives with jit over a Mesh with NamedSharding (each finding's replacement)"
     if before is None:
         return NOT_CHECKED, "the TPU-era pmap step was not run beside the migrated step", \
             "run the plan with the pmap 'before' step (same devices, same data) to compare loss and throughput"
@@ -497,10 +502,6 @@ def grade_pmap(ev: Evidence) -> Grade:
     if ev.code is None or not ev.code.jax_files:
         unchecked = NO_CODE if ev.code is None else f"{_code_scope(ev.code)} found no JAX in them"
         return WARN, f"{text}; this compares the tool's two steps: {unchecked} for pmap-era calls", CHECK_CODE
-    pmap_calls = ev.findings(PMAP_RULES)
-    if pmap_calls:
-        return FAIL, f"{text}; but your code still uses pmap: {_lines(pmap_calls)}", \
-            "replace pmap and its collectives with jit over a Mesh with NamedSharding (each finding's replacement)"
     text += f"; {_code_scope(ev.code)}: no pmap-era calls"
     if not (ev.on_target(r) and ev.on_target(before)):
         return WARN, f"{text}; {_elsewhere(ev, r)}", f"compare the two steps' throughput on {ev.plan.target_name}"

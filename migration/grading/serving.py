@@ -18,7 +18,7 @@ import dataclasses
 from typing import Any
 
 from migration.codecheck import CodeCheck
-from migration.common import fmt_gib
+from migration.common import fmt_bytes
 from migration.grading.checklist import FAIL, NA, NOT_CHECKED, PASS, WARN, ChecklistItem, Grade, ItemSpec, grade_items
 from migration.hardware import GPU_SPECS, gpu_spec_for_device_kind
 
@@ -82,9 +82,9 @@ def grade_kv_headroom(ev: ServingEvidence) -> Grade:
         budget = spec.memory_bytes * fraction
         top = max(run["rows"], key=lambda r: r["batch"])
         prompt_max, gen_max = run["request"]["prompt_range"][1], run["request"]["gen_range"][1]
-        text = (f"{ev.where()}: peak {fmt_gib(top['peak_memory_bytes'])} at batch {top['batch']} "
+        text = (f"{ev.where()}: peak {fmt_bytes(top['peak_memory_bytes'])} at batch {top['batch']} "
                 f"({top['peak_memory_source']}), requests up to {prompt_max:,} + {gen_max:,} tokens, against "
-                f"{fmt_gib(budget)} ({fraction:.0%} of {spec.name})")
+                f"{fmt_bytes(budget)} ({fraction:.0%} of {spec.name})")
         if top["peak_memory_bytes"] > budget:
             return FAIL, text, "serve fewer sequences or a shorter context, or int8 weights; plan with serve-plan"
         if not plan:
@@ -107,19 +107,19 @@ def grade_kv_headroom(ev: ServingEvidence) -> Grade:
     if plan:
         if not plan["largest_batch"]:
             return FAIL, (f"predicted for {plan['target']} (compiled without the device): not even one sequence "
-                          f"fits in {fmt_gib(plan['budget_bytes'])}"), \
+                          f"fits in {fmt_bytes(plan['budget_bytes'])}"), \
                 "int8 weights, a shorter context, or a GPU with more memory"
         on = f"{plan['gpus']} x {plan['target']}, per GPU" if plan.get("gpus", 1) > 1 else plan["target"]
         fitting = [r for r in plan["rows"] if r["fits"]]
         if not fitting:  # a plan file whose rows are only concurrencies over the edge
             return WARN, (f"predicted for {on} (compiled without the device): {plan['largest_batch']} running "
                           f"sequences, but the plan's rows ({', '.join(str(r['batch']) for r in plan['rows'])}) all "
-                          f"exceed {fmt_gib(plan['budget_bytes'])}"), "plan again with serve-plan, without --batches"
+                          f"exceed {fmt_bytes(plan['budget_bytes'])}"), "plan again with serve-plan, without --batches"
         row = max(fitting, key=lambda r: r["batch"])
         need, prompt, gen = _plan_demand(plan)
         text = (f"predicted for {on} (compiled without the device): {plan['largest_batch']} running sequences; "
-                f"at {row['batch']} peak {fmt_gib(row['predicted_peak_bytes'])} of "
-                f"{fmt_gib(row['budget_bytes'])}, KV cache {fmt_gib(row['kv_cache_bytes'])}")
+                f"at {row['batch']} peak {fmt_bytes(row['predicted_peak_bytes'])} of "
+                f"{fmt_bytes(row['budget_bytes'])}, KV cache {fmt_bytes(row['kv_cache_bytes'])}")
         over = [r["batch"] for r in plan["rows"] if not r["fits"]]
         if over:
             text += f"; {', '.join(map(str, over))} do not fit"

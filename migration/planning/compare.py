@@ -17,7 +17,7 @@ import math
 import re
 from typing import Any
 
-from migration.common import GiB, fmt_duration, fmt_gib, fmt_seconds, fmt_usd
+from migration.common import GiB, fmt_bytes, fmt_count, fmt_duration, fmt_percent, fmt_seconds, fmt_usd
 from migration.hardware import TPU_SPECS, TpuSpec
 from migration.planning import steptime
 from migration.prices import gpu_price, tpu_price, tpu_price_key
@@ -37,9 +37,9 @@ def tpu_fit_text(src: dict[str, Any], source: TpuSpec, per_core_batch: int) -> s
     """What the TPU compiler's "does not fit" means for the user: their setup as described is not the one
     they run."""
     need = tpu_needs_bytes(src.get("reason", ""))
-    needs = f"needs {fmt_gib(need)} per device" if need else "needs more memory"
+    needs = f"needs {fmt_bytes(need)} per device" if need else "needs more memory"
     return (f"The TPU compiler says the setup as described ({per_core_batch} per core, no remat, state as the plan "
-            f"assumes) {needs}, more than the {fmt_gib(source.hbm_bytes_per_device)} of HBM a {source.chip.name} "
+            f"assumes) {needs}, more than the {fmt_bytes(source.hbm_bytes_per_device)} of HBM a {source.chip.name} "
             "device has: the job you run must differ from this description (a smaller per-core batch, remat, "
             "state sharded over the slice, or a larger slice). Describe it as it runs (per-core batch, the TPU job's "
             "sharding) to compare like for like; the GPU plan below is for the model and global batch as given.")
@@ -136,7 +136,7 @@ def compare(plan: Any, *, train: float, prices: dict[str, float], measured_tpu_s
     out: dict[str, Any] = {"unit": unit, "train": train, "tpu": tpu, "gpu": gpu, "trust": verdict,
                            "tpu_fit": tpu_fit_text(src, source, plan.source_per_core_batch)
                            if src.get("status") == "does-not-fit" else None}
-    out.update(matching(tpu, gpu, plan.gpus_per_node))
+    out.update(matching(tpu, gpu, plan.gpus_per_node, unit))
     out["speedup"] = (tpu["time_s"] / gpu["time_s"] if tpu["time_s"] and gpu["time_s"] else None)
     out["cost_ratio"] = (gpu["cost_usd"] / tpu["cost_usd"] if tpu["cost_usd"] and gpu["cost_usd"] else None)
     out["missing_prices"] = [k for k, side in (
@@ -145,15 +145,15 @@ def compare(plan: Any, *, train: float, prices: dict[str, float], measured_tpu_s
     return out
 
 
-def matching(tpu: dict[str, Any], gpu: dict[str, Any], per_node: int) -> dict[str, Any]:
+def matching(tpu: dict[str, Any], gpu: dict[str, Any], per_node: int, unit: str) -> dict[str, Any]:
     """How many target GPUs give the TPU job's throughput at the plan's throughput per GPU (weak scaling: each
     GPU keeps its batch; what more GPUs add to the collectives is not timed), and in whole nodes."""
     if not (tpu["throughput_per_s"] and gpu["throughput_per_chip_per_s"]):
         return {"matching_gpus": None, "matching_nodes": None}
     n = max(1, math.ceil(tpu["throughput_per_s"] / gpu["throughput_per_chip_per_s"] - 1e-9))
     return {"matching_gpus": n, "matching_nodes": -(-n // per_node) if n > per_node else 1,
-            "matching_note": (f"{n} GPU(s) at the plan's {fmt_count(gpu['throughput_per_chip_per_s'])}/s each match "
-                              f"the TPU job's {fmt_count(tpu['throughput_per_s'])}/s; assumes each GPU keeps that rate "
+            "matching_note": (f"{n} GPU(s) at the plan's {fmt_count(gpu['throughput_per_chip_per_s'], unit + '/s')} each "
+                              f"match the TPU job's {fmt_count(tpu['throughput_per_s'], unit + '/s')}; assumes each GPU keeps that rate "
                               "at that count (the collectives of a larger job were not compiled: plan it to check)")}
 
 
@@ -202,20 +202,6 @@ def rows(c: dict[str, Any]) -> list[dict[str, Any]]:
     return [{"metric": m, "tpu": t, "gpu": g, "unit": u} for m, t, g, u in out]
 
 
-def fmt_count(x: float | None) -> str:
-    """A rate or count for people: "950", "171k", "1.37M", "2.4B" (three significant digits)."""
-    if x is None:
-        return "n/a"
-    for scale, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "k")):
-        if abs(x) >= scale:
-            return f"{x / scale:.3g}{suffix}"
-    return f"{x:.3g}"
-
-
-def _pct(x: float | None) -> str:
-    return "n/a" if x is None else f"{x:.1%}" if x >= 0.01 else f"{x:.2%}"
-
-
 def headline(c: dict[str, Any]) -> str:
     """The comparison in two sentences: time and cost on each side, and the GPUs that match."""
     tpu, gpu, unit = c["tpu"], c["gpu"], c["unit"]
@@ -249,8 +235,8 @@ def shown_rows(c: dict[str, Any]) -> list[dict[str, str]]:
     def memory(s: dict[str, Any]) -> str:
         peak, have = s["peak_bytes_per_device"], s["memory_bytes_per_device"]
         fits = {True: "fits", False: "does not fit", None: "not compiled"}[s["fits"]]
-        return (f"{fmt_gib(peak, 3)} of {fmt_gib(have)} {s['memory_label']}: {fits}" if peak is not None else
-                f"{fmt_gib(have)} {s['memory_label']}: {fits}")
+        return (f"{fmt_bytes(peak)} of {fmt_bytes(have)} {s['memory_label']}: {fits}" if peak is not None else
+                f"{fmt_bytes(have)} {s['memory_label']}: {fits}")
 
     def step(s: dict[str, Any]) -> str:
         if s["step_s"] is None:
@@ -265,14 +251,16 @@ def shown_rows(c: dict[str, Any]) -> list[dict[str, str]]:
         return f"${p['usd_per_hour']:,.2f} per {p['unit']} ({'yours' if p['source'] == 'yours' else 'list price'})"
 
     longest = max((s["time_s"] for s in (tpu, gpu) if s["time_s"] is not None), default=None)
+    batch_unit = "sequences" if unit == "tokens" else "examples"
     rows = [("hardware", f"{tpu['name']}: {tpu['chips']} chips, {tpu['devices']} devices", f"{gpu['devices']} × {gpu['name']}"),
-            ("global batch", str(tpu["global_batch"]), str(gpu["global_batch"])),
+            ("global batch", fmt_count(tpu["global_batch"], batch_unit), fmt_count(gpu["global_batch"], batch_unit)),
             ("memory per device", memory(tpu), memory(gpu)),
             ("step time", step(tpu), step(gpu)),
-            (f"{unit}/s", fmt_count(tpu["throughput_per_s"]), fmt_count(gpu["throughput_per_s"])),
-            (f"{unit}/s per chip or GPU", fmt_count(tpu["throughput_per_chip_per_s"]),
-             fmt_count(gpu["throughput_per_chip_per_s"])),
-            ("MFU", _pct(tpu["mfu"]), _pct(gpu["mfu"])),
+            (f"{unit}/s", fmt_count(tpu["throughput_per_s"], f"{unit}/s"),
+             fmt_count(gpu["throughput_per_s"], f"{unit}/s")),
+            (f"{unit}/s per chip or GPU", fmt_count(tpu["throughput_per_chip_per_s"], f"{unit}/s"),
+             fmt_count(gpu["throughput_per_chip_per_s"], f"{unit}/s")),
+            ("MFU", fmt_percent(tpu["mfu"]), fmt_percent(gpu["mfu"])),
             (f"time to train {fmt_count(c['train'])} {unit}", fmt_duration(tpu["time_s"], like=longest),
              fmt_duration(gpu["time_s"], like=longest)),
             ("price", price(tpu), price(gpu)),

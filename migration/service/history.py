@@ -52,7 +52,8 @@ STATUSES = ("queued", "running", "ok", "failed", "cancelled", "infeasible", "int
 SUMMARY_COLUMNS = [
     "id", "kind", "created_at", "user", "label", "workload", "preset", "status", "precision", "remat",
     "per_device_batch", "devices", "accumulation_steps", "global_batch", "device_kind", "backend",
-    "step_ms_median", "samples_per_s", "tokens_per_s", "mfu", "peak_memory_bytes", "predicted_peak_bytes",
+    "step_ms_median", "samples_per_s", "tokens_per_s", "mfu", "peak_memory_bytes", "peak_memory_source",
+    "predicted_peak_bytes",
     "compile_s", "recompilations", "prediction_method", "target",
 ]
 # What only an entry's owner sees: the worker's output, messages that may quote paths, checkpoint
