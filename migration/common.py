@@ -72,10 +72,10 @@ def fmt_percent(fraction: float | None, missing: str = "n/a") -> str:
 
 
 def fmt_seconds(s: float | None, missing: str = "n/a") -> str:
-    """A short duration in the unit that fits it, three significant digits: "480 µs", "1.15 ms", "2.31 s"."""
+    """A short duration in the unit that fits it, three significant digits: "57 ns", "480 µs", "1.15 ms", "2.31 s"."""
     if s is None or not math.isfinite(s):
         return missing
-    scale, unit = next(((k, u) for k, u in ((1.0, "s"), (1e-3, "ms")) if abs(s) >= k), (1e-6, "µs"))
+    scale, unit = next(((k, u) for k, u in ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs")) if abs(s) >= k), (1e-9, "ns"))
     v = s / scale
     return f"{v:.3g} {unit}" if abs(v) < 1000 else f"{v:,.0f} {unit}"
 

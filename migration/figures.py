@@ -20,7 +20,6 @@ MEASURED, COMPILED, PREDICTED, YOURS, SETTING = "measured", "compiled", "predict
 # How each provenance reads in a label: "peak memory, measured on NVIDIA H100 80GB HBM3".
 PROVENANCE_WORDS = {MEASURED: "measured", COMPILED: "compiled", PREDICTED: "predicted", YOURS: "as you gave it",
                     SETTING: "set"}
-MEASURED_MEMORY = "measured"  # how a run's peak_memory_source starts when memory_stats() gave the peak
 
 
 def _fmt_rate(unit: str):
@@ -28,8 +27,7 @@ def _fmt_rate(unit: str):
 
 
 FORMATS = {"bytes": fmt_bytes, "s": fmt_seconds, "fraction": fmt_percent, "count": fmt_number,
-           "samples/s": _fmt_rate("samples/s"), "tokens/s": _fmt_rate("tokens/s"), "loss": fmt_loss,
-           "parameters": _fmt_rate("parameters")}
+           "samples/s": _fmt_rate("samples/s"), "tokens/s": _fmt_rate("tokens/s"), "loss": fmt_loss}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,7 +72,7 @@ def run_figures(r: RunReport, budget_bytes: int | None = None, budget_of: str = 
     figures: list[Figure] = []
     source = r.peak_memory_source or ""
     if r.peak_memory_bytes is not None:
-        measured = source.startswith(MEASURED_MEMORY)
+        measured = r.peak_memory_provenance == MEASURED
         how = source.split(":", 1)[1].strip() if ":" in source else source
         figures.append(Figure("peak_memory", "peak memory per device", r.peak_memory_bytes, "bytes",
                               MEASURED if measured else COMPILED, on if measured else f"for {_device(r)}", how))
@@ -116,12 +114,11 @@ def plan_figures(p: Plan) -> list[Figure]:
     job's side as the plan's comparison has it (its step predicted, or yours where you measured it)."""
     target = f"for {p.target_name}"
     compiled = p.prediction_method.startswith("compiled")
-    figures = [Figure("parameters", "parameters", p.param_count, "parameters", COMPILED, "",
-                      "counted from the model's initialised shapes")]
+    figures: list[Figure] = []
     if p.predicted_peak_bytes is not None:
         figures.append(Figure("predicted_peak_memory", "peak memory per GPU", p.predicted_peak_bytes, "bytes",
                               COMPILED if compiled else PREDICTED, target,
-                              p.prediction_method if compiled else "an analytic estimate"))
+                              "XLA's memory analysis of the step compiled for it" if compiled else "an analytic estimate"))
     figures.append(Figure("memory_budget", "memory budget per GPU", p.budget_bytes, "bytes", SETTING, target,
                           f"{fmt_percent(p.memory_fraction)} of {fmt_bytes(p.device_memory_bytes)} less a "
                           f"{fmt_percent(p.safety_margin)} margin"))

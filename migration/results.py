@@ -160,14 +160,27 @@ class RunReport(JsonExport):
             wall_s=wall_s,
         )
 
+    @property
+    def peak_memory_provenance(self) -> str | None:
+        """Where the peak memory figure comes from: `memory_provenance` of its source; None without one."""
+        return None if self.peak_memory_bytes is None else memory_provenance(self.peak_memory_source)
+
     # -- export ------------------------------------------------------------------------------
     def csv_row(self) -> dict[str, Any]:
-        """Scalar fields only (per-step lists and nested dicts stay in the JSON); the same columns
-        for every report."""
-        return {k: v for k, v in self.to_dict().items() if k not in NON_SCALAR_FIELDS}
+        """Scalar fields only (per-step lists and nested dicts stay in the JSON), and where the peak memory
+        comes from; the same columns for every report."""
+        row = {k: v for k, v in self.to_dict().items() if k not in NON_SCALAR_FIELDS}
+        return row | {"peak_memory_provenance": self.peak_memory_provenance}
 
 
 NON_SCALAR_FIELDS = ("losses", "step_ms", "env", "profile", "config")
+
+
+def memory_provenance(source: str | None) -> str:
+    """"measured" when a peak memory figure's source says the device reported it (memory_stats(), a serving
+    run's device peak), else "compiled": XLA's analysis of the compiled program, on a backend that reports no
+    peak (the CPU's), or a host figure standing in for one."""
+    return "measured" if (source or "").startswith("measured") else "compiled"
 
 
 def write_csv(reports: list[RunReport], path: str | Path | None = None) -> str:

@@ -66,22 +66,22 @@ def test_a_serving_plan_has_a_row_per_batch_asked_and_is_in_the_history(alice, s
     assert 'data-id="serve_host_sync" data-status="not checked"' in checklist
     assert "n_layers=3" in status  # the model's dimensions from the form, over the preset's
     rows = frame(table)
-    assert {"1 sequences", "2 sequences"} <= set(rows["running"]) and "running sequences" in status
+    assert {1, 2} <= set(rows["running sequences"]) and "running sequences" in status
     assert "Engine modelled" in status
     assert {"KV cache", "predicted peak", "budget", "fits", "TTFT", "TPOT", "TPOT bandwidth limit", "throughput",
             "requests", "decode bytes / needed"} <= set(rows.columns)
-    first = rows[rows["running"] == "1 sequences"].iloc[0]
+    first = rows[rows["running sequences"] == 1].iloc[0]
     assert first["fits"] == "yes" and first["decode bytes / needed"].endswith("×")
     assert re.fullmatch(r"[0-9.]+ (µs|ms|s)", first["TTFT"]) and first["throughput"].endswith(" tokens/s")
     assert {"TTFT (predicted)", "TPOT (predicted)", "TPOT bandwidth limit"} <= {r[2] for r in latency["data"]}
     assert len(throughput["data"]) == len(rows)
     csv = pd.read_csv(csv_path)
-    assert list(csv["batch"]) == list(rows["running"])
+    assert list(csv["batch"]) == list(rows["running sequences"])
     assert (csv["kv_cache_bytes_read"] == csv["kv_cache_bytes_compiled"]).all()
     history = frame(alice.predict("mine", "serve-plan", "all", "all", api_name="/history"))
     newest = history.iloc[0]
     assert (newest["kind"], newest["status"], newest["label"]) == ("serve-plan", "ok", "alice's plan")
-    assert newest["device_kind"] == GPU_SPECS["l4"].name and newest["config"].startswith("serving batch")
+    assert newest["device or target"] == GPU_SPECS["l4"].name and newest["config"].startswith("serving batch")
 
 
 SYNCING = ("import jax\n\ndef serve(step, state, tokens):\n    for _ in range(8):\n"
@@ -92,7 +92,13 @@ def test_the_checklist_grades_the_sessions_code_check_and_plan(box):
     """In one session (a page): the Code check tab's check of the user's serving loop grades host sync, and
     a later run is graded against the session's last plan; another session has neither."""
     page = box.connect(("alice", USERS["alice"]))
+    # checked as the training job's (the default): the serving checklist does not grade from it
     summary, *_ = page.predict(SYNCING, None, api_name="/code_check")
+    assert "Migrate tab's checklist" in summary
+    planned = value(page.predict(**PLAN, api_name="/serve_plan")[5])
+    assert 'data-id="serve_host_sync" data-status="not checked"' in planned and "SYNC001" not in planned
+    summary, *_ = page.predict(SYNCING, None, "serving", api_name="/code_check")
+    assert "Serve tab's checklist" in summary
     planned = value(page.predict(**PLAN, api_name="/serve_plan")[5])
     assert 'data-id="serve_host_sync" data-status="fail"' in planned and "SYNC001" in planned
     ran = value(page.predict(**RUN, api_name="/serve_run")[5])
@@ -108,7 +114,7 @@ def test_a_serving_run_has_measured_rows_labelled_with_the_backend(box, bob, ser
     # bob has no plan in his session: the run on the CPU backend warns, and says it is not a planned GPU
     assert 'data-id="kv_headroom" data-status="warn"' in checklist and "not on a GPU planned for" in checklist
     rows = frame(table)
-    assert list(rows["batch"]) == ["1 sequences", "2 sequences"] and (rows["compiles after warm-up"] == "0").all()
+    assert list(rows["batch"]) == [1, 2] and (rows["compiles after warm-up"] == "0").all()
     assert all(t.endswith(" tokens/s") and not t.startswith("0 ") for t in rows["throughput"])
     assert all("cpu backend" in m and "CPU figures" in m for m in rows["measured on"])
     assert all("RSS" in p for p in rows["peak memory"])  # the CPU backend's peak: the process's
@@ -122,7 +128,7 @@ def test_a_serving_run_has_measured_rows_labelled_with_the_backend(box, bob, ser
     assert {p.parent.parent for p in written} == {box.cache / "exports"} and not any("passwd" in str(p) for p in written)
     history = frame(bob.predict("mine", "serve-run", "all", "all", api_name="/history"))
     assert (history.iloc[0]["status"], history.iloc[0]["label"]) == ("ok", PATH_LABEL)
-    assert history.iloc[0]["tokens_per_s"] > 0
+    assert history.iloc[0]["throughput"].endswith(" tokens/s") and not history.iloc[0]["throughput"].startswith("0 ")
     csv = pd.read_csv(value(bob.predict("mine", api_name="/export_history_csv")))
     assert list(csv["kind"]) == ["serve-run"]  # bob's own, none of alice's
 

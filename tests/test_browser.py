@@ -44,7 +44,7 @@ FLAGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-quic", "--no-
          "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 # Headers under which a bare whole number is a count the header names; everywhere else a number carries its unit.
 COUNT_HEADERS = {"id", "line", "col", "batch", "accum", "global", "devices", "global batch", "predicted #",
-                 "measured #", "running"}
+                 "measured #", "running sequences"}
 BARE_NUMBER = re.compile(r"^-?[\d,]*\.?\d+$")
 NUMBER = re.compile(r"\d[\d,]*\.\d+|\d+")
 # Every visible table of the page: its id, headers and its cells' text (Gradio's data frames render a cell's
@@ -135,7 +135,7 @@ def test_plan_run_checklist_compare_and_export_in_chromium(app, tmp_path):
         page.get_by_text("PMAP001", exact=False).first.wait_for(timeout=30_000)
         assert page.get_by_text("SYNC001", exact=False).first.is_visible()
         read_tables(page)
-        shoot(page, "codecheck.png")
+        shoot(page, "codecheck.png", at="#check-button")
 
         page.get_by_role("tab", name="Migrate").click()
         page.get_by_label("Global batch").fill("32")
@@ -191,8 +191,7 @@ def test_plan_run_checklist_compare_and_export_in_chromium(app, tmp_path):
         download.value.save_as(saved)
         # The file's whole name shows, not cut to "report-transformer-tiny-202… .csv"
         assert "…" not in page.locator(".file-preview").first.inner_text()
-        page.get_by_text("Run finished").first.scroll_into_view_if_needed()
-        shoot(page, "migrate.png")
+        shoot(page, "migrate.png", at="#results-table")  # the README's picture: the report, labelled figures
 
         # A second run of the same plan; the History fills itself as each job ends (no Refresh).
         run.click()  # the first run's headline goes, then the second's comes
@@ -248,8 +247,7 @@ def test_plan_run_checklist_compare_and_export_in_chromium(app, tmp_path):
             page.locator("a[href*='selection-']").first.click(timeout=60_000)
         exported = tmp_path / "selection.csv"
         download.value.save_as(exported)
-        page.locator("#compare-table").scroll_into_view_if_needed()
-        shoot(page, "history.png")
+        shoot(page, "history.png", at="#compare-table")
 
         # Serve: the training script checked above grades no serving item ...
         page.get_by_role("tab", name="Serve").click()

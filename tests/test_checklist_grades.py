@@ -427,7 +427,7 @@ def test_kv_headroom_passes_at_the_budget_and_fails_one_byte_over(evidence):
         status_, text, action = serving.grade_kv_headroom(ServingEvidence(plan=plan, run=reaching(run, plan, peak)))
         assert status_ == status, (peak, budget)
         assert text.startswith(f"measured on NVIDIA L4 (the gpu backend): peak {fmt_bytes(peak)} at batch "
-                               f"{plan['largest_batch']} (device memory_stats (peak so far)), requests up to 16 + 16 "
+                               f"{plan['largest_batch']} (measured: device memory_stats() (peak so far)), requests up to 16 + 16 "
                                f"tokens, against {fmt_bytes(budget)} ({fraction:.0%} of L4)"), text
     assert text  # the pass said what it measured
     passed = serving.grade_kv_headroom(ServingEvidence(plan=plan, run=reaching(run, plan, 1)))[1]
@@ -764,3 +764,18 @@ def test_serving_rows_and_a_plan_without_a_gpu_count(evidence):
     single = {k: v for k, v in plan.items() if k != "gpus"}
     text = serving.grade_kv_headroom(ServingEvidence(plan=single))[1]
     assert text.startswith(f"predicted for {plan['target']} (compiled without the device)")
+
+
+@pytest.mark.parametrize("item, found, clean", [("apis", FAIL, PASS), ("host_sync", WARN, PASS), ("pmap", FAIL, NOT_CHECKED)])
+def test_a_code_item_grades_the_finding_present_absent_and_never_a_servers_code(world, item, found, clean):
+    """The session's code check moves its item: the finding present (with its line), absent, and the same code
+    given as a server's, which says nothing of the training job (not checked)."""
+    grade = checklist.ITEMS[item].grade
+    r = world["run"]
+    status, text, _ = grade(Evidence(world["plan"], r, code=code(TPU_ERA)))
+    assert status == found and "train.py:" in text, text
+    assert grade(Evidence(world["plan"], r, code=code(CLEAN)))[0] == clean
+    for source in (TPU_ERA, CLEAN):
+        serving = dataclasses.replace(code(source), role="serving")
+        status, text, _ = grade(Evidence(world["plan"], r, code=serving))
+        assert status == NOT_CHECKED and "train.py" not in text, text

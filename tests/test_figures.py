@@ -44,6 +44,7 @@ def test_a_cpu_runs_peak_is_compiled_shown_once_and_never_labelled_measured(worl
     budget = next(f for f in figures if f.key == "memory_budget")
     assert budget.provenance == SETTING and budget.label().endswith("for this machine (cpu)")
     assert {f.key: f.provenance for f in figures}["samples_per_s"] == MEASURED
+    assert r.csv_row()["peak_memory_provenance"] == COMPILED  # the CSV carries it beside the figure
 
 
 def test_a_gpu_runs_measured_peak_is_measured_and_its_compiled_figure_compiled(world):
@@ -55,6 +56,7 @@ def test_a_gpu_runs_measured_peak_is_measured_and_its_compiled_figure_compiled(w
     assert figures["peak_memory"].provenance == MEASURED and figures["peak_memory"].text() == "3 GiB"
     assert figures["predicted_peak_memory"].provenance == COMPILED
     assert "memory_budget" not in figures  # no budget given, none shown
+    assert r.csv_row()["peak_memory_provenance"] == MEASURED
 
 
 def test_every_figure_of_a_plan_is_labelled_by_its_provenance(world):
@@ -63,6 +65,7 @@ def test_every_figure_of_a_plan_is_labelled_by_its_provenance(world):
     assert_labelled_by_provenance(figures)
     keys = {f.key: f for f in figures}
     assert keys["predicted_peak_memory"].provenance == COMPILED  # compiled for the target
+    assert keys["predicted_step"].provenance == PREDICTED
     assert keys["memory_budget"].provenance == SETTING and plan.target_name in keys["memory_budget"].label()
     estimated = dataclasses.replace(plan, prediction_method="estimate")
     assert {f.key: f for f in plan_figures(estimated)}["predicted_peak_memory"].provenance == PREDICTED

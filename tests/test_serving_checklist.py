@@ -7,6 +7,7 @@ product's own server or random weights; a fail from evidence."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 
@@ -40,7 +41,7 @@ def on_gpu(run: dict, kind: str = "NVIDIA L4", peak: int | None = None) -> dict:
     """The run's figures as if measured on `kind` (what a GPU run's result says of itself)."""
     gpu = copy.deepcopy(run) | {"backend": "gpu", "device_kind": kind}
     for row in gpu["rows"]:
-        row["peak_memory_source"] = "device memory_stats (peak so far)"
+        row["peak_memory_source"] = "measured: device memory_stats() (peak so far)"
         if peak is not None:
             row["peak_memory_bytes"] = peak
     return gpu
@@ -119,3 +120,22 @@ def test_an_export_passes_only_verified_on_the_users_weights():
     assert graded(export=base | {"verified": verified, "weights": "checkpoint"})["export"][0] == "pass"
     assert graded(export=base | {"verified": verified | {"within": False},
                                  "weights": "checkpoint"})["export"][0] == "fail"
+
+
+def test_serving_items_grade_serving_code_never_a_training_scripts(evidence):
+    """The serving items read only code given as serving code (or code whose kind was not said); the code
+    check of a training script, however clean or however many host syncs it has, leaves them ungraded."""
+    _plan, run = evidence
+    syncing = check_sources([("serve.py", "import jax\n\ndef serve(step, state, tokens):\n"
+                                          "    for _ in range(8):\n        state, logits = step(state, tokens)\n"
+                                          "        print(float(logits.sum()))\n    return state\n")])
+    clean = check_sources([("serve.py", "import jax\n\ndef serve(step, tokens):\n"
+                                        "    for _ in range(8):\n        tokens = step(tokens)\n    return tokens\n")])
+    for role in ("", "serving"):
+        assert graded(run=run, code=dataclasses.replace(syncing, role=role))["serve_host_sync"][0] == "fail"
+        assert graded(run=run, code=dataclasses.replace(clean, role=role))["serve_recompiles"][0] == "pass"
+    for code in (syncing, clean):  # the same files, checked as the training job's
+        training = graded(run=run, code=dataclasses.replace(code, role="training"))
+        assert training["serve_host_sync"][0] == "warn" and "your serving loop was not checked" in training["serve_host_sync"][1]
+        assert training["serve_recompiles"][0] == "warn"
+    assert graded(code=dataclasses.replace(clean, role="training"))["serve_recompiles"][0] == "not checked"

@@ -35,11 +35,11 @@ class CodeCheckTab:
 def code_check_tab() -> CodeCheckTab:
     with gr.Tab("Code check"):
         gr.Markdown("Reads Python source with `ast`; nothing is ever run. Up to 1 MB per file, UTF-8.")
-        kind = gr.Radio(list(CODE_KINDS), value="training", label="This code is the job's",
+        kind = gr.Radio(list(CODE_KINDS), value="training", label="What this code is",
                         info="training: graded by the Migrate tab's checklist; serving: by the Serve tab's")
         return CodeCheckTab(kind=kind, text=gr.Code(language="python", label="Paste a training or serving script"),
                             files=gr.File(label="…or upload .py files", file_count="multiple", file_types=[".py"]),
-                            button=gr.Button("Check", variant="primary"),
+                            button=gr.Button("Check", variant="primary", elem_id="check-button"),
                             summary=gr.Markdown(label="Code check summary", show_label=False),
                             table=gr.Dataframe(label="Findings", wrap=True, visible=False, max_height=100_000,
                                                elem_id="findings-table",
@@ -85,7 +85,7 @@ class CodeCheckHandlers:
         summary += ("The Migrate tab's checklist grades the items about your training code from this check." if
                     kind == "training" else "The Serve tab's checklist grades the items about your serving code from "
                                             "this check.")
-        state = result.to_dict()
+        state = dataclasses.replace(result, role=kind).to_dict()
         return (summary, gr.update(value=findings_frame(shown), visible=bool(findings)),
                 *((state, gr.skip()) if kind == "training" else (gr.skip(), state)))
 

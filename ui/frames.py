@@ -12,10 +12,10 @@ import pandas as pd
 
 from migration.codecheck import Finding
 from migration.common import GiB, duration_unit, fmt_bytes, fmt_count, fmt_number, fmt_percent, fmt_seconds, model_name
-from migration.figures import MEASURED_MEMORY, run_figures
+from migration.figures import MEASURED, plan_figures, run_figures
 from migration.grading import checklist
 from migration.planning.compare import headline, price_sources, shown_rows
-from migration.results import Plan, RunReport
+from migration.results import Plan, RunReport, memory_provenance
 from migration.service.history import SERVING_KINDS
 from migration.service.orchestrate import MigrationResult
 
@@ -52,10 +52,10 @@ def plan_markdown(p: Plan) -> str:
                   f"({st['difference']:+.2%}).\n\n" if st.get("state_with_gradients_bytes_per_gpu") is not None else "")
     return (head + f"**Plan:** **{p.sharding}** state, {p.per_device_batch} per GPU × {p.gpus} GPU(s) × "
             f"{p.accumulation_steps} accumulation = "
-            f"global batch {p.global_batch}{exact}, **{p.precision}**, remat **{p.remat}**; predicted peak "
-            f"{fmt_bytes(p.predicted_peak_bytes)} per GPU"
-            + (f", predicted step {p.step_label()}" if p.predicted_step_s else "")
-            + ". The table below ranks every choice that fits by predicted step time.\n\n" + state_line +
+            f"global batch {p.global_batch}{exact}, **{p.precision}**, remat **{p.remat}**. The table below ranks every "
+            "choice that fits by predicted step time.\n\n"
+            + "".join(f"- {html.escape(f.label())}: **{f.text()}**" + (f" ({html.escape(f.how)})" if f.how else "")
+                      + "\n" for f in plan_figures(p)) + "\n" + state_line +
             f"TPU-style setup on this target: {p.tpu_setup_on_target.get('summary', 'n/a')}.\n\n"
             f"Guide's rule of thumb: batch **{p.rule_of_thumb_batch}** vs the compiler's **{p.per_device_batch}** "
             f"— {p.rule_of_thumb_note}.\n\n" + source_line +
@@ -171,11 +171,8 @@ def curve_frame(curves: dict[str, list[Any]], max_points: int = PLOT_MAX_POINTS)
             if isinstance(losses[i], (int, float)) and math.isfinite(losses[i]):
                 rows.append({"step": i + 1, "loss": losses[i], "run": name})
     # Typed even when empty: a plot fixes its axis types from the first frame it is sent.
-    frame = pd.DataFrame(rows, columns=["step", "loss", "run"]).astype(
-        {"step": "int64", "loss": "float64", "run": "str"})
-    if len(frame) and frame["step"].max() <= WHOLE_STEP_TICKS:
-        frame["step"] = whole_ticks(frame["step"])
-    return frame
+    return whole_axis(pd.DataFrame(rows, columns=["step", "loss", "run"]).astype(
+        {"step": "int64", "loss": "float64", "run": "str"}), "step")
 
 
 WHOLE_STEP_TICKS = 40  # up to this many steps a chart labels each step; beyond, a numeric axis ticks whole numbers
@@ -219,8 +216,17 @@ def autotune_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
 def scaling_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     points = [{"devices": r["devices"], "samples_per_s": r["samples_per_s"], "style": r["style"]} for r in rows
               if r["samples_per_s"] is not None]
-    return pd.DataFrame(points, columns=["devices", "samples_per_s", "style"]).astype(
+    frame = pd.DataFrame(points, columns=["devices", "samples_per_s", "style"]).astype(
         {"devices": "int64", "samples_per_s": "float64", "style": "str"})
+    return whole_axis(frame, "devices")
+
+
+def whole_axis(frame: pd.DataFrame, column: str) -> pd.DataFrame:
+    """`frame` with its whole-number x `column` as categories (`whole_ticks`) where a numeric axis would tick
+    fractions (up to WHOLE_STEP_TICKS), else as it is."""
+    if len(frame) and frame[column].max() <= WHOLE_STEP_TICKS:
+        frame[column] = whole_ticks(frame[column])
+    return frame
 
 
 BADGE_COLOURS = {"pass": "#1a7f37", "warn": "#9a6700", "fail": "#cf222e", "not checked": "#57606a", "n/a": "#8c959f"}
@@ -252,17 +258,17 @@ def findings_frame(findings: list[Finding]) -> pd.DataFrame:
 
 
 HISTORY_COLUMNS = ["id", "created", "user", "label", "kind", "model", "status", "config", "device or target",
-                   "throughput", "MFU", "peak memory", "predicted peak", "compile"]
+                   "throughput", "MFU", "measured peak", "predicted peak", "compile"]
 
 
-def peak_text(e: dict[str, Any]) -> str:
-    """A history entry's peak memory with its provenance: measured where the device reported it, else the
-    compiled figure, said so (`migration.figures`)."""
-    if e.get("peak_memory_bytes") is None:
-        return ""
-    source = e.get("peak_memory_source") or ""
-    return fmt_bytes(e["peak_memory_bytes"]) + ("" if source.startswith(MEASURED_MEMORY) else
-                                                " (compiled)" if source else "")
+def peaks(e: dict[str, Any]) -> tuple[int | None, int | None]:
+    """A history entry's peak memory as measured on the device, and as compiled or predicted: a run on a
+    backend that reports no peak (the CPU's) has only the compiled figure, shown once, as the prediction."""
+    measured = e.get("peak_memory_bytes") if memory_provenance(e.get("peak_memory_source")) == MEASURED else None
+    predicted = e.get("predicted_peak_bytes")
+    if predicted is None and measured is None:
+        predicted = e.get("peak_memory_bytes")
+    return measured, predicted
 
 
 def history_frame(entries: list[dict[str, Any]]) -> pd.DataFrame:
@@ -279,11 +285,11 @@ def history_frame(entries: list[dict[str, Any]]) -> pd.DataFrame:
         if e["kind"] == "plan" and rate:
             rate += " (predicted)"
         rows.append({
-            "id": e["id"], "created": str(e["created_at"]).replace("T", " ")[:19], "user": e.get("user") or "",
-            "label": e.get("label") or "", "kind": e["kind"], "model": f"{e['workload']}/{e['preset']}",
+            "id": e["id"], "created": str(e["created_at"]).replace("T", " ")[:16], "user": e.get("user") or "",
+            "label": e.get("label") or "", "kind": e["kind"], "model": f"{e['workload']} / {e['preset']}",
             "status": e["status"], "config": config, "device or target": e.get("device_kind") or e.get("target") or "",
-            "throughput": rate, "MFU": fmt_percent(e.get("mfu"), missing=""), "peak memory": peak_text(e),
-            "predicted peak": fmt_bytes(e.get("predicted_peak_bytes"), missing=""),
+            "throughput": rate, "MFU": fmt_percent(e.get("mfu"), missing=""),
+            "measured peak": fmt_bytes(peaks(e)[0], missing=""), "predicted peak": fmt_bytes(peaks(e)[1], missing=""),
             "compile": fmt_seconds(e.get("compile_s"), missing="")})
     return pd.DataFrame(rows, columns=HISTORY_COLUMNS)
 
@@ -301,15 +307,11 @@ def compare_frames(entries: list[dict[str, Any]]) -> tuple[pd.DataFrame, pd.Data
     throughput = pd.DataFrame({"run": names, "samples_per_s": [float(e.get("samples_per_s") or 0) for e in entries]})
     bars = []
     for n, e in zip(names, entries):
-        payload = e.get("payload") or {}
-        measured = str(e.get("peak_memory_source") or payload.get("peak_memory_source") or "").startswith(MEASURED_MEMORY)
-        compiled = e.get("predicted_peak_bytes")
-        if compiled is None and not measured:
-            compiled = e.get("peak_memory_bytes")
-        if compiled is not None:
-            bars.append({"bar": f"{n} compiled", "GiB": compiled / GiB, "series": "compiled (XLA memory analysis)"})
-        if measured and e.get("peak_memory_bytes") is not None:
-            bars.append({"bar": f"{n} measured", "GiB": e["peak_memory_bytes"] / GiB, "series": "measured on the device"})
+        measured, predicted = peaks(e)
+        if predicted is not None:
+            bars.append({"bar": f"{n} compiled", "GiB": predicted / GiB, "series": "compiled (XLA memory analysis)"})
+        if measured is not None:
+            bars.append({"bar": f"{n} measured", "GiB": measured / GiB, "series": "measured on the device"})
     memory = pd.DataFrame(bars, columns=["bar", "GiB", "series"])
     losses = curve_frame({n: (e.get("payload") or {}).get("losses") or [] for n, e in zip(names, entries)})
     return table, throughput, memory, losses

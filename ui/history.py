@@ -22,7 +22,7 @@ from ui.frames import HISTORY_COLUMNS, compare_frames, history_frame
 from workloads import WORKLOADS
 
 # The columns' shares of the table's width (ui.frames.HISTORY_COLUMNS)
-HISTORY_SHARES = (3, 9, 5, 6, 5, 9, 5, 10, 10, 9, 5, 8, 8, 5)
+HISTORY_SHARES = (35, 100, 50, 85, 50, 110, 100, 80, 100, 95, 60, 95, 105, 75)  # px at the page's width: the longest word
 COMPARE_MAX = 16  # runs side by side in one comparison
 HISTORY_STATUSES = ("ok", "failed", "cancelled", "infeasible", "interrupted", "queued", "running")
 

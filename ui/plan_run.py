@@ -312,7 +312,7 @@ def run_results(job: Job, note: str) -> tuple[Any, ...]:
         raise gr.Error(f"The run could not start: {job.error or 'unknown reason'}{warnings}", print_exception=False)
     budget_plan = result.local_plan or result.plan
     budget = budget_plan.budget_bytes
-    budget_of = f"{budget_plan.target_name}" + (" (this machine)" if result.local_plan is not None else "")
+    budget_of = budget_plan.target_name  # the device the budget bounds: this machine's (its re-fit plan) or the target
     files = result.files
     return (f"{note}{run_headline(result, budget)}{warnings}",
             gr.update(value=results_frame(result.main, budget, budget_of), visible=True),

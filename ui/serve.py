@@ -30,10 +30,11 @@ from migration.config.serving import (CHUNK, CHUNK_LIMITS, DECODER_WORKLOADS, KV
                                       SERVE_PRECISIONS, serve_request, serve_run_request)
 from migration.grading.serving import ServingEvidence, serving_checklist
 from migration.hardware import GPU_SPECS
+from migration.results import memory_provenance
 from migration.service.history import HistoryError
 from migration.service.job import Job, LimitError
 from ui.context import AppContext, refuse, user_of
-from ui.frames import checklist_html
+from ui.frames import checklist_html, whole_axis
 from ui.tables import shaped, table
 from ui.migrate import presets_of
 from ui.streaming import cleared, follow, waiting_line
@@ -361,7 +362,7 @@ def plan_headline(plan: dict[str, Any]) -> str:
 def plan_frame(plan: dict[str, Any]) -> pd.DataFrame:
     """One row per concurrency planned, every figure in its unit (the CSV keeps bytes and seconds)."""
     gpus = plan.get("gpus", 1)
-    rows = [{"running": fmt_count(r["batch"], "sequences"), "KV cache": fmt_bytes(r["kv_cache_bytes"]),
+    rows = [{"running sequences": r["batch"], "KV cache": fmt_bytes(r["kv_cache_bytes"]),
              "weights": fmt_bytes(r["weights_bytes"]), "predicted peak": fmt_bytes(r["predicted_peak_bytes"]),
              "budget": fmt_bytes(r["budget_bytes"]), "fits": "yes" if r["fits"] else "NO",
              "TTFT": fmt_seconds(r["predicted_ttft_s"]), "TPOT": fmt_seconds(r["predicted_tpot_s"]),
@@ -372,7 +373,7 @@ def plan_frame(plan: dict[str, Any]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=PLAN_COLUMNS)
 
 
-PLAN_COLUMNS = ["running", "KV cache", "weights", "predicted peak", "budget", "fits", "TTFT", "TPOT",
+PLAN_COLUMNS = ["running sequences", "KV cache", "weights", "predicted peak", "budget", "fits", "TTFT", "TPOT",
                 "TPOT bandwidth limit", "throughput", "requests", "decode bytes / needed"]
 PLAN_SHARES = (9, 7, 7, 7, 7, 4, 7, 7, 9, 10, 9, 8)  # each column's share of the table's width
 
@@ -387,7 +388,8 @@ def plan_csv_rows(plan: dict[str, Any]) -> list[dict[str, Any]]:
 def series_frame(points: list[tuple[int, Any, str]], y: str) -> pd.DataFrame:
     """(batch, value, series) points as a chart's frame, typed even when empty; missing values left out."""
     rows = [{"batch": b, y: float(v), "series": s} for b, v, s in points if isinstance(v, (int, float))]
-    return pd.DataFrame(rows, columns=["batch", y, "series"]).astype({"batch": "int64", y: "float64", "series": "str"})
+    return whole_axis(pd.DataFrame(rows, columns=["batch", y, "series"]).astype(
+        {"batch": "int64", y: "float64", "series": "str"}), "batch")
 
 
 def plan_latency(plan: dict[str, Any]) -> pd.DataFrame:
@@ -448,10 +450,10 @@ def run_frame(result: dict[str, Any]) -> pd.DataFrame:
     where = measured_on(result)
 
     def peak(r: dict[str, Any]) -> str:
-        source = str(r.get("peak_memory_source") or "")
-        return fmt_bytes(r.get("peak_memory_bytes")) + ("" if source.startswith("measured") else
+        source = r.get("peak_memory_source")
+        return fmt_bytes(r.get("peak_memory_bytes")) + ("" if memory_provenance(source) == "measured" else
                                                         f" ({source})" if source else "")
-    rows = [{"batch": fmt_count(r["batch"], "sequences"), "TTFT p50": fmt_seconds(r.get("ttft_p50_s")),
+    rows = [{"batch": r["batch"], "TTFT p50": fmt_seconds(r.get("ttft_p50_s")),
              "TTFT p90": fmt_seconds(r.get("ttft_p90_s")), "TPOT p50": fmt_seconds(r.get("tpot_p50_s")),
              "TPOT p90": fmt_seconds(r.get("tpot_p90_s")), "throughput": fmt_count(r.get("tokens_per_s"), "tokens/s"),
              "warm-up": fmt_seconds(r.get("warmup_s")), "programs compiled": fmt_number(r.get("programs_compiled")),

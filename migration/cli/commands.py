@@ -106,7 +106,7 @@ def cmd_run_plan(args: argparse.Namespace, given: dict[str, Any], options: RunOp
     if saved is None:
         return 2
     try:
-        code = check_paths(args.code) if args.code else None
+        code = dataclasses.replace(check_paths(args.code), role="training") if args.code else None
     except (CodeCheckError, OSError) as exc:
         print(f"error: --code: {exc}", file=sys.stderr)
         return 2
@@ -384,7 +384,7 @@ def serving_code(paths: list[str] | None) -> Any:
     if not paths:
         return None
     try:
-        return check_paths(paths)
+        return dataclasses.replace(check_paths(paths), role="serving")
     except (CodeCheckError, OSError) as exc:
         print(f"error: --code: {exc}", file=sys.stderr)
         return False

@@ -8,15 +8,11 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from migration.common import fmt_gib, fmt_loss, fmt_seconds, mix_text, model_name
+from migration.common import fmt_bytes, fmt_seconds, mix_text, model_name
+from migration.figures import plan_figures, run_figures
 from migration.planning.compare import headline, price_sources, shown_rows
-from migration.results import write_csv as write_report_csv
+from migration.results import memory_provenance, write_csv as write_report_csv
 from migration.service.orchestrate import describe
-
-
-def fmt_bytes(n: int | None) -> str:
-    """Bytes in GiB, three digits."""
-    return fmt_gib(n, 3)
 
 
 def fmt(value: Any, spec: str, unit: str = "") -> str:
@@ -34,21 +30,11 @@ def print_summary(r: Any) -> None:
               + (f", process {r.process_index} of {r.process_count}" if (r.process_count or 1) > 1 else ""))
     if r.backend == "cpu":
         print("note: CPU backend. These are CPU figures; no GPU was measured.")
-    rows = [
-        ("status", r.status if r.ok else f"{r.status} ({r.failure_kind})"),
-        ("compile", fmt(r.compile_s, ".2f", " s")),
-        ("step time median / p90", f"{fmt(r.step_ms_median, '.2f')} / {fmt(r.step_ms_p90, '.2f')} ms"),
-        ("samples/s", fmt(r.samples_per_s, ",.1f")),
-        ("tokens/s", fmt(r.tokens_per_s, ",.0f")),
-        ("achieved TFLOP/s", fmt(r.achieved_tflops, ".3f")),
-        ("MFU", fmt(r.mfu * 100 if r.mfu is not None else None, ".1f", " %") + (f"  (peak: {r.peak_tflops_source})" if r.peak_tflops_source else "")),
-        ("peak memory", f"{fmt_bytes(r.peak_memory_bytes)}  ({r.peak_memory_source})"),
-        ("predicted (compiled)", fmt_bytes(r.predicted_peak_bytes)),
-        ("process peak RSS", fmt_bytes(r.process_peak_rss_bytes)),
-        ("recompilations", fmt(r.recompilations, "d")),
-        ("fp32 matmul precision", r.fp32_matmul_precision or "n/a"),
-        ("loss first -> last", f"{fmt_loss(r.loss_first)} -> {fmt_loss(r.loss_last)}"),
-    ]
+    rows = [("status", r.status if r.ok else f"{r.status} ({r.failure_kind})"),
+            *((f.label(), f.shown()) for f in run_figures(r)),  # the page's figures, labelled by their provenance
+            ("achieved TFLOP/s, measured", fmt(r.achieved_tflops, ".3g")),
+            ("process peak RSS, measured on the host", fmt_bytes(r.process_peak_rss_bytes)),
+            ("fp32 matmul precision", r.fp32_matmul_precision or "n/a")]
     if r.precision == "fp16":
         rows.append(("skipped steps / loss scale", f"{r.skipped_steps} / {fmt(r.final_loss_scale, 'g')}"))
     if r.checkpoint_restored:
@@ -120,8 +106,9 @@ def print_plan(plan: Any) -> None:
     print(f"\nplan: {plan.sharding} state, {plan.per_device_batch} per GPU x {plan.gpus} GPU(s) x "
           f"{plan.accumulation_steps} accumulation "
           f"= global batch {plan.global_batch}{'' if plan.global_batch_exact else ' (NOT the requested ' + str(plan.requested_global_batch) + ')'}, "
-          f"{plan.precision}, remat {plan.remat}; predicted peak {fmt_bytes(plan.predicted_peak_bytes)} per GPU"
-          + (f", predicted step {plan.step_label()}" if plan.predicted_step_s else ""))
+          f"{plan.precision}, remat {plan.remat}")
+    for f in plan_figures(plan):  # the page's figures, labelled by their provenance
+        print(f"  {f.label()}: {f.shown()}")
     for d in plan.decisions:
         print(f"  {d.decision:<20} {d.shown():<14} {d.reason}")
     for mode, found in (plan.max_batch_by_sharding or {plan.sharding: plan.max_batch_by_remat}).items():
@@ -208,8 +195,8 @@ def print_autotune(result: Any) -> None:
         predicted = (f"{r.predicted_step_s * 1e3:.3g} ms" if r.predicted_step_s is not None
                      else f"{r.relative_cost:.3g} rel")
         status = "ok" if r.ok else f"{r.status} ({r.failure_kind})"
-        memory = fmt_gib(r.peak_memory_bytes, 3)
-        if r.peak_memory_source and not r.peak_memory_source.startswith("measured"):
+        memory = fmt_bytes(r.peak_memory_bytes)
+        if r.peak_memory_source and memory_provenance(r.peak_memory_source) != "measured":
             memory += "*"
         print(f"  {'#' + str(r.predicted_rank):>4} {r.sharding:<11} {r.remat:<14} {r.per_device_batch:>6} "
               f"{r.accumulation_steps:>6} {predicted:>14} {fmt(r.measured_step_ms, '.2f', ' ms'):>11} "
@@ -218,7 +205,7 @@ def print_autotune(result: Any) -> None:
               f"{'#' + str(r.measured_rank) if r.measured_rank else '-':>4}  {status}"
               f"{'  <- plan' if r.planned else ''}{'  <- pick' if r.predicted_rank == result.pick_rank else ''}")
     sources = {r.peak_memory_source for r in result.rows if r.peak_memory_source
-               and not r.peak_memory_source.startswith("measured")}
+               and memory_provenance(r.peak_memory_source) != "measured"}
     for source in sources:
         print(f"  * peak memory not measured: {source}")
     for s in result.skipped:

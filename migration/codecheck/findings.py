@@ -51,6 +51,9 @@ class CodeCheck:
     jax_files: tuple[str, ...] = ()
     # findings left out of `findings` by `capped`: (rule, severity, how many), one entry per rule
     omitted: tuple[tuple[str, str, int], ...] = ()
+    # what the code is, as its user said: "training" (the training checklist grades from it), "serving" (the
+    # serving checklist does), or "" (not said: either may); neither checklist grades from the other kind
+    role: str = ""
 
     @property
     def total(self) -> int:
@@ -87,7 +90,7 @@ class CodeCheck:
                 "findings": [f.to_dict() for f in self.findings],
                 "env_settings": [dataclasses.asdict(e) for e in self.env_settings],
                 "monitoring": [dataclasses.asdict(m) for m in self.monitoring],
-                "omitted": [list(o) for o in self.omitted]}
+                "omitted": [list(o) for o in self.omitted], "role": self.role}
 
     @classmethod
     def from_dict(cls, d) -> CodeCheck:
@@ -96,7 +99,8 @@ class CodeCheck:
                    env_settings=tuple(EnvSetting(**e) for e in d.get("env_settings", ())),
                    monitoring=tuple(MonitoringUse(**m) for m in d.get("monitoring", ())),
                    jax_files=tuple(d.get("jax_files", ())),
-                   omitted=tuple((str(r), str(s), int(n)) for r, s, n in d.get("omitted", ())))
+                   omitted=tuple((str(r), str(s), int(n)) for r, s, n in d.get("omitted", ())),
+                   role=str(d.get("role") or ""))
 
 
 class CodeCheckError(ValueError):

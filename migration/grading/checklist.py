@@ -71,6 +71,10 @@ class Evidence:
     scaling_runs: tuple[RunReport, ...] = ()
     tpu_step_ms: float | None = None  # the user's measured TPU step time at the requested global batch
 
+    def __post_init__(self) -> None:
+        if self.code is not None and self.code.role == "serving":  # a server's code says nothing of the training job
+            object.__setattr__(self, "code", None)
+
     @property
     def ran(self) -> bool:
         return self.run is not None and self.run.ok

@@ -36,6 +36,10 @@ class ServingEvidence:
     code: CodeCheck | None = None
     export: dict[str, Any] | None = None
 
+    def __post_init__(self) -> None:
+        if self.code is not None and self.code.role == "training":  # a training script says nothing of a server
+            object.__setattr__(self, "code", None)
+
     @property
     def target(self) -> str:
         return self.plan["target"] if self.plan else "the target GPU"

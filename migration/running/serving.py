@@ -161,7 +161,7 @@ def peak_memory() -> tuple[int, str]:
     """The device's peak bytes in use so far, and where that figure comes from."""
     stats = jax.devices()[0].memory_stats() or {}
     if stats.get("peak_bytes_in_use") is not None:
-        return int(stats["peak_bytes_in_use"]), "device memory_stats (peak so far)"
+        return int(stats["peak_bytes_in_use"]), "measured: device memory_stats() (peak so far)"
     # the CPU backend keeps its arrays in this process's memory
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "process peak RSS (host memory, peak so far)"
 
