@@ -47,10 +47,15 @@ def fmt_bytes(n: float | None, missing: str = "n/a") -> str:
     "57 GiB", "1.2 TiB"; never "0.000 GiB"."""
     if not _number(n):
         return missing
-    for power, unit in ((4, "TiB"), (3, "GiB"), (2, "MiB"), (1, "KiB")):
-        if abs(n) >= 1024**power:
-            return f"{fmt_number(n / 1024**power)} {unit}"
-    return f"{fmt_number(n)} B"
+    unit, scale = byte_unit(n)
+    return f"{fmt_number(n / scale)} {unit}"
+
+
+def byte_unit(n: float) -> tuple[str, int]:
+    """The binary unit bytes like `n` read best in, and its size: a chart's axis in the unit of its largest
+    value, as `fmt_bytes` writes each figure."""
+    return next(((unit, 1024**power) for power, unit in ((4, "TiB"), (3, "GiB"), (2, "MiB"), (1, "KiB"))
+                 if abs(n) >= 1024**power), ("B", 1))
 
 
 def fmt_count(x: float | None, unit: str = "", missing: str = "n/a") -> str:

@@ -121,7 +121,7 @@ def plan_figures(p: Plan) -> list[Figure]:
                               "XLA's memory analysis of the step compiled for it" if compiled else "an analytic estimate"))
     figures.append(Figure("memory_budget", "memory budget per GPU", p.budget_bytes, "bytes", SETTING, target,
                           f"{fmt_percent(p.memory_fraction)} of {fmt_bytes(p.device_memory_bytes)} less a "
-                          f"{fmt_percent(p.safety_margin)} margin"))
+                          f"{fmt_percent(p.safety_margin)} margin; device memory: {p.budget_source}"))
     if p.predicted_step_s is not None:
         st = p.step_time or {}
         error = st.get("expected_error")

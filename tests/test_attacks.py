@@ -243,7 +243,7 @@ def test_a_user_sees_compares_and_exports_only_their_own_runs(box, alice, bob, a
     assert all(row[2] != "alice" and "alice" not in row[3] for row in theirs["data"])
     with pytest.raises(AppError, match="scope: everyone's history is open only"):
         bob.predict(f"{ids[0]},{ids[0]}", "everyone", api_name="/compare")
-    with pytest.raises(AppError, match="found 0 run"):
+    with pytest.raises(AppError, match="the selection has 0 run"):
         bob.predict(f"{ids[0]},{ids[0]}", "mine", api_name="/compare")
     csv = Path(value(bob.predict(",".join(map(str, ids)), "mine", api_name="/export_csv"))).read_text()
     assert "alice" not in csv and "secret" not in csv

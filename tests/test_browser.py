@@ -14,6 +14,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from tests.test_frames import unreadable
+
 playwright = pytest.importorskip("playwright.sync_api")
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 pytestmark = pytest.mark.slow
@@ -42,11 +44,6 @@ for request in requests:
 """
 FLAGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-# Headers under which a bare whole number is a count the header names; everywhere else a number carries its unit.
-COUNT_HEADERS = {"id", "line", "col", "batch", "accum", "global", "devices", "global batch", "predicted #",
-                 "measured #", "running sequences"}
-BARE_NUMBER = re.compile(r"^-?[\d,]*\.?\d+$")
-NUMBER = re.compile(r"\d[\d,]*\.\d+|\d+")
 # Every visible table of the page: its id, headers and its cells' text (Gradio's data frames render a cell's
 # text in a .cell-wrap; a hidden sizing row holds none).
 VISIBLE_TABLES = """() => [...document.querySelectorAll('table')].filter(t => t.offsetParent !== null).map(t => ({
@@ -54,22 +51,6 @@ VISIBLE_TABLES = """() => [...document.querySelectorAll('table')].filter(t => t.
   head: [...t.querySelectorAll('thead th')].map(h => h.innerText.trim()),
   rows: [...t.querySelectorAll('tbody tr')].map(r => [...r.querySelectorAll('td')].map(c => c.innerText.trim()))
         .filter(r => r.some(c => c !== ''))}))"""
-
-
-def unreadable(tables: list[dict]) -> list[str]:
-    """The cells a person cannot read: a float of more than four significant digits anywhere, or a bare number
-    under a header that names no unit or count."""
-    bad = []
-    for t in tables:
-        for row in t["rows"]:
-            for i, cell in enumerate(row):
-                header = t["head"][i] if i < len(t["head"]) else ""
-                for number in NUMBER.findall(cell):
-                    if "." in number and len(number.replace(",", "").replace(".", "").lstrip("0")) > 4:
-                        bad.append(f"{t['id']}/{header}: {cell!r} (a raw float)")
-                if BARE_NUMBER.match(cell) and not (header in COUNT_HEADERS and "." not in cell):
-                    bad.append(f"{t['id']}/{header}: {cell!r} (a number without its unit)")
-    return bad
 
 
 @pytest.fixture

@@ -94,7 +94,7 @@ def test_a_run_is_read_back_with_its_columns_and_full_report(tmp_path):
         "status": "ok", "precision": "bf16", "remat": "none", "per_device_batch": 16, "devices": 1,
         "accumulation_steps": 2, "global_batch": 32, "device_kind": "cpu", "backend": "cpu", "step_ms_median": 2.0,
         "samples_per_s": 4000.0, "tokens_per_s": 12.5, "mfu": 0.31, "peak_memory_bytes": 123456,
-        "predicted_peak_bytes": 120000, "compile_s": 1.5, "recompilations": 0, "prediction_method": None,
+        "peak_memory_source": None, "predicted_peak_bytes": 120000, "compile_s": 1.5, "recompilations": 0, "prediction_method": None,
         "target": None, "payload_bytes": len(json.dumps(r.to_dict()))}
     assert payload == json.loads(json.dumps(r.to_dict()))
     assert h.run_report(entry_id) == r
@@ -493,12 +493,12 @@ def test_csv_has_a_row_per_entry_with_summary_columns_then_scalar_fields(tmp_pat
     text = h.to_csv()
     header = next(csv.reader(io.StringIO(text)))
     assert header[:8] == ["id", "kind", "created_at", "user", "label", "workload", "preset", "status"]
-    assert header[8:26] == ["precision", "remat", "per_device_batch", "devices", "accumulation_steps",
+    assert header[8:27] == ["precision", "remat", "per_device_batch", "devices", "accumulation_steps",
                             "global_batch", "device_kind", "backend", "step_ms_median", "samples_per_s",
-                            "tokens_per_s", "mfu", "peak_memory_bytes", "predicted_peak_bytes", "compile_s",
-                            "recompilations", "prediction_method", "target"]
+                            "tokens_per_s", "mfu", "peak_memory_bytes", "peak_memory_source", "predicted_peak_bytes",
+                            "compile_s", "recompilations", "prediction_method", "target"]
     # then the plan's own scalar fields (newest first), then the run's that the plan has not
-    assert header[26:29] == ["source", "source_name", "source_devices"]
+    assert header[27:30] == ["source", "source_name", "source_devices"]
     assert header.index("message") < header.index("failure_kind") < header.index("wall_s")
     assert not {"losses", "step_ms", "env", "config", "decisions", "candidates", "ranked", "payload"} & set(header)
     assert len(header) == len(set(header))

@@ -344,7 +344,7 @@ def _check_refusal(case: Bad, message: str) -> None:
 
 def test_server_keeps_serving_after_bad_input(server, client, entries_before_bad_input):
     history = client.predict("everyone", "all", "all", "all", api_name="/history")
-    assert history["headers"][:4] == ["id", "created_at", "user", "label"]
+    assert history["headers"][:4] == ["id", "created", "user", "label"]
     assert len(history["data"]) == entries_before_bad_input, "a refused input left a history entry"
     assert server.proc.poll() is None and server.workers() == []
 
@@ -515,7 +515,7 @@ def test_auth_client_needs_right_credentials(auth_server):
         with pytest.raises(ValueError, match="Could not login"):
             auth_server.connect(auth)
     history = auth_server.connect(("alice", "pw1")).predict("mine", "all", "all", "all", api_name="/history")
-    assert history["headers"][:3] == ["id", "created_at", "user"]
+    assert history["headers"][:3] == ["id", "created", "user"]
 
 
 def _entry(client: Client, scope: str, label: str, kind: str = "run") -> list[Any] | None:

@@ -11,7 +11,7 @@ from typing import Any
 import pandas as pd
 
 from migration.codecheck import Finding
-from migration.common import GiB, duration_unit, fmt_bytes, fmt_count, fmt_number, fmt_percent, fmt_seconds, model_name
+from migration.common import GiB, byte_unit, duration_unit, fmt_bytes, fmt_count, fmt_number, fmt_percent, fmt_seconds, model_name
 from migration.figures import MEASURED, plan_figures, run_figures
 from migration.grading import checklist
 from migration.planning.compare import headline, price_sources, shown_rows
@@ -30,11 +30,11 @@ def plan_markdown(p: Plan) -> str:
                   f"({fmt_bytes(sj['state_bytes_per_device'])} per device: {sj['why']}).\n\n" if sj else "")
     head = (f"### {model_name(p.workload, p.preset, p.model)}: {p.source_name} → {where} × {p.target_name}\n"
             f"{p.param_count:,} parameters. " + source_job +
-            f"Prediction: **{p.prediction_method}** — {p.prediction_note}. Budget per GPU {fmt_bytes(p.budget_bytes)} "
-            f"({p.memory_fraction:.0%} of {fmt_bytes(p.device_memory_bytes)} minus a {p.safety_margin:.0%} margin; device "
-            f"memory: {p.budget_source}).\n\n")
+            f"Prediction: **{p.prediction_method}** — {p.prediction_note}.\n\n")
+    figures = "".join(f"- {html.escape(f.label())}: **{f.text()}**" + (f" ({html.escape(f.how)})" if f.how else "")
+                      + "\n" for f in plan_figures(p)) + "\n"
     if p.status != "ok":
-        return head + f"**Not feasible.** {p.message}"
+        return head + figures + f"**Not feasible.** {p.message}"
     exact = "" if p.global_batch_exact else f" (**not** the requested {p.requested_global_batch})"
     src = p.source_tpu_compile
     kernel = f", {src['attention']} attention" if src.get("attention") else ""
@@ -54,8 +54,7 @@ def plan_markdown(p: Plan) -> str:
             f"{p.accumulation_steps} accumulation = "
             f"global batch {p.global_batch}{exact}, **{p.precision}**, remat **{p.remat}**. The table below ranks every "
             "choice that fits by predicted step time.\n\n"
-            + "".join(f"- {html.escape(f.label())}: **{f.text()}**" + (f" ({html.escape(f.how)})" if f.how else "")
-                      + "\n" for f in plan_figures(p)) + "\n" + state_line +
+            + figures + state_line +
             f"TPU-style setup on this target: {p.tpu_setup_on_target.get('summary', 'n/a')}.\n\n"
             f"Guide's rule of thumb: batch **{p.rule_of_thumb_batch}** vs the compiler's **{p.per_device_batch}** "
             f"— {p.rule_of_thumb_note}.\n\n" + source_line +
@@ -120,15 +119,31 @@ def decisions_html(p: Plan) -> str:
 def memory_frame(rows: list[dict[str, Any]], budget: int | None) -> pd.DataFrame:
     """Predicted GiB per batch and remat policy (single micro-batch compiles; candidates ruled out by
     the lower bound were not compiled and are not drawn), with the budget."""
-    points = [{"per_device_batch": r["per_device_batch"], "predicted_GiB": r["predicted_bytes"] / GiB,
+    points = [{"per_device_batch": r["per_device_batch"], "predicted": r["predicted_bytes"],
                "series": f"remat {r['remat']}" + (f" ({r['sharding']})" if r.get("sharding", "replicated") != "replicated" else "")} for r in rows
               if r.get("predicted_bytes") is not None and r.get("accumulation_steps", 1) == 1
               and not r.get("lower_bound")]
     batches = sorted({r["per_device_batch"] for r in points}) or [1]
     if budget:
-        points += [{"per_device_batch": b, "predicted_GiB": budget / GiB, "series": "budget"} for b in batches]
-    frame = pd.DataFrame(points, columns=["per_device_batch", "predicted_GiB", "series"])
-    return frame.astype({"per_device_batch": "int64", "predicted_GiB": "float64", "series": "str"})
+        points += [{"per_device_batch": b, "predicted": budget, "series": "budget"} for b in batches]
+    frame = pd.DataFrame(points, columns=["per_device_batch", "predicted", "series"])
+    return in_byte_unit(frame.astype({"per_device_batch": "int64", "predicted": "float64", "series": "str"}),
+                        "predicted")
+
+
+def bar_limits(frame: pd.DataFrame, column: str) -> list[float]:
+    """A bar chart's value axis: from zero to a tenth above its tallest bar, so that no bar meets the top."""
+    top = float(frame[column].max()) if len(frame) else 0.0
+    return [0.0, 1.1 * top if top > 0 else 1.0]
+
+
+def in_byte_unit(frame: pd.DataFrame, column: str) -> pd.DataFrame:
+    """`frame` with its bytes `column` in the unit of its largest value, named in `frame.attrs["unit"]` (the
+    chart's axis title): a 61.5 MiB peak on an axis of MiB, not 0.06 GiB."""
+    unit, scale = byte_unit(frame[column].max() if len(frame) else GiB)
+    frame[column] = frame[column] / scale
+    frame.attrs["unit"] = unit
+    return frame
 
 
 def memory_chart_has_shape(frame: pd.DataFrame) -> bool:
@@ -309,10 +324,10 @@ def compare_frames(entries: list[dict[str, Any]]) -> tuple[pd.DataFrame, pd.Data
     for n, e in zip(names, entries):
         measured, predicted = peaks(e)
         if predicted is not None:
-            bars.append({"bar": f"{n} compiled", "GiB": predicted / GiB, "series": "compiled (XLA memory analysis)"})
+            bars.append({"bar": f"{n} compiled", "peak": predicted, "series": "compiled (XLA memory analysis)"})
         if measured is not None:
-            bars.append({"bar": f"{n} measured", "GiB": measured / GiB, "series": "measured on the device"})
-    memory = pd.DataFrame(bars, columns=["bar", "GiB", "series"])
+            bars.append({"bar": f"{n} measured", "peak": measured, "series": "measured on the device"})
+    memory = in_byte_unit(pd.DataFrame(bars, columns=["bar", "peak", "series"]).astype({"peak": "float64"}), "peak")
     losses = curve_frame({n: (e.get("payload") or {}).get("losses") or [] for n, e in zip(names, entries)})
     return table, throughput, memory, losses
 

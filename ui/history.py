@@ -18,7 +18,7 @@ from migration.common import ConfigError
 from migration.service.history import EXPORT_MAX_ROWS, KINDS, HistoryError
 from ui.context import AppContext, refuse, user_of
 from ui import tables
-from ui.frames import HISTORY_COLUMNS, compare_frames, history_frame
+from ui.frames import HISTORY_COLUMNS, bar_limits, compare_frames, history_frame
 from workloads import WORKLOADS
 
 # The columns' shares of the table's width (ui.frames.HISTORY_COLUMNS)
@@ -67,7 +67,7 @@ def comparison() -> list[gr.components.Component]:
         throughput = gr.BarPlot(x="run", y="samples_per_s", title="Throughput (samples/s), from zero", height=280,
                                 y_lim=[0, None], x_label_angle=0, x_title="run", y_title="samples/s",
                                 visible=False, elem_id="compare-throughput", label="Throughput", show_label=False)
-        memory = gr.BarPlot(x="bar", y="GiB", color="series", title="Peak memory per device: compiled and measured",
+        memory = gr.BarPlot(x="bar", y="peak", color="series", title="Peak memory per device: compiled and measured",
                             y_lim=[0, None], x_label_angle=-30, x_title="", y_title="GiB",
                             height=280, visible=False, elem_id="compare-memory", label="Peak memory", show_label=False)
     loss = gr.LinePlot(x="step", y="loss", color="run", title="Loss", height=280, visible=False, x_label_angle=0,
@@ -165,16 +165,18 @@ class HistoryHandlers:
             raise refuse(exc)
         if len(entries) < 2:
             found = {e["id"] for e in entries}
-            others = [i for i in ids if i not in found]
+            others = [i for i in dict.fromkeys(ids) if i not in found]
             why = (f"; {', '.join(f'#{i}' for i in others)} {'is' if len(others) == 1 else 'are'} not training runs "
                    "of yours (plans and serving jobs have no steps to compare)" if others else "")
             raise gr.Error(f"Select two or more training runs to compare (click their rows in the table, or type "
                            f"their ids); {'nothing is selected' if not ids else f'the selection has {len(entries)} run(s)'}"
                            f"{why}.", print_exception=False)
         table, throughput, memory, losses = compare_frames(list(reversed(entries)))
-        return (gr.update(value=table, visible=True), gr.update(value=throughput, visible=True,
-                                                                 sort=list(throughput["run"])),
-                gr.update(value=memory, visible=True), gr.update(value=losses, visible=True))
+        return (gr.update(value=table, visible=True),
+                gr.update(value=throughput, visible=True, sort=list(throughput["run"]),
+                          y_lim=bar_limits(throughput, "samples_per_s")),
+                gr.update(value=memory, visible=True, y_title=memory.attrs["unit"], y_lim=bar_limits(memory, "peak")),
+                gr.update(value=losses, visible=True))
 
     def do_export(self, ids_text, scope, request: gr.Request):
         try:

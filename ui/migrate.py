@@ -72,7 +72,7 @@ def result_outputs() -> dict[str, Component]:
                                       label="Cost to train", show_label=False)}
     o |= {"comparison_file": gr.File(label="Before and after (CSV)", visible=False),
          "plan": gr.Markdown(visible=False, label="Plan", show_label=False),
-         "memory_plot": gr.LinePlot(x="per_device_batch", y="predicted_GiB", color="series", visible=False,
+         "memory_plot": gr.LinePlot(x="per_device_batch", y="predicted", color="series", visible=False,
                                     title="Peak memory per GPU, compiled for the target, for each batch, and the budget",
                                     x_axis_format="d", x_title="per-device batch", y_title="GiB", y_lim=[0, None],
                                     height=300, label="Predicted peak memory per GPU", show_label=False,

@@ -31,7 +31,7 @@ from migration.config.fields import FIELD
 from migration.planning.compare import rows as comparison_rows
 from ui.context import AppContext, refuse, said, user_of
 from ui.form import PLAN_FILE, takes_fields
-from ui.frames import (autotune_frame, before_after_frame, checklist_html, comparison_frames, comparison_markdown,
+from ui.frames import (autotune_frame, bar_limits, before_after_frame, checklist_html, comparison_frames, comparison_markdown,
                        curve_frame, decisions_html, loss_frame, memory_chart_has_shape, memory_frame, plan_markdown, ranked_frame, results_frame,
                        run_headline, scaling_frame)
 from ui.streaming import cleared, follow, waiting_line
@@ -86,8 +86,9 @@ class JobHandlers:
         write_csv(comparison_rows(p.comparison), path=path)
         order = list(dict.fromkeys([*time_frame["side"], *cost_frame["side"]]))  # before, then after
         return (gr.update(value=comparison_markdown(p), visible=True),
-                gr.update(value=time_frame, visible=len(time_frame) > 0, y_title=unit, sort=order),
-                gr.update(value=cost_frame, visible=len(cost_frame) > 0, sort=order),
+                gr.update(value=time_frame, visible=len(time_frame) > 0, y_title=unit, sort=order,
+                          y_lim=bar_limits(time_frame, "time")),
+                gr.update(value=cost_frame, visible=len(cost_frame) > 0, sort=order, y_lim=bar_limits(cost_frame, "cost_usd")),
                 gr.update(value=str(path), visible=True))
 
     @takes_fields("run", leading=("plan_dict", "code_state", PLAN_FILE))
@@ -329,7 +330,7 @@ def run_results(job: Job, note: str) -> tuple[Any, ...]:
 
 def memory_update(frame: Any) -> Any:
     """The memory chart, drawn where it has a shape (two or more batches compiled), else hidden."""
-    return gr.update(value=frame, visible=memory_chart_has_shape(frame))
+    return gr.update(value=frame, visible=memory_chart_has_shape(frame), y_title=frame.attrs.get("unit", "GiB"))
 
 
 def same_job(plan_dict: dict[str, Any], req: PlanRequest) -> bool:

@@ -96,18 +96,18 @@ def print_plan(plan: Any) -> None:
         sj = plan.source_job
         print(f"the TPU job: {sj['devices']} devices of {fmt_bytes(sj['hbm_bytes_per_device'])}, state {sj['sharding']} "
               f"({fmt_bytes(sj['state_bytes_per_device'])} per device: {sj['why']})")
-    print(f"memory budget per GPU: {fmt_bytes(plan.budget_bytes)} ({plan.memory_fraction:.0%} of "
-          f"{fmt_bytes(plan.device_memory_bytes)}, minus a {plan.safety_margin:.0%} margin; device memory: "
-          f"{plan.budget_source})")
     print(f"prediction: {plan.prediction_method} -- {plan.prediction_note}")
+    figures = plan_figures(plan)  # the page's figures, labelled by their provenance
     if plan.status != "ok":
+        for f in figures:
+            print(f"  {f.label()}: {f.shown()}")
         print(f"\nNOT FEASIBLE: {plan.message}")
         return
     print(f"\nplan: {plan.sharding} state, {plan.per_device_batch} per GPU x {plan.gpus} GPU(s) x "
           f"{plan.accumulation_steps} accumulation "
           f"= global batch {plan.global_batch}{'' if plan.global_batch_exact else ' (NOT the requested ' + str(plan.requested_global_batch) + ')'}, "
           f"{plan.precision}, remat {plan.remat}")
-    for f in plan_figures(plan):  # the page's figures, labelled by their provenance
+    for f in figures:
         print(f"  {f.label()}: {f.shown()}")
     for d in plan.decisions:
         print(f"  {d.decision:<20} {d.shown():<14} {d.reason}")
