@@ -119,6 +119,10 @@ def test_plan_run_checklist_compare_and_export_in_chromium(app, tmp_path):
         shoot(page, "codecheck.png", at="#check-button")
 
         page.get_by_role("tab", name="Migrate").click()
+        # A refusal shows beside the buttons (the progress line under them), not only in Gradio's notice
+        page.get_by_label("Global batch").fill("-4")
+        page.get_by_role("button", name="Plan", exact=True).click()
+        page.locator("#progress").get_by_text("Invalid input — global_batch", exact=False).wait_for(timeout=60_000)
         page.get_by_label("Global batch").fill("32")
         page.get_by_label("Steps").fill("6")
         page.get_by_role("button", name="Plan", exact=True).click()

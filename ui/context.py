@@ -10,6 +10,7 @@ import secrets
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import gradio as gr
 
@@ -84,3 +85,10 @@ def said(exc: BaseException) -> str:
     """A refusal as a line for the page, for an event unqueued from it: its error would reach the page as an
     HTTP 500 without its text, so the handler returns this to a message beside the control instead."""
     return f"⚠️ {refusal_text(exc)}"
+
+
+def said_beside(exc: BaseException, others: int) -> tuple[Any, ...]:
+    """A queued event's refusal as its first output's line (the progress line under the buttons), the
+    `others` outputs left as they are: the handler yields this, then raises the error, so that the page
+    shows why beside the control as well as in Gradio's notice, and an API client still gets the error."""
+    return (said(exc), *[gr.skip()] * others)

@@ -60,7 +60,7 @@ def form_inputs(default_target: str) -> tuple[dict[str, Component], dict[str, gr
 
 def result_outputs() -> dict[str, Component]:
     """What a plan, a run and an autotune show, hidden until they have something to show."""
-    o = {"progress": gr.Markdown(label="Progress", show_label=False),
+    o = {"progress": gr.Markdown(label="Progress", show_label=False, elem_id="progress"),
          "comparison": gr.Markdown(visible=False, label="Before and after", show_label=False,
                                    elem_id="before-after-plan")}
     with gr.Row():  # the panel's two charts, beside each other under its table

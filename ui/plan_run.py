@@ -29,7 +29,7 @@ from migration.service.job import Job, LimitError, NotYourJob
 from migration.service.orchestrate import MigrationResult, RunOptions, candidate_text
 from migration.config.fields import FIELD
 from migration.planning.compare import rows as comparison_rows
-from ui.context import AppContext, refuse, said, user_of
+from ui.context import AppContext, refuse, said, said_beside, user_of
 from ui.form import PLAN_FILE, takes_fields
 from ui.frames import (autotune_frame, bar_limits, before_after_frame, checklist_html, comparison_frames, comparison_markdown,
                        curve_frame, decisions_html, loss_frame, memory_chart_has_shape, memory_frame, plan_markdown, ranked_frame, results_frame,
@@ -58,6 +58,7 @@ class JobHandlers:
             # Submitting writes the history: off the event loop, which serves every other page meanwhile.
             job = await asyncio.to_thread(service.submit_plan, user_of(request), req, label=label)
         except (ConfigError, LimitError, HistoryError) as exc:
+            yield said_beside(exc, PLAN_RESULTS + 2)
             raise refuse(exc)
         yield (f"Planning (job #{job.id})…", *cleared(PLAN_RESULTS), gr.skip(), job.id)
         watch = PlanWatch()
@@ -98,6 +99,7 @@ class JobHandlers:
         try:
             job = await self._submit_run(user, plan_dict, code_state, plan_file, values)
         except (ConfigError, PlanError, LimitError, HistoryError, ValueError) as exc:
+            yield said_beside(exc, 11)
             raise refuse(exc)
         watch = RunWatch(note=f"Run job #{job.id}: {self.context.service.budget_line(user)}.\n\n")
         yield (f"Run job #{job.id} submitted…", *cleared(10), job.id)
@@ -142,6 +144,7 @@ class JobHandlers:
         try:
             job = await self._submit_autotune(user, plan_dict, plan_file, values)
         except (ConfigError, PlanError, LimitError, HistoryError, ValueError) as exc:
+            yield said_beside(exc, 3)
             raise refuse(exc)
         yield (f"Autotune job #{job.id} submitted…", *cleared(2), job.id)
         rows: list[dict[str, Any]] = []

@@ -33,7 +33,7 @@ from migration.hardware import GPU_SPECS
 from migration.results import memory_provenance
 from migration.service.history import HistoryError
 from migration.service.job import Job, LimitError
-from ui.context import AppContext, refuse, user_of
+from ui.context import AppContext, refuse, said_beside, user_of
 from ui.frames import checklist_html, whole_axis
 from ui.tables import shaped, table
 from ui.migrate import presets_of
@@ -217,6 +217,7 @@ class ServeHandlers:
             label = forms.parse(FIELD["label"], label)
             job = await asyncio.to_thread(service.submit_serve_plan, user, req, label=label)
         except (ConfigError, LimitError, HistoryError) as exc:
+            yield said_beside(exc, len(OUTPUTS) + 1)
             raise refuse(exc)
         async with contextlib.aclosing(self._stream(job, user, "serve-plan", "serving plan",
                                                     f"Compiling for {GPU_SPECS[req.target].name}",
@@ -248,6 +249,7 @@ class ServeHandlers:
             job = await asyncio.to_thread(service.submit_serve_run, user, req, label=label,
                                           memory_fraction=memory_fraction)
         except (ConfigError, LimitError, HistoryError) as exc:
+            yield said_beside(exc, len(OUTPUTS) + 1)
             raise refuse(exc)
         async with contextlib.aclosing(self._stream(job, user, "serve-run", "serving run",
                                                     "Serving on this machine", code_state=code_state,
