@@ -249,6 +249,35 @@ def test_a_user_sees_compares_and_exports_only_their_own_runs(box, alice, bob, a
     assert "alice" not in csv and "secret" not in csv
 
 
+def test_the_pages_history_buttons_show_bob_only_a_refusal_for_alices_runs(box, alice, alices_run):
+    """The History buttons' page twins (unqueued, answering in a message, never a 500) read through the
+    same scope as the API: bob calling them as the page does, with alice's ids, gets his own nothing."""
+    server = box["auth"]
+    alices = [row[0] for row in alice.predict(*HISTORY_ARGS, api_name="/history")["data"]
+              if row[3] == "alice-secret-run"]
+    assert alices
+    cookies = login_cookies(server, "bob")
+
+    def page(api: str, data: list[Any]) -> tuple[int, Any]:
+        r = httpx.post(f"{server.url}gradio_api/run/predict", cookies=cookies, timeout=60,
+                       json={"data": data, "fn_index": _fn_index(server, cookies, api),
+                             "session_hash": f"bob-{os.urandom(6).hex()}"})
+        return r.status_code, r.json()
+
+    ids = ",".join(map(str, alices))
+    status, out = page("page_compare", [ids, "mine"])
+    assert status == 200 and "the selection has 0 run" in out["data"][0] and "alice" not in json.dumps(out)
+    status, out = page("page_history", ["everyone", "all", "all", "all"])
+    assert status == 200 and "everyone's history is open only" in out["data"][1]
+    status, out = page("page_export", [ids, "mine"])
+    assert status == 200 and out["data"][1].startswith("Exported")
+    exported = out["data"][0]
+    path = Path((exported.get("value") or exported)["path"])
+    assert "alice" not in path.read_text() and "secret" not in path.read_text()
+    status, out = page("page_compare", ["3,x", "mine"])  # not ids: said, not a 500
+    assert status == 200 and "must be run ids" in out["data"][0]
+
+
 def test_exports_have_unguessable_names_and_are_served_to_their_owner_only(box, alice, alices_run):
     server = box["auth"]
     report = Path(value(alices_run[3]))

@@ -381,6 +381,16 @@ def test_code_check_reads_pasted_and_uploaded_source_without_running_it(client, 
     assert [p.name for p in targets if p.exists()] == []
 
 
+@pytest.mark.parametrize("kind", ["train", "../serving", "", 3, ["serving"]])
+def test_code_check_refuses_a_kind_it_does_not_know_naming_the_two(client, kind):
+    """What the code is decides which checklist grades from it: any other value is refused in one line naming
+    the two (by the radio's own check, then the handler's), before a worker reads the code."""
+    with pytest.raises(AppError) as err:
+        client.predict("import jax\n", None, kind, api_name="/code_check")
+    message = str(err.value)
+    assert "'training', 'serving'" in message and "Traceback" not in message, message
+
+
 def test_code_check_refuses_an_oversized_paste_naming_the_limit(client):
     text = "x = 1\n" * 200_000  # 1.2 MB
     with pytest.raises(AppError) as err:
