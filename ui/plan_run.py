@@ -271,6 +271,7 @@ class RunWatch:
     sent_at: float = 0.0
     plot: Any = None  # the live loss plot: None until drawn, then left as drawn between redraws
     planning_said: bool = False
+    stepped: bool = False  # a step's progress line was sent: later ones wait their turn
 
     def line(self, text: str, loss_plot: Any = None) -> tuple[Any, ...]:
         return (text, None, self.plot if loss_plot is None else loss_plot, *[None] * 8, gr.skip())
@@ -295,9 +296,11 @@ class RunWatch:
         for run in list(job.curves):  # the loss values not drawn yet: increments, never the whole curve again
             self.curves.setdefault(run, []).extend(job.curve(run, len(self.curves.get(run, []))))
         now = time.monotonic()
-        if now - self.sent_at < PROGRESS_EVERY_S:
+        first_step = ev.get("worker_event", {}).get("event") == "step" and not self.stepped
+        if now - self.sent_at < PROGRESS_EVERY_S and not first_step:  # the first step's line is never held back
             return None
         self.sent_at = now
+        self.stepped = self.stepped or first_step
         redraw = None
         if now - self.drawn_at >= PLOT_EVERY_S:
             losses = curve_frame(self.curves)
