@@ -1,9 +1,14 @@
 """The protocol every workload follows, and the pieces they share.
 
-A workload owns four things: a frozen config per preset, a Flax NNX model builder, a synthetic
-data generator with fixed shapes whose labels follow a rule the model can learn, and its cost
-(parameter count and analytic training FLOPs per example). The training step in `migration/`
-knows nothing else about a model.
+What a workload must say is what only its author knows: how to make the model (a Flax NNX builder;
+the other styles, Linen, Haiku, Equinox and plain functions, are adapters in `workloads/` that make
+one), the loss of a batch, and the batch's shapes and dtypes. Everything else has a default read
+from the program JAX traces of that loss (`workloads/derive.py`): the parameter count from the
+parameter tree, the FLOPs per example from its matrix products, the activations it keeps for the
+backward pass, the activations it names, the tokens per example from the batch. A workload may
+override any of them with an analytic count (the built-in families do: tests compare the two), and
+may give a synthetic batch whose labels follow a rule the model can learn (the default draws random
+values of the batch's shapes). The training step in `migration/` knows nothing else about a model.
 
 Precision and rematerialisation reach a model only as two arguments of `build`: the compute dtype
 (parameters stay in float32) and `block_wrap`, a function applied to each block's call (identity
@@ -14,6 +19,8 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import functools
+import inspect
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
@@ -28,6 +35,18 @@ BlockWrap = Callable[[Callable[..., Any]], Callable[..., Any]]
 def no_wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
     """The `block_wrap` for "no rematerialisation"."""
     return fn
+
+
+@dataclasses.dataclass(frozen=True)
+class Remat:
+    """The `block_wrap` of a remat policy: `nnx.remat` of a block's call with the `jax.checkpoint`
+    policy `policy` (None: save nothing). Adapters of other styles read `policy` and wrap in their
+    own way (`hk.remat`, `nn.remat`, `jax.checkpoint`)."""
+
+    policy: Callable[..., bool] | None = None
+
+    def __call__(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        return nnx.remat(fn, policy=self.policy)
 
 
 def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
@@ -109,6 +128,11 @@ class Workload(abc.ABC):
     checkpoint_names: ClassVar[tuple[str, ...]] = ()
     # Whether `tensor_parallel_spec` splits any weight (a layout with +tpT applies only then).
     tensor_parallel: ClassVar[bool] = False
+    # Whether each `block_wrap`ped call takes an NNX block first (FSDP then gathers that block's
+    # weights inside the wrap); adapters of other styles wrap plain functions and say False.
+    gathers_in_blocks: ClassVar[bool] = True
+    # Whether the model's products are `nnx.Linear` layers, which the fp8 recipes replace.
+    fp8_linears: ClassVar[bool] = True
 
     def tensor_parallel_spec(self, path: tuple[str, ...], shape: tuple[int, ...], shards: int,
                              axis: str) -> jax.sharding.PartitionSpec:
@@ -144,28 +168,61 @@ class Workload(abc.ABC):
     def batch_shapes(self, cfg: Any, batch_size: int) -> dict[str, jax.ShapeDtypeStruct]:
         """Shapes and dtypes of one batch (fixed: no shape ever depends on the data)."""
 
-    @abc.abstractmethod
     def make_batch(self, cfg: Any, key: jax.Array, batch_size: int) -> Batch:
-        """A synthetic batch drawn from a fixed, learnable distribution. Jittable."""
+        """A synthetic batch of `batch_shapes`: floats drawn from a unit Gaussian, integers uniform
+        in [0, `value_high`). Jittable. A workload whose labels should follow a learnable rule
+        overrides it."""
+        shapes = self.batch_shapes(cfg, batch_size)
+        keys = jax.random.split(key, max(1, len(shapes)))
+        out = {}
+        for k, (name, s) in zip(keys, sorted(shapes.items())):
+            if jnp.issubdtype(s.dtype, jnp.floating):
+                out[name] = jax.random.normal(k, s.shape, jnp.float32).astype(s.dtype)
+            elif s.dtype == jnp.bool_:
+                out[name] = jax.random.bernoulli(k, 0.5, s.shape)
+            else:
+                out[name] = jax.random.randint(k, s.shape, 0, self.value_high(cfg, name), s.dtype)
+        return out
+
+    def value_high(self, cfg: Any, name: str) -> int:
+        """Integer entries of the default synthetic batch lie in [0, value_high) (e.g. a vocabulary)."""
+        return 2
 
     @abc.abstractmethod
     def loss(self, model: nnx.Module, batch: Batch) -> jax.Array:
         """Scalar float32 training loss (mean over the batch)."""
 
-    @abc.abstractmethod
-    def param_count(self, cfg: Any) -> int:
-        """Analytic number of trainable parameters."""
+    # -- what the program says (defaults; a workload may override each with an analytic count) ----
+    def facts(self, cfg: Any) -> "ModelFacts":
+        """Parameters, FLOPs, activations and names read from the traced loss (cached per config)."""
+        return _facts(self, cfg)
 
-    @abc.abstractmethod
+    def param_count(self, cfg: Any) -> int:
+        """Trainable parameters: by default the elements of the parameter tree."""
+        return self.facts(cfg).params
+
     def flops_per_example(self, cfg: Any) -> float:
-        """Analytic model FLOPs of one training example: forward plus backward (3x forward).
+        """Model FLOPs of one training example: forward plus backward (about 3x forward). By default the
+        traced program's matrix products and their gradients (`workloads/derive.py`).
 
         Recomputation by rematerialisation is not counted, so MFU stays comparable across policies.
         """
+        return self.facts(cfg).train_flops
 
-    @abc.abstractmethod
     def activation_profile(self, cfg: Any) -> "ActivationProfile":
-        """Rough activation sizes per example, for the planner's analytic fallback estimate."""
+        """Rough activation sizes per example, for the planner's analytic fallback estimate. By
+        default what the backward pass of the traced loss keeps, as one block."""
+        f = self.facts(cfg)
+        return ActivationProfile(per_block=float(f.residuals), block_input=float(f.inputs), n_blocks=1)
+
+    def remat_unavailable(self, remat: str, saved_names: tuple[str, ...] = ()) -> str | None:
+        """Why the remat policy `remat` (saving the activations `saved_names`) does not apply to this
+        workload, or None where it does: a named policy needs the model to tag those activations."""
+        missing = [n for n in saved_names if n not in self.checkpoint_names]
+        if missing:
+            return (f"{self.name} tags no activation {', '.join(missing)} with checkpoint_name "
+                    f"(it tags {', '.join(self.checkpoint_names) or 'none'})")
+        return None
 
     def forward_flops_by_part(self, cfg: Any) -> dict[str, float]:
         """Forward FLOPs per example of the blocks, by part, for the cost of recomputing them
@@ -173,7 +230,12 @@ class Workload(abc.ABC):
         return {"block": self.flops_per_example(cfg) / 3}
 
     def tokens_per_example(self, cfg: Any) -> int | None:
-        """Tokens in one example, for tokens/s; None where the notion does not apply."""
+        """Tokens in one example, for tokens/s; None where the notion does not apply. By default the
+        length of the batch's first integer entry of one example that is a sequence (rank 2 with the
+        batch axis), e.g. token ids; None where there is none."""
+        for _, s in sorted(self.batch_shapes(cfg, 1).items()):
+            if len(s.shape) == 2 and jnp.issubdtype(s.dtype, jnp.integer):
+                return int(s.shape[1])
         return None
 
     def rows_per_example(self, cfg: Any) -> int:
@@ -189,6 +251,14 @@ class Workload(abc.ABC):
 
     def describe(self, cfg: Any) -> dict[str, Any]:
         return {"workload": self.name, **dataclasses.asdict(cfg)}
+
+    def code_files(self) -> list[str]:
+        """The source files of the model's code (an edit to them compiles anew): its class's module."""
+        try:
+            source = inspect.getsourcefile(type(self))
+        except TypeError:
+            source = None
+        return [source] if source else []
 
 
 @dataclasses.dataclass(frozen=True)
@@ -225,3 +295,68 @@ def prototype_classification_batch(
     labels = jax.random.randint(k_label, (batch_size,), 0, num_classes, dtype=jnp.int32)
     x = signal * prototypes[labels] + jax.random.normal(k_noise, (batch_size, *shape), jnp.float32)
     return {"x": x, "label": labels}
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelFacts:
+    """What the traced loss of one config says (`workloads/derive.py`): parameters (elements and
+    float32 bytes), forward and training FLOPs per example, elements the backward pass keeps per example
+    (`residuals`) and the batch's elements per example (`inputs`), the activations it tags with
+    `checkpoint_name`, the typical output width of its products, and while loops of unknown length."""
+
+    params: int
+    param_bytes: int
+    forward_flops: float
+    train_flops: float
+    residuals: int
+    inputs: int
+    names: tuple[str, ...]
+    width: int
+    unknown_loops: int
+
+
+def check_batch_spec(spec: Any, where: str) -> dict[str, jax.ShapeDtypeStruct]:
+    """`spec` as a dict of `jax.ShapeDtypeStruct`, or ModelConfigError naming what is wrong."""
+    if not isinstance(spec, Mapping) or not spec:
+        raise ModelConfigError("batch", f"{where} gave {type(spec).__name__}, not a dict of name -> "
+                                        "jax.ShapeDtypeStruct(shape, dtype)")
+    out = {}
+    for name, s in spec.items():
+        if not isinstance(s, jax.ShapeDtypeStruct):
+            raise ModelConfigError("batch", f"entry {name!r} is a {type(s).__name__}, not a jax.ShapeDtypeStruct")
+        if not (jnp.issubdtype(s.dtype, jnp.number) or s.dtype == jnp.bool_):
+            raise ModelConfigError("batch", f"entry {name!r} has dtype {s.dtype}: allowed are float, integer and bool")
+        out[str(name)] = s
+    return out
+
+
+def check_loss_value(out: Any, where: str) -> None:
+    """ModelConfigError unless `out` (abstract) is a floating scalar."""
+    shape, dtype = getattr(out, "shape", None), getattr(out, "dtype", None)
+    if shape is None or dtype is None:
+        raise ModelConfigError("loss", f"{where} returns a {type(out).__name__}, not a scalar array")
+    if tuple(shape) != () or not jnp.issubdtype(dtype, jnp.floating):
+        raise ModelConfigError("loss", f"{where} returns {dtype}{list(shape)}, not a floating scalar (reduce it "
+                                       "over the batch, e.g. with .mean())")
+
+
+@functools.lru_cache(maxsize=64)
+def _facts(workload: Workload, cfg: Any) -> ModelFacts:
+    from workloads import derive  # reason: only the derived defaults need the program reader
+
+    model = nnx.eval_shape(lambda: workload.build(cfg, dtype=jnp.float32, block_wrap=no_wrap, rngs=nnx.Rngs(0)))
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    where = f"{workload.name}'s loss"
+
+    def loss_of(p: Any, r: Any, batch: Batch) -> jax.Array:
+        return workload.loss(nnx.merge(graphdef, p, r, copy=True), batch)
+
+    batches = [check_batch_spec(workload.batch_shapes(cfg, n), f"{workload.name}'s batch_shapes") for n in (1, 2)]
+    check_loss_value(jax.eval_shape(loss_of, params, rest, batches[0]), where)
+    program = derive.read_program(loss_of, params, rest, batches[0])
+    kept = [derive.residual_elements(loss_of, params, rest, b) for b in batches]
+    return ModelFacts(
+        params=derive.count_elements(params), param_bytes=derive.count_bytes(params),
+        forward_flops=program.flops, train_flops=program.train_flops, residuals=max(0, kept[1] - kept[0]),
+        inputs=derive.count_elements(batches[1]) - derive.count_elements(batches[0]),
+        names=tuple(sorted(program.names)), width=program.typical_width(), unknown_loops=program.unknown_loops)

@@ -100,7 +100,8 @@ def model_overrides(args: argparse.Namespace) -> dict[str, Any]:
     except (KeyError, ValueError):
         args.preset = args.preset or "tiny"  # validation names the unknown workload
         return out
-    args.preset = args.preset or (workload.custom_base if out else "tiny")
+    args.preset = args.preset or (workload.custom_base if out else "tiny" if "tiny" in workload.presets
+                                  else workload.default_preset)
     base = workload.presets.get(args.preset)
     if base is None or args.workload not in (None, *WORKLOADS):
         return out

@@ -172,10 +172,14 @@ def check_precision_platform(cfg: Any, platform: str) -> None:
                                        "use fp8 (per-tensor scaling, emulated there)")
 
 
+def remat_unavailable(workload: Any, remat: str) -> str | None:
+    """Why `remat` does not apply to `workload` (a named policy needs the model to tag the activations it
+    saves; an adapter's model may name no blocks to recompute), or None where it does."""
+    return workload.remat_unavailable(remat, REMAT_NAMED.get(remat, ()))
+
+
 def remat_applies(workload: Any, remat: str) -> bool:
-    """Whether `remat` means something for `workload`: a named policy needs the model to tag the
-    activations it saves."""
-    return set(REMAT_NAMED.get(remat, ())) <= set(getattr(workload, "checkpoint_names", ()))
+    return remat_unavailable(workload, remat) is None
 
 
 def check_remat_applies(obj: Any) -> None:
@@ -183,10 +187,10 @@ def check_remat_applies(obj: Any) -> None:
     from workloads import resolve_workload
 
     workload = resolve_workload(obj.workload)
-    if not remat_applies(workload, obj.remat):
+    why = remat_unavailable(workload, obj.remat)
+    if why:
         usable = ", ".join(r for r in REMAT_NAMES if remat_applies(workload, r))
-        raise ConfigError("remat", f"{obj.remat} saves activations that {obj.workload} does not name "
-                                   f"({', '.join(REMAT_NAMED[obj.remat])}); allowed for it: {usable}")
+        raise ConfigError("remat", f"{obj.remat} does not apply to {obj.workload}: {why}; allowed for it: {usable}")
 
 
 def validate(cfg: RunConfig) -> RunConfig:

@@ -23,7 +23,6 @@ import functools
 import gzip
 import hashlib
 import importlib.metadata
-import inspect
 import json
 import os
 from collections.abc import Iterable, Iterator
@@ -79,23 +78,22 @@ def package_versions() -> list[tuple[str, str | None]]:
 
 
 def workload_fingerprint(workload: Any) -> str:
-    """sha256 over the source of the module that defines `workload`'s class and the Python files beside
-    it (a team's model is often split over a package): an edited team model compiles anew, whether
-    registered through an entry point or named as module:OBJECT. Read each time: a file edited while
-    the server runs must not keep its old figures."""
-    digest = hashlib.sha256()
-    try:
-        source = inspect.getsourcefile(type(workload))
-    except TypeError:
-        source = None
-    if source is None:
+    """sha256 over the source of the modules that define `workload`'s model (its class's module, and for a
+    model brought through an adapter, the modules of the functions and classes the user gave it:
+    `Workload.code_files`) and the Python files beside each (a team's model is often split over a
+    package): an edited team model compiles anew, whether registered through an entry point or named as
+    module:OBJECT. Read each time: a file edited while the server runs must not keep its old figures."""
+    sources = workload.code_files() if hasattr(workload, "code_files") else []
+    if not sources:
         return "no-source"
-    here = Path(source)
-    for path in [here] + sorted(p for p in here.parent.glob("*.py") if p != here):
-        try:
-            digest.update(path.name.encode() + b"\0" + path.read_bytes())
-        except OSError:
-            continue
+    digest = hashlib.sha256()
+    for source in dict.fromkeys(sources):
+        here = Path(source)
+        for path in [here] + sorted(p for p in here.parent.glob("*.py") if p != here):
+            try:
+                digest.update(path.name.encode() + b"\0" + path.read_bytes())
+            except OSError:
+                continue
     return digest.hexdigest()[:16]
 
 

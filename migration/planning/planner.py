@@ -24,8 +24,8 @@ from typing import Any
 
 from migration.common import ConfigError, fmt_gib, fmt_seconds
 from migration.config.layouts import parse_layout
-from migration.config.limits import LIMITS, REMAT_NAMED
-from migration.config.requests import PlanRequest, check_fp8_target, remat_applies
+from migration.config.limits import FP8_PRECISIONS, LIMITS, REMAT_NAMED
+from migration.config.requests import PlanRequest, check_fp8_target, remat_applies, remat_unavailable
 from migration.hardware import host_link_bandwidth
 from migration.planning import plan_record, steptime
 from migration.planning.capability import fp8_recipe, planned_model
@@ -60,7 +60,14 @@ def plan_migration(req: PlanRequest, emit: Emit) -> Plan:
     elif precision == "mxfp8" and target.platform == "cpu":
         raise ConfigError("precision", "mxfp8 (block-scaled, cuDNN) needs a Blackwell GPU; this machine plans on the "
                                        "CPU backend: use fp8 (per-tensor scaling, emulated there)")
+    workload = get_workload(req.workload)
+    if precision in FP8_PRECISIONS and not workload.fp8_linears:
+        raise ConfigError("precision", f"{precision} replaces nnx.Linear products, and {req.workload} has none (its "
+                                       "style's products are its own): use bf16 or fp16")
     fp8, fp8_why = fp8_recipe(target) if req.allow_fp8 and not req.precision else (None, "")
+    if fp8 is not None and not workload.fp8_linears:
+        fp8, fp8_why = None, (f"allowed, but {req.workload}'s products are not nnx.Linear layers, which the fp8 "
+                              "recipes replace")
     if fp8 is None:
         plan = _plan_in(req, emit, target, t0, precision)
         if req.allow_fp8:
@@ -116,12 +123,16 @@ class Planner:
         self.cost = self._cost_model(w, cfg)
         # Policies that apply: the named ones only to a model that names their activations.
         self.policies = [r for r in REMAT_ORDER if remat_applies(w, r)]
+        not_applied = {r: remat_unavailable(w, r) for r in REMAT_ORDER if r not in self.policies}
         predictor.budget = target.budget_bytes
         self.needed = math.ceil(req.global_batch / req.gpus)
         self.limit = min(self.needed, req.max_per_device_batch)
         candidates = batch_candidates(self.limit, req.granularity)
         self.candidates = exact_candidates(candidates, req.global_batch, req.gpus) or candidates
         self.decisions = [Decision("precision", self.precision, plan_record.precision_reason(req, target))]
+        if not_applied and not req.remat:
+            self.decisions.append(Decision("remat_not_offered", ", ".join(not_applied), "; ".join(
+                f"{r}: {why}" for r, why in not_applied.items())))
         if attention:
             self.decisions.append(attention)
         self.per_node = req.domain  # layouts keep their groups inside a link domain (a node, or an NVL72 rack)

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from migration.config.limits import REMAT_NAMED
-from workloads.base import BlockWrap, no_wrap
+from workloads.base import BlockWrap, Remat, no_wrap
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,7 +63,7 @@ class RematPolicy:
     def block_wrap(self) -> BlockWrap:
         if not self.enabled:
             return no_wrap
-        return lambda fn: nnx.remat(fn, policy=self.checkpoint_policy)
+        return Remat(self.checkpoint_policy)
 
 
 _cp = jax.checkpoint_policies

@@ -130,7 +130,7 @@ class TrainProgram:
         every example on every GPU (a GPT with a 50,304-word vocabulary on 256 GPUs did). Under
         tensor parallelism the gathered weights keep their tensor split."""
         remat = self.remat.block_wrap()
-        if not parse_layout(self.sharding).shards_state() or mesh is None:
+        if not parse_layout(self.sharding).shards_state() or mesh is None or not self.workload.gathers_in_blocks:
             return remat
         dtype = self.precision.compute_dtype
         by_example = NamedSharding(mesh, P(batch_axes(mesh)))
