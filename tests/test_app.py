@@ -32,6 +32,18 @@ def run_args(steps, *, compare=False, profile=False, fp32=False, pmap=False, sca
             restore_checkpoint)
 
 
+def test_an_uploaded_config_plans_its_model_and_its_tpu_job(app):
+    """A MaxText yaml uploaded beside the form: its model and its job (2 per device on the v5p-8's 4 devices,
+    256 tokens) replace the form's defaults; the keys it does not model are listed with the decisions."""
+    form = list(FORM)
+    form[2], form[3], form[6] = "tpu-v5p-8", 256, "local"  # 256: the form's default global batch, so the file's
+    config = ROOT / "tests" / "fixtures" / "configs" / "maxtext" / "tiny-decoder-v5p.yml"
+    outputs = app.client.predict(*form, "", config_file=gradio_client.handle_file(str(config)), api_name="/plan")
+    markdown, decisions = value(outputs[5]), value(outputs[8])
+    assert "llama" in markdown and "global batch 8" in markdown.replace(",", ""), markdown
+    assert 'data-decision="imported_config"' in decisions and "remat_policy=minimal" in decisions
+
+
 def test_plan_streams_each_compile_then_the_plan(app):
     job = app.client.submit(*FORM, "", api_name="/plan")
     progress, comparison, time_plot, cost_plot, comparison_csv, markdown, memory, ranked, decisions = [

@@ -129,9 +129,10 @@ RUN_OPTIONS = {"plan_file": None, "steps": 3, "learning_rate": 0.003, "compare_t
                "fp32_reference": False, "pmap_before": False, "scaling": False}
 INPUTS = {
     "/plan": [*FORM, "label", "network_gbps", "attention", "layer_loop", "train_tokens", "prices", "source_slices",
-              "tpu_step_ms", "allow_fp8"],
+              "tpu_step_ms", "allow_fp8", "config_file"],
     "/run": [*RUN_OPTIONS, *FORM, "label", "save_checkpoint", "restore_checkpoint", "seed", "network_gbps",
-             "attention", "layer_loop", "train_tokens", "prices", "source_slices", "tpu_step_ms", "allow_fp8"],
+             "attention", "layer_loop", "train_tokens", "prices", "source_slices", "tpu_step_ms", "allow_fp8",
+             "config_file"],
     "/history": ["scope", "kind", "workload", "status"],  # workload: "transformer" is a valid filter too
     "/compare": ["ids", "scope"],
     "/export_csv": ["ids", "scope"],
@@ -140,8 +141,22 @@ INPUTS = {
 }
 DEFAULTS = {**FORM, **RUN_OPTIONS, "label": "", "save_checkpoint": "", "restore_checkpoint": "", "scope": "mine", "kind": "all", "status": "all", "ids": "1,2",
             "job_id": "1", "seed": 0, "tpu_step_ms": 0.0, "network_gbps": 0.0, "attention": "auto", "layer_loop": "scan",
-            "train_tokens": 1e12, "prices": "", "source_slices": 1, "allow_fp8": False}
+            "train_tokens": 1e12, "prices": "", "source_slices": 1, "allow_fp8": False, "config_file": None}
 NOT_A_PLAN = object()  # replaced by an uploaded JSON file that is not a plan
+# configs uploaded in place of the form's model: file name -> content (replaced by the uploaded file)
+CONFIG_UPLOADS = {
+    "moe.json": '{"model_type": "mixtral", "num_local_experts": 8, "hidden_size": 4096}',
+    "bomb.yml": "a: &a [x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]\nc: [*b, *b, *b, *b]\n"
+                "model_name: llama2-7b\n",
+    "tag.yml": "model_name: !!python/object/apply:os.system [touch /tmp/pwned]\n",
+    "notes.yml": "hello: world\nsteps: 3\n",
+    "wrong-type.yml": "model_name: llama2-7b\nper_device_batch_size: four\n",
+    "big.json": "{" + " " * 70_000 + "}",
+}
+
+
+class Upload(str):
+    """A value of the case that is uploaded as a file of this name (CONFIG_UPLOADS)."""
 WHOLE = "must be a whole number from 1 to"
 SERVER_STEPS = f"from 1 to {MAX_STEPS} (this server's per-user limit)"
 IDS = "run ids from the History table separated by commas, like 3,5"
@@ -269,6 +284,15 @@ BAD = [
     Bad("run-label-200-chars", "/run", {"label": "y" * 200}, "label", "at most 80 characters"),
     Bad("run-plan-file-not-a-plan", "/run", {"plan_file": NOT_A_PLAN}, "plan_file",
         "python -m migration plan --json"),
+    Bad("plan-config-moe", "/plan", {"config_file": Upload("moe.json")}, "config_file", "num_local_experts=8"),
+    Bad("plan-config-yaml-alias-bomb", "/plan", {"config_file": Upload("bomb.yml")}, "config_file", "alias"),
+    Bad("plan-config-python-tag", "/plan", {"config_file": Upload("tag.yml")}, "config_file", "neither JSON nor YAML"),
+    Bad("plan-config-neither-format", "/plan", {"config_file": Upload("notes.yml")}, "config_file",
+        "neither a Hugging Face config.json"),
+    Bad("plan-config-wrong-type", "/plan", {"config_file": Upload("wrong-type.yml")}, "config_file",
+        "per_device_batch_size: expected a number"),
+    Bad("plan-config-too-big", "/plan", {"config_file": Upload("big.json")}, "config_file", "over 64 KiB"),
+    Bad("run-config-moe", "/run", {"config_file": Upload("moe.json")}, "config_file", "mixture-of-experts"),
     Bad("run-save-checkpoint-absolute", "/run", {"save_checkpoint": "/etc/cron.d"}, "save_checkpoint",
         "absolute paths are not allowed"),
     Bad("run-restore-checkpoint-dotdot", "/run", {"restore_checkpoint": "../../home"}, "restore_checkpoint",
@@ -308,8 +332,17 @@ def not_a_plan(tmp_path_factory) -> str:
     return str(path)
 
 
+@pytest.fixture(scope="module")
+def uploads(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("configs")
+    for name, text in CONFIG_UPLOADS.items():
+        (folder / name).write_text(text)
+    return folder
+
+
 @pytest.mark.parametrize("case", _params())
-def test_bad_input_is_refused_naming_the_field(case: Bad, server, client, entries_before_bad_input, not_a_plan):
+def test_bad_input_is_refused_naming_the_field(case: Bad, server, client, entries_before_bad_input, not_a_plan,
+                                               uploads):
     values = {**DEFAULTS, **case.values}
     args = [values[name] for name in INPUTS[case.api]]
     if case.http:
@@ -327,7 +360,8 @@ def test_bad_input_is_refused_naming_the_field(case: Bad, server, client, entrie
         assert event == "error", (event, message)
         _check_refusal(case, str(message))
         return
-    args = [handle_file(not_a_plan) if a is NOT_A_PLAN else a for a in args]
+    args = [handle_file(not_a_plan) if a is NOT_A_PLAN else handle_file(str(uploads / a)) if isinstance(a, Upload)
+            else a for a in args]
     with pytest.raises(AppError) as err:
         client.predict(*args, api_name=case.api)
     _check_refusal(case, str(err.value))

@@ -2,7 +2,7 @@
 
 Each style is tried on a tiny instance of a real public model of that style (tests/fixtures/your_models/:
 flax's lm1b Transformer in Linen, dm-haiku's example transformer, a GPT-2 in Equinox, JAX's MNIST
-classifier from scratch as plain functions): its parameter count is the tree's and the hand count's,
+classifier from scratch as plain functions, the CNN of flax's NNX MNIST tutorial): its parameter count is the tree's and the hand count's,
 its FLOPs (read from the traced program, and from the compiled step by `planning/hlo_cost.py`) within 5%
 of a count worked out by hand; it is planned for a catalog GPU and a TPU slice and run three steps on
 this machine through the command line; the migration decisions (precision, FSDP, tensor parallelism by
@@ -38,7 +38,7 @@ from workloads.base import ModelConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 STYLES = {"functional": "functional_mlp", "linen": "linen_lm1b", "haiku": "haiku_transformer",
-          "equinox": "equinox_gpt"}
+          "equinox": "equinox_gpt", "nnx": "nnx_cnn"}
 
 
 def fixture(style: str):
@@ -70,6 +70,9 @@ def tree_params(style: str) -> int:
         import haiku as hk
         t = hk.transform(lambda b: m.loss(b, block_wrap=lambda f: f))
         tree = jax.eval_shape(t.init, key, {"tokens": jnp.zeros((1, m.T), jnp.int32)})
+    elif style == "nnx":
+        from flax import nnx
+        tree = nnx.state(nnx.eval_shape(lambda: m.CNN(rngs=nnx.Rngs(0))), nnx.Param)
     else:
         import equinox as eqx
         tree = eqx.filter(eqx.filter_eval_shape(m.GPT, key),
@@ -89,18 +92,20 @@ def test_a_models_parameters_and_flops_come_from_its_program(style):
     compiled = jit_step(p, mesh).lower(abstract_state(p, mesh), abstract_batch(p, mesh)).compile()
     compiled_flops = sum(k.flops for k in hlo_cost.read_program(compiled.as_text())) / 4
     assert compiled_flops == pytest.approx(m.HAND_TRAIN_FLOPS, rel=0.05)
-    assert w.tokens_per_example(cfg) == (None if style == "functional" else 32)
+    assert w.tokens_per_example(cfg) == (None if style in ("functional", "nnx") else 32)
 
 
 @pytest.mark.parametrize("name", ["mlp", "cnn", "transformer", "llama"])
 def test_a_built_in_familys_analytic_counts_agree_with_its_program(name):
-    """The built-in families keep their analytic counts as overrides; the program says the same (the CNN's
-    analytic count also charges the first convolution's input gradient, which the step never computes)."""
+    """The built-in families keep their analytic counts as overrides; the program says the same, exactly for
+    the dense families. The CNN's analytic count follows the usual convention of charging every tap of a
+    convolution, padding included, and the first convolution's input gradient; the program does neither
+    (on the tiny preset's small images that is 8% fewer)."""
     w = WORKLOADS[name]
     cfg = w.config("tiny")
     facts = w.facts(cfg)
     assert w.param_count(cfg) == facts.params
-    assert facts.train_flops == pytest.approx(w.flops_per_example(cfg), rel=0.05)
+    assert facts.train_flops == pytest.approx(w.flops_per_example(cfg), rel=0.10 if name == "cnn" else 1e-9)
     assert facts.train_flops <= w.flops_per_example(cfg) * (1 + 1e-9)
     assert set(w.checkpoint_names) <= set(facts.names)
 
@@ -110,6 +115,7 @@ def test_a_built_in_familys_analytic_counts_agree_with_its_program(name):
     ("linen", "bf16", "full", "fsdp+tp2"),
     ("haiku", "bf16", "full", "replicated"),
     ("equinox", "bf16", "dots_no_batch", "fsdp+tp2"),
+    ("nnx", "fp16", "none", "fsdp"),
 ])
 def test_migration_decisions_apply_to_a_tree_the_product_did_not_write(style, precision, remat, sharding):
     """float32 masters with the compute dtype at the boundary (fp16 with loss scaling), FSDP on any tree,
@@ -213,7 +219,7 @@ def test_a_model_in_each_style_is_planned_for_a_gpu_and_a_tpu_slice_and_runs_her
     tpu = plan["comparison"]["tpu"]  # the TPU side compiled for the v5p-8 slice, without the chips
     assert "compiled TPU program" in tpu["step_source"] and tpu["peak_bytes_per_device"] > 0
     decisions = {d["decision"]: d for d in plan["decisions"]}
-    if style in ("functional", "equinox"):  # no block_wrap in their code: full remat is not offered, and why
+    if style in ("functional", "equinox", "nnx"):  # no block_wrap in their code: full remat is not offered, and why
         assert "full" in decisions["remat_not_offered"]["value"]
         assert "block_wrap" in decisions["remat_not_offered"]["reason"]
     run_json = tmp_path / "run.json"

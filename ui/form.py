@@ -22,6 +22,8 @@ PANELS: tuple[tuple[str | None, tuple[str, ...]], ...] = (
     ("Advanced", ("choices", "extra runs", "checkpoint", "autotune")),
 )
 PLAN_FILE = "plan_file"  # not a field: a saved plan the run or autotune uses instead of the form's
+# not a field: a MaxText yaml or Hugging Face config.json whose model (and TPU job) the plan and run take
+CONFIG_FILE = "config_file"
 
 
 def component(f: Field, defaults: dict[str, Any]) -> Component:
@@ -45,6 +47,11 @@ def section_row(section: str, defaults: dict[str, Any]) -> dict[str, Component]:
         if section == "extra runs":
             built[PLAN_FILE] = gr.File(label="…or run a saved plan (JSON from `python -m migration plan --json`)",
                                        file_types=[".json"], type="filepath")
+        if section == "model":
+            built[CONFIG_FILE] = gr.File(label="…or your MaxText yaml or Hugging Face config.json: read as data, it "
+                                               "sets the model (and from MaxText the TPU job); what you change "
+                                               "on the form wins", file_types=[".json", ".yml", ".yaml"],
+                                         type="filepath", elem_id="config-file")
     return built
 
 
@@ -67,10 +74,12 @@ def endpoint_inputs(endpoint: str, leading: tuple[str, ...] = ()) -> tuple[str, 
     return (*leading, *(f.name for f in fields_of(endpoint)))
 
 
-def takes_fields(endpoint: str, leading: tuple[str, ...] = ()) -> Callable[[Callable[..., Any]], Any]:
-    """A streaming handler written as `method(self, *leading_values, values, request)` (`values`: the
-    endpoint's fields by name) is called by Gradio with one positional value per input; its signature
-    names them, with their defaults, so the API does too (`None` for `leading`)."""
+def takes_fields(endpoint: str, leading: tuple[str, ...] = (),
+                 trailing: tuple[str, ...] = ()) -> Callable[[Callable[..., Any]], Any]:
+    """A streaming handler written as `method(self, *leading_values, values, *trailing_values, request)`
+    (`values`: the endpoint's fields by name) is called by Gradio with one positional value per input;
+    its signature names them, with their defaults, so the API does too (`None` for `leading` and
+    `trailing`: an input added after the fields leaves every client's positional call as it was)."""
     names = [f.name for f in fields_of(endpoint)]
 
     def decorate(method: Callable[..., AsyncIterator[Any]]) -> Any:
@@ -78,7 +87,8 @@ def takes_fields(endpoint: str, leading: tuple[str, ...] = ()) -> Callable[[Call
         async def handler(self: Any, *args: Any) -> AsyncIterator[Any]:
             *given, request = args
             head, rest = given[:len(leading)], given[len(leading):]
-            async for update in method(self, *head, dict(zip(names, rest)), request):
+            fields, tail = rest[:len(names)], [*rest[len(names):], *[None] * len(trailing)][:len(trailing)]
+            async for update in method(self, *head, dict(zip(names, fields)), *tail, request):
                 yield update
 
         kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
@@ -86,6 +96,7 @@ def takes_fields(endpoint: str, leading: tuple[str, ...] = ()) -> Callable[[Call
             inspect.Parameter("self", kind),
             *(inspect.Parameter(name, kind, default=None) for name in leading),
             *(inspect.Parameter(f.name, kind, default=f.default) for f in fields_of(endpoint)),
+            *(inspect.Parameter(name, kind, default=None) for name in trailing),
             inspect.Parameter("request", kind, default=None, annotation=gr.Request)])
         handler.__annotations__ = {"request": gr.Request}
         del handler.__wrapped__  # Gradio reads the signature above, not the method's

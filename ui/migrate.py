@@ -14,15 +14,15 @@ import gradio as gr
 from gradio.components import Component
 
 from migration.config.fields import FIELDS
-from ui.form import PLAN_FILE, component, endpoint_inputs, form_rows
+from ui.form import CONFIG_FILE, PLAN_FILE, component, endpoint_inputs, form_rows
 from ui.plan_run import JobHandlers
 from ui.tables import table
 from workloads import WORKLOADS
 
 AUTOTUNE_SHARES = (5, 8, 8, 5, 5, 7, 7, 5, 8, 12, 3)  # ui.frames.autotune_frame's columns
 BEFORE_AFTER_SHARES = (8, 5, 5, 5, 9, 9, 7, 7, 5, 5, 20)  # ui.frames.before_after_frame's
-PLAN_INPUTS = endpoint_inputs("plan")
-RUN_INPUTS = endpoint_inputs("run", leading=(PLAN_FILE,))  # after the two states
+PLAN_INPUTS = (*endpoint_inputs("plan"), CONFIG_FILE)
+RUN_INPUTS = (*endpoint_inputs("run", leading=(PLAN_FILE,)), CONFIG_FILE)  # after the two states
 AUTOTUNE_INPUTS = endpoint_inputs("autotune", leading=(PLAN_FILE,))  # after the plan state
 INPUT_ORDER = tuple(dict.fromkeys((*PLAN_INPUTS, *RUN_INPUTS, *AUTOTUNE_INPUTS)))
 

@@ -19,6 +19,7 @@ import gradio as gr
 from migration.codecheck import CodeCheck
 from migration.common import ConfigError, private_dir, write_csv
 from migration.config import forms
+from migration.config.imported import form_request
 from migration.config.requests import PlanRequest, RunConfig
 from migration.planning.planfile import MAX_PLAN_BYTES, checked_plan, read_plan
 from migration.results import Plan
@@ -30,7 +31,7 @@ from migration.service.orchestrate import MigrationResult, RunOptions, candidate
 from migration.config.fields import FIELD
 from migration.planning.compare import rows as comparison_rows
 from ui.context import AppContext, refuse, said, said_beside, user_of
-from ui.form import PLAN_FILE, takes_fields
+from ui.form import CONFIG_FILE, PLAN_FILE, takes_fields
 from ui.frames import (autotune_frame, bar_limits, before_after_frame, checklist_html, comparison_frames, comparison_markdown,
                        curve_frame, decisions_html, loss_frame, memory_chart_has_shape, memory_frame, plan_markdown, ranked_frame, results_frame,
                        run_headline, scaling_frame)
@@ -49,11 +50,11 @@ class JobHandlers:
     def __init__(self, context: AppContext):
         self.context = context
 
-    @takes_fields("plan")
-    async def do_plan(self, values: dict[str, Any], request: gr.Request):
+    @takes_fields("plan", trailing=(CONFIG_FILE,))
+    async def do_plan(self, values: dict[str, Any], config_file: Any, request: gr.Request):
         service = self.context.service
         try:
-            req = forms.plan_request(**forms.of_fills(values, "plan"))
+            req = form_request(forms.of_fills(values, "plan"), config_file)
             label = forms.parse(FIELD["label"], values["label"])
             # Submitting writes the history: off the event loop, which serves every other page meanwhile.
             job = await asyncio.to_thread(service.submit_plan, user_of(request), req, label=label)
@@ -92,12 +93,12 @@ class JobHandlers:
                 gr.update(value=cost_frame, visible=len(cost_frame) > 0, sort=order, y_lim=bar_limits(cost_frame, "cost_usd")),
                 gr.update(value=str(path), visible=True))
 
-    @takes_fields("run", leading=("plan_dict", "code_state", PLAN_FILE))
+    @takes_fields("run", leading=("plan_dict", "code_state", PLAN_FILE), trailing=(CONFIG_FILE,))
     async def do_run(self, plan_dict: Any, code_state: Any, plan_file: Any, values: dict[str, Any],
-                     request: gr.Request | None):
+                     config_file: Any, request: gr.Request | None):
         user = user_of(request)
         try:
-            job = await self._submit_run(user, plan_dict, code_state, plan_file, values)
+            job = await self._submit_run(user, plan_dict, code_state, plan_file, values, config_file)
         except (ConfigError, PlanError, LimitError, HistoryError, ValueError) as exc:
             yield said_beside(exc, 11)
             raise refuse(exc)
@@ -114,13 +115,13 @@ class JobHandlers:
         yield run_results(job, watch.note)
 
     async def _submit_run(self, user: str, plan_dict: Any, code_state: Any, plan_file: Any,
-                          values: dict[str, Any]) -> Job:
+                          values: dict[str, Any], config_file: Any = None) -> Job:
         """The run job, its every input checked first (ConfigError and the like otherwise): of the saved plan
         when one is given, else of the plan made in this tab for this form, else planned first in the job."""
         limits = self.context.settings.limits
         config, options = forms.run_values(**forms.of_fills(values, "run", "options"), max_steps=limits.max_steps)
         label = forms.parse(FIELD["label"], values["label"])
-        req = forms.plan_request(**forms.of_fills(values, "plan"))
+        req = form_request(forms.of_fills(values, "plan"), config_file)
         if plan_file:
             source: Plan | PlanRequest = read_plan_file(plan_file)
         elif plan_dict and same_job(plan_dict, req):

@@ -5,7 +5,7 @@ read here from the program JAX traces of that loss, at abstract shapes (no alloc
 
 - parameters: the number and bytes of the parameter tree's arrays;
 - FLOPs: every matrix product of the forward pass (`dot_general`, convolutions, `ragged_dot`) counted
-  from its shapes, 2 x output elements x contracted size, a scanned loop as many times as it runs, a
+  from its shapes, 2 x output elements x contracted size (a convolution's taps on padding not counted), a scanned loop as many times as it runs, a
   conditional by its costliest branch; training adds the backward pass (two products per product
   per product), less the gradients nobody needs: an operand that does not depend on the parameters (the
   images of a first layer) gets none, as in the compiled step. Recomputation by a checkpoint is not
@@ -81,12 +81,35 @@ def _product_flops(eqn: Any) -> tuple[float, int]:
         lhs = eqn.invars[0].aval
         return 2.0 * out_elems * math.prod(lhs.shape[d] for d in contract), width
     if name == "conv_general_dilated":
-        rhs = eqn.invars[1].aval
-        out_features = rhs.shape[eqn.params["dimension_numbers"].rhs_spec[0]]
-        return 2.0 * out_elems * math.prod(rhs.shape) / max(1, out_features), int(out_features)
+        return _conv_flops(eqn), int(out.shape[eqn.params["dimension_numbers"].out_spec[1]])
     # ragged_dot: (m, k) x (groups, k, n): every row meets one group's (k, n)
     lhs, rhs = eqn.invars[0].aval, eqn.invars[1].aval
     return 2.0 * math.prod(lhs.shape) * rhs.shape[-1], int(rhs.shape[-1])
+
+
+def _taps(in_size: int, out_size: int, size: int, stride: int, pad_low: int, lhs_dilation: int,
+          rhs_dilation: int) -> int:
+    """(output position, kernel tap) pairs of one spatial dimension that land on an input value (not on
+    padding or between dilated inputs): what a convolution multiplies, counted one by one."""
+    last = (in_size - 1) * lhs_dilation
+    count = 0
+    for o in range(out_size):
+        for k in range(size):
+            at = o * stride - pad_low + k * rhs_dilation
+            count += 0 <= at <= last and at % lhs_dilation == 0
+    return count
+
+
+def _conv_flops(eqn: Any) -> float:
+    """2 x batch x output features x input features per group x the valid (position, tap) pairs of each
+    spatial dimension: exact under padding, strides and dilations."""
+    lhs, rhs, out = eqn.invars[0].aval, eqn.invars[1].aval, eqn.outvars[0].aval
+    p, dn = eqn.params, eqn.params["dimension_numbers"]
+    pairs = 1
+    for i in range(len(dn.out_spec) - 2):
+        pairs *= _taps(lhs.shape[dn.lhs_spec[2 + i]], out.shape[dn.out_spec[2 + i]], rhs.shape[dn.rhs_spec[2 + i]],
+                       p["window_strides"][i], p["padding"][i][0], p["lhs_dilation"][i], p["rhs_dilation"][i])
+    return 2.0 * out.shape[dn.out_spec[0]] * out.shape[dn.out_spec[1]] * rhs.shape[dn.rhs_spec[1]] * pairs
 
 
 def _inner_deps(eqn: Any, sub: Any, deps: list[bool]) -> list[bool]:

@@ -87,10 +87,18 @@ class TransformerConfig:
     # seq_len. With rotary positions it may exceed the training length (Llama 3.1 8B trains here at 2,048
     # and serves 131,072); learned positions serve at most their table, seq_len.
     context: int = 0
+    # Each head's size where a model sets it apart from d_model / n_heads (Gemma's 256, Qwen3's 128): 0 is
+    # d_model / n_heads. The queries then project d_model to n_heads x head_size, the output back.
+    head_size: int = 0
 
     @property
     def head_dim(self) -> int:
-        return self.d_model // self.n_heads
+        return self.head_size or self.d_model // self.n_heads
+
+    @property
+    def q_width(self) -> int:
+        """Width of the queries (and of the attention's output): n_heads x head size."""
+        return self.n_heads * self.head_dim
 
     @property
     def max_context(self) -> int:
@@ -110,12 +118,14 @@ def check_config(cfg: TransformerConfig) -> TransformerConfig:
     for name in ("tied_embeddings", "bias"):
         if not isinstance(getattr(cfg, name), bool):
             raise ModelConfigError(name, f"must be true or false; got {getattr(cfg, name)!r}")
-    if cfg.d_model % cfg.n_heads:
+    if isinstance(cfg.head_size, bool) or not (isinstance(cfg.head_size, int) and 0 <= cfg.head_size <= 1024):
+        raise ModelConfigError("head_size", f"must be an integer from 0 (d_model / n_heads) to 1024; got {cfg.head_size!r}")
+    if not cfg.head_size and cfg.d_model % cfg.n_heads:
         raise ModelConfigError("n_heads", f"must divide d_model ({cfg.d_model}); got {cfg.n_heads}")
     if cfg.n_heads % cfg.n_kv_heads:
         raise ModelConfigError("n_kv_heads", f"must divide n_heads ({cfg.n_heads}); got {cfg.n_kv_heads}")
     if cfg.positions == "rope" and cfg.head_dim % 2:
-        raise ModelConfigError("n_heads", f"rotary positions need an even head size; d_model / n_heads = {cfg.head_dim}")
+        raise ModelConfigError("n_heads", f"rotary positions need an even head size; got {cfg.head_dim}")
     if not (isinstance(cfg.noise, (int, float)) and 0 <= cfg.noise <= 0.5):
         raise ModelConfigError("noise", f"must be a number from 0 to 0.5; got {cfg.noise!r}")
     for name, lo, hi in (("rope_theta", 1, 1e9), ("rope_scaling", 1, 1024), ("rope_low_freq_factor", 0.01, 1000),

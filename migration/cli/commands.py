@@ -33,6 +33,7 @@ from migration.codecheck import CodeCheckError, check_files, check_paths, has_er
 from migration.common import ConfigError, model_name, write_csv
 from migration.config import forms
 from migration.config.fields import AUTO, DIMENSIONS, FIELD, flags_of
+from migration.config.imported import read_config_path, with_imported
 from migration.config.requests import PlanRequest, RunConfig
 from migration.config.serving import MEMORY_FRACTION, serve_request, serve_run_request
 from migration.grading.checklist import to_csv
@@ -215,6 +216,17 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def plan_request(args: argparse.Namespace) -> PlanRequest:
     """The plan flags given (the others: the form's defaults), checked like the form's values; a
     workload may also be a reference (package.module:NAME)."""
+    imported = read_config_path(args.config_from) if getattr(args, "config_from", None) else None
+    if imported is not None:
+        named = {"workload"} if args.workload is not None else set()
+        named |= {"preset"} if args.preset is not None else set()
+        args.workload = args.workload or imported.workload
+        args.preset = args.preset or imported.preset
+        flag_model = {name: forms.parse(FIELD[name], getattr(args, name)) for name in DIMENSIONS
+                      if getattr(args, name) is not None}
+        flag_model = {name: value for name, value in flag_model.items() if value}
+        if args.embeddings not in (None, "preset"):
+            flag_model["tied_embeddings"] = args.embeddings == "tied"
     model = model_overrides(args)
     given = given_fields(args, "plan", ("plan",))
     given.update({name: value for name, value in model.items() if name in DIMENSIONS})
@@ -230,6 +242,8 @@ def plan_request(args: argparse.Namespace) -> PlanRequest:
         given["prices"] = fmt_prices({**read_prices_file(args.prices_file),
                                       **parse_prices(given.get("prices", ""), "prices")})
     req = forms.plan_request(registered_only=False, **{**given, "preset": args.preset})
+    if imported is not None:
+        req = with_imported(req, imported, (set(given) - {"workload", "preset"}) | named, flag_model)
     return dataclasses.replace(req, compile_for_tpu=args.compile_for_tpu)
 
 

@@ -209,6 +209,10 @@ def add_plan_flags(pl: argparse.ArgumentParser) -> None:
     add_field_flags(pl, "plan")
     pl.add_argument("--no-tpu-compile", dest="compile_for_tpu", action="store_false",
                     help=f"do not try to compile the TPU-style setup for the source TPU ({', '.join(TPU_SPECS)})")
+    pl.add_argument("--config-from", metavar="PATH",
+                    help="plan the model (and, from a MaxText config, the TPU job: per_device_batch_size, "
+                         "max_target_length, dtype, ici/dcn parallelism) of a MaxText yaml or a Hugging Face "
+                         "config.json, read as data; flags given beside it win, keys it does not model are listed")
     pl.add_argument("--json", metavar="PATH", help="write the plan as JSON")
     pl.add_argument("--csv", metavar="PATH", help="write the TPU job and the plan side by side as CSV (metric, tpu, "
                                                   "gpu, unit)")

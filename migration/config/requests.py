@@ -314,6 +314,9 @@ class PlanRequest:
     allow_fp8: bool = False
     timeout_s: float = 900.0
     silence_timeout_s: float = 120.0  # see RunConfig
+    # A config file the model and TPU job came from (migration/config/imported.py): what it is, then each
+    # key it read and did not model, with what the plan does instead; the plan lists them.
+    config_notes: tuple[str, ...] = ()
 
     @property
     def node_gpus(self) -> int:
@@ -417,6 +420,10 @@ def check_fp8_target(precision: str, spec: Any, name: str = "", cc: tuple[int, i
 
 def validate_plan_request(req: PlanRequest) -> PlanRequest:
     check_model(req)
+    notes = req.config_notes
+    if not isinstance(notes, (tuple, list)) or len(notes) > 100 or not all(
+            isinstance(n, str) and len(n) <= 2000 for n in notes):
+        raise ConfigError("config_notes", "a list of at most 100 lines of at most 2,000 characters")
     _check_choice(req, "source", tuple(TPU_SPECS))
     _check_choice(req, "target", ("local", *GPU_SPECS))
     for field in ("global_batch", "gpus", "gpus_per_node", "max_per_device_batch"):

@@ -130,6 +130,9 @@ class Planner:
         candidates = batch_candidates(self.limit, req.granularity)
         self.candidates = exact_candidates(candidates, req.global_batch, req.gpus) or candidates
         self.decisions = [Decision("precision", self.precision, plan_record.precision_reason(req, target))]
+        if req.config_notes:
+            self.decisions.append(Decision("imported_config", req.config_notes[0],
+                                           " | ".join(req.config_notes[1:]) or "every key it gives is modelled"))
         if not_applied and not req.remat:
             self.decisions.append(Decision("remat_not_offered", ", ".join(not_applied), "; ".join(
                 f"{r}: {why}" for r, why in not_applied.items())))

@@ -1,0 +1,147 @@
+"""Configs teams already have, read as data: Hugging Face config.json files of published models and MaxText
+configs (a shipped model by name, a model by its own keys), turned into the matching workload and TPU job.
+
+Parameter counts are the published checkpoints' (the total parameter count Hugging Face shows for each
+model's safetensors), as the planned model plus the parameters the reader lists as not modelled (Qwen2's
+query, key and value biases, Qwen3's query and key norms, Gemma 2's extra norms)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from migration.common import ConfigError
+from migration.config.imported import read_config_bytes, read_config_path, with_imported
+from migration.config.requests import PlanRequest
+from workloads import WORKLOADS
+from workloads.configs import MAX_BYTES
+from workloads.maxtext_config import shipped
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = ROOT / "tests" / "fixtures" / "configs"
+# config.json -> published parameter count of the checkpoint (Hugging Face model pages)
+PUBLISHED = {
+    "llama-2-7b": 6_738_415_616, "meta-llama-3-8b": 8_030_261_248, "llama-3.2-1b": 1_235_814_400,
+    "mistral-7b-v0.1": 7_241_732_096, "qwen2-7b": 7_615_616_512, "qwen3-8b": 8_190_735_360,
+    "gemma-2b": 2_506_172_416, "gemma-7b": 8_537_680_896, "gemma-2-9b": 9_241_705_984, "gpt2": 124_439_808,
+}
+
+
+def planned_params(imported) -> int:
+    w = WORKLOADS[imported.workload]
+    return w.param_count(w.config(imported.preset, imported.model))
+
+
+@pytest.mark.parametrize("name", PUBLISHED)
+def test_a_hugging_face_config_plans_the_published_model(name):
+    imported = read_config_path(str(CONFIGS / "hf" / f"{name}.json"))
+    assert planned_params(imported) + imported.missing_params == PUBLISHED[name]
+    if imported.missing_params:  # what the decoder here lacks is said, with its count
+        assert any(f"{imported.missing_params:,} parameters" in n for n in imported.notes)
+    data = json.loads((CONFIGS / "hf" / f"{name}.json").read_text())
+    noted = " ".join(imported.notes)
+    assert all(k in noted for k in ("architectures", "torch_dtype") if k in data)  # read and listed, not dropped
+
+
+def test_a_maxtext_config_sets_the_model_and_the_tpu_job():
+    imported = read_config_path(str(CONFIGS / "maxtext" / "llama2-7b-v5p.yml"))
+    assert (imported.workload, imported.name) == ("llama", "llama2-7b")
+    assert planned_params(imported) == 6_738_415_616  # MaxText's llama2-7b is Meta's Llama 2 7B
+    req = with_imported(PlanRequest(source="tpu-v5p-8"), imported, given={"source"})
+    assert req.global_batch == 16  # per_device_batch_size 4 on the v5p-8's 4 devices
+    assert (req.source_precision, req.source_sharding, req.model["seq_len"]) == ("bf16", "fsdp", 4096)
+    notes = " ".join(req.config_notes)
+    assert "remat_policy=full" in notes and "run_name" in notes and "learning_rate" in notes
+    # flags given beside the file win: the global batch, the sequence
+    mine = with_imported(PlanRequest(source="tpu-v5p-8", global_batch=64), imported, given={"source", "global_batch"},
+                         model={"seq_len": 2048})
+    assert mine.global_batch == 64 and mine.model["seq_len"] == 2048 and mine.model["d_model"] == 4096
+    # another slice: the same per-device batch on more devices
+    assert with_imported(PlanRequest(source="tpu-v5p-32"), imported, given={"source"}).global_batch == 64
+
+
+def test_a_maxtext_model_by_its_own_keys_with_accumulation_and_slices():
+    imported = read_config_path(str(CONFIGS / "maxtext" / "custom-decoder.yml"))
+    assert imported.model["head_size"] == 256 and imported.model["d_model"] == 3072
+    req = with_imported(PlanRequest(source="tpu-v5p-8"), imported, given={"source"})
+    assert req.global_batch == 2 * 4 * 2 * 2 and req.source_slices == 2  # per device x devices x accumulation x slices
+    notes = " ".join(req.config_notes)
+    assert "my_team_flag=7: not modelled" in notes and "GeGLU" in notes and "gradient_accumulation_steps=2" in notes
+
+
+def test_every_dense_shipped_maxtext_model_reads_and_every_moe_one_is_refused():
+    models = shipped()["models"]
+    read, refused = [], []
+    for name, keys in models.items():
+        try:
+            imported = read_config_bytes(f"model_name: {name}\n".encode(), "x.yml")
+        except ConfigError as exc:
+            refused.append((name, str(exc)))
+            continue
+        assert planned_params(imported) > 0
+        read.append(name)
+        if keys.get("num_experts", 1) > 1:
+            pytest.fail(f"{name} has {keys['num_experts']} experts and was read")
+    assert {"llama2-7b", "llama3.1-8b", "mistral-7b", "gemma-7b", "gemma2-9b", "gemma3-4b", "qwen2.5-7b", "qwen3-8b",
+            "gpt3-6b"} <= set(read)
+    qwen = read_config_bytes(b"model_name: qwen2.5-7b\n", "x.yml")  # normalization_layer_epsilon: 1e-06, a float
+    assert planned_params(qwen) + qwen.missing_params == 7_615_616_512  # Qwen2.5-7B's published count
+    assert any(n == "mixtral-8x7b" and "num_experts=8" in why for n, why in refused)
+    assert all("\n" not in why for _, why in refused)
+
+
+@pytest.mark.parametrize("text, words", [
+    (b'{"model_type": "llama", "hidden_size": "4096"}', "hidden_size: expected an integer"),
+    (b'{"model_type": "mixtral", "num_local_experts": 8}', "num_local_experts=8"),
+    (b'{"model_type": "bert"}', "model_type='bert'"),
+    (b"model_name: llama2-7b\nici_tensor_parallelism: 4\n", "ici_tensor_parallelism=4"),
+    (b"model_name: llama2-7b\nper_device_batch_size: four\n", "per_device_batch_size"),
+    (b"model_name: llama2-7b\nquantization: int8\n", "quantization"),
+    (b"model_name: llama9-7b\n", "nearest: llama2-7b"),
+    (b"a: &x [1, 2]\nb: *x\nmodel_name: llama2-7b\n", "alias"),
+    (b"hello: world\n", "neither a Hugging Face config.json"),
+    (b"- a\n- b\n", "not a mapping"),
+    (b"\xff\xfe\x00", "not UTF-8"),
+    (b"{" + b" " * MAX_BYTES + b"}", "at most"),
+    (b"model_name: !!python/object/apply:os.system [echo hi]\n", "neither JSON nor YAML"),
+])
+def test_a_bad_config_is_one_line_naming_the_problem(text, words):
+    """(A YAML tag that would call a function is refused by the safe loader; nothing runs.)"""
+    with pytest.raises(ConfigError) as info:
+        read_config_bytes(text, "config")
+    assert info.value.field == "config" and words in str(info.value) and "\n" not in str(info.value)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config, source, batch", [("hf/tiny-random-llama.json", "tpu-v5e-8", "32"),
+                                                   ("maxtext/tiny-decoder-v5p.yml", "tpu-v5p-8", None)])
+def test_plan_config_from_a_file_through_the_command_line(config, source, batch, tmp_path):
+    out = tmp_path / "plan.json"
+    args = ["plan", "--config-from", str(CONFIGS / config), "--source", source, "--target", "h100-sxm", "--quiet",
+            "--json", str(out)] + (["--global-batch", batch] if batch else [])
+    proc = subprocess.run([sys.executable, "-m", "migration", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    plan = json.loads(out.read_text())
+    assert plan["status"] == "ok" and plan["workload"] == "llama"
+    decisions = {d["decision"]: d for d in plan["decisions"]}
+    imported = decisions["imported_config"]
+    if config.startswith("maxtext"):
+        assert plan["global_batch"] == 8 and plan["model"]["seq_len"] == 256  # 2 per device x 4 devices
+        assert "remat_policy=minimal" in imported["reason"]
+    else:
+        assert plan["global_batch"] == 32 and plan["model"]["d_model"] == 64
+        assert "Hugging Face config.json (llama)" in imported["value"]
+    assert plan["param_count"] > 0
+
+
+def test_a_config_is_data_a_yaml_tag_never_runs(tmp_path):
+    marker = tmp_path / "ran"
+    text = f"model_name: !!python/object/apply:os.system [touch {marker}]\nper_device_batch_size: 1\n"
+    with pytest.raises(ConfigError):
+        read_config_bytes(text.encode(), "x.yml")
+    assert not marker.exists()

@@ -1,0 +1,211 @@
+"""A MaxText config as the decoder and the TPU job it describes (see workloads/configs.py).
+
+MaxText is read as data, never imported (its wheels need Python 3.12 and JAX 0.11.1, and its GPU
+compile a GPU). A file may name one of MaxText's shipped models (`model_name`, whose keys come from
+workloads/maxtext_models.json, read from MaxText's `configs/models/`), give the model's keys itself
+(`base_emb_dim`, `base_num_decoder_layers`, `base_num_query_heads`, `base_num_kv_heads`, `base_mlp_dim`,
+`head_dim`, `vocab_size`, `mlp_activations`, `logits_via_embedding`, `decoder_block`, ...), or both (the
+file's keys win, then the model's, then base.yml's defaults below).
+
+The TPU job: `per_device_batch_size` per chip (times the slice's chips, `gradient_accumulation_steps`
+and the slices, the global batch), `max_target_length` (the sequence), `dtype` (the TPU's precision),
+`ici_fsdp_parallelism` / `ici_data_parallelism` (state sharded or replicated over the slice) and
+`dcn_data_parallelism` / `num_slices` (data parallelism across slices). Tensor, sequence, context,
+pipeline and expert parallelism on the TPU are not planned here: such a key is an error naming it.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from workloads.configs import ConfigFileError, Imported, Reader, listed
+
+MODELS_FILE = Path(__file__).with_name("maxtext_models.json")
+# MaxText's base.yml defaults for the keys read here (src/maxtext/configs/base.yml at the commit of
+# maxtext_models.json's source).
+BASE = {
+    "global_parameter_scale": 1, "base_emb_dim": 2048, "base_num_query_heads": 16, "base_num_kv_heads": 16,
+    "base_mlp_dim": 7168, "base_num_decoder_layers": 16, "head_dim": 128, "mlp_activations": ["silu", "linear"],
+    "vocab_size": 32000, "logits_via_embedding": False, "decoder_block": "llama2", "normalization_layer_epsilon": 1e-5,
+    "rope_max_timescale": 10000, "max_target_length": 2048, "per_device_batch_size": 12.0, "remat_policy": "full",
+    "dtype": "bfloat16", "weight_dtype": "float32", "ici_fsdp_parallelism": -1, "ici_data_parallelism": 1,
+    "dcn_data_parallelism": -1, "dcn_fsdp_parallelism": 1, "num_experts": 1, "gradient_accumulation_steps": 1,
+    "num_slices": -1, "scan_layers": True, "attention": "autoselected", "quantization": "", "use_qk_norm": False,
+    "attention_bias": False, "use_post_attn_norm": False, "use_post_ffw_norm": False, "sliding_window_size": 0,
+    "trainable_position_size": -1,
+}
+MARKERS = ("model_name", "base_emb_dim", "base_num_decoder_layers", "base_num_query_heads", "base_num_kv_heads",
+           "base_mlp_dim", "per_device_batch_size", "max_target_length", "remat_policy", "decoder_block",
+           "global_parameter_scale", "ici_fsdp_parallelism", "ici_data_parallelism", "ici_tensor_parallelism",
+           "dcn_data_parallelism", "logits_via_embedding", "mlp_activations")
+KNOWN_KEYS = frozenset(MARKERS)
+MODERN_BLOCKS = ("llama2", "mistral", "gemma", "gemma2", "gemma3", "qwen2", "qwen3")
+GPT_BLOCKS = ("gpt3",)
+# Parallelism over the slice or across slices that the TPU side here does not plan (>1 is an error).
+UNPLANNED_PARALLELISM = tuple(f"{net}_{axis}_parallelism" for net in ("ici", "dcn") for axis in (
+    "fsdp_transpose", "sequence", "context", "context_autoregressive", "tensor", "tensor_sequence", "pipeline",
+    "expert", "autoregressive", "diloco", "context_usp_ulysses"))
+# Keys with no bearing on memory or step time (training loop, data, logging, checkpoints, optimizer constants).
+NO_BEARING_PREFIXES = ("dataset_", "tokenizer_", "eval_", "log", "checkpoint", "enable_", "adam_", "learning_rate",
+                       "warmup", "cosine", "profiler", "run_name", "base_output_directory", "steps", "hf_", "grain_",
+                       "gcs_", "save_", "load_", "metrics_", "hardware", "async_checkpointing", "skip_", "jax_cache",
+                       "dcn_bandwidth", "upload", "train_data", "eval_data", "packing", "add_bos", "add_eos")
+
+
+@functools.lru_cache(maxsize=1)
+def shipped() -> dict[str, Any]:
+    """MaxText's shipped model configs as data: {"source", "read", "models": {name: keys}}."""
+    return json.loads(MODELS_FILE.read_text())
+
+
+def read_maxtext(data: Mapping[str, Any]) -> Imported:
+    where = "MaxText config"
+    name_value = data.get("model_name", "default")
+    if not isinstance(name_value, str):
+        raise ConfigFileError(f"{where} model_name: expected a string, got {name_value!r}")
+    model_keys: dict[str, Any] = {}
+    if name_value != "default":
+        models = shipped()["models"]
+        if name_value not in models:
+            near = difflib.get_close_matches(name_value, models, n=4, cutoff=0.5)
+            raise ConfigFileError(f"{where} model_name={name_value!r}: not one of MaxText's shipped models"
+                                  + (f" (nearest: {', '.join(near)})" if near else "")
+                                  + f"; {len(models)} known, read from {shipped()['source']}")
+        model_keys = dict(models[name_value])
+    stated = {**model_keys, **data}  # what the file and its model say (listed if unused)
+    r = Reader({**BASE, **stated}, where)
+    r.used.add("model_name")
+    notes: list[str] = []
+    _refuse(r)
+    block = r.str("decoder_block")
+    if block not in MODERN_BLOCKS + GPT_BLOCKS:
+        raise ConfigFileError(f"{where} decoder_block={block!r}: the families planned here are "
+                              f"{', '.join(MODERN_BLOCKS + GPT_BLOCKS)}")
+    scale = r.int("global_parameter_scale", hi=1024)
+    d, heads = r.int("base_emb_dim", lo=8) * scale, r.int("base_num_query_heads") * scale
+    kv, ff = r.int("base_num_kv_heads") * scale, r.int("base_mlp_dim") * scale
+    layers = r.int("base_num_decoder_layers") * scale
+    if block == "gemma2":  # MaxText scans Gemma 2's local and global attention layers as one
+        layers *= 2
+        notes.append(f"decoder_block=gemma2: base_num_decoder_layers counts local and global attention layers as "
+                     f"one (MaxText's scan): {layers} layers")
+    head = r.int("head_dim", hi=1024)
+    seq = r.int("max_target_length", hi=131072)
+    if heads % kv:
+        raise ConfigFileError(f"{where} base_num_kv_heads={kv}: must divide base_num_query_heads={heads}")
+    acts = r.raw("mlp_activations")
+    if not isinstance(acts, list) or not all(isinstance(a, str) for a in acts):
+        raise ConfigFileError(f"{where} mlp_activations: expected a list of names, got {acts!r}")
+    model: dict[str, Any] = {
+        "vocab_size": r.int("vocab_size"), "seq_len": seq, "d_model": d, "n_layers": layers, "n_heads": heads,
+        "n_kv_heads": kv, "d_ff": ff, "head_size": 0 if head * heads == d else head,
+        "tied_embeddings": r.bool("logits_via_embedding"),
+        "norm_eps": r.number("normalization_layer_epsilon", lo=1e-12, hi=0.1),
+    }
+    missing, parts = 0, []
+    if block in GPT_BLOCKS:
+        if acts != ["gelu"]:
+            raise ConfigFileError(f"{where} mlp_activations={acts}: the GPT family here computes one GELU")
+        workload, preset = "transformer", "gpt2-small"
+        positions = r.int("trainable_position_size", hi=10**6, lo=-1)
+        if positions > seq:
+            missing += (positions - seq) * d
+            parts.append(f"a position table of {positions:,} rows where the sequence uses {seq:,} "
+                         f"({(positions - seq) * d:,})")
+    else:
+        workload, preset = "llama", "8b"
+        if acts == ["gelu", "linear"]:
+            notes.append("mlp_activations=[gelu, linear]: a gated GELU MLP (GeGLU), computed as SwiGLU: the same "
+                         "shapes and FLOPs")
+        elif acts != ["silu", "linear"]:
+            raise ConfigFileError(f"{where} mlp_activations={acts}: the modern family here computes a gated SiLU or "
+                                  "GELU MLP ([silu, linear] or [gelu, linear])")
+        model.update(rope_theta=r.number("rope_max_timescale", lo=1, hi=1e9), rope_scaling=1.0, context=0)
+    if r.bool("attention_bias"):
+        per = heads * head + 2 * kv * head
+        missing += layers * per
+        parts.append(f"query, key and value biases ({layers * per:,})")
+    if r.bool("use_qk_norm"):
+        missing += layers * 2 * head
+        parts.append(f"query and key norms ({layers * 2 * head:,})")
+    for key in ("use_post_attn_norm", "use_post_ffw_norm"):
+        if r.bool(key):
+            missing += layers * d
+            parts.append(f"{key.removeprefix('use_').replace('_', ' ')}s ({layers * d:,})")
+    if parts:
+        notes.append(f"{missing:,} parameters the decoder here does not have: {'; '.join(parts)}; planned without them")
+    window = r.int("sliding_window_size", lo=0, hi=10**8)
+    if window:
+        notes.append(f"sliding_window_size={window}: planned as full causal attention over the sequence "
+                     + ("(the same at this length)" if window >= seq else "(more attention FLOPs and memory)"))
+    if not r.bool("scan_layers"):
+        model["layer_loop"] = "unrolled"
+    settings = _tpu_settings(r, notes)
+    imported = Imported("MaxText config", name_value if name_value != "default" else block, workload, preset, model,
+                        settings, tuple(notes), missing)
+    return _with_unused(imported, r, stated)
+
+
+def _refuse(r: Reader) -> None:
+    """Errors for keys that change the answer and are not planned here."""
+    experts = r.int("num_experts", lo=0, hi=100_000)
+    if experts > 1:
+        raise ConfigFileError(f"{r.where} num_experts={experts}: a mixture-of-experts model; this product plans dense "
+                              "decoders so far")
+    quant = r.str("quantization")
+    if quant:
+        raise ConfigFileError(f"{r.where} quantization={quant!r}: quantized training is not planned here")
+    for key in UNPLANNED_PARALLELISM:
+        if key in r.data:
+            value = r.int(key, lo=-1, hi=100_000)
+            if value not in (1, 0):
+                raise ConfigFileError(f"{r.where} {key}={value}: the TPU side is planned with data and FSDP "
+                                      "parallelism (ici/dcn data and fsdp) only")
+
+
+def _tpu_settings(r: Reader, notes: list[str]) -> dict[str, Any]:
+    per_device = r.number("per_device_batch_size", lo=1e-6, hi=65536)
+    dtype = r.str("dtype")
+    precision = {"bfloat16": "bf16", "float32": "fp32"}.get(dtype)
+    if precision is None:
+        raise ConfigFileError(f"{r.where} dtype={dtype!r}: the TPU side is planned in bfloat16 or float32")
+    weights = r.str("weight_dtype")
+    if weights != "float32":
+        notes.append(f"weight_dtype={weights}: the plan keeps float32 master weights (and counts their memory)")
+    fsdp, data = r.int("ici_fsdp_parallelism", lo=-1), r.int("ici_data_parallelism", lo=-1)
+    dcn_fsdp = r.int("dcn_fsdp_parallelism", lo=-1)
+    slices = max(r.int("dcn_data_parallelism", lo=-1), r.int("num_slices", lo=-1), 1)
+    remat = r.str("remat_policy")
+    notes.append(f"remat_policy={remat}: the TPU side is compiled without remat here; the GPU plan picks its own "
+                 "policy")
+    attention = r.str("attention")
+    if attention not in ("autoselected", "dot_product"):
+        notes.append(f"attention={attention}: the GPU plan picks its own attention kernel (cuDNN's fused one where "
+                     "it can)")
+    return {"per_device_batch": per_device, "accumulation": r.int("gradient_accumulation_steps", hi=65536),
+            "slices": slices, "source_precision": precision,
+            "source_sharding": "fsdp" if fsdp != 1 or dcn_fsdp not in (1, 0) else "replicated",
+            "data_parallelism": data}
+
+
+def _with_unused(imported: Imported, r: Reader, stated: Mapping[str, Any]) -> Imported:
+    unused = [k for k in stated if k not in r.used]
+    quiet = sorted(k for k in unused if k.startswith(NO_BEARING_PREFIXES) or k in ("opt_type", "mu_dtype",
+                                                                                  "gradient_clipping_threshold", "base_config"))
+    rest = sorted(k for k in unused if k not in quiet)
+    notes = list(imported.notes)
+    for keys, why in ((quiet, "read, no bearing on memory or step time"),
+                      (rest, "not modelled by this reader")):
+        note = listed(keys, stated, why)
+        if note:
+            notes.append(note)
+    return Imported(imported.format, imported.name, imported.workload, imported.preset, imported.model,
+                    imported.settings, tuple(notes), imported.missing_params)
+
+
+__all__ = ["KNOWN_KEYS", "read_maxtext", "shipped"]
