@@ -192,6 +192,18 @@ def write_json_atomic(path: Path, data: Any) -> bool:
         return False
 
 
+def read_upload(path: Any, field: str, limit: int, what: str) -> bytes:
+    """At most `limit` + 1 bytes of an uploaded file (Gradio's copy of it, a path string), or
+    ConfigError(field, ...) saying it must be `what` or could not be read."""
+    if not isinstance(path, str):
+        raise ConfigError(field, f"must be {what}")
+    try:
+        with open(path, "rb") as f:
+            return f.read(limit + 1)
+    except OSError as exc:
+        raise ConfigError(field, f"could not be read ({exc.strerror or type(exc).__name__}); upload it again") from None
+
+
 def read_json(path: Path, default: Any) -> Any:
     try:
         return json.loads(path.read_text())

@@ -239,3 +239,20 @@ def test_a_budget_that_is_not_a_number_of_seconds_is_refused_before_the_run(tmp_
     out = done.stdout + done.stderr
     assert done.returncode != 0 and "MIGRATION_SUITE_BUDGET_S" in out and "number of seconds" in out, out[-2000:]
     assert "Traceback" not in out and "1 passed" not in out  # refused before any test ran
+
+
+def test_your_model_shows_each_style_with_the_example_the_suite_runs():
+    """docs/your-model.md includes each style's example from tests/fixtures/your_models/ (snippets), and those
+    are the files tests/test_your_model.py plans, runs and counts: a page example cannot drift from code that
+    works."""
+    from tests.test_your_model import STYLES
+
+    page = (ROOT / "docs" / "your-model.md").read_text(encoding="utf-8")
+    included = re.findall(r'--8<-- "([^"]+)"', page)
+    assert sorted(included) == sorted(f"tests/fixtures/your_models/{name}.py" for name in STYLES.values())
+    assert all((ROOT / path).is_file() for path in included)
+    sections = {"functional": "Plain functions", "linen": "Flax Linen", "haiku": "Haiku", "equinox": "Equinox",
+                "nnx": "Flax NNX"}
+    assert set(sections) == set(STYLES)
+    for title in sections.values():  # each style has its section
+        assert re.search(rf"^## {title}$", page, re.M), title

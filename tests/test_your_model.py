@@ -141,6 +141,96 @@ def test_migration_decisions_apply_to_a_tree_the_product_did_not_write(style, pr
                               or "value" in k or "out/" in k) for k in split), split
 
 
+def test_a_run_trains_on_the_teams_own_data_when_given():
+    """`data`: the team's batches (host arrays) replace the synthetic ones, checked against the batch spec."""
+    import itertools
+
+    import numpy as np
+
+    from workloads.functional import Functional
+
+    m = fixture("functional")
+    rng = np.random.default_rng(0)
+    batch = {"image": rng.normal(size=(8, 28, 28)).astype(np.float32), "label": rng.integers(0, 10, 8, dtype=np.int32)}
+    served = []
+
+    def data(batch_size):
+        served.append(batch_size)
+        return itertools.repeat(batch)
+
+    def losses(workload):
+        p = program(workload, batch=4, devices=2)
+        mesh = make_mesh(jax.devices()[:2], "replicated")
+        state, step, make = init_state_on(p, mesh), jit_step(p, mesh), batch_maker(p, mesh)
+        out = []
+        for i in range(3):
+            state, metrics = step(state, make(i))
+            out.append(float(metrics["loss"]))
+        return out
+
+    base = dict(name="mnist-own-data", init=m.init, loss=m.loss, batch={"image": ((28, 28), "float32"),
+                                                                       "label": ((), "int32", 10)})
+    own = losses(Functional(**base, data=data))
+    same = losses(Functional(**base, make_batch=lambda key, n: {k: jnp.asarray(v) for k, v in batch.items()}))
+    assert served == [8] and own == pytest.approx(same, rel=1e-6)  # the same batches: the same losses
+    assert own != pytest.approx(losses(Functional(**base)), rel=1e-3)  # not the synthetic ones
+    wrong = Functional(**base, data=lambda n: iter([{"image": np.zeros((n, 28, 28), np.float32),
+                                                     "label": np.zeros((n,), np.int64)}]))
+    with pytest.raises(ModelConfigError, match="'label' is int64"):
+        losses(wrong)
+
+
+def _rematerialised(workload, remat: str) -> tuple[bool, list[float]]:
+    """Whether the step of `workload` under `remat` recomputes anything (a checkpoint in its program), and
+    the losses of three steps."""
+    p = program(workload, batch=2, devices=1, remat=remat)
+    mesh = make_mesh(jax.devices()[:1], "replicated")
+    text = str(jax.make_jaxpr(p.step_fn(mesh))(abstract_state(p, mesh), abstract_batch(p, mesh)))
+    state, step, make = init_state_on(p, mesh), jit_step(p, mesh), batch_maker(p, mesh)
+    losses = []
+    for i in range(3):
+        state, metrics = step(state, make(i))
+        losses.append(float(metrics["loss"]))
+    return "checkpoint[" in text or "remat" in text, losses
+
+
+def test_blocks_named_by_class_or_path_are_recomputed_without_a_change_to_the_code():
+    import haiku as hk
+
+    from workloads.equinox import Equinox
+    from workloads.haiku import Haiku
+
+    m = fixture("equinox")
+    spec = {"tokens": ((m.T,), "int32", m.VOCAB)}
+    plain = Equinox("eqx-plain", make=m.GPT, loss=m.loss, batch=spec)
+    baseline = _rematerialised(plain, "none")
+    assert plain.remat_unavailable("full") and not baseline[0]
+    for named in (("Block",), (r"blocks/\d+",)):
+        w = Equinox("eqx-named", make=m.GPT, loss=m.loss, batch=spec, remat_blocks=named)
+        assert w.remat_unavailable("full") is None
+        recomputed, losses = _rematerialised(w, "full")
+        assert recomputed and losses == pytest.approx(baseline[1], rel=1e-5)
+
+    class Block(hk.Module):
+        def __call__(self, x):
+            return x + hk.Linear(x.shape[-1])(jax.nn.gelu(hk.Linear(4 * x.shape[-1])(x)))
+
+    def loss(batch):
+        x = hk.Linear(32)(batch["x"])
+        for _ in range(2):
+            x = Block()(x)
+        return jnp.mean((x - 1.0) ** 2)
+
+    batch = {"x": ((16,), "float32")}
+    bare, named = Haiku("hk-plain", loss=loss, batch=batch), Haiku("hk-named", loss=loss, batch=batch,
+                                                                   remat_blocks=("Block",))
+    assert bare.remat_unavailable("full") and named.remat_unavailable("full") is None
+    assert named.param_count(named.config("default")) == bare.param_count(bare.config("default")) == 16 * 32 + 32 + 2 * (
+        32 * 128 + 128 + 128 * 32 + 32)
+    recomputed, losses = _rematerialised(named, "full")
+    assert recomputed and losses == pytest.approx(_rematerialised(bare, "none")[1], rel=1e-5)
+
+
 def test_remat_policies_the_code_does_not_allow_are_named_with_the_reason():
     functional, haiku = fixture("functional").WORKLOAD, fixture("haiku").WORKLOAD
     why = functional.remat_unavailable("full")

@@ -17,7 +17,7 @@ from typing import Any
 import gradio as gr
 
 from migration.codecheck import CodeCheck
-from migration.common import ConfigError, private_dir, write_csv
+from migration.common import ConfigError, private_dir, read_upload, write_csv
 from migration.config import forms
 from migration.config.imported import form_request
 from migration.config.requests import PlanRequest, RunConfig
@@ -351,11 +351,5 @@ def same_job(plan_dict: dict[str, Any], req: PlanRequest) -> bool:
 
 def read_plan_file(path: Any) -> Plan:
     """An uploaded plan, checked field by field with its environment rebuilt (`migration.planning.planfile`)."""
-    if not isinstance(path, str):
-        raise ConfigError("plan_file", "must be a plan file (JSON from `python -m migration plan --json`)")
-    try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_PLAN_BYTES + 1)
-    except OSError as exc:
-        raise ConfigError("plan_file", f"could not be read ({exc.strerror or type(exc).__name__}); upload it again")
-    return read_plan(data)
+    return read_plan(read_upload(path, "plan_file", MAX_PLAN_BYTES,
+                                 "a plan file (JSON from `python -m migration plan --json`)"))

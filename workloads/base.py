@@ -21,7 +21,7 @@ import abc
 import dataclasses
 import functools
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, ClassVar
 
 import jax
@@ -183,6 +183,11 @@ class Workload(abc.ABC):
             else:
                 out[name] = jax.random.randint(k, s.shape, 0, self.value_high(cfg, name), s.dtype)
         return out
+
+    def data_iterator(self, cfg: Any, batch_size: int) -> Iterator[Batch] | None:
+        """The workload's own data, one global batch of `batch_size` examples at a time (host arrays of
+        `batch_shapes`), or None: the synthetic batches of `make_batch` (the default)."""
+        return None
 
     def value_high(self, cfg: Any, name: str) -> int:
         """Integer entries of the default synthetic batch lie in [0, value_high) (e.g. a vocabulary)."""
@@ -360,3 +365,27 @@ def _facts(workload: Workload, cfg: Any) -> ModelFacts:
         forward_flops=program.flops, train_flops=program.train_flops, residuals=max(0, kept[1] - kept[0]),
         inputs=derive.count_elements(batches[1]) - derive.count_elements(batches[0]),
         names=tuple(sorted(program.names)), width=program.typical_width(), unknown_loops=program.unknown_loops)
+
+
+def checked_batches(workload: Workload, cfg: Any, source: Callable[[int], Iterable[Batch]],
+                    batch_size: int) -> Iterator[Batch]:
+    """The batches of a user's data iterator (`source(batch_size)`), each checked against the workload's
+    `batch_shapes` (ModelConfigError naming the entry that differs, or saying the data ran out)."""
+    import numpy as np  # reason: only a real-data run reads host arrays
+
+    expected = workload.batch_shapes(cfg, batch_size)
+    count = 0
+    for batch in source(batch_size):
+        if not isinstance(batch, Mapping) or set(batch) != set(expected):
+            got = sorted(batch) if isinstance(batch, Mapping) else type(batch).__name__
+            raise ModelConfigError("data", f"batch {count} has entries {got}; the batch spec has {sorted(expected)}")
+        out = {}
+        for name, spec in expected.items():
+            value = np.asarray(batch[name])
+            if value.shape != spec.shape or value.dtype != spec.dtype:
+                raise ModelConfigError("data", f"batch {count} entry {name!r} is {value.dtype}{list(value.shape)}; "
+                                               f"the batch spec says {spec.dtype}{list(spec.shape)}")
+            out[name] = value
+        count += 1
+        yield out
+    raise ModelConfigError("data", f"the data ran out after {count} batch(es) of {batch_size}")

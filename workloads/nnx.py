@@ -8,14 +8,15 @@
 `make` may take the keywords `dtype` (the compute dtype of the plan's precision) and `block_wrap` (a
 function applied to each block's `__call__`: `nnx.remat` with the policy, the call itself without; the
 call takes the block first, so FSDP gathers the block's weights inside it, as for the built-in models).
-Without `dtype`, the floating parameters are cast to the compute dtype at the step boundary. A built-in
+Without `dtype`, the floating parameters are cast to the compute dtype at the step boundary. `data`: an
+optional `batch_size -> iterable of batches` of the team's own data, which a measured run trains on. A built-in
 family is the same thing written as a `Workload` subclass with analytic overrides (workloads/base.py).
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, final
 
 import jax
@@ -23,7 +24,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from workloads.base import Batch, BlockWrap, ModelConfigError, Workload
-from workloads.tree import Yours, batch_spec, takes
+from workloads.tree import Declared, Yours, batch_spec, takes
 
 
 class _Holder(nnx.Module):
@@ -34,12 +35,13 @@ class _Holder(nnx.Module):
 
 
 @final
-class NNX(Workload):
+class NNX(Declared, Workload):
     style = "nnx"
     default_preset = custom_base = "default"
 
     def __init__(self, name: str, *, make: Callable[..., nnx.Module], loss: Callable[[Any, Batch], jax.Array],
-                 batch: Mapping[str, Any], description: str = "", checkpoint_names: tuple[str, ...] | None = None):
+                 batch: Mapping[str, Any], description: str = "", checkpoint_names: tuple[str, ...] | None = None,
+                 data: Callable[[int], Iterable[Batch]] | None = None):
         if not callable(make) or not callable(loss):
             raise ModelConfigError("nnx", "make must be a function rngs -> nnx.Module and loss a function "
                                           "(model, batch) -> scalar")
@@ -49,7 +51,7 @@ class NNX(Workload):
         self.spec = batch_spec(batch)
         self.takes_dtype, self.takes_block_wrap = takes(make, "dtype"), takes(make, "block_wrap")
         self.gathers_in_blocks = self.takes_block_wrap
-        self._names = checkpoint_names
+        self._names, self._data = checkpoint_names, data
 
     def build(self, cfg: Yours, *, dtype: Any, block_wrap: BlockWrap, rngs: nnx.Rngs) -> nnx.Module:
         kw = {"dtype": dtype} if self.takes_dtype else {}
@@ -66,26 +68,10 @@ class NNX(Workload):
             inner = nnx.merge(graphdef, params, rest)
         return jnp.asarray(self.loss_fn(inner, batch)).astype(jnp.float32)
 
-    def batch_shapes(self, cfg: Yours, batch_size: int) -> dict[str, jax.ShapeDtypeStruct]:
-        return {k: jax.ShapeDtypeStruct((batch_size, *s.shape), jnp.dtype(s.dtype)) for k, s in self.spec.items()}
-
-    def value_high(self, cfg: Yours, name: str) -> int:
-        return self.spec[name].high or 2
-
-    @property
-    def checkpoint_names(self) -> tuple[str, ...]:  # type: ignore[override]
-        return self._names if self._names is not None else self.facts(self.presets["default"]).names
-
-    def matmul_width(self, cfg: Yours) -> int:
-        return self.facts(cfg).width
-
     def remat_unavailable(self, remat: str, saved_names: tuple[str, ...] = ()) -> str | None:
         if remat != "none" and not self.takes_block_wrap:
             return f"{self.name}'s make takes no block_wrap, so no block of it can be recomputed"
         return super().remat_unavailable(remat, saved_names)
-
-    def describe(self, cfg: Yours) -> dict[str, Any]:
-        return {"workload": self.name, "style": self.style, "model": cfg.model}
 
     def code_files(self) -> list[str]:
         return [f for f in (inspect.getsourcefile(fn) for fn in (self.make_fn, self.loss_fn)

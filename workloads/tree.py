@@ -18,7 +18,8 @@ Decisions on code the product did not write:
   parameter's path to a tuple of logical axis names, one per dimension, as t5x, big_vision and
   levanter write them; the names in `TENSOR_AXES` split over the GPUs of the tensor axis).
 - remat: where the user's code takes a `block_wrap` argument, each policy is applied where that code
-  puts it (its blocks); otherwise the policies that save something (`dots`, named activations the
+  puts it (its blocks); where the user names blocks by class or path (`remat_blocks`, Haiku and
+  Equinox), the adapter wraps those; otherwise the policies that save something (`dots`, named activations the
   program tags with `checkpoint_name`) wrap the whole loss in one `jax.checkpoint`, and `full` (save
   nothing) is not offered: around the whole loss it would recompute everything and save nothing.
 """
@@ -28,14 +29,14 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from workloads.base import Batch, BlockWrap, ModelConfigError, Remat, Workload
+from workloads.base import Batch, BlockWrap, ModelConfigError, Remat, Workload, checked_batches
 
 # Logical axis names that tensor parallelism splits (the others, e.g. "embed", stay whole).
 TENSOR_AXES = frozenset({"model", "tensor", "mlp", "heads", "kv_heads", "q_heads", "vocab", "joined_kv", "kv"})
@@ -120,6 +121,23 @@ def takes(fn: Any, name: str) -> bool:
         return False
 
 
+def block_names(names: Sequence[str]) -> tuple[str, ...]:
+    """`remat_blocks` checked: class names or regular expressions over module paths."""
+    if isinstance(names, str) or not all(isinstance(n, str) and n for n in names):
+        raise ModelConfigError("remat_blocks", f"{names!r}: a list of block class names or path patterns")
+    for n in names:
+        try:
+            re.compile(n)
+        except re.error as exc:
+            raise ModelConfigError("remat_blocks", f"{n!r} is not a regular expression: {exc}") from exc
+    return tuple(names)
+
+
+def block_matches(names: Sequence[str], class_name: str, path: str) -> bool:
+    """Whether a module of class `class_name` at `path` is one of the blocks `names` names."""
+    return any(n == class_name or re.fullmatch(n, path) for n in names)
+
+
 class Carried(nnx.Variable):
     """State a model carries from step to step that is not trained (batch statistics, Haiku state)."""
 
@@ -137,7 +155,7 @@ class TreeModel(nnx.Module):
     def __init__(self, workload: "TreeWorkload", cfg: Yours, *, dtype: Any, block_wrap: BlockWrap, rngs: nnx.Rngs):
         policy = block_wrap.policy if isinstance(block_wrap, Remat) else None
         self.remat = isinstance(block_wrap, Remat)
-        wrap = workload.style_wrap(policy) if self.remat and workload.takes_block_wrap else None
+        wrap = workload.style_wrap(policy) if self.remat and workload.names_blocks else None
         params, state = workload.tree_init(cfg, rngs.params(), wrap)
         flat, self.params_def = flatten(params, "parameters")
         self.param_names = tuple(flat)  # the tree's leaf order (the dicts below may be iterated sorted)
@@ -174,12 +192,44 @@ class TreeModel(nnx.Module):
         return jnp.asarray(value).astype(jnp.float32)
 
 
-class TreeWorkload(Workload):
+class Declared:
+    """What the adapters share: the batch as the user declares it (`spec`), their own data, and the figures
+    read from the program (checkpoint names, the typical product width)."""
+
+    spec: dict[str, Spec]
+    style = ""
+    presets: Mapping[str, Yours]
+    _data: Callable[[int], Iterable[Batch]] | None = None
+    _names: tuple[str, ...] | None = None  # checkpoint names the user declares (None: read from the program)
+
+    def batch_shapes(self, cfg: Yours, batch_size: int) -> dict[str, jax.ShapeDtypeStruct]:
+        return {k: jax.ShapeDtypeStruct((batch_size, *s.shape), jnp.dtype(s.dtype)) for k, s in self.spec.items()}
+
+    def value_high(self, cfg: Yours, name: str) -> int:
+        return self.spec[name].high or 2
+
+    def data_iterator(self, cfg: Yours, batch_size: int) -> Iterator[Batch] | None:
+        return None if self._data is None else checked_batches(self, cfg, self._data, batch_size)  # type: ignore[arg-type]
+
+    @property
+    def checkpoint_names(self) -> tuple[str, ...]:
+        return self._names if self._names is not None else self.facts(self.presets["default"]).names  # type: ignore[attr-defined]
+
+    def matmul_width(self, cfg: Yours) -> int:
+        return self.facts(cfg).width  # type: ignore[attr-defined]
+
+    def describe(self, cfg: Yours) -> dict[str, Any]:
+        return {"workload": self.name, "style": self.style, "model": cfg.model}  # type: ignore[attr-defined]
+
+
+class TreeWorkload(Declared, Workload):
     """A workload from a parameter tree and a loss (subclasses: one per style, in its own module).
 
     `name`: how plans and history call it; `batch`: the batch (see `batch_spec`); `partition_rules`:
     `(regex, axes)` pairs for tensor parallelism (module docstring); `make_batch`: an optional jittable
-    `(key, batch_size) -> batch` of learnable data (default: random values of the batch's shapes)."""
+    `(key, batch_size) -> batch` of learnable data (default: random values of the batch's shapes); `data`:
+    an optional `batch_size -> iterable of batches` of the team's own data (host arrays), which a measured
+    run then trains on instead."""
 
     gathers_in_blocks = False
     fp8_linears = False
@@ -188,7 +238,8 @@ class TreeWorkload(Workload):
 
     def __init__(self, name: str, batch: Mapping[str, Any], *, description: str = "",
                  partition_rules: Sequence[tuple[str, Sequence[str | None]]] = (),
-                 make_batch: Callable[[jax.Array, int], Batch] | None = None, user_code: Sequence[Any] = ()):
+                 make_batch: Callable[[jax.Array, int], Batch] | None = None,
+                 data: Callable[[int], Iterable[Batch]] | None = None, user_code: Sequence[Any] = ()):
         if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.:/-]{0,99}", name):
             raise ModelConfigError("name", f"{name!r}: letters, digits and _ . : / - (at most 100)")
         self.name = name
@@ -197,11 +248,20 @@ class TreeWorkload(Workload):
         self.spec = batch_spec(batch)
         self.partition_rules = _rules(partition_rules)
         self.tensor_parallel = bool(self.partition_rules)
-        self._make_batch = make_batch
-        self._user_code = tuple(c for c in user_code if c is not None)
+        self._make_batch, self._data = make_batch, data
+        self._user_code = tuple(c for c in (*user_code, make_batch, data) if c is not None)
 
     # -- what a style says ------------------------------------------------------------------------
     takes_block_wrap = False  # whether the user's code takes the style's block wrap
+    remat_blocks: tuple[str, ...] = ()  # blocks named by class or path that the adapter wraps (Haiku, Equinox)
+
+    @property
+    def names_blocks(self) -> bool:
+        """Whether the plan can recompute the model block by block: its code takes `block_wrap`, or the
+        adapter wraps the blocks the user named (`remat_blocks`)."""
+        return self.takes_block_wrap or bool(self.remat_blocks)
+
+    blocks_hint = ""  # how a style's user names blocks besides block_wrap, for the reason above
 
     def style_wrap(self, policy: Any) -> Callable[[Any], Any]:
         """What the user's code receives as `block_wrap` under a remat policy (default: a function wrap)."""
@@ -225,28 +285,15 @@ class TreeWorkload(Workload):
     def loss(self, model: TreeModel, batch: Batch) -> jax.Array:
         return model(batch)
 
-    def batch_shapes(self, cfg: Yours, batch_size: int) -> dict[str, jax.ShapeDtypeStruct]:
-        return {k: jax.ShapeDtypeStruct((batch_size, *s.shape), jnp.dtype(s.dtype)) for k, s in self.spec.items()}
-
     def make_batch(self, cfg: Yours, key: jax.Array, batch_size: int) -> Batch:
         if self._make_batch is not None:
             return self._make_batch(key, batch_size)
         return super().make_batch(cfg, key, batch_size)
 
-    def value_high(self, cfg: Yours, name: str) -> int:
-        return self.spec[name].high or 2
-
-    @property
-    def checkpoint_names(self) -> tuple[str, ...]:  # type: ignore[override]
-        return self.facts(self.presets["default"]).names
-
-    def matmul_width(self, cfg: Yours) -> int:
-        return self.facts(cfg).width
-
     def remat_unavailable(self, remat: str, saved_names: tuple[str, ...] = ()) -> str | None:
-        if remat == "full" and not self.takes_block_wrap:
-            return (f"{self.name}'s code takes no block_wrap, so the plan cannot recompute block by block; around "
-                    "the whole loss, saving nothing saves no memory")
+        if remat == "full" and not self.names_blocks:
+            return (f"{self.name} names no blocks (its code takes no block_wrap{self.blocks_hint}), so the plan "
+                    "cannot recompute block by block; around the whole loss, saving nothing saves no memory")
         return super().remat_unavailable(remat, saved_names)
 
     def tensor_parallel_spec(self, path: tuple[str, ...], shape: tuple[int, ...], shards: int,
@@ -262,9 +309,6 @@ class TreeWorkload(Workload):
                              None)
                 return jax.sharding.PartitionSpec(*[axis if i == split else None for i in range(len(shape))])
         return jax.sharding.PartitionSpec()
-
-    def describe(self, cfg: Yours) -> dict[str, Any]:
-        return {"workload": self.name, "style": self.style, "model": cfg.model}
 
     def code_files(self) -> list[str]:
         """The files of the user's own code (their edits recompile; `compile_cache.workload_fingerprint`)."""

@@ -16,7 +16,7 @@ from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
-from migration.common import ConfigError
+from migration.common import ConfigError, read_upload
 from migration.config import forms
 from migration.config.fields import FIELD
 from migration.config.requests import PlanRequest, validate_plan_request
@@ -44,14 +44,7 @@ def form_request(raw: Mapping[str, Any], path: Any) -> PlanRequest:
     req = forms.plan_request(**raw)
     if not path:
         return req
-    if not isinstance(path, str):
-        raise ConfigError("config_file", "must be a MaxText yaml or a Hugging Face config.json")
-    try:
-        with open(path, "rb") as f:
-            data = f.read(APP_MAX_BYTES + 1)
-    except OSError as exc:
-        raise ConfigError("config_file", f"could not be read ({exc.strerror or type(exc).__name__}); upload it "
-                                         "again") from None
+    data = read_upload(path, "config_file", APP_MAX_BYTES, "a MaxText yaml or a Hugging Face config.json")
     if len(data) > APP_MAX_BYTES:
         raise ConfigError("config_file", f"is over {APP_MAX_BYTES // 1024} KiB; a config.json or MaxText yaml is a "
                                          "few KiB")

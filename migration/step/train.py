@@ -28,7 +28,7 @@ styles train identically (BatchNorm aside: under pmap it normalises over each de
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -169,6 +169,15 @@ class TrainProgram:
         key = jax.random.fold_in(jax.random.key(self.seed + 1), index)
         flat = self.workload.make_batch(self.model_cfg, key, self.global_batch)
         return jax.tree.map(lambda x: x.reshape(self.accumulation_steps, self.micro_batch, *x.shape[1:]), flat)
+
+    def real_batches(self) -> Iterator[Batch] | None:
+        """The workload's own data (`Workload.data_iterator`), global batch after global batch, laid out as
+        `make_batch`'s; None where the workload trains on synthetic batches."""
+        source = self.workload.data_iterator(self.model_cfg, self.global_batch)
+        if source is None:
+            return None
+        lay = lambda x: x.reshape(self.accumulation_steps, self.micro_batch, *x.shape[1:])  # noqa: E731
+        return (jax.tree.map(lay, batch) for batch in source)
 
     def batch_shapes(self) -> dict[str, jax.ShapeDtypeStruct]:
         shapes = self.workload.batch_shapes(self.model_cfg, self.micro_batch)
@@ -388,6 +397,12 @@ def batch_maker(program: TrainProgram, mesh: Mesh):
     that spans several processes (migration/config/distributed.py) each process computes only its own
     shards of the same global batch: no per-process input pipeline, and the losses of a one-process run."""
     sharding = {k: batch_sharding(mesh) for k in program.batch_shapes()}
+    real = program.real_batches()
+    if real is not None:
+        if jax.process_count() > 1:
+            raise ValueError("the workload's own data feeds a run of one process; a multi-process run trains on "
+                             "its synthetic batches (make_batch)")
+        return lambda index: jax.device_put(next(real), sharding)
     make = jax.jit(program.make_batch, out_shardings=sharding)
     return lambda index: make(jnp.asarray(index, jnp.int32))
 
@@ -459,6 +474,9 @@ def per_device_layout(program: TrainProgram, batch: Batch) -> Batch:
 def pmap_batch_maker(program: TrainProgram, mesh: Mesh):
     """A jitted `index -> batch` for the pmap step: global batch `index` of `make_batch` (the jit
     step's data), laid out per device and placed one slice per device (compiled once)."""
+    real = program.real_batches()
+    if real is not None:  # the same batches as the jit step's, in the same order
+        return lambda index: jax.device_put(per_device_layout(program, next(real)), per_device(mesh))
     make = jax.jit(lambda index: per_device_layout(program, program.make_batch(index)),
                    out_shardings=per_device(mesh))
     return lambda index: make(jnp.asarray(index, jnp.int32))
