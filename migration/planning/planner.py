@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from migration.common import ConfigError, fmt_gib, fmt_seconds
+from migration.common import ConfigError, fmt_count, fmt_gib, fmt_seconds
 from migration.config.layouts import parse_layout
 from migration.config.limits import FP8_PRECISIONS, LIMITS, REMAT_NAMED
 from migration.config.requests import PlanRequest, check_fp8_target, remat_applies, remat_unavailable
@@ -43,7 +43,8 @@ from migration.planning.search import (
     recompute_factors,
 )
 from migration.results import Decision, Plan
-from workloads import get_workload
+from workloads import BUILTIN, get_workload
+from workloads.base import Workload
 
 Emit = Callable[..., None]
 Key = tuple[str, str]  # (sharding, remat)
@@ -130,14 +131,15 @@ class Planner:
         candidates = batch_candidates(self.limit, req.granularity)
         self.candidates = exact_candidates(candidates, req.global_batch, req.gpus) or candidates
         self.decisions = [Decision("precision", self.precision, plan_record.precision_reason(req, target))]
+        if attention:
+            self.decisions.append(attention)
+        self.decisions.extend(counts_decisions(w, cfg))
         if req.config_notes:
             self.decisions.append(Decision("imported_config", req.config_notes[0],
                                            " | ".join(req.config_notes[1:]) or "every key it gives is modelled"))
         if not_applied and not req.remat:
             self.decisions.append(Decision("remat_not_offered", ", ".join(not_applied), "; ".join(
                 f"{r}: {why}" for r, why in not_applied.items())))
-        if attention:
-            self.decisions.append(attention)
         self.per_node = req.domain  # layouts keep their groups inside a link domain (a node, or an NVL72 rack)
         self.replicated_note: str | None = None
         self.modes, self.sharding_forced = self._sharding_modes()
@@ -361,3 +363,31 @@ class Planner:
         ratio = (est(self.precision, remat, 2) - est(self.precision, remat, 1)) / \
             max(1.0, est(self.precision, "none", 2) - est(self.precision, "none", 1))
         return int((self.target.budget_bytes - (m0 - slope * b0)) / max(1.0, slope * ratio))
+
+
+def counts_decisions(w: Workload, cfg: Any) -> list[Decision]:
+    """Where the model's parameter count and FLOPs come from: read from its traced program (a model that
+    gives neither), or the team's own counts checked against that program, a mismatch shown (the built-in
+    families' counts are checked by the tests, not at every plan)."""
+    derived = [m for m in ("param_count", "flops_per_example") if getattr(type(w), m) is getattr(Workload, m)]
+    if w.name in BUILTIN:
+        return []
+    facts = w.facts(cfg)
+    out = []
+    loops = (f"; {facts.unknown_loops} while loop(s) of a length the program does not state counted once"
+             if facts.unknown_loops else "")
+    if "flops_per_example" in derived:
+        out.append(Decision("model_flops", fmt_count(facts.train_flops, "FLOP"), (
+            f"per example, read from the traced program: its matrix products ({fmt_count(facts.forward_flops, 'FLOP')} "
+            f"forward) and the gradients the backward pass computes; elementwise work not counted{loops}")))
+    for method, given, read, unit in (("param_count", w.param_count(cfg), facts.params, "parameters"),
+                                      ("flops_per_example", w.flops_per_example(cfg), facts.train_flops, "FLOP")):
+        if method in derived:
+            continue
+        gap = given / read - 1 if read else float("inf")
+        same = abs(gap) <= 0.01
+        out.append(Decision(f"{method}_check", "agrees" if same else f"{gap:+.1%}", (
+            f"{w.name}'s {method} gives {fmt_count(given, unit)}; its traced program has {fmt_count(read, unit)}"
+            + ("" if same else "; the plan uses the given count: check it (or drop the override and let the "
+                               "program's count be used)"))))
+    return out
