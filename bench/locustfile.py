@@ -141,10 +141,12 @@ class Runner(GradioUser):
     @task
     def plan_then_run(self) -> None:
         label = f"load {self.user_name}"
-        self.call("plan", api_values("plan", **FORM, label=f"{label} plan"), name="plan (whole job)")
+        # the fields, then the uploads that follow them (no config file: the form's model)
+        self.call("plan", [*api_values("plan", **FORM, label=f"{label} plan"), None], name="plan (whole job)")
         for i in range(int(os.environ.get("LOAD_RUNS", "2"))):
             run = api_values("run", **FORM, steps=int(os.environ.get("LOAD_STEPS", "4")), label=f"{label} run {i}")
-            event, payload = self.call("run", [None, *run], name="run (whole job)")  # no saved plan file
+            # no saved plan file before the fields, no config file after them
+            event, payload = self.call("run", [None, *run, None], name="run (whole job)")
             headline = payload[0] if event == "complete" and isinstance(payload, list) else str(payload)
             with _lock, open(os.environ.get("LOAD_OUTCOMES", os.devnull), "a") as f:
                 f.write(json.dumps({"user": self.user_name, "label": f"{label} run {i}", "event": event,

@@ -32,6 +32,11 @@ def test_the_fingerprint_changes_with_the_code_that_shapes_the_compile(tmp_path)
         copy_sources(root)
         (root / changed).write_text((root / changed).read_text() + "\n# a changed line\n")
         assert code_fingerprint(root) != code_fingerprint(PROJECT_ROOT), changed
+    root = tmp_path / "reader"  # a config reader turns files into requests: it compiles nothing
+    copy_sources(root)
+    reader = root / "workloads" / "maxtext_config.py"
+    reader.write_text(reader.read_text() + "\n# a changed line\n")
+    assert code_fingerprint(root) == code_fingerprint(PROJECT_ROOT)
 
 
 def test_the_fingerprint_is_part_of_every_cache_key(monkeypatch, tmp_path):

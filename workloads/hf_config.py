@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from workloads.configs import DEFAULT_SEQ, ConfigFileError, Imported, Reader, listed, short
+from workloads.config_keys import DEFAULT_SEQ, ConfigFileError, Imported, Reader, listed, short
 
 MODERN = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "gemma3")
 GPT2 = ("gpt2",)

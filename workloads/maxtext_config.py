@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from workloads.configs import ConfigFileError, Imported, Reader, listed
+from workloads.config_keys import ConfigFileError, Imported, Reader, listed
 
 MODELS_FILE = Path(__file__).with_name("maxtext_models.json")
 # MaxText's base.yml defaults for the keys read here (src/maxtext/configs/base.yml at the commit of
@@ -64,28 +64,48 @@ def shipped() -> dict[str, Any]:
 
 
 def read_maxtext(data: Mapping[str, Any]) -> Imported:
-    where = "MaxText config"
     name_value = data.get("model_name", "default")
     if not isinstance(name_value, str):
-        raise ConfigFileError(f"{where} model_name: expected a string, got {name_value!r}")
-    model_keys: dict[str, Any] = {}
-    if name_value != "default":
-        models = shipped()["models"]
-        if name_value not in models:
-            near = difflib.get_close_matches(name_value, models, n=4, cutoff=0.5)
-            raise ConfigFileError(f"{where} model_name={name_value!r}: not one of MaxText's shipped models"
-                                  + (f" (nearest: {', '.join(near)})" if near else "")
-                                  + f"; {len(models)} known, read from {shipped()['source']}")
-        model_keys = dict(models[name_value])
-    stated = {**model_keys, **data}  # what the file and its model say (listed if unused)
-    r = Reader({**BASE, **stated}, where)
+        raise ConfigFileError(f"MaxText config model_name: expected a string, got {name_value!r}")
+    stated = {**_shipped_keys(name_value), **data}  # what the file and its model say (listed if unused)
+    r = Reader({**BASE, **stated}, "MaxText config")
     r.used.add("model_name")
     notes: list[str] = []
     _refuse(r)
     block = r.str("decoder_block")
     if block not in MODERN_BLOCKS + GPT_BLOCKS:
-        raise ConfigFileError(f"{where} decoder_block={block!r}: the families planned here are "
+        raise ConfigFileError(f"{r.where} decoder_block={block!r}: the families planned here are "
                               f"{', '.join(MODERN_BLOCKS + GPT_BLOCKS)}")
+    model = _dimensions(r, block, notes)
+    workload, preset = ("transformer", "gpt2-small") if block in GPT_BLOCKS else ("llama", "8b")
+    missing = _missing(r, block, model, notes)
+    window = r.int("sliding_window_size", lo=0, hi=10**8)
+    if window:
+        notes.append(f"sliding_window_size={window}: planned as full causal attention over the sequence "
+                     + ("(the same at this length)" if window >= model["seq_len"] else "(more attention FLOPs and memory)"))
+    if not r.bool("scan_layers"):
+        model["layer_loop"] = "unrolled"
+    settings = _tpu_settings(r, notes)
+    imported = Imported("MaxText config", name_value if name_value != "default" else block, workload, preset, model,
+                        settings, tuple(notes), missing)
+    return _with_unused(imported, r, stated)
+
+
+def _shipped_keys(name: str) -> dict[str, Any]:
+    """The keys of MaxText's shipped model `name` ("default": none), or ConfigFileError naming the nearest."""
+    if name == "default":
+        return {}
+    models = shipped()["models"]
+    if name not in models:
+        near = difflib.get_close_matches(name, models, n=4, cutoff=0.5)
+        raise ConfigFileError(f"MaxText config model_name={name!r}: not one of MaxText's shipped models"
+                              + (f" (nearest: {', '.join(near)})" if near else "")
+                              + f"; {len(models)} known, read from {shipped()['source']}")
+    return dict(models[name])
+
+
+def _dimensions(r: Reader, block: str, notes: list[str]) -> dict[str, Any]:
+    """The decoder's fields from MaxText's model keys (scaled by global_parameter_scale)."""
     scale = r.int("global_parameter_scale", hi=1024)
     d, heads = r.int("base_emb_dim", lo=8) * scale, r.int("base_num_query_heads") * scale
     kv, ff = r.int("base_num_kv_heads") * scale, r.int("base_mlp_dim") * scale
@@ -95,39 +115,44 @@ def read_maxtext(data: Mapping[str, Any]) -> Imported:
         notes.append(f"decoder_block=gemma2: base_num_decoder_layers counts local and global attention layers as "
                      f"one (MaxText's scan): {layers} layers")
     head = r.int("head_dim", hi=1024)
-    seq = r.int("max_target_length", hi=131072)
     if heads % kv:
-        raise ConfigFileError(f"{where} base_num_kv_heads={kv}: must divide base_num_query_heads={heads}")
+        raise ConfigFileError(f"{r.where} base_num_kv_heads={kv}: must divide base_num_query_heads={heads}")
     acts = r.raw("mlp_activations")
     if not isinstance(acts, list) or not all(isinstance(a, str) for a in acts):
-        raise ConfigFileError(f"{where} mlp_activations: expected a list of names, got {acts!r}")
+        raise ConfigFileError(f"{r.where} mlp_activations: expected a list of names, got {acts!r}")
     model: dict[str, Any] = {
-        "vocab_size": r.int("vocab_size"), "seq_len": seq, "d_model": d, "n_layers": layers, "n_heads": heads,
-        "n_kv_heads": kv, "d_ff": ff, "head_size": 0 if head * heads == d else head,
+        "vocab_size": r.int("vocab_size"), "seq_len": r.int("max_target_length", hi=131072), "d_model": d,
+        "n_layers": layers, "n_heads": heads, "n_kv_heads": kv, "d_ff": ff, "head_size": 0 if head * heads == d else head,
         "tied_embeddings": r.bool("logits_via_embedding"),
         "norm_eps": r.number("normalization_layer_epsilon", lo=1e-12, hi=0.1),
     }
-    missing, parts = 0, []
     if block in GPT_BLOCKS:
         if acts != ["gelu"]:
-            raise ConfigFileError(f"{where} mlp_activations={acts}: the GPT family here computes one GELU")
-        workload, preset = "transformer", "gpt2-small"
+            raise ConfigFileError(f"{r.where} mlp_activations={acts}: the GPT family here computes one GELU")
+        return model
+    if acts == ["gelu", "linear"]:
+        notes.append("mlp_activations=[gelu, linear]: a gated GELU MLP (GeGLU), computed as SwiGLU: the same shapes "
+                     "and FLOPs")
+    elif acts != ["silu", "linear"]:
+        raise ConfigFileError(f"{r.where} mlp_activations={acts}: the modern family here computes a gated SiLU or "
+                              "GELU MLP ([silu, linear] or [gelu, linear])")
+    model.update(rope_theta=r.number("rope_max_timescale", lo=1, hi=1e9), rope_scaling=1.0, context=0)
+    return model
+
+
+def _missing(r: Reader, block: str, model: dict[str, Any], notes: list[str]) -> int:
+    """Parameters of the file's model that the decoder here lacks, counted and listed in `notes`."""
+    layers, d, seq = model["n_layers"], model["d_model"], model["seq_len"]
+    head = model["head_size"] or d // model["n_heads"]
+    missing, parts = 0, []
+    if block in GPT_BLOCKS:
         positions = r.int("trainable_position_size", hi=10**6, lo=-1)
         if positions > seq:
             missing += (positions - seq) * d
             parts.append(f"a position table of {positions:,} rows where the sequence uses {seq:,} "
                          f"({(positions - seq) * d:,})")
-    else:
-        workload, preset = "llama", "8b"
-        if acts == ["gelu", "linear"]:
-            notes.append("mlp_activations=[gelu, linear]: a gated GELU MLP (GeGLU), computed as SwiGLU: the same "
-                         "shapes and FLOPs")
-        elif acts != ["silu", "linear"]:
-            raise ConfigFileError(f"{where} mlp_activations={acts}: the modern family here computes a gated SiLU or "
-                                  "GELU MLP ([silu, linear] or [gelu, linear])")
-        model.update(rope_theta=r.number("rope_max_timescale", lo=1, hi=1e9), rope_scaling=1.0, context=0)
     if r.bool("attention_bias"):
-        per = heads * head + 2 * kv * head
+        per = (model["n_heads"] + 2 * model["n_kv_heads"]) * head
         missing += layers * per
         parts.append(f"query, key and value biases ({layers * per:,})")
     if r.bool("use_qk_norm"):
@@ -139,16 +164,7 @@ def read_maxtext(data: Mapping[str, Any]) -> Imported:
             parts.append(f"{key.removeprefix('use_').replace('_', ' ')}s ({layers * d:,})")
     if parts:
         notes.append(f"{missing:,} parameters the decoder here does not have: {'; '.join(parts)}; planned without them")
-    window = r.int("sliding_window_size", lo=0, hi=10**8)
-    if window:
-        notes.append(f"sliding_window_size={window}: planned as full causal attention over the sequence "
-                     + ("(the same at this length)" if window >= seq else "(more attention FLOPs and memory)"))
-    if not r.bool("scan_layers"):
-        model["layer_loop"] = "unrolled"
-    settings = _tpu_settings(r, notes)
-    imported = Imported("MaxText config", name_value if name_value != "default" else block, workload, preset, model,
-                        settings, tuple(notes), missing)
-    return _with_unused(imported, r, stated)
+    return missing
 
 
 def _refuse(r: Reader) -> None:

@@ -39,6 +39,10 @@ except ImportError:  # pragma: no cover - Windows
 # The code that shapes a compiled step and the figures kept of it: a change to any of it is another key.
 COMPILE_SOURCES = ("workloads/*.py", "migration/step/*.py", "migration/config/layouts.py",
                    "migration/config/requests.py", "migration/planning/memory.py", "migration/planning/hlo_cost.py")
+# Files those patterns match that never shape a compiled step: the readers of MaxText and Hugging Face
+# configs turn a file into a request (the model's dimensions, which are part of every key themselves).
+NOT_COMPILED = ("workloads/configs.py", "workloads/config_keys.py", "workloads/hf_config.py",
+                "workloads/maxtext_config.py")
 # The packages whose versions change a compile: JAX and its compiler, the CUDA plugin, the TPU compiler,
 # the model and optimizer libraries.
 COMPILE_PACKAGES = ("jax", "jaxlib", "jax-cuda12-plugin", "jax-cuda12-pjrt", "jax-cuda13-plugin", "jax-cuda13-pjrt",
@@ -53,15 +57,17 @@ PORTABLE = ("compiled-for-target", "compiled-for-tpu", "compiled-serving", "esti
 def code_fingerprint(root: Path = PROJECT_ROOT) -> str:
     """sha256 over the sources that shape the compiled step (workloads, train step, policies, fp8, layouts,
     how a candidate is compiled and read)."""
-    return sources_fingerprint(COMPILE_SOURCES, root)
+    return sources_fingerprint(COMPILE_SOURCES, root, NOT_COMPILED)
 
 
 @functools.lru_cache(maxsize=16)
-def sources_fingerprint(patterns: tuple[str, ...], root: Path = PROJECT_ROOT) -> str:
-    """sha256 over the project's files that match `patterns`, names and contents."""
+def sources_fingerprint(patterns: tuple[str, ...], root: Path = PROJECT_ROOT, excluded: tuple[str, ...] = ()) -> str:
+    """sha256 over the project's files that match `patterns` (except those in `excluded`), names and contents."""
     digest = hashlib.sha256()
     for pattern in patterns:
         for path in sorted(root.glob(pattern)):
+            if path.relative_to(root).as_posix() in excluded:
+                continue
             digest.update(path.relative_to(root).as_posix().encode())
             digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
