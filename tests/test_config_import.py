@@ -94,6 +94,42 @@ def test_every_dense_shipped_maxtext_model_reads_and_every_moe_one_is_refused():
     assert all("\n" not in why for _, why in refused)
 
 
+def test_maxtext_semantics_scale_precedence_slices_and_instruct():
+    """As MaxText reads its config: global_parameter_scale doubles the dimensions in turn (a power of two),
+    the shipped model's keys apply over the file's (said in the plan), slices multiply the DCN axes, and an
+    -Instruct model has its base's architecture."""
+    scaled = read_config_bytes(b"model_name: llama2-7b\nglobal_parameter_scale: 8\n", "x.yml").model
+    assert (scaled["d_model"], scaled["n_heads"], scaled["d_ff"], scaled["n_layers"]) == (8192, 64, 22016, 64)
+    with pytest.raises(ConfigError, match="power of two"):
+        read_config_bytes(b"model_name: llama2-7b\nglobal_parameter_scale: 3\n", "x.yml")
+    clash = read_config_bytes(b"model_name: llama3.1-8b\nbase_num_decoder_layers: 4\n", "x.yml")
+    assert clash.model["n_layers"] == 32 and any("base_num_decoder_layers=4" in n for n in clash.notes)
+    two = read_config_bytes(b"model_name: llama2-7b\nper_device_batch_size: 4\ndcn_fsdp_parallelism: 2\n", "x.yml")
+    req = with_imported(PlanRequest(source="tpu-v5p-8"), two, given={"source"})
+    assert (req.source_slices, req.global_batch, req.source_sharding) == (2, 32, "fsdp")
+    assert read_config_bytes(b"model_name: llama3.1-8b-Instruct\n", "x.yml").model["n_layers"] == 32
+    # Gemma 3 always normalises queries and keys: the same count from MaxText as from its config.json
+    gemma3 = read_config_bytes(b"model_name: gemma3-4b\n", "x.yml")
+    assert gemma3.missing_params == 34 * (2 * 256 + 2 * 2560)
+
+
+def test_hugging_face_defaults_and_newer_keys():
+    qwen3 = {"model_type": "qwen3", "hidden_size": 1024, "num_hidden_layers": 28, "num_attention_heads": 16,
+             "num_key_value_heads": 8, "intermediate_size": 3072, "vocab_size": 151936, "tie_word_embeddings": True}
+    imported = read_config_bytes(json.dumps(qwen3).encode(), "config.json")
+    assert imported.model["head_size"] == 128  # Qwen3Config's default, not 1024 / 16
+    total = planned_params(imported) + imported.missing_params  # Qwen3-0.6B's card: 0.6B, 0.44B without embeddings
+    assert round(total / 1e9, 1) == 0.6 and round((total - 151936 * 1024) / 1e9, 2) == 0.44
+    llama = json.loads((CONFIGS / "hf" / "llama-3.2-1b.json").read_text())
+    newer = {k: v for k, v in llama.items() if k not in ("rope_scaling", "rope_theta")}
+    newer["rope_parameters"] = {**llama["rope_scaling"], "rope_theta": llama["rope_theta"]}
+    assert read_config_bytes(json.dumps(newer).encode(), "config.json").model == \
+        read_config_path(str(CONFIGS / "hf" / "llama-3.2-1b.json")).model
+    bom = b"\xef\xbb\xbf" + (CONFIGS / "hf" / "gpt2.json").read_bytes()
+    assert read_config_bytes(bom, "config.json").model["d_model"] == 768
+    assert read_config_bytes(b'{"model_name": "llama2-7b"}', "run.yml").name == "llama2-7b"
+
+
 @pytest.mark.parametrize("text, words", [
     (b'{"model_type": "llama", "hidden_size": "4096"}', "hidden_size: expected an integer"),
     (b'{"model_type": "mixtral", "num_local_experts": 8}', "num_local_experts=8"),
@@ -108,6 +144,13 @@ def test_every_dense_shipped_maxtext_model_reads_and_every_moe_one_is_refused():
     (b"\xff\xfe\x00", "not UTF-8"),
     (b"{" + b" " * MAX_BYTES + b"}", "at most"),
     (b"model_name: !!python/object/apply:os.system [echo hi]\n", "neither JSON nor YAML"),
+    (b"a: [\n", "neither JSON nor YAML"),
+    (b"model_name: llama2-7b\nrun_name: 2024-01-01\nper_device_batch_size: x\n", "per_device_batch_size"),
+    (b"model_name: llama2-7b\nper_device_batch_size: " + b"9" * 5000 + b"\n", "4300 digits"),
+    (b'{"model_type": ' + b"[" * 20000 + b"]" * 20000 + b"}", "not valid JSON"),
+    (b"x: " + b"[" * 20000 + b"]" * 20000 + b"\n", "more than 32 deep"),  # refused before PyYAML spends seconds
+    (b'{"model_type": "gemma3", "text_config": [1]}', "text_config"),
+    (b'{"model_type": "llama", "num_local_experts": 8.0}', "num_local_experts=8.0"),
 ])
 def test_a_bad_config_is_one_line_naming_the_problem(text, words):
     """(A YAML tag that would call a function is refused by the safe loader; nothing runs.)"""

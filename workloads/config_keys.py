@@ -65,25 +65,25 @@ class Reader:
         if isinstance(value, float) and value.is_integer():
             value = int(value)
         if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-            raise ConfigFileError(f"{self.where} {key}: expected an integer from {lo} to {hi}, got {value!r}")
+            raise ConfigFileError(f"{self.where} {key}: expected an integer from {lo} to {hi}, got {short(value)}")
         return value
 
     def number(self, key: str, default: float | None = None, lo: float = 0.0, hi: float = 1e12) -> float:
         value = self._given(key, default)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not (lo <= value <= hi) or not math.isfinite(value):
-            raise ConfigFileError(f"{self.where} {key}: expected a number from {lo:g} to {hi:g}, got {value!r}")
+            raise ConfigFileError(f"{self.where} {key}: expected a number from {lo:g} to {hi:g}, got {short(value)}")
         return float(value)
 
     def bool(self, key: str, default: bool | None = None) -> bool:
         value = self._given(key, default)
         if not isinstance(value, bool):
-            raise ConfigFileError(f"{self.where} {key}: expected true or false, got {value!r}")
+            raise ConfigFileError(f"{self.where} {key}: expected true or false, got {short(value)}")
         return value
 
     def str(self, key: str, default: str | None = None) -> str:
         value = self._given(key, default)
         if not isinstance(value, str):
-            raise ConfigFileError(f"{self.where} {key}: expected a string, got {value!r}")
+            raise ConfigFileError(f"{self.where} {key}: expected a string, got {short(value)}")
         return value
 
     def unused(self) -> list[str]:
@@ -91,7 +91,7 @@ class Reader:
 
 
 def short(value: Any, limit: int = 60) -> str:
-    text = json.dumps(value) if not isinstance(value, str) else value
+    text = json.dumps(value, default=str) if not isinstance(value, str) else value
     return text if len(text) <= limit else text[:limit - 1] + "…"
 
 

@@ -43,6 +43,26 @@ def _loader() -> Any:
     return Loader
 
 
+MAX_DEPTH = 32  # a config nests a few levels; PyYAML takes seconds per thousand levels of [ or {
+
+
+def _nesting(text: str) -> int:
+    """The deepest nesting of [ and { outside quotes: checked before YAML parses, in one linear pass."""
+    depth = deepest = 0
+    quote = ""
+    for ch in text:
+        if quote:
+            quote = "" if ch == quote else quote
+        elif ch in "\"'":
+            quote = ch
+        elif ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "]}":
+            depth = max(0, depth - 1)
+    return deepest
+
+
 def _no_aliases(text: str) -> None:
     import yaml  # reason: PyYAML is needed only to read a MaxText config
 
@@ -57,27 +77,34 @@ def parse(text: str | bytes, name: str = "") -> tuple[str, dict[str, Any]]:
         if len(text) > MAX_BYTES:
             raise ConfigFileError(f"{name or 'the config'} is {len(text):,} bytes; at most {MAX_BYTES:,} are read")
         try:
-            text = text.decode("utf-8")
+            text = text.decode("utf-8-sig")
         except UnicodeDecodeError:
             raise ConfigFileError(f"{name or 'the config'} is not UTF-8 text: neither a config.json nor a MaxText "
                                   "yaml") from None
     if len(text.encode("utf-8")) > MAX_BYTES:
         raise ConfigFileError(f"{name or 'the config'} is over {MAX_BYTES:,} bytes; at most that is read")
-    stripped = text.lstrip()
+    text = text.removeprefix("\ufeff")
     data: Any
-    if stripped.startswith("{") or name.endswith(".json"):
+    as_yaml = name.endswith((".yml", ".yaml"))
+    if name.endswith(".json") or (not as_yaml and text.lstrip().startswith("{")):
         try:
             data = json.loads(text)
-        except ValueError as exc:
-            raise ConfigFileError(f"{name or 'the config'} is not valid JSON ({exc})") from None
+        except (ValueError, RecursionError) as exc:
+            first = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
+            raise ConfigFileError(f"{name or 'the config'} is not valid JSON ({first})") from None
     else:
         import yaml  # reason: PyYAML is needed only to read a MaxText config
 
-        _no_aliases(text)
+        if _nesting(text) > MAX_DEPTH:
+            raise ConfigFileError(f"{name or 'the config'} nests lists or mappings more than {MAX_DEPTH} deep: "
+                                  "not a config")
         try:
+            _no_aliases(text)
             data = yaml.load(text, Loader=_loader())  # noqa: S506 - a SafeLoader subclass
-        except yaml.YAMLError as exc:
-            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        except ConfigFileError:
+            raise
+        except (yaml.YAMLError, ValueError, RecursionError) as exc:
+            first = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
             raise ConfigFileError(f"{name or 'the config'} is neither JSON nor YAML ({first})") from None
     if not isinstance(data, dict) or not all(isinstance(k, str) for k in data):
         raise ConfigFileError(f"{name or 'the config'} is not a mapping of keys to values: neither a Hugging Face "

@@ -42,11 +42,7 @@ def read_hf(data: Mapping[str, Any]) -> Imported:
     model_type = r.str("model_type", "")
     if not model_type:
         raise ConfigFileError("config.json has no model_type: give the config.json of a Hugging Face model")
-    for key in MOE_KEYS:
-        value = data.get(key)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 1:
-            raise ConfigFileError(f"config.json {key}={value}: a mixture-of-experts model ({model_type}); this "
-                                  "product plans dense decoders so far")
+    _refuse_experts(data, model_type)
     if model_type in MOE_TYPES:
         raise ConfigFileError(f"config.json model_type={model_type}: a mixture-of-experts model; this product "
                               "plans dense decoders so far")
@@ -56,7 +52,10 @@ def read_hf(data: Mapping[str, Any]) -> Imported:
         raise ConfigFileError(f"config.json model_type={model_type!r}: the readers know {', '.join(MODERN + GPT2)} "
                               "(a model of another family: bring its code, see docs/your-model.md)")
     notes: list[str] = []
-    if model_type == "gemma3" and isinstance(data.get("text_config"), dict):
+    if model_type == "gemma3" and "text_config" in data:
+        if not isinstance(data["text_config"], dict):
+            raise ConfigFileError(f"config.json text_config: expected an object, got {short(data['text_config'])}")
+        _refuse_experts(data["text_config"], model_type)
         r.raw("text_config")
         for key in ("vision_config",):
             if key in data:
@@ -67,7 +66,15 @@ def read_hf(data: Mapping[str, Any]) -> Imported:
         r.used.add("model_type")
         imported = _modern(r, "gemma3_text", notes)
         return _with_unused(imported, outer, data, prefix="")
-    return _modern(r, model_type, notes)
+    return _modern(r, "gemma3_text" if model_type == "gemma3" else model_type, notes)
+
+
+def _refuse_experts(data: Mapping[str, Any], model_type: str) -> None:
+    for key in MOE_KEYS:
+        value = data.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 1:
+            raise ConfigFileError(f"config.json {key}={short(value)}: a mixture-of-experts model ({model_type}); "
+                                  "this product plans dense decoders so far")
 
 
 def _activation(r: Reader, family: str, notes: list[str]) -> None:
@@ -88,7 +95,9 @@ def _modern(r: Reader, model_type: str, notes: list[str]) -> Imported:
     kv = r.int("num_key_value_heads", heads)
     ff, vocab = r.int("intermediate_size"), r.int("vocab_size")
     gemma = model_type.startswith("gemma")
-    head = r.int("head_dim", 256 if gemma else (d // heads if d % heads == 0 else None), hi=1024)
+    # transformers' defaults: Gemma's heads are 256 wide, Qwen3's 128, the others d_model / heads
+    head = r.int("head_dim", 256 if gemma else 128 if model_type == "qwen3" else
+                 (d // heads if d % heads == 0 else None), hi=1024)
     context = r.int("max_position_embeddings", DEFAULT_SEQ, hi=1_048_576)
     seq = min(context, DEFAULT_SEQ)
     if heads % kv:
@@ -97,7 +106,7 @@ def _modern(r: Reader, model_type: str, notes: list[str]) -> Imported:
         "vocab_size": vocab, "seq_len": seq, "d_model": d, "n_layers": layers, "n_heads": heads, "n_kv_heads": kv,
         "d_ff": ff, "head_size": 0 if head * heads == d else head, "context": context if context > seq else 0,
         "tied_embeddings": r.bool("tie_word_embeddings", gemma),
-        "rope_theta": r.number("rope_theta", 10000.0, lo=1, hi=1e9),
+        "rope_theta": _rope_theta(r, 1e6 if model_type == "gemma3_text" else 10000.0),
         "norm_eps": r.number("rms_norm_eps", 1e-6, lo=1e-12, hi=0.1),
         "rope_scaling": 1.0, "rope_low_freq_factor": 1.0, "rope_high_freq_factor": 4.0,
         "rope_original_context": 8192,
@@ -107,7 +116,20 @@ def _modern(r: Reader, model_type: str, notes: list[str]) -> Imported:
                      f"does not say the training length; --seq sets yours); served up to {context:,}")
     _activation(r, model_type, notes)
     _rope_scaling(r, model, notes)
-    q, kvw = heads * head, kv * head
+    missing = _missing(r, model_type, model, head, notes)
+    if gemma:
+        notes.append("Gemma scales embeddings by sqrt(hidden_size) and norms by (1 + weight): no bearing on memory "
+                     "or step time")
+    _attention_notes(r, seq, notes)
+    family = "llama"
+    imported = Imported("Hugging Face config.json", model_type, family, "8b", model, {}, tuple(notes), missing)
+    return _with_unused(imported, r, r.data)
+
+
+def _missing(r: Reader, model_type: str, model: dict[str, Any], head: int, notes: list[str]) -> int:
+    """Parameters the family has and the decoder here lacks, counted and listed in `notes`."""
+    layers, d, ff = model["n_layers"], model["d_model"], model["d_ff"]
+    q, kvw = model["n_heads"] * head, model["n_kv_heads"] * head
     missing, parts = 0, []
     if model_type == "qwen2" or r.bool("attention_bias", False):
         per = q + 2 * kvw + (d if model_type != "qwen2" else 0)
@@ -125,9 +147,11 @@ def _modern(r: Reader, model_type: str, notes: list[str]) -> Imported:
     if parts:
         notes.append(f"{model_type} has {missing:,} parameters the decoder here does not: {'; '.join(parts)}; "
                      "planned without them")
-    if gemma:
-        notes.append("Gemma scales embeddings by sqrt(hidden_size) and norms by (1 + weight): no bearing on memory "
-                     "or step time")
+    return missing
+
+
+def _attention_notes(r: Reader, seq: int, notes: list[str]) -> None:
+    """Soft caps and sliding windows: what the plan computes instead."""
     cap = [k for k in ("attn_logit_softcapping", "final_logit_softcapping", "query_pre_attn_scalar") if r.has(k)]
     for key in cap:
         r.raw(key)
@@ -135,17 +159,25 @@ def _modern(r: Reader, model_type: str, notes: list[str]) -> Imported:
     if note:
         notes.append(note)
     if r.has("sliding_window"):
-        window = r.int("sliding_window", hi=10**8)
-        notes.append(f"sliding_window={window}: planned as full causal attention over the sequence "
-                     + ("(the same at this length)" if window >= seq else
-                        f"(more attention FLOPs and memory than a {window:,}-token window needs)"))
-    family = "llama"
-    imported = Imported("Hugging Face config.json", model_type, family, "8b", model, {}, tuple(notes), missing)
-    return _with_unused(imported, r, r.data)
+        window = r.int("sliding_window", lo=0, hi=10**8)
+        if r.has("use_sliding_window") and not r.bool("use_sliding_window"):
+            notes.append(f"sliding_window={window} with use_sliding_window=false: no window; full causal attention")
+        elif window:
+            notes.append(f"sliding_window={window}: planned as full causal attention over the sequence "
+                         + ("(the same at this length)" if window >= seq else
+                            f"(more attention FLOPs and memory than a {window:,}-token window needs)"))
+
+
+def _rope_theta(r: Reader, default: float) -> float:
+    """`rope_theta`, or (newer transformers) `rope_parameters.rope_theta`."""
+    params = r.data.get("rope_parameters")
+    if not r.has("rope_theta") and isinstance(params, dict) and "rope_theta" in params:
+        return Reader(params, "config.json rope_parameters").number("rope_theta", lo=1, hi=1e9)
+    return r.number("rope_theta", default, lo=1, hi=1e9)
 
 
 def _rope_scaling(r: Reader, model: dict[str, Any], notes: list[str]) -> None:
-    scaling = r.raw("rope_scaling")
+    scaling = r.raw("rope_scaling") or r.raw("rope_parameters")
     if not scaling:
         return
     if not isinstance(scaling, dict):
@@ -157,7 +189,7 @@ def _rope_scaling(r: Reader, model: dict[str, Any], notes: list[str]) -> None:
                      rope_low_freq_factor=sub.number("low_freq_factor", 1.0, lo=0.01, hi=1000),
                      rope_high_freq_factor=sub.number("high_freq_factor", 4.0, lo=0.01, hi=1000),
                      rope_original_context=sub.int("original_max_position_embeddings", 8192, hi=1_048_576))
-    elif kind != "default":
+    elif kind not in ("default", None):
         notes.append(f"rope_scaling={short(scaling)}: positions only, no bearing on memory or step time; planned "
                      "with unscaled rotary positions")
 

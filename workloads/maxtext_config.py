@@ -19,11 +19,12 @@ from __future__ import annotations
 import difflib
 import functools
 import json
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from workloads.config_keys import ConfigFileError, Imported, Reader, listed
+from workloads.config_keys import ConfigFileError, Imported, Reader, listed, short
 
 MODELS_FILE = Path(__file__).with_name("maxtext_models.json")
 # MaxText's base.yml defaults for the keys read here (src/maxtext/configs/base.yml at the commit of
@@ -64,13 +65,22 @@ def shipped() -> dict[str, Any]:
 
 
 def read_maxtext(data: Mapping[str, Any]) -> Imported:
+    data = {k: v for k, v in data.items() if v is not None}  # an empty key keeps base.yml's value
     name_value = data.get("model_name", "default")
     if not isinstance(name_value, str):
-        raise ConfigFileError(f"MaxText config model_name: expected a string, got {name_value!r}")
-    stated = {**_shipped_keys(name_value), **data}  # what the file and its model say (listed if unused)
+        raise ConfigFileError(f"MaxText config model_name: expected a string, got {short(name_value)}")
+    name_value = name_value.replace("-Instruct", "")  # as MaxText: an instruct model has its base's architecture
+    model_keys = _shipped_keys(name_value)
+    notes: list[str] = []
+    # MaxText applies the model's keys over the config file's (the command line's over both)
+    clash = sorted(k for k in data if k in model_keys and data[k] != model_keys[k])
+    if clash:
+        notes.append(f"{', '.join(f'{k}={short(data[k], 20)}' for k in clash)}: model_name {name_value} sets "
+                     f"{', '.join(f'{k}={short(model_keys[k], 20)}' for k in clash)}, which MaxText applies over the "
+                     "file's (as planned here); give yours as flags here, or on MaxText's command line")
+    stated = {**data, **model_keys}  # what the file and its model say (listed if unused)
     r = Reader({**BASE, **stated}, "MaxText config")
     r.used.add("model_name")
-    notes: list[str] = []
     _refuse(r)
     block = r.str("decoder_block")
     if block not in MODERN_BLOCKS + GPT_BLOCKS:
@@ -105,11 +115,11 @@ def _shipped_keys(name: str) -> dict[str, Any]:
 
 
 def _dimensions(r: Reader, block: str, notes: list[str]) -> dict[str, Any]:
-    """The decoder's fields from MaxText's model keys (scaled by global_parameter_scale)."""
-    scale = r.int("global_parameter_scale", hi=1024)
-    d, heads = r.int("base_emb_dim", lo=8) * scale, r.int("base_num_query_heads") * scale
-    kv, ff = r.int("base_num_kv_heads") * scale, r.int("base_mlp_dim") * scale
-    layers = r.int("base_num_decoder_layers") * scale
+    """The decoder's fields from MaxText's model keys (scaled by global_parameter_scale as MaxText does)."""
+    emb, head_scale, mlp, layer = _scales(r.int("global_parameter_scale", hi=2**20))
+    d, heads = r.int("base_emb_dim", lo=8) * emb, r.int("base_num_query_heads") * head_scale
+    kv, ff = r.int("base_num_kv_heads") * head_scale, r.int("base_mlp_dim") * mlp
+    layers = r.int("base_num_decoder_layers") * layer
     if block == "gemma2":  # MaxText scans Gemma 2's local and global attention layers as one
         layers *= 2
         notes.append(f"decoder_block=gemma2: base_num_decoder_layers counts local and global attention layers as "
@@ -140,6 +150,16 @@ def _dimensions(r: Reader, block: str, notes: list[str]) -> dict[str, Any]:
     return model
 
 
+def _scales(scale: int) -> tuple[int, int, int, int]:
+    """The factors of the embedding, the heads, the MLP and the layers for `global_parameter_scale` (MaxText's
+    `get_individual_scales`: a power of two, its doublings spread over the four in turn)."""
+    if scale & (scale - 1):
+        raise ConfigFileError(f"MaxText config global_parameter_scale={scale}: must be a power of two (as in MaxText)")
+    base, rem = divmod(scale.bit_length() - 1, 3)
+    heads = base + int(rem > 0)
+    return 2 ** (base + int(rem > 1)), 2 ** heads, 2 ** heads, 2 ** base
+
+
 def _missing(r: Reader, block: str, model: dict[str, Any], notes: list[str]) -> int:
     """Parameters of the file's model that the decoder here lacks, counted and listed in `notes`."""
     layers, d, seq = model["n_layers"], model["d_model"], model["seq_len"]
@@ -155,7 +175,7 @@ def _missing(r: Reader, block: str, model: dict[str, Any], notes: list[str]) -> 
         per = (model["n_heads"] + 2 * model["n_kv_heads"]) * head
         missing += layers * per
         parts.append(f"query, key and value biases ({layers * per:,})")
-    if r.bool("use_qk_norm"):
+    if r.bool("use_qk_norm") or block == "gemma3":  # Gemma 3 normalises queries and keys whatever the key says
         missing += layers * 2 * head
         parts.append(f"query and key norms ({layers * 2 * head:,})")
     for key in ("use_post_attn_norm", "use_post_ffw_norm"):
@@ -195,7 +215,9 @@ def _tpu_settings(r: Reader, notes: list[str]) -> dict[str, Any]:
         notes.append(f"weight_dtype={weights}: the plan keeps float32 master weights (and counts their memory)")
     fsdp, data = r.int("ici_fsdp_parallelism", lo=-1), r.int("ici_data_parallelism", lo=-1)
     dcn_fsdp = r.int("dcn_fsdp_parallelism", lo=-1)
-    slices = max(r.int("dcn_data_parallelism", lo=-1), r.int("num_slices", lo=-1), 1)
+    num_slices = r.int("num_slices", lo=-1)
+    across = [v for v in (r.int("dcn_data_parallelism", lo=-1), dcn_fsdp) if v > 1]
+    slices = num_slices if num_slices > 0 else max(1, math.prod(across))
     remat = r.str("remat_policy")
     notes.append(f"remat_policy={remat}: the TPU side is compiled without remat here; the GPU plan picks its own "
                  "policy")
