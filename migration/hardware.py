@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import os
 import time
 from typing import Any
@@ -500,7 +501,7 @@ def _tpu_slice(generation: str, size: int, shape: str) -> TpuSpec:
 # v5e and v6e names count chips.
 _TPU_SLICES = {
     "v3": {8: "2x2", 32: "4x4"},
-    "v4": {8: "2x2x1", 16: "2x2x2", 32: "2x2x4", 64: "2x4x4", 128: "4x4x4", 256: "4x4x8", 512: "4x8x8",
+    "v4": {8: "2x2x1", 16: "2x2x2", 32: "2x2x4", 64: "2x4x4", 128: "4x4x4", 256: "4x4x8", 384: "4x4x12", 512: "4x8x8",
            1024: "8x8x8", 1536: "8x8x12", 2048: "8x8x16", 4096: "8x16x16", 8192: "16x16x16"},
     "v5e": {1: "1x1", 4: "2x2", 8: "2x4", 16: "4x4", 32: "4x8", 64: "8x8", 128: "8x16", 256: "16x16"},
     "v5p": {8: "2x2x1", 16: "2x2x2", 32: "2x2x4", 64: "2x4x4", 128: "4x4x4", 256: "4x4x8", 512: "4x8x8",
@@ -512,6 +513,34 @@ _TPU_SLICES = {
 TPU_SPECS: dict[str, TpuSpec] = {
     s.key: s for s in (_tpu_slice(g, size, shape) for g, slices in _TPU_SLICES.items() for size, shape in slices.items())
 }
+
+
+_SLICE_NAME = re.compile(r"^\s*(?:(\d{1,3})\s*[x×]\s*)?(?:tpu-?)?(v\d[a-z]?|v5litepod|7x)-(\d{1,5})\s*$")
+
+
+def parse_tpu_slice(text: Any, field: str = "source") -> tuple[str, int]:
+    """The catalog key and the slice count of a TPU job named as users and Google Cloud name it: a catalog
+    key ("tpu-v5p-1024"), an accelerator type ("v5p-1024", "v5litepod-256", "tpu7x-128"), or several
+    slices ("2xv6e-256", "4 x v5p-512"). ConfigError naming `field` and what is allowed otherwise."""
+    from migration.common import ConfigError, shown  # reason: the catalogs here raise the config layer's error
+
+    if isinstance(text, str) and text in TPU_SPECS:
+        return text, 1
+    found = _SLICE_NAME.match(text.lower()) if isinstance(text, str) and len(text) <= 40 else None
+    if found:
+        count, generation, size = int(found.group(1) or 1), found.group(2), int(found.group(3))
+        generation = {"v5litepod": "v5e", "7x": "tpu7x"}.get(generation, generation)
+        key = f"{generation}-{size}" if generation == "tpu7x" else f"tpu-{generation}-{size}"
+        if key in TPU_SPECS and 1 <= count <= 64:
+            return key, count
+        if key in TPU_SPECS:
+            raise ConfigError(field, f"a job of 1 to 64 slices; got {count} x {key}")
+        sizes = _TPU_SLICES.get(generation)
+        if sizes:
+            raise ConfigError(field, f"{generation} slices are {', '.join(f'{generation}-{n}' for n in sizes)}; "
+                                     f"got {shown(text)}")
+    raise ConfigError(field, f"a TPU slice as Google Cloud names it (v5p-1024, v5litepod-256, v6e-256, tpu7x-128), "
+                             f"a catalog key (tpu-v5p-1024) or N slices of one (2xv6e-256); got {shown(text)}")
 
 
 # -- XLA GPU target description, for compiling without the device ----------------------------

@@ -70,7 +70,9 @@ def test_a_maxtext_model_by_its_own_keys_with_accumulation_and_slices():
     req = with_imported(PlanRequest(source="tpu-v5p-8"), imported, given={"source"})
     assert req.global_batch == 2 * 4 * 2 * 2 and req.source_slices == 2  # per device x devices x accumulation x slices
     notes = " ".join(req.config_notes)
-    assert "my_team_flag=7: not modelled" in notes and "GeGLU" in notes and "gradient_accumulation_steps=2" in notes
+    assert "my_team_flag=7: not modelled" in notes and "gradient_accumulation_steps=2" in notes
+    assert imported.model["mlp"] == "geglu"  # mlp_activations [gelu, linear]: a gated GELU MLP, as written
+    assert req.source_remat == "full" and "remat_policy=full: the TPU side is compiled with" in notes
 
 
 def test_every_dense_shipped_maxtext_model_reads_and_every_moe_one_is_refused():

@@ -55,7 +55,7 @@ def test_every_field_fills_a_field_of_what_it_fills(f):
     homes = {"plan": PlanRequest, "run": RunConfig, "options": RunOptions, "autotune": AutotuneSettings}
     if f.fills == "job":
         assert f.name in ("label", "save_checkpoint", "restore_checkpoint")
-    elif f.name in ("embeddings", "attention", "layer_loop") or f.zero == "the preset's":
+    elif f.name in ("embeddings", "attention", "layer_loop", "mlp") or f.zero == "the preset's":
         assert "model" in inspect.signature(PlanRequest).parameters  # dimensions go into the model overrides
     else:
         assert f.target in inspect.signature(homes[f.fills]).parameters, f

@@ -93,3 +93,54 @@ def test_a_published_step_is_predicted_within_the_stated_band(entry_id, publishe
         f"{entry_id}: the error is now {error:+.2%}, bench/results records {recorded:+.1f}%: if the change is meant, "
         "rerun `python bench/published_check.py --picked --json bench/results/published_check.json` (and --match fp8 "
         "for the fp8 record) and update README's figures")
+
+
+# -- the TPU side: bench/published_check.py --tpu (bench/tpu_published.py) ---------------------------------------
+
+def _import_tpu_bench():
+    saved = dict(os.environ)
+    try:
+        import bench.tpu_published as module
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    return module
+
+
+def test_the_tpu_ci_entries_cover_each_generation_and_kind_of_job():
+    tpu = _import_tpu_bench()
+    chosen = [e for e in tpu.entries() if e["id"] in tpu.CI_ENTRIES]
+    assert len(chosen) == len(tpu.CI_ENTRIES)
+    assert {e["tpu"] for e in chosen} >= {"v4", "v5p", "v6e", "tpu7x"}
+    assert {e["model"]["mlp"] for e in chosen} >= {"relu", "swiglu"}
+    assert any(e["slices"] > 1 for e in chosen) and any("ici_tensor_parallelism" in e["parallelism"] for e in chosen)
+    assert any(e["remat"].startswith("custom") for e in chosen)
+
+
+@pytest.mark.parametrize("entry_id", _import_tpu_bench().CI_ENTRIES)
+def test_a_published_tpu_step_is_predicted_as_the_bench_records_it(entry_id, tmp_path):
+    """Each CI entry's stored TPU program (its kernels, compiled by libtpu for the published slices), predicted
+    with the TPU calibration: within the band the product states for the TPU side, and the error bench/results
+    records for it. Where the stored kernels are not this checkout's, the entry is compiled again here."""
+    tpu = _import_tpu_bench()
+    entry = next(e for e in tpu.entries() if e["id"] == entry_id)
+    stored = tpu.stored_program(entry)
+    if stored is None:
+        warnings.warn(f"{entry_id}: the stored TPU program was built by other code or packages; compiling it again "
+                      "(python bench/published_check.py --tpu --write-fixtures stores this checkout's)")
+        done = subprocess.run([sys.executable, "bench/published_check.py", "--tpu", "--write-fixtures", str(tmp_path),
+                               "--only", entry_id], cwd=ROOT, capture_output=True, text=True, timeout=1800,
+                              env={k: v for k, v in os.environ.items() if k != "XLA_FLAGS"})
+        assert done.returncode == 0, done.stderr[-3000:]
+        stored = tpu.stored_program(entry, tmp_path)
+        assert stored is not None
+    kernels, config, how = stored
+    predicted = tpu.predict(entry, kernels, steptime.TPU_CALIBRATION).seconds
+    published, _ = tpu.published_step(entry)
+    error = predicted / published - 1
+    assert abs(error) <= steptime.EXPECTED_ERROR_TPU, f"{entry_id}: {error:+.1%} ({how}, remat {config['remat']})"
+    record = json.loads((ROOT / "bench" / "results" / "published_tpu_check.json").read_text())
+    recorded = {row[0]: float(row[-1].rstrip("%")) for row in record["tables"][0]["rows"]}
+    assert abs(100 * error - recorded[entry_id]) <= 0.051, (
+        f"{entry_id}: the error is now {error:+.2%}, bench/results records {recorded[entry_id]:+.1f}%: rerun "
+        "`python bench/published_check.py --tpu --json bench/results/published_tpu_check.json`")

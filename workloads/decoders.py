@@ -95,7 +95,7 @@ class _DecoderWorkload(Workload):
         d, f, kv, q = cfg.d_model, cfg.d_ff, cfg.n_kv_heads * cfg.head_dim, cfg.q_width
         norm = (2 if cfg.norm == "layernorm" else 1) * d
         attn = d * q + d * 2 * kv + q * d + (q + 2 * kv + d if cfg.bias else 0)
-        up = (2 if cfg.mlp == "swiglu" else 1) * f
+        up = (2 if cfg.gated else 1) * f
         mlp = d * up + f * d + (up + d if cfg.bias else 0)
         embeddings = cfg.vocab_size * d * (1 if cfg.tied_embeddings else 2)
         positions = cfg.seq_len * d if cfg.positions == "learned" else 0
@@ -108,10 +108,10 @@ class _DecoderWorkload(Workload):
         # probabilities per head (the fused kernel keeps none). The loss's float32 logits are live
         # one chunk at a time when it is chunked (workloads.base.chunked_cross_entropy).
         t, d = cfg.seq_len, cfg.d_model
-        mlp = (3 if cfg.mlp == "swiglu" else 2) * cfg.d_ff
+        mlp = (3 if cfg.gated else 2) * cfg.d_ff
         scores = 2 * cfg.n_heads * t * t if cfg.attention == "xla" else 0
         chunked = t > LOSS_CHUNK and t * cfg.vocab_size >= LOSS_CHUNK_MIN_LOGITS
-        kv, up, q = cfg.n_kv_heads * cfg.head_dim, (2 if cfg.mlp == "swiglu" else 1) * cfg.d_ff, cfg.q_width
+        kv, up, q = cfg.n_kv_heads * cfg.head_dim, (2 if cfg.gated else 1) * cfg.d_ff, cfg.q_width
         named = {"query_proj": t * q, "kv_proj": 2 * t * kv, "attention_out": t * q, "attention_proj": t * d,
                  "mlp_hidden": t * up, "mlp_out": t * d}
         return ActivationProfile(per_block=t * (10 * d + mlp) + scores, block_input=t * d,
@@ -121,7 +121,7 @@ class _DecoderWorkload(Workload):
 
     def forward_flops_by_part(self, cfg: TransformerConfig) -> dict[str, float]:
         t, d, kv, n, q = cfg.seq_len, cfg.d_model, cfg.n_kv_heads * cfg.head_dim, cfg.n_layers, cfg.q_width
-        up = (2 if cfg.mlp == "swiglu" else 1) * cfg.d_ff
+        up = (2 if cfg.gated else 1) * cfg.d_ff
         return {"qkv": n * 2 * t * d * (q + 2 * kv), "attention": n * 4 * t * t * q,
                 "attention_proj": n * 2 * t * q * d, "mlp": n * 2 * t * (d * up + cfg.d_ff * d)}
 
@@ -130,7 +130,7 @@ class _DecoderWorkload(Workload):
         # and values, 12 * layers * d_model * seq_len (the PaLM paper's convention: the full T x T
         # product is counted, causal masking not subtracted).
         d, kv, q = cfg.d_model, cfg.n_kv_heads * cfg.head_dim, cfg.q_width
-        mlp = (3 if cfg.mlp == "swiglu" else 2) * d * cfg.d_ff
+        mlp = (3 if cfg.gated else 2) * d * cfg.d_ff
         matmul_params = cfg.n_layers * (2 * d * q + 2 * d * kv + mlp) + cfg.vocab_size * d
         per_token = 6.0 * matmul_params + 12.0 * cfg.n_layers * q * cfg.seq_len
         return per_token * cfg.seq_len

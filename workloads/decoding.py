@@ -68,7 +68,7 @@ def shard_fused(model: Decoder, shards: int) -> Decoder:
     function computed is unchanged."""
     if shards == 1:
         return model
-    fused = [model.blocks.attn.kv] + ([model.blocks.mlp.up] if model.blocks.mlp.swiglu else [])
+    fused = [model.blocks.attn.kv] + ([model.blocks.mlp.up] if model.blocks.mlp.gated else [])
     for linear in fused:
         for name in ("kernel", "bias", "scale"):
             var = getattr(linear, name, None)
@@ -77,7 +77,7 @@ def shard_fused(model: Decoder, shards: int) -> Decoder:
                 *lead, width = x.shape
                 var[...] = jnp.swapaxes(x.reshape(*lead, 2, shards, width // (2 * shards)), -3, -2).reshape(x.shape)
     model.blocks.attn.shards = shards
-    if model.blocks.mlp.swiglu:
+    if model.blocks.mlp.gated:
         model.blocks.mlp.shards = shards
     return model
 

@@ -77,16 +77,14 @@ def _refuse_experts(data: Mapping[str, Any], model_type: str) -> None:
                                   "this product plans dense decoders so far")
 
 
-def _activation(r: Reader, family: str, notes: list[str]) -> None:
+def _activation(r: Reader, family: str) -> str:
+    """The gated MLP's activation: SiLU (SwiGLU) or GELU, exact or tanh-approximated (GeGLU)."""
     acts = {k: r.str(k) for k in ("hidden_act", "hidden_activation") if r.has(k)}
     for key, act in acts.items():
         if act not in ("silu", "swish") and not act.startswith("gelu"):
             raise ConfigFileError(f"config.json {key}={act!r}: the {family} family here computes a gated SiLU or "
                                   "GELU MLP")
-    gelu = {k: a for k, a in acts.items() if a.startswith("gelu")}
-    if gelu:
-        notes.append(f"{', '.join(f'{k}={a}' for k, a in gelu.items())}: a gated GELU MLP (GeGLU), computed as "
-                     "SwiGLU: the same shapes and FLOPs, another elementwise activation")
+    return "geglu" if any(a.startswith("gelu") for a in acts.values()) else "swiglu"
 
 
 def _modern(r: Reader, model_type: str, notes: list[str]) -> Imported:
@@ -114,7 +112,7 @@ def _modern(r: Reader, model_type: str, notes: list[str]) -> Imported:
     if context > seq:
         notes.append(f"max_position_embeddings={context}: trained here at {seq:,} tokens a sequence (a config.json "
                      f"does not say the training length; --seq sets yours); served up to {context:,}")
-    _activation(r, model_type, notes)
+    model["mlp"] = _activation(r, model_type)
     _rope_scaling(r, model, notes)
     missing = _missing(r, model_type, model, head, notes)
     if gemma:

@@ -136,18 +136,21 @@ def _dimensions(r: Reader, block: str, notes: list[str]) -> dict[str, Any]:
         "tied_embeddings": r.bool("logits_via_embedding"),
         "norm_eps": r.number("normalization_layer_epsilon", lo=1e-12, hi=0.1),
     }
+    mlp = MAXTEXT_MLPS.get(tuple(acts))
+    if mlp is None:
+        raise ConfigFileError(f"{r.where} mlp_activations={acts}: the decoder here computes "
+                              + ", ".join(f"[{', '.join(k)}]" for k in MAXTEXT_MLPS))
+    model["mlp"] = mlp
     if block in GPT_BLOCKS:
-        if acts != ["gelu"]:
-            raise ConfigFileError(f"{r.where} mlp_activations={acts}: the GPT family here computes one GELU")
         return model
-    if acts == ["gelu", "linear"]:
-        notes.append("mlp_activations=[gelu, linear]: a gated GELU MLP (GeGLU), computed as SwiGLU: the same shapes "
-                     "and FLOPs")
-    elif acts != ["silu", "linear"]:
-        raise ConfigFileError(f"{r.where} mlp_activations={acts}: the modern family here computes a gated SiLU or "
-                              "GELU MLP ([silu, linear] or [gelu, linear])")
     model.update(rope_theta=r.number("rope_max_timescale", lo=1, hi=1e9), rope_scaling=1.0, context=0)
     return model
+
+
+# MaxText's mlp_activations as the decoder's MLP: one activation is a plain MLP, an activation and
+# "linear" a gated one (the gate's activation times the linear up projection).
+MAXTEXT_MLPS = {("gelu",): "gelu", ("relu",): "relu", ("squared_relu",): "squared_relu", ("silu", "linear"): "swiglu",
+                ("gelu", "linear"): "geglu"}
 
 
 def _scales(scale: int) -> tuple[int, int, int, int]:
@@ -218,9 +221,7 @@ def _tpu_settings(r: Reader, notes: list[str]) -> dict[str, Any]:
     num_slices = r.int("num_slices", lo=-1)
     across = [v for v in (r.int("dcn_data_parallelism", lo=-1), dcn_fsdp) if v > 1]
     slices = num_slices if num_slices > 0 else max(1, math.prod(across))
-    remat = r.str("remat_policy")
-    notes.append(f"remat_policy={remat}: the TPU side is compiled without remat here; the GPU plan picks its own "
-                 "policy")
+    remat = _remat(r, notes)
     attention = r.str("attention")
     if attention not in ("autoselected", "dot_product"):
         notes.append(f"attention={attention}: the GPU plan picks its own attention kernel (cuDNN's fused one where "
@@ -228,7 +229,34 @@ def _tpu_settings(r: Reader, notes: list[str]) -> dict[str, Any]:
     return {"per_device_batch": per_device, "accumulation": r.int("gradient_accumulation_steps", hi=65536),
             "slices": slices, "source_precision": precision,
             "source_sharding": "fsdp" if fsdp != 1 or dcn_fsdp not in (1, 0) else "replicated",
+            "source_remat": remat, "source_dcn_fsdp": slices > 1 and dcn_fsdp not in (1, 0),
             "data_parallelism": data}
+
+
+# MaxText's remat policies (layers.decoders) and the tensors its `custom` policy places (each device, offload or
+# remat); migration/config/limits.py translates both into this product's policies.
+MAXTEXT_REMAT_NAMES = ("none", "minimal", "minimal_with_context", "minimal_flash", "full",
+                       "save_dot_with_context_except_mlp", "save_qkv_proj", "save_dot_except_mlp", "save_dot_except_mlpwi",
+                       "save_out_proj", "qkv_proj_offloaded", "minimal_offloaded")
+MAXTEXT_REMAT_TENSORS = ("decoder_layer_input", "query_proj", "key_proj", "value_proj", "qkv_proj", "context",
+                         "out_proj", "mlpwi", "mlpwi_0", "mlpwi_1", "mlpwo")
+
+
+def _remat(r: Reader, notes: list[str]) -> str | dict[str, str]:
+    """The TPU job's remat policy: MaxText's name, or for `custom` its per-tensor keys ({"decoder_layer_input":
+    "offload", ...})."""
+    remat = r.str("remat_policy")
+    if remat == "custom":
+        tensors = {k: r.str(k) for k in MAXTEXT_REMAT_TENSORS if r.has(k)}
+        bad = {k: v for k, v in tensors.items() if v not in ("device", "offload", "remat")}
+        if bad:
+            raise ConfigFileError(f"{r.where} remat_policy=custom: each tensor is device, offload or remat; got "
+                                  + ", ".join(f"{k}={short(v)}" for k, v in bad.items()))
+        return tensors
+    if remat not in MAXTEXT_REMAT_NAMES:
+        raise ConfigFileError(f"{r.where} remat_policy={remat!r}: not one of MaxText's policies "
+                              f"({', '.join(MAXTEXT_REMAT_NAMES)}, custom)")
+    return remat
 
 
 def _with_unused(imported: Imported, r: Reader, stated: Mapping[str, Any]) -> Imported:

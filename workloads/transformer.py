@@ -30,13 +30,20 @@ from workloads.base import (
 )
 
 NORMS = ("layernorm", "rmsnorm")
-MLPS = ("gelu", "swiglu")
+# The MLP's activation: a plain two-matrix MLP (up, activation, down) with GELU, ReLU or squared ReLU
+# (Primer's; MaxText's 2023 default decoder is ReLU), or a gated one (a gate and an up projection, their
+# product down: SwiGLU with SiLU, Llama's; GeGLU with GELU, Gemma's).
+MLPS = ("gelu", "swiglu", "geglu", "relu", "squared_relu")
+GATED_MLPS = ("swiglu", "geglu")
 POSITIONS = ("learned", "rope")
 ATTENTIONS = ("xla", "cudnn", "splash")
 LAYER_LOOPS = ("scan", "unrolled")
 # Names of the activations a block tags with `checkpoint_name`, which the named remat policies
 # (migration/step/policies.py) save, offload or recompute.
-CHECKPOINT_NAMES = ("query_proj", "kv_proj", "attention_out", "attention_proj", "mlp_hidden", "mlp_out")
+# The block's input is tagged too ("decoder_layer_input", MaxText's name): under a layer scan it is the
+# carry each layer keeps for its backward pass, which a policy may offload to host memory.
+CHECKPOINT_NAMES = ("query_proj", "kv_proj", "attention_out", "attention_proj", "mlp_hidden", "mlp_out",
+                    "decoder_layer_input")
 # cuDNN's fused attention takes head sizes that are multiples of 8, up to 128 on every architecture
 # it supports (the planner picks XLA attention otherwise).
 CUDNN_HEAD_DIM_MAX = 128
@@ -67,7 +74,7 @@ class TransformerConfig:
     d_ff: int
     tied_embeddings: bool = True  # output projection = the input embedding's transpose
     norm: str = "layernorm"
-    mlp: str = "gelu"  # "gelu": up, GELU, down; "swiglu": SiLU(gate) x up, down
+    mlp: str = "gelu"  # one of MLPS: "gelu": up, GELU, down; "swiglu": SiLU(gate) x up, down; ...
     positions: str = "learned"  # "learned": a position table; "rope": rotary on queries and keys
     bias: bool = True  # biases in the linear layers (GPT-2) or none (modern family)
     rope_theta: float = 500000.0
@@ -90,10 +97,19 @@ class TransformerConfig:
     # Each head's size where a model sets it apart from d_model / n_heads (Gemma's 256, Qwen3's 128): 0 is
     # d_model / n_heads. The queries then project d_model to n_heads x head_size, the output back.
     head_size: int = 0
+    # Under tensor parallelism, the residual stream between blocks sharded over the tensor axis by its
+    # embedding dimension (MaxText's `activation_embed` rule on TPUs) rather than whole on each device of the
+    # split: a block's saved input is then a 1/T share. Off: the residual stream is replicated (Megatron's).
+    residual_over_tensor: bool = False
 
     @property
     def head_dim(self) -> int:
         return self.head_size or self.d_model // self.n_heads
+
+    @property
+    def gated(self) -> bool:
+        """The MLP has a gate beside its up projection (three matrices, not two)."""
+        return self.mlp in GATED_MLPS
 
     @property
     def q_width(self) -> int:
@@ -115,7 +131,7 @@ def check_config(cfg: TransformerConfig) -> TransformerConfig:
                           ("layer_loop", LAYER_LOOPS)):
         if getattr(cfg, name) not in allowed:
             raise ModelConfigError(name, f"must be one of {', '.join(allowed)}; got {getattr(cfg, name)!r}")
-    for name in ("tied_embeddings", "bias"):
+    for name in ("tied_embeddings", "bias", "residual_over_tensor"):
         if not isinstance(getattr(cfg, name), bool):
             raise ModelConfigError(name, f"must be true or false; got {getattr(cfg, name)!r}")
     if isinstance(cfg.head_size, bool) or not (isinstance(cfg.head_size, int) and 0 <= cfg.head_size <= 1024):
@@ -268,6 +284,16 @@ def _splash_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
     return out.transpose(0, 2, 1, 3)
 
 
+def _residual(x: jax.Array, cfg: TransformerConfig) -> jax.Array:
+    """The residual stream (B, T, D) as the layout keeps it between blocks: with `residual_over_tensor` on a
+    mesh with a tensor axis, D sharded over it (the batch over the other axes); otherwise as XLA lays it."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if not cfg.residual_over_tensor or "tensor" not in mesh.axis_names or mesh.shape["tensor"] == 1:
+        return x
+    batch = tuple(a for a in mesh.axis_names if a != "tensor")
+    return jax.lax.with_sharding_constraint(x, jax.sharding.PartitionSpec(batch, None, "tensor"))
+
+
 def rope_frequencies(cfg: TransformerConfig) -> jax.Array:
     """The rotary angular frequencies, (Dh/2,) in float32: theta^(-2i/Dh), with Llama 3's scaling
     where `rope_scaling` > 1. Measured against the original context, a wavelength longer than
@@ -320,21 +346,31 @@ def _causal_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
     return out.astype(v.dtype).reshape(b, t, h, dh)  # (B, T, H, Dh)
 
 
+def _squared_relu(h: jax.Array) -> jax.Array:
+    return jnp.square(jax.nn.relu(h))
+
+
+# Each MLP's activation: of the hidden units (plain), or of the gate (gated).
+_ACTIVATION = {"gelu": jax.nn.gelu, "relu": jax.nn.relu, "squared_relu": _squared_relu, "swiglu": jax.nn.silu,
+               "geglu": jax.nn.gelu}
+
+
 class _Mlp(nnx.Module):
     shards = 1  # the fused gate-and-up projection's layout (_fused_halves)
 
     def __init__(self, cfg: TransformerConfig, *, dtype, rngs: nnx.Rngs):
         out_init = nnx.initializers.normal(stddev=0.02 / math.sqrt(2 * cfg.n_layers))
-        self.swiglu = cfg.mlp == "swiglu"
-        self.up = _linear(cfg, cfg.d_model, (2 if self.swiglu else 1) * cfg.d_ff, dtype=dtype, rngs=rngs)
+        self.gated, self.activation = cfg.gated, cfg.mlp
+        self.up = _linear(cfg, cfg.d_model, (2 if self.gated else 1) * cfg.d_ff, dtype=dtype, rngs=rngs)
         self.down = _linear(cfg, cfg.d_ff, cfg.d_model, dtype=dtype, rngs=rngs, init=out_init)
 
     def __call__(self, x: jax.Array) -> jax.Array:  # (B, T, D); one row: a decode step's (_as_gemm)
         h = checkpoint_name(_as_gemm(self.up, x, self.shards), "mlp_hidden")
-        if self.swiglu:
+        act = _ACTIVATION[self.activation]
+        if self.gated:
             gate, up = _fused_halves(h, self.shards)
-            return checkpoint_name(_as_gemm(self.down, jax.nn.silu(gate) * up, self.shards), "mlp_out")
-        return checkpoint_name(_as_gemm(self.down, jax.nn.gelu(h), self.shards), "mlp_out")
+            return checkpoint_name(_as_gemm(self.down, act(gate) * up, self.shards), "mlp_out")
+        return checkpoint_name(_as_gemm(self.down, act(h), self.shards), "mlp_out")
 
 
 class _Block(nnx.Module):
@@ -345,6 +381,7 @@ class _Block(nnx.Module):
         self.mlp = _Mlp(cfg, dtype=dtype, rngs=rngs)
 
     def __call__(self, x: jax.Array, rope: tuple[jax.Array, jax.Array] | None) -> jax.Array:  # (B, T, D)
+        x = checkpoint_name(x, "decoder_layer_input")
         x = x + self.attn(self.norm1(x), rope)
         return x + self.mlp(self.norm2(x))
 
@@ -393,7 +430,7 @@ class Decoder(nnx.Module):
         graphdef, layers = nnx.split(self.blocks)
 
         def layer(x: jax.Array, params: Any) -> tuple[jax.Array, None]:
-            return self.block_call(nnx.merge(graphdef, params), x, rope), None
+            return _residual(self.block_call(nnx.merge(graphdef, params), _residual(x, cfg), rope), cfg), None
 
         if cfg.layer_loop == "unrolled":
             for i in range(cfg.n_layers):

@@ -131,6 +131,10 @@ def print_plan(plan: Any) -> None:
     elif src.get("status") == "does-not-fit":
         print(f"on the source TPU ({src['device_kind']}): the TPU compiler says this setup does not fit its "
               f"{fmt_bytes(src['hbm_bytes_per_device'])} per device: {src['reason']}")
+        fitted = src.get("fitted")
+        if fitted:
+            print(f"  assumed TPU setup (the first that fits): {fitted['setup']}, {fmt_bytes(fitted['peak_bytes_per_chip'])} "
+                  f"per device; TPU step predicted {fmt_seconds(fitted['predicted_step_s'])}, {fitted['step_method']}")
     else:
         print(f"source TPU compile: {src.get('status')}" + (f" ({src['reason']})" if src.get("reason") else ""))
     print(f"rule of thumb (the guide): batch {plan.rule_of_thumb_batch} -- {plan.rule_of_thumb_note}")

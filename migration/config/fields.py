@@ -135,8 +135,10 @@ FIELDS: tuple[Field, ...] = (
     Field("preset", "choice", "plan", "tiny", "Preset", "source", commands=MODEL, choices=preset_names,
           help="size preset of the workload (default tiny; with dimension flags, the family's full-size layout they "
                "change: llama 8b, transformer gpt2-small)"),
-    Field("source", "choice", "plan", "tpu-v5e-8", "TPU source", "source", choices=tuple(TPU_SPECS),
-          help=f"TPU source: {', '.join(TPU_SPECS)}"),
+    Field("source", "choice", "plan", "tpu-v5e-8", "TPU source (a slice, e.g. v5p-1024, or N of them: 2xv6e-256)",
+          "source", choices=tuple(TPU_SPECS),
+          help="TPU source: the slice as Google Cloud names it (v5p-1024, v5litepod-256, v6e-256, tpu7x-128), a catalog "
+               "key (tpu-v5p-1024), or N slices of one joined by the data-centre network (2xv6e-256, 4xv5p-512)"),
     Field("global_batch", "int", "plan", 256, "Global batch", "target", limits=PLAN_LIMITS["global_batch"],
           help="the TPU job's global batch, kept on the GPUs"),
     Field("per_core_batch", "int", "plan", 0, "Per-core batch (0: global / cores)", "target",
@@ -183,6 +185,14 @@ FIELDS: tuple[Field, ...] = (
     # Command-line only: the planner's finer settings.
     Field("source_sharding", "choice", "plan", AUTO, "", endpoints=(), choices=(AUTO, *SHARDINGS),
           help="how the TPU job held its state (auto: replicated if it fits a chip, else fsdp)"),
+    Field("source_remat", "text", "plan", "none", "", endpoints=(), flag="tpu-remat",
+          help="the TPU job's remat policy, as MaxText names it (minimal, save_dot_except_mlp, save_qkv_proj, "
+               "qkv_proj_offloaded, minimal_offloaded, full, ...), as this product does (dots_no_batch, ...) or "
+               "custom:NAME=device|offload,... (NAME: decoder_layer_input, query_proj, kv_proj, attention_out, "
+               "attention_proj, mlp_hidden, mlp_out; the rest recomputed); default none, as a TPU-era script runs"),
+    Field("source_dcn_fsdp", "bool", "plan", False, "", endpoints=(), flag="tpu-fsdp-across-slices",
+          help="over several slices, the TPU job shards its state over every slice (MaxText's dcn_fsdp_parallelism) "
+               "rather than inside each with data parallelism across them"),
     Field("safety_margin", "float", "plan", 0.1, "", endpoints=(), limits=PLAN_LIMITS["safety_margin"],
           help="share of that budget kept free"),
     Field("max_per_device_batch", "int", "plan", 1024, "", endpoints=(), limits=PLAN_LIMITS["max_per_device_batch"],
@@ -200,6 +210,11 @@ FIELDS: tuple[Field, ...] = (
                "with implementation='xla' or a hand-written softmax(q k^T) v), cudnn (the fused kernel), splash "
                "(your TPU code's Pallas splash kernel, as MaxText's: the TPU side compiles it, the GPU side plans "
                "cuDNN's); auto: the fused kernel where the chip and precision allow; transformer and llama"),
+    Field("mlp", "choice", "plan", "preset", "", endpoints=(), choices=("preset", "gelu", "swiglu", "geglu", "relu",
+                                                                         "squared_relu"),
+          help="the MLP's activation (transformer and llama): gelu, relu or squared_relu (up, activation, down), "
+               "swiglu or geglu (a gate and an up projection); preset: the preset's (GELU for transformer, SwiGLU "
+               "for llama)"),
     Field("layer_loop", "choice", "plan", "scan", "How your code runs the layers", "model", choices=("scan", "unrolled"),
           flag="layer-loop",
           help="scan: one lax.scan (or nnx.scan) over stacked layers, MaxText's scan_layers; unrolled: a Python loop "

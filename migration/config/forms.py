@@ -21,6 +21,7 @@ from typing import Any
 
 from migration.common import ConfigError, one_of, shown
 from migration.config.layouts import parse_layout
+from migration.hardware import parse_tpu_slice
 from migration.config.fields import AUTO, DIMENSIONS, FIELD, FIELDS, LABEL_MAX_CHARS, Field
 from migration.config.requests import CHECKPOINT_META_FILE, PlanRequest, validate_plan_request
 from migration.prices import parse_prices
@@ -138,7 +139,7 @@ def parse(field: Field, value: Any, *, hi: float | None = None, note: str = "") 
         return checkpoint_name(value, name)
     if field.kind == "prices":
         return parse_prices(value, name)
-    return label_text(value, name, LABEL_MAX_CHARS)
+    return label_text(value, name, 400 if field.name == "source_remat" else LABEL_MAX_CHARS)
 
 
 def raw_values(fields: tuple[Field, ...], values: tuple[Any, ...], named: dict[str, Any]) -> dict[str, Any]:
@@ -185,6 +186,7 @@ def plan_request(*values: Any, registered_only: bool = True, **named: Any) -> Pl
     raw = raw_values(PLAN_FIELDS, values, named)
     kwargs: dict[str, Any] = {}
     model: dict[str, Any] = {}
+    named_slices = 1
     for f in PLAN_FIELDS:
         value = raw[f.name]
         if f.name in MODEL_DIMENSIONS:
@@ -193,6 +195,8 @@ def plan_request(*values: Any, registered_only: bool = True, **named: Any) -> Pl
             continue
         if f.name == "preset" and registered_only:
             value = choice(value, "preset", preset_choices(kwargs["workload"]))
+        elif f.name == "source":  # a slice as Google Cloud names it, or N of them ("2xv6e-256")
+            value, named_slices = parse_tpu_slice(value)
         elif f.kind == "choice" and not registered_only and f.name in ("workload", "preset"):
             value = label_text(value, f.name, 200)  # a reference or a team's preset: the workload checks it
         else:
@@ -200,12 +204,20 @@ def plan_request(*values: Any, registered_only: bool = True, **named: Any) -> Pl
         if f.name == "attention":
             if value != AUTO:
                 model["attention"] = value
+        elif f.name == "mlp":
+            if value != "preset":
+                model["mlp"] = value
         elif f.name == "layer_loop":
             if value != FIELD["layer_loop"].default:
                 model["layer_loop"] = value
         else:
             auto = f.kind in ("choice", "layout") and value == AUTO
             kwargs[f.target] = None if auto or (f.zero and value == 0) else value
+    if named_slices > 1:
+        if kwargs.get("source_slices", 1) not in (1, named_slices):
+            raise ConfigError("source_slices", f"the source names {named_slices} slices ({raw['source']}); "
+                                               f"got {kwargs['source_slices']}")
+        kwargs["source_slices"] = named_slices
     return validate_plan_request(PlanRequest(**kwargs, model=model))
 
 

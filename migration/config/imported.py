@@ -19,6 +19,7 @@ from typing import Any
 from migration.common import ConfigError, read_upload
 from migration.config import forms
 from migration.config.fields import FIELD
+from migration.config.limits import check_remat_name, maxtext_custom
 from migration.config.requests import PlanRequest, validate_plan_request
 from migration.hardware import TPU_SPECS
 from workloads.configs import MAX_BYTES, ConfigFileError, Imported, read_config
@@ -96,6 +97,16 @@ def with_imported(req: PlanRequest, imported: Imported, given: Collection[str],
             changes["source_precision"] = s["source_precision"]
         if "source_sharding" not in given:
             changes["source_sharding"] = s["source_sharding"]
+        if "source_dcn_fsdp" not in given:
+            changes["source_dcn_fsdp"] = s["source_dcn_fsdp"]
+        if "source_remat" not in given:
+            remat = s["source_remat"]
+            changes["source_remat"] = maxtext_custom(remat) if isinstance(remat, dict) else check_remat_name(
+                "source_remat", remat, maxtext=True)
+            said = ("custom (" + ", ".join(f"{k}={v}" for k, v in remat.items()) + ")" if isinstance(remat, dict)
+                    else remat)
+            notes.append(f"remat_policy={said}: the TPU side is compiled with this product's {changes['source_remat']}"
+                         + ("" if changes["source_remat"] == remat else " (the same activations kept)"))
     notes.extend(imported.notes)
     changes["config_notes"] = tuple(notes)
     return validate_plan_request(dataclasses.replace(req, **changes))

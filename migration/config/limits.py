@@ -20,6 +20,100 @@ REMAT_NAMED: dict[str, tuple[str, ...]] = {
     "save_qkv": ("query_proj", "kv_proj"),
     "offload_dot_except_mlp": ("query_proj", "kv_proj", "attention_out", "attention_proj"),
 }
+# A policy of its own for each tagged activation ("custom:NAME=WHERE,..."; WHERE device: kept on the device,
+# offload: kept in pinned host memory; a name not listed is recomputed): MaxText's `remat_policy: custom`,
+# in this product's names. The TPU recipes' policies are of this form.
+CUSTOM_REMAT = "custom:"
+REMAT_TENSORS = ("decoder_layer_input", "query_proj", "kv_proj", "attention_out", "attention_proj", "mlp_hidden",
+                 "mlp_out")
+REMAT_WHERE = ("device", "offload")
+# MaxText's tensor names (its checkpoint_name tags) as this product's; MaxText's `remat` (recompute) is a
+# name left out. Keys and values are one fused projection here, the queries apart.
+MAXTEXT_TENSORS: dict[str, tuple[str, ...]] = {
+    "decoder_layer_input": ("decoder_layer_input",), "query_proj": ("query_proj",), "key_proj": ("kv_proj",),
+    "value_proj": ("kv_proj",), "qkv_proj": ("query_proj", "kv_proj"), "context": ("attention_out",),
+    "out_proj": ("attention_proj",), "mlpwi": ("mlp_hidden",), "mlpwi_0": ("mlp_hidden",),
+    "mlpwi_1": ("mlp_hidden",), "mlpwo": ("mlp_out",),
+}
+
+
+def custom_remat(where: dict[str, str]) -> str:
+    """The canonical name of the policy keeping each of `where`'s tensors on the device or offloaded."""
+    kept = {k: v for k, v in where.items() if v in REMAT_WHERE}
+    return CUSTOM_REMAT + ",".join(f"{k}={kept[k]}" for k in REMAT_TENSORS if k in kept)
+
+
+def parse_custom_remat(name: str) -> dict[str, str]:
+    """{tensor: "device" | "offload"} of a "custom:..." policy name; ConfigError for any other text."""
+    body = name.removeprefix(CUSTOM_REMAT)
+    where: dict[str, str] = {}
+    for part in filter(None, body.split(",")):
+        tensor, _, place = part.strip().partition("=")
+        if tensor not in REMAT_TENSORS or place not in REMAT_WHERE:
+            raise ConfigError("remat", f"a custom policy is custom:NAME=WHERE,... with NAME one of "
+                                       f"{', '.join(REMAT_TENSORS)} and WHERE device or offload; got {shown(part)}")
+        where[tensor] = place
+    return where
+
+
+# MaxText's remat_policy names (layers.decoders' policy table) as this product's policies: the same tensors
+# kept, in this product's names. minimal_offloaded offloads every tagged product (MaxText's offloads every
+# product without a batch dimension); minimal_with_context and minimal_flash keep what minimal keeps (the
+# attention output of a fused kernel is no product here).
+MAXTEXT_REMAT: dict[str, str] = {
+    "none": "none", "minimal": "dots_no_batch", "minimal_with_context": "dots_no_batch",
+    "minimal_flash": "dots_no_batch", "full": "full",
+    "save_dot_with_context_except_mlp": "save_dot_except_mlp", "save_qkv_proj": "save_qkv",
+    "save_dot_except_mlp": custom_remat({"query_proj": "device", "kv_proj": "device", "attention_proj": "device"}),
+    "save_dot_except_mlpwi": custom_remat({"query_proj": "device", "kv_proj": "device", "attention_proj": "device",
+                                           "mlp_out": "device"}),
+    "save_out_proj": custom_remat({"attention_proj": "device"}),
+    "qkv_proj_offloaded": custom_remat({"query_proj": "offload", "kv_proj": "offload"}),
+    "minimal_offloaded": custom_remat({t: "offload" for t in REMAT_TENSORS if t != "decoder_layer_input"}),
+}
+
+
+def maxtext_custom(tensors: dict[str, str]) -> str:
+    """MaxText's `remat_policy: custom` with its per-tensor keys ({"decoder_layer_input": "offload", ...}; a
+    value `remat` recomputes) as this product's policy; a tensor two of MaxText's names share takes the one
+    that keeps the most (device over offload over recompute). ConfigError for a name or place not MaxText's."""
+    rank = {"remat": 0, "offload": 1, "device": 2}
+    where: dict[str, str] = {}
+    for name, place in tensors.items():
+        if name not in MAXTEXT_TENSORS or place not in rank:
+            raise ConfigError("remat", f"MaxText's custom policy names {', '.join(MAXTEXT_TENSORS)}, each device, "
+                                       f"offload or remat; got {shown(name)}={shown(place)}")
+        for ours in MAXTEXT_TENSORS[name]:
+            if rank[place] > rank.get(where.get(ours, "remat"), 0):
+                where[ours] = place
+    return custom_remat(where)
+
+
+def remat_named(remat: str) -> tuple[str, ...]:
+    """The tagged activations a policy keeps (on the device or offloaded); () for the others."""
+    if remat.startswith(CUSTOM_REMAT):
+        return tuple(parse_custom_remat(remat))
+    return REMAT_NAMED.get(remat, ())
+
+
+def check_remat_name(field: str, value: Any, maxtext: bool = False) -> str:
+    """`value` as a policy of this product (one of REMAT_NAMES or a custom one; with `maxtext`, MaxText's
+    names too, translated, MaxText's meaning first where a name is both), or ConfigError naming `field` and
+    what is allowed."""
+    if isinstance(value, str) and value.startswith(CUSTOM_REMAT):
+        try:
+            return custom_remat(parse_custom_remat(value))
+        except ConfigError as exc:
+            raise ConfigError(field, exc.message) from None
+    if maxtext and value in MAXTEXT_REMAT:  # MaxText's meaning first: its save_dot_except_mlp keeps no context
+        return MAXTEXT_REMAT[value]
+    if value in REMAT_NAMES:
+        return value
+    allowed = list(REMAT_NAMES) + ([n for n in MAXTEXT_REMAT if n not in REMAT_NAMES] if maxtext else [])
+    raise ConfigError(field, f"must be one of {', '.join(allowed)}, or custom:NAME=device|offload,... (NAME one of "
+                             f"{', '.join(REMAT_TENSORS)}); got {shown(value)}")
+
+
 Platform = Literal["auto", "cpu", "gpu"]
 # How parameters, gradients and optimizer state live on the devices (see migration/step/train.py): the
 # choices a form offers; hybrid:G and +tpT layouts are written out (migration/config/layouts.py).

@@ -36,6 +36,8 @@ from migration.config.limits import (
     Sharding,
     StepStyle,
     check_int,
+    check_remat_name,
+    remat_named,
 )
 from migration.hardware import GPU_SPECS, TPU_SPECS
 from migration.prices import checked_key, checked_price
@@ -175,7 +177,7 @@ def check_precision_platform(cfg: Any, platform: str) -> None:
 def remat_unavailable(workload: Any, remat: str) -> str | None:
     """Why `remat` does not apply to `workload` (a named policy needs the model to tag the activations it
     saves; an adapter's model may name no blocks to recompute), or None where it does."""
-    return workload.remat_unavailable(remat, REMAT_NAMED.get(remat, ()))
+    return workload.remat_unavailable(remat, remat_named(remat))
 
 
 def remat_applies(workload: Any, remat: str) -> bool:
@@ -202,7 +204,7 @@ def validate(cfg: RunConfig) -> RunConfig:
         _check_float(cfg, field)
     _check_choice(cfg, "precision", PRECISIONS)
     check_precision_platform(cfg, cfg.platform)
-    _check_choice(cfg, "remat", REMAT_NAMES)
+    check_remat_name("remat", cfg.remat)
     _check_choice(cfg, "matmul_precision", MATMUL_PRECISIONS)
     check_remat_applies(cfg)
     check_run_layout(cfg)
@@ -307,6 +309,13 @@ class PlanRequest:
     # tokens), the user's prices over the table's (migration/prices.py), the TPU step they measured (ms).
     train_tokens: float = 1e12
     source_slices: int = 1  # slices of `source` the TPU job ran on (multislice: data parallel across them)
+    # The TPU job's remat policy: this product's name, MaxText's (minimal, save_qkv_proj, qkv_proj_offloaded,
+    # ...: limits.MAXTEXT_REMAT) or a custom one ("custom:decoder_layer_input=offload,..."); "none" as a
+    # TPU-era script writes it. The TPU compile applies it; `tpu_remat` is this product's policy for it.
+    source_remat: str = "none"
+    # Over several slices, the state sharded over every slice's devices (MaxText's dcn_fsdp_parallelism)
+    # rather than inside each slice with data parallelism across them (dcn_data_parallelism, the default).
+    source_dcn_fsdp: bool = False
     prices: dict[str, float] = dataclasses.field(default_factory=dict)
     tpu_step_ms: float | None = None
     # fp8 allowed (it changes numerics): the planner takes fp8 / mxfp8 where the target has the units and the
@@ -353,6 +362,11 @@ class PlanRequest:
     def source_devices(self) -> int:
         """JAX devices of the TPU job: the slice's times its slices."""
         return TPU_SPECS[self.source].devices * self.source_slices
+
+    @property
+    def tpu_remat(self) -> str:
+        """The TPU job's remat policy as this product's (MaxText's names translated)."""
+        return check_remat_name("source_remat", self.source_remat, maxtext=True)
 
     @property
     def source_per_core_batch(self) -> int:
@@ -444,6 +458,13 @@ def validate_plan_request(req: PlanRequest) -> PlanRequest:
     for field in ("memory_fraction", "safety_margin", "timeout_s", "silence_timeout_s", "network_gbps"):
         _check_range(req, field, PLAN_LIMITS, integer=False)
     _check_choice(req, "source_precision", ("bf16", "fp32"))
+    source_remat = check_remat_name("source_remat", req.source_remat, maxtext=True)
+    # reason: workloads import JAX (not its backend); kept out of this module's import
+    from workloads import resolve_workload
+
+    why = remat_unavailable(resolve_workload(req.workload), source_remat)
+    if why and source_remat != "none":
+        raise ConfigError("source_remat", f"{req.source_remat} does not apply to {req.workload}: {why}")
     _check_choice(req, "granularity", GRANULARITIES)
     if req.precision is not None:
         _check_choice(req, "precision", PRECISIONS)
@@ -454,8 +475,9 @@ def validate_plan_request(req: PlanRequest) -> PlanRequest:
         check_remat_applies(req)
     if req.accumulation_steps is not None:
         _check_range(req, "accumulation_steps", LIMITS, integer=True)
-    if not isinstance(req.allow_fp8, bool):
-        raise ConfigError("allow_fp8", f"must be true or false; got {shown(req.allow_fp8)}")
+    for flag in ("allow_fp8", "source_dcn_fsdp"):
+        if not isinstance(getattr(req, flag), bool):
+            raise ConfigError(flag, f"must be true or false; got {shown(getattr(req, flag))}")
     _check_range(req, "train_tokens", PLAN_LIMITS, integer=False)
     _check_range(req, "source_slices", PLAN_LIMITS, integer=True)
     if req.tpu_step_ms is not None:

@@ -35,14 +35,34 @@ def tpu_needs_bytes(reason: str) -> int | None:
 
 def tpu_fit_text(src: dict[str, Any], source: TpuSpec, per_core_batch: int) -> str:
     """What the TPU compiler's "does not fit" means for the user: their setup as described is not the one
-    they run."""
+    they run; and the setup the product assumed in its place, where one fits."""
     need = tpu_needs_bytes(src.get("reason", ""))
     needs = f"needs {fmt_bytes(need)} per device" if need else "needs more memory"
-    return (f"The TPU compiler says the setup as described ({per_core_batch} per core, no remat, state as the plan "
-            f"assumes) {needs}, more than the {fmt_bytes(source.hbm_bytes_per_device)} of HBM a {source.chip.name} "
-            "device has: the job you run must differ from this description (a smaller per-core batch, remat, "
-            "state sharded over the slice, or a larger slice). Describe it as it runs (per-core batch, the TPU job's "
-            "sharding) to compare like for like; the GPU plan below is for the model and global batch as given.")
+    stated = src.get("stated") or f"{per_core_batch} per core, no remat, state as the plan assumes"
+    text = (f"The TPU compiler says the setup as described ({stated}) {needs}, more than the "
+            f"{fmt_bytes(source.hbm_bytes_per_device)} of HBM a {source.chip.name} device has: the job you run must "
+            "differ from this description.")
+    fitted = src.get("fitted")
+    if fitted:
+        return (text + f" The TPU side below is the product's assumption in its place: {fitted['setup']} "
+                f"({fmt_bytes(fitted['peak_bytes_per_chip'])} per device), the first of its fitting order that fits. "
+                "Give the remat policy, per-core batch and sharding your job uses (or --tpu-step-s, your measured "
+                "step) to compare your job itself.")
+    return (text + " No setup the product tries fits either (" + "; ".join(src.get("tried") or ["none tried"])
+            + "). Describe the job as it runs (per-core batch, remat policy, the TPU job's sharding) to compare "
+              "like for like; the GPU plan below is for the model and global batch as given.")
+
+
+def tpu_prediction(src: dict[str, Any]) -> tuple[float | None, str]:
+    """The TPU step the compiled program predicts (the stated setup's, else the assumed one's where the
+    stated one does not fit) and what it is of."""
+    if src.get("status") == "ok":
+        return src.get("predicted_step_s"), "predicted from the compiled TPU program"
+    fitted = src.get("fitted") or {}
+    if fitted.get("predicted_step_s"):
+        return fitted["predicted_step_s"], (f"predicted from the compiled TPU program of the product's assumed setup "
+                                            f"({fitted['setup']}): the stated one does not fit the chip's HBM")
+    return None, f"none: the TPU compile {src.get('status', 'did not run')}"
 
 
 def trust(measured_s: float | None, predicted_s: float | None, gpu_step_s: float | None,
@@ -104,14 +124,14 @@ def compare(plan: Any, *, train: float, prices: dict[str, float], measured_tpu_s
     slices = getattr(plan, "source_slices", 1) or 1
     src = plan.source_tpu_compile or {}
     unit = "tokens" if tokens_per_example else "examples"
-    predicted_tpu = src.get("predicted_step_s") if src.get("status") == "ok" else None
+    predicted_tpu, predicted_what = tpu_prediction(src)
     verdict = trust(measured_tpu_step_s, predicted_tpu, plan.predicted_step_s)
     tpu_step = measured_tpu_step_s or predicted_tpu
-    tpu_source = ("measured by you" if measured_tpu_step_s else
-                  "predicted from the compiled TPU program" if predicted_tpu else
-                  f"none: the TPU compile {src.get('status', 'did not run')}")
+    tpu_source = "measured by you" if measured_tpu_step_s else predicted_what
     peak_chip = source.peak_flops("bf16") * source.chip.devices_per_chip
-    tpu_extra = {"peak_bytes_per_device": src.get("peak_bytes_per_chip"),
+    tpu_extra = {"peak_bytes_per_device": src.get("peak_bytes_per_chip") or (src.get("fitted") or {}).get(
+                     "peak_bytes_per_chip"),
+                 "assumed_setup": (src.get("fitted") or {}).get("setup"),
                  "memory_bytes_per_device": source.hbm_bytes_per_device, "memory_label": "HBM per device",
                  "fits": {"ok": True, "does-not-fit": False}.get(src.get("status")),
                  "fit_source": "the TPU compiler" if src.get("status") in ("ok", "does-not-fit") else "not compiled",

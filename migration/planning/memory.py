@@ -26,7 +26,7 @@ from typing import Any
 import jax
 
 from migration.common import first_line, fmt_gib, is_oom
-from migration.config.limits import REMAT_NAMED
+from migration.config.limits import CUSTOM_REMAT, REMAT_NAMED, parse_custom_remat
 from migration.config.requests import PlanRequest, RunConfig
 from migration.hardware import (
     nvidia_gpus,
@@ -416,7 +416,10 @@ class MemoryPredictor:
         state = (STATE_BYTES_PER_PARAM * p + (4 * p if accum > 1 else 0)) / share
         prof = w.activation_profile(cfg)
         elem = 4 if precision == "fp32" else 2
-        named = sum(prof.named.get(n, 0.0) for n in REMAT_NAMED.get(remat, ())) if not remat.startswith("offload") else 0
+        on_device = (() if remat.startswith("offload") else
+                     tuple(n for n, w in parse_custom_remat(remat).items() if w == "device")
+                     if remat.startswith(CUSTOM_REMAT) else REMAT_NAMED.get(remat, ()))
+        named = sum(prof.named.get(n, 0.0) for n in on_device if n != "decoder_layer_input")
         kept = {"none": prof.n_blocks * prof.per_block,
                 "dots": 0.6 * prof.n_blocks * prof.per_block,
                 "dots_no_batch": 0.45 * prof.n_blocks * prof.per_block,
@@ -454,9 +457,11 @@ class MemoryPredictor:
         share = parse_layout(sharding).state_shards(self.req.gpus)
         prof = w.activation_profile(cfg)
         elem = 4 if precision == "fp32" else 2
-        if prof.named:  # a decoder's blocks are all alike: each keeps at least its input
-            per_block = prof.block_input + sum(prof.named.get(n, 0.0) for n in MUST_KEEP.get(remat, ()))
+        offloaded_input = remat.startswith(CUSTOM_REMAT) and parse_custom_remat(remat).get(
+            "decoder_layer_input") == "offload"
+        if prof.named:  # a decoder's blocks are all alike: each keeps at least its input (unless offloaded)
+            per_block = (0 if offloaded_input else prof.block_input) + sum(prof.named.get(n, 0.0) for n in MUST_KEEP.get(remat, ()))
             activations = prof.n_blocks * per_block
         else:  # blocks of different sizes: only one block's input is certain
-            activations = prof.block_input
+            activations = 0 if offloaded_input else prof.block_input
         return int(12 * w.param_count(cfg) / share + batch * activations * elem)

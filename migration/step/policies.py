@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from migration.config.limits import REMAT_NAMED
+from migration.config.limits import CUSTOM_REMAT, REMAT_NAMED, parse_custom_remat
 from workloads.base import BlockWrap, Remat, no_wrap
 
 
@@ -95,6 +95,21 @@ REMAT_POLICIES: dict[str, RematPolicy] = {
     ),
     "full": RematPolicy("full", _cp.nothing_saveable, True, "per block: keep only block inputs, recompute everything"),
 }
+
+
+def remat_policy(name: str) -> RematPolicy:
+    """The policy of a name: one of REMAT_POLICIES, or a custom one ("custom:NAME=device|offload,...",
+    migration/config/limits.py) keeping each listed activation on the device or in pinned host memory and
+    recomputing the rest (MaxText's `remat_policy: custom`)."""
+    if not name.startswith(CUSTOM_REMAT):
+        return REMAT_POLICIES[name]
+    where = parse_custom_remat(name)
+    policy = _cp.save_and_offload_only_these_names(
+        names_which_can_be_saved=[n for n, w in where.items() if w == "device"],
+        names_which_can_be_offloaded=[n for n, w in where.items() if w == "offload"],
+        offload_src="device", offload_dst="pinned_host")
+    kept = ", ".join(f"{n} ({'on the device' if w == 'device' else 'in host memory'})" for n, w in where.items())
+    return RematPolicy(name, policy, True, f"per block: keep {kept or 'nothing'}, recompute the rest")
 
 
 class LossScaleState(NamedTuple):

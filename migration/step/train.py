@@ -44,7 +44,7 @@ from migration.config.requests import RunConfig
 from migration.step.fp8 import apply_fp8
 from migration.step.policies import (
     PRECISION_POLICIES,
-    REMAT_POLICIES,
+    remat_policy,
     DynamicLossScale,
     LossScaleState,
     PrecisionPolicy,
@@ -90,7 +90,7 @@ class TrainProgram:
             model_cfg=workload.config(cfg.preset, cfg.model),
             sharding=cfg.sharding,
             precision=PRECISION_POLICIES[cfg.precision],
-            remat=REMAT_POLICIES[cfg.remat],
+            remat=remat_policy(cfg.remat),
             per_device_batch=cfg.per_device_batch,
             devices=cfg.devices,
             accumulation_steps=cfg.accumulation_steps,
@@ -283,19 +283,29 @@ def make_mesh(devices: list[Any], layout: str = "replicated") -> Mesh:
     if lay.kind != "hybrid" and lay.tensor == 1:
         return make_data_mesh(devices)
     sizes = lay.axes(len(devices))
-    return jax.make_mesh(tuple(sizes.values()), tuple(sizes), axis_types=(AxisType.Auto,) * 3, devices=devices)
+    try:
+        return jax.make_mesh(tuple(sizes.values()), tuple(sizes), axis_types=(AxisType.Auto,) * 3, devices=devices)
+    except NotImplementedError:  # an axis that is no product of whole physical axes (16 over a TPU's 8 x 8 x 8)
+        grid = mesh_utils.create_device_mesh(tuple(sizes.values()), devices, allow_split_physical_axes=True)
+        return Mesh(grid, tuple(sizes), axis_types=(AxisType.Auto,) * 3)
 
 
 def make_multislice_mesh(devices: list[Any], layout: str, slices: int) -> Mesh:
     """`make_mesh` over TPU slices joined by the data-centre network (multislice), ordered slice by slice
-    (each slice's devices in its own ICI order): data parallelism across the slices, as MaxText's
-    dcn_data_parallelism; a hybrid layout's FSDP groups are the slices."""
+    (each slice's devices in its own ICI order): a hybrid layout's FSDP groups are the slices, with data
+    parallelism across them (MaxText's dcn_data_parallelism); plain FSDP shards over every slice's devices
+    (dcn_fsdp_parallelism); a tensor split stays inside a slice."""
     if slices == 1:
         return make_mesh(devices, layout)
     per_slice = len(devices) // slices
     lay = parse_layout(layout)
-    if lay.kind == "hybrid":
-        grid = mesh_utils.create_hybrid_device_mesh((1, per_slice, 1), (slices, 1, 1), devices)
+    if lay.kind == "hybrid" or lay.tensor > 1:
+        across = (slices, 1, 1) if lay.kind == "hybrid" else (1, slices, 1)
+        inside = (1, per_slice // lay.tensor, lay.tensor) if lay.kind != "replicated" else (per_slice // lay.tensor, 1,
+                                                                                              lay.tensor)
+        if lay.kind == "replicated":
+            across = (slices, 1, 1)
+        grid = mesh_utils.create_hybrid_device_mesh(inside, across, devices, allow_split_physical_axes=True)
         return Mesh(grid, (DATA_AXIS, FSDP_AXIS, TENSOR_AXIS), axis_types=(AxisType.Auto,) * 3)
     grid = mesh_utils.create_hybrid_device_mesh((per_slice,), (slices,), devices)
     return Mesh(grid, (DATA_AXIS,), axis_types=(AxisType.Auto,))
