@@ -40,7 +40,7 @@ def test_a_stated_sharding_is_taken_as_given():
     ({"seq_len": 256, "d_model": 512, "n_heads": 4, "n_kv_heads": 4}, "splash"),  # 2 blocks of 128, heads of 128
     ({"seq_len": 384, "d_model": 1024, "n_heads": 4, "n_kv_heads": 4}, "splash"),  # heads of 256
     ({"seq_len": 255, "d_model": 512, "n_heads": 4, "n_kv_heads": 4}, "xla"),  # a partial block
-    ({"seq_len": 256, "d_model": 512, "n_heads": 8, "n_kv_heads": 8}, "xla"),  # heads of 64
+    ({"seq_len": 256, "d_model": 512, "n_heads": 8, "n_kv_heads": 8}, "splash"),  # heads of 64: their whole width
     ({"seq_len": 256, "d_model": 512, "n_heads": 4, "n_kv_heads": 4, "attention": "xla"}, "xla"),  # the user's
     ({"seq_len": 256, "d_model": 512, "n_heads": 4, "n_kv_heads": 4, "attention": "cudnn"}, "splash"),  # a GPU's
 ])
