@@ -46,11 +46,14 @@ def test_one_process_compiles_the_model_for_a_tpu_slice_and_a_gpu_target():
 
 
 def test_the_tpu_compiler_says_when_the_stated_setup_exceeds_the_chips_hbm():
-    # Llama 3 8B dimensions, 64 per chip at 8,192 tokens on a v5e-8 (16 GB chips), no remat: far over.
-    req = PlanRequest(workload="llama", preset="8b", source="tpu-v5e-8", global_batch=512, target="h100-sxm")
+    # Llama 3 8B dimensions, 64 per chip at 8,192 tokens on a v5e-4 (16 GB chips), no remat: far over; and its
+    # float32 parameters and AdamW moments alone (24 GB a chip over 4) are over too, so no remat or smaller
+    # batch is tried: the plan says a larger slice is the change.
+    req = PlanRequest(workload="llama", preset="8b", source="tpu-v5e-4", global_batch=256, target="h100-sxm")
     src = compile_for_source_tpu(req)
     assert src["status"] == "does-not-fit", src
-    assert src["hbm_bytes_per_device"] == TPU_SPECS["tpu-v5e-8"].hbm_bytes_per_device and src["reason"]
+    assert src["hbm_bytes_per_device"] == TPU_SPECS["tpu-v5e-4"].hbm_bytes_per_device and src["reason"]
+    assert "fitted" not in src and len(src["tried"]) == 1 and "a larger slice is the change" in src["tried"][0]
 
 
 def test_without_libtpu_the_plan_says_the_tpu_compile_is_unavailable_and_why():

@@ -167,6 +167,13 @@ def compile_for_source_tpu(req: PlanRequest) -> dict[str, Any]:
     out = {"status": "does-not-fit", "reason": text, "hbm_bytes_per_device": source.hbm_bytes_per_device,
            "device_kind": topo.devices[0].device_kind, "topology": source.topology, "stated": stated.describe(),
            "tried": []}
+    # float32 parameters and AdamW's two moments, sharded over every device: no remat or batch makes it less
+    floor = 12 * w.param_count(w.config(req.preset, req.model)) / req.source_devices
+    if floor > source.hbm_bytes_per_device:
+        out["tried"].append(f"none: the float32 parameters and AdamW moments alone need {fmt_gib(floor)} per device "
+                            f"sharded over all {req.source_devices} devices, more than its HBM; a larger slice is "
+                            "the change that fits")
+        return out
     for setup in tpu_fit_candidates(stated, w, source):
         try:
             fitted = compile_setup(req, topo, setup)
