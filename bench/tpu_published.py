@@ -340,6 +340,10 @@ def main(argv: list[str]) -> int:
     skipped = {e["id"]: not_scored(e) for e in everything if not_scored(e)}
     scored = [e for e in everything if e["id"] not in skipped]
     cache = read_json(cache_dir() / "published_programs.json", {})
+    for e in scored:  # the suite's stored programs answer for their entries too
+        stored = stored_program(e) if e["id"] in CI_ENTRIES else None
+        if stored is not None and stored[2] == "as published":
+            cache.setdefault(_key(e), [dataclasses.asdict(k) for k in stored[0]])
     if args.cached_only:
         for e in scored:
             if _key(e) not in cache:

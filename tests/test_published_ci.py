@@ -10,6 +10,7 @@ configuration, the packages, the XLA flags, the model and step code): when the k
 the program is compiled again in a separate process (the bench's environment), which is slower but checks the
 same thing. `python bench/published_check.py --write-fixtures` stores this checkout's."""
 
+import importlib
 import json
 import os
 import subprocess
@@ -25,12 +26,12 @@ from migration.planning.hlo_cost import read_program
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _import_bench():
-    """bench/published_check.py, imported with this process's environment left as it was (the bench sets
-    its XLA and libtpu variables when imported)."""
+def _import_bench(name: str = "bench.published_check"):
+    """A bench module (bench/published_check.py, or bench/tpu_published.py, which imports it), imported with
+    this process's environment left as it was (the bench sets its XLA and libtpu variables when imported)."""
     saved = dict(os.environ)
     try:
-        import bench.published_check as module
+        module = importlib.import_module(name)
     finally:
         os.environ.clear()
         os.environ.update(saved)
@@ -98,13 +99,7 @@ def test_a_published_step_is_predicted_within_the_stated_band(entry_id, publishe
 # -- the TPU side: bench/published_check.py --tpu (bench/tpu_published.py) ---------------------------------------
 
 def _import_tpu_bench():
-    saved = dict(os.environ)
-    try:
-        import bench.tpu_published as module
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
-    return module
+    return _import_bench("bench.tpu_published")
 
 
 def test_the_tpu_ci_entries_cover_each_generation_and_kind_of_job():

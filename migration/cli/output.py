@@ -121,6 +121,21 @@ def print_plan(plan: Any) -> None:
               f"{fmt_bytes(st['arithmetic_bytes_per_gpu'])} ({st['difference']:+.2%})")
     print_ranked(plan)
     print(f"the TPU-style setup on this target: {plan.tpu_setup_on_target.get('summary', 'n/a')}")
+    print_source_tpu(plan)
+    print(f"rule of thumb (the guide): batch {plan.rule_of_thumb_batch} -- {plan.rule_of_thumb_note}")
+    print(f"matmul precision: TPU {plan.matmul_precision['tpu']}; GPU {plan.matmul_precision['gpu']}")
+    print("environment for the target:")
+    for name, item in plan.environment.items():
+        print(f"  {name}={item['value']}    # {item['why']}")
+    print(f"search: {plan.compiles} compile(s) ({plan.parallel_compiles} in a compile worker beside the search), "
+          f"{plan.cache_hits} cache hit(s), {plan.ruled_out_by_bound} ruled out "
+          f"uncompiled by the lower bound, {plan.search_seconds:.1f} s")
+    print_comparison(plan)
+
+
+def print_source_tpu(plan: Any) -> None:
+    """What the TPU compiler said of the TPU job: its peak and step, or that it does not fit and the setup
+    assumed in its place."""
     src = plan.source_tpu_compile
     if src.get("status") == "ok":
         kernel = f", {src['attention']} attention" if src.get("attention") else ""
@@ -137,15 +152,6 @@ def print_plan(plan: Any) -> None:
                   f"per device; TPU step predicted {fmt_seconds(fitted['predicted_step_s'])}, {fitted['step_method']}")
     else:
         print(f"source TPU compile: {src.get('status')}" + (f" ({src['reason']})" if src.get("reason") else ""))
-    print(f"rule of thumb (the guide): batch {plan.rule_of_thumb_batch} -- {plan.rule_of_thumb_note}")
-    print(f"matmul precision: TPU {plan.matmul_precision['tpu']}; GPU {plan.matmul_precision['gpu']}")
-    print("environment for the target:")
-    for name, item in plan.environment.items():
-        print(f"  {name}={item['value']}    # {item['why']}")
-    print(f"search: {plan.compiles} compile(s) ({plan.parallel_compiles} in a compile worker beside the search), "
-          f"{plan.cache_hits} cache hit(s), {plan.ruled_out_by_bound} ruled out "
-          f"uncompiled by the lower bound, {plan.search_seconds:.1f} s")
-    print_comparison(plan)
 
 
 def print_comparison(plan: Any) -> None:
