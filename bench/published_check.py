@@ -203,14 +203,20 @@ def program_key(entry: dict) -> str:
     XLA flags and the code that builds the step."""
     from migration.planning.compile_cache import package_versions
 
+    parts = [run_config(entry).to_dict(), entry["gpu"], entry["nodes"], package_versions(), XLA_FLAGS,
+             program_sources_digest()]
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def program_sources_digest() -> str:
+    """sha256 over PROGRAM_SOURCES: the code that builds a compiled step (a stored program's text stays valid
+    across changes to the reader and the step-time model, which read it)."""
     digest = hashlib.sha256()
     for source in PROGRAM_SOURCES:
         path = ROOT / source
         for file in sorted([path] if path.is_file() else path.rglob("*.py")):
             digest.update(file.relative_to(ROOT).as_posix().encode() + b"\0" + file.read_bytes())
-    parts = [run_config(entry).to_dict(), entry["gpu"], entry["nodes"], package_versions(), XLA_FLAGS,
-             digest.hexdigest()]
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+    return digest.hexdigest()
 
 
 def stored_program(entry: dict, folder: Path = FIXTURES) -> str | None:

@@ -19,8 +19,10 @@ the chip has no fp8 units.
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import hashlib
 import json
+import os
 import re
 import statistics
 import sys
@@ -140,18 +142,24 @@ def run_config(entry: dict):
                      sharding=layout_for(entry))
 
 
-def _key(entry: dict, cfg=None) -> str:
-    from migration.planning.compile_cache import code_fingerprint, package_versions
+PROGRAMS = "tpu_programs"  # the cache's folder of compiled TPU programs: <key>.hlo.gz, or <key>.error
 
-    parts = ["tpu", (cfg or run_config(entry)).to_dict(), spec_for(entry).topology, entry["slices"], code_fingerprint(),
-             package_versions(), XLA_FLAGS, (ROOT / "migration/planning/hlo_cost.py").read_text()]
+
+def _key(entry: dict, cfg=None) -> str:
+    """What decides the entry's compiled TPU program (of `cfg`, another setup of it): its configuration, the
+    slices, the packages' versions, the XLA flags and the code that builds the step (not the reader, which
+    reads the stored text again)."""
+    from bench.published_check import program_sources_digest
+    from migration.planning.compile_cache import package_versions
+
+    parts = ["tpu", (cfg or run_config(entry)).to_dict(), spec_for(entry).topology, entry["slices"],
+             package_versions(), XLA_FLAGS, program_sources_digest()]
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def compile_kernels(entry: dict, cfg=None) -> list[dict]:
-    """The entry's step (or `cfg`, another setup of it) compiled for its slices (libtpu, without the chips)
-    and read: its kernels. Raises CompileError with XLA's first line."""
-    from migration.planning.hlo_cost import read_program
+def compile_text(entry: dict, cfg=None) -> str:
+    """The entry's step (or `cfg`, another setup of it) compiled for its slices (libtpu, without the chips):
+    the optimized HLO text. Raises CompileError with XLA's first line."""
     from migration.planning.source import tpu_topology
     from migration.step.train import TrainProgram, abstract_batch, abstract_state, jit_step, make_multislice_mesh
 
@@ -162,28 +170,55 @@ def compile_kernels(entry: dict, cfg=None) -> list[dict]:
         compiled = jit_step(program, mesh).lower(abstract_state(program, mesh), abstract_batch(program, mesh)).compile()
     except Exception as exc:  # noqa: BLE001 - XLA raises several types; the message says which
         raise CompileError(first_line(exc, 300)) from None
-    return [dataclasses.asdict(k) for k in read_program(compiled.as_text(), fp32_unit="bf16", per_node=spec.devices)]
+    return compiled.as_text()
 
 
-def kernels_for(entry: dict, cache: dict, cfg=None) -> list[Kernel]:
+def program_text(entry: dict, cfg=None, folder: Path | None = None) -> str:
+    """The compiled program's text from the cache (`folder`, the cache's by default), compiled and stored
+    there when missing; a compile that failed is stored too and raises its CompileError again."""
+    folder = folder or cache_dir() / PROGRAMS
     key = _key(entry, cfg)
-    if key not in cache:
-        t0 = time.perf_counter()
-        try:
-            cache[key] = compile_kernels(entry, cfg)
-        except CompileError as exc:
-            cache[key] = {"error": str(exc)}
+    text, error = folder / f"{key}.hlo.gz", folder / f"{key}.error"
+    if text.exists():
+        return gzip.decompress(text.read_bytes()).decode()
+    if error.exists():
+        raise CompileError(error.read_text())
+    if not COMPILE:
+        raise NotCompiled(entry["id"])
+    t0 = time.perf_counter()
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        hlo = compile_text(entry, cfg)
+    except CompileError as exc:
+        error.write_text(str(exc))
+        raise
+    finally:
         seconds = time.perf_counter() - t0  # migration: ignore[TIME001] compile() returns when compiled: nothing runs
-        write_json_atomic(cache_dir() / "published_programs.json", cache)
         what = "" if cfg is None else f" ({cfg.per_device_batch} x {cfg.accumulation_steps}, remat {cfg.remat})"
         print(f"  compiled {entry['id']}{what} for {entry['slices']} x {spec_for(entry).topology} in {seconds:.0f} s",
               file=sys.stderr, flush=True)
-    if isinstance(cache[key], dict):
-        raise CompileError(cache[key]["error"])
-    return [Kernel(**k) for k in cache[key]]
+    partial = text.with_suffix(f".{os.getpid()}.part")
+    partial.write_bytes(gzip.compress(hlo.encode(), 6, mtime=0))
+    partial.replace(text)
+    return hlo
 
 
-def fitted_kernels(entry: dict, cache: dict) -> tuple[list[Kernel], Any]:
+def cached(entry: dict, cfg=None) -> bool:
+    folder = cache_dir() / PROGRAMS
+    return any((folder / f"{_key(entry, cfg)}{suffix}").exists() for suffix in (".hlo.gz", ".error"))
+
+
+def read_kernels(entry: dict, text: str) -> list[Kernel]:
+    from migration.planning.hlo_cost import read_program
+
+    return read_program(text, fp32_unit="bf16", per_node=spec_for(entry).devices)
+
+
+def kernels_for(entry: dict, cfg=None) -> list[Kernel]:
+    return read_kernels(entry, program_text(entry, cfg))
+
+
+def fitted_kernels(entry: dict) -> tuple[list[Kernel], Any]:
     """Where the published setup does not fit here: the product's own answer (migration/planning/source.py's
     fitting order: remat keeping less, then a smaller micro-batch with accumulation, the same global batch),
     its kernels and its RunConfig. Raises CompileError where none fits."""
@@ -196,7 +231,7 @@ def fitted_kernels(entry: dict, cache: dict) -> tuple[list[Kernel], Any]:
         other = dataclasses.replace(cfg, sharding=setup.layout, remat=setup.remat, per_device_batch=setup.batch,
                                     accumulation_steps=setup.accumulation)
         try:
-            return kernels_for(entry, cache, other), other
+            return kernels_for(entry, other), other
         except CompileError as exc:
             if "memory" not in str(exc).lower():
                 raise
@@ -205,6 +240,13 @@ def fitted_kernels(entry: dict, cache: dict) -> tuple[list[Kernel], Any]:
 
 class CompileError(RuntimeError):
     """This product's step for the entry does not compile for its slice (e.g. it needs more HBM)."""
+
+
+class NotCompiled(RuntimeError):
+    """A --cached-only run: the program is not in the cache."""
+
+
+COMPILE = True  # False in a --cached-only run: a program not in the cache is NotCompiled
 
 
 def source_flops_per_device(entry: dict) -> float:
@@ -271,46 +313,43 @@ FIXTURES = ROOT / "tests" / "fixtures" / "published_tpu"
 
 
 def stored_program(entry: dict, folder: Path = FIXTURES) -> tuple[list[Kernel], dict, str] | None:
-    """The entry's stored kernels, the setup (RunConfig fields) they are of and how it was chosen, when this
-    checkout would build the same program; else None."""
-    import gzip
-
+    """The entry's stored program read into kernels, the setup (RunConfig fields) it is of and how that was
+    chosen, when this checkout would build the same program; else None."""
     from migration.config.requests import RunConfig
 
     meta = read_json(folder / f"{entry['id']}.json", {})
-    if not meta or meta.get("key") != _key(entry, RunConfig(**meta["config"])):
+    path = folder / f"{entry['id']}.hlo.gz"
+    if not meta or not path.exists() or meta.get("key") != _key(entry, RunConfig(**meta["config"])):
         return None
-    kernels = json.loads(gzip.decompress((folder / f"{entry['id']}.kernels.json.gz").read_bytes()))
-    return [Kernel(**k) for k in kernels], meta["config"], meta["how"]
+    return read_kernels(entry, gzip.decompress(path.read_bytes()).decode()), meta["config"], meta["how"]
 
 
 def write_fixture(entry: dict, folder: Path = FIXTURES) -> float:
-    import gzip
-
+    """Store the entry's program (as published, or the product's fitting answer) and its key in `folder`; the
+    seconds it took (compiles included, where the cache had none)."""
     t0 = time.perf_counter()
-    kernels, cfg, how = program_for(entry, read_json(cache_dir() / "published_programs.json", {}))
+    _, cfg, how = program_for(entry)
+    text = program_text(entry, cfg)
     seconds = time.perf_counter() - t0  # migration: ignore[TIME001] compile() returns when compiled: nothing runs
     folder.mkdir(parents=True, exist_ok=True)
-    data = json.dumps([dataclasses.asdict(k) for k in kernels]).encode()
-    (folder / f"{entry['id']}.kernels.json.gz").write_bytes(gzip.compress(data, 9, mtime=0))
-    write_json_atomic(folder / f"{entry['id']}.json", {"key": _key(entry, cfg), "config": cfg.to_dict(), "how": how,
-                                                        "compile_s": round(seconds, 1)})
+    (folder / f"{entry['id']}.hlo.gz").write_bytes(gzip.compress(text.encode(), 9, mtime=0))
+    write_json_atomic(folder / f"{entry['id']}.json", {"key": _key(entry, cfg), "config": cfg.to_dict(), "how": how})
     return seconds
 
 
-def program_for(entry: dict, cache: dict) -> tuple[list[Kernel], Any, str]:
+def program_for(entry: dict) -> tuple[list[Kernel], Any, str]:
     """The entry's kernels, the setup they are of and how it was chosen: as published, or where that needs
     more HBM than the chip has here, the product's fitting answer (`fitted_kernels`). Raises CompileError
     saying why neither compiles."""
     try:
-        return kernels_for(entry, cache), run_config(entry), "as published"
+        return kernels_for(entry), run_config(entry), "as published"
     except CompileError as exc:
         print(f"  {entry['id']}: {exc}", file=sys.stderr)
         if "memory" not in str(exc).lower():
             raise CompileError(f"this product's step does not compile for the slice as published ({str(exc)[:120]})"
                                ) from None
         try:
-            kernels, cfg = fitted_kernels(entry, cache)
+            kernels, cfg = fitted_kernels(entry)
         except CompileError as again:
             raise CompileError(f"over the chip's HBM as published ({tpu_needs(str(exc))}) and {again}") from None
         return kernels, cfg, f"assumed: as published it {tpu_needs(str(exc))} here"
@@ -339,22 +378,23 @@ def main(argv: list[str]) -> int:
         return 0
     skipped = {e["id"]: not_scored(e) for e in everything if not_scored(e)}
     scored = [e for e in everything if e["id"] not in skipped]
-    cache = read_json(cache_dir() / "published_programs.json", {})
     for e in scored:  # the suite's stored programs answer for their entries too
-        stored = stored_program(e) if e["id"] in CI_ENTRIES else None
-        if stored is not None and stored[2] == "as published":
-            cache.setdefault(_key(e), [dataclasses.asdict(k) for k in stored[0]])
-    if args.cached_only:
-        for e in scored:
-            if _key(e) not in cache:
-                skipped[e["id"]] = "not compiled in this run (--cached-only)"
-        scored = [e for e in scored if e["id"] not in skipped]
+        fixture = FIXTURES / f"{e['id']}.hlo.gz"
+        if e["id"] in CI_ENTRIES and stored_program(e) is not None and not cached(e):
+            meta = read_json(FIXTURES / f"{e['id']}.json", {})
+            if meta.get("how") == "as published":
+                (cache_dir() / PROGRAMS).mkdir(parents=True, exist_ok=True)
+                (cache_dir() / PROGRAMS / f"{_key(e)}.hlo.gz").write_bytes(fixture.read_bytes())
+    global COMPILE
+    COMPILE = not args.cached_only
     programs, configs, how = {}, {}, {}
     for e in scored:
         try:
-            programs[e["id"]], configs[e["id"]], how[e["id"]] = program_for(e, cache)
+            programs[e["id"]], configs[e["id"]], how[e["id"]] = program_for(e)
         except CompileError as exc:
             skipped[e["id"]] = str(exc)
+        except NotCompiled:
+            skipped[e["id"]] = "not compiled in this run (--cached-only)"
     scored = [e for e in scored if e["id"] in programs]
     cal = fit([e for e in scored if how[e["id"]] == "as published"], programs) if args.fit else steptime.TPU_CALIBRATION
     print(f"TPU calibration: {cal}\n")

@@ -361,7 +361,7 @@ PRODUCT = 2 * 64 * 64 * 64  # one [64, 64] x [64, 64] product
 
 
 def loop_program(direction: str = "LT", start: str = "constant(3)", bound: str = "constant(10)", index: int = 0,
-                 config: str = "") -> str:
+                 config: str = "", step: int = 1) -> str:
     """A loop whose body runs one product, its counter at tuple `index`, `counter <direction> bound` (a TPU
     program writes no trip count: its condition says it)."""
     counter, value = (0, 1) if index == 0 else (1, 0)
@@ -375,7 +375,7 @@ def loop_program(direction: str = "LT", start: str = "constant(3)", bound: str =
   %i = s32[] get-tuple-element(%p), index={counter}
   %x = bf16[64,64]{{1,0}} get-tuple-element(%p), index={value}
   %dot = bf16[64,64]{{1,0}} {DOT.format(x="%x")}
-  %one = s32[] constant(1)
+  %one = s32[] constant({step})
   %next = s32[] add(%i, %one)
   ROOT %t = {types} tuple({out})
 }}
@@ -390,6 +390,7 @@ def loop_program(direction: str = "LT", start: str = "constant(3)", bound: str =
 ENTRY %main (x: bf16[64,64], s: s32[]) -> {types} {{
   %x = bf16[64,64]{{1,0}} parameter(0)
   %s = s32[] parameter(1)
+  %three = s32[] constant(3)
   %start = s32[] {start}
   %init = {types} tuple({init})
   ROOT %loop = {types} while(%init), condition=%cond, body=%body{config}
@@ -411,6 +412,85 @@ def test_a_tpu_loop_runs_as_often_as_its_condition_says(direction, start, bound,
     k = kernels(loop_program(direction, start, bound, index))
     assert k["dot"].count == trips and k["dot"].flops == trips * PRODUCT
     assert k["next"].count == trips and k["dot"].bytes == trips * 3 * 8192  # two operands read, one written
+
+
+@pytest.mark.parametrize("start, bound, step, trips", [
+    ("constant(0)", "constant(8)", 2, 4),  # XLA's windowed einsum loop: two chunks a trip
+    ("constant(3)", "constant(10)", 3, 3),  # 3, 6, 9
+    ("copy(%three)", "constant(10)", 1, 7),  # a start copied from a constant
+    ("copy(%three)", "constant(10)", 2, 4),  # 3, 5, 7, 9
+])
+def test_a_tpu_loop_counting_by_more_than_one_runs_fewer_trips(start, bound, step, trips):
+    k = kernels(loop_program("LT", start, bound, step=step))
+    assert k["dot"].count == trips and k["dot"].flops == trips * PRODUCT
+
+
+def test_an_async_collective_fusion_is_a_kernel_and_a_collective_beside_it():
+    """libtpu fuses a collective with the product it overlaps (an async collective fusion): the product's
+    kernel reads its operands and writes its result; the gather is an asynchronous collective of its own; the
+    buffers the fusion hands back untouched move nowhere."""
+    text = """HloModule step
+
+%acf (a: bf16[64,64], w: bf16[64,64], shard: bf16[8,64], carried: bf16[1024,64]) -> (bf16[64,64], bf16[64,64], bf16[64,64], bf16[1024,64]) {
+  %a = bf16[64,64]{1,0} parameter(0)
+  %w = bf16[64,64]{1,0} parameter(1)
+  %shard = bf16[8,64]{1,0} parameter(2)
+  %carried = bf16[1024,64]{1,0} parameter(3)
+  %product = bf16[64,64]{1,0} dot(%a, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  %gathered = bf16[64,64]{1,0} all-gather(%shard), replica_groups=[1,8]<=[8], dimensions={0}
+  ROOT %t = (bf16[64,64]{1,0}, bf16[64,64]{1,0}, bf16[64,64]{1,0}, bf16[1024,64]{1,0}) tuple(%product, %gathered, %w, %carried)
+}
+
+ENTRY %main (a: bf16[64,64], w: bf16[64,64], shard: bf16[8,64], carried: bf16[1024,64]) -> (bf16[64,64], bf16[64,64], bf16[64,64], bf16[1024,64]) {
+  %a = bf16[64,64]{1,0} parameter(0)
+  %w = bf16[64,64]{1,0} parameter(1)
+  %shard = bf16[8,64]{1,0} parameter(2)
+  %carried = bf16[1024,64]{1,0} parameter(3)
+  ROOT %f = (bf16[64,64]{1,0}, bf16[64,64]{1,0}, bf16[64,64]{1,0}, bf16[1024,64]{1,0}) fusion(%a, %w, %shard, %carried), kind=kOutput, calls=%acf
+}
+"""
+    k = kernels(text)
+    assert k["f"].flops == PRODUCT and k["f"].bytes == 3 * 8192  # a and w read, the product written
+    gather = k["gathered"]
+    assert gather.kind == "all-gather" and gather.asynchronous and gather.group == 8 and gather.bytes == 8192
+
+
+def test_a_windowed_einsums_permutes_overlap_its_products_and_other_permutes_do_not():
+    """XLA's collective matmul (a loop body named windowed_dot_general_...) sends the next chunk while this
+    chunk's product runs: its collective-permutes are asynchronous; the same permute in another loop is not."""
+    def program(body: str) -> str:
+        types = "(s32[], bf16[64,64]{1,0})"
+        return f"""HloModule step
+
+%{body} (p: {types}) -> {types} {{
+  %p = {types} parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %x = bf16[64,64]{{1,0}} get-tuple-element(%p), index=1
+  %dot = bf16[64,64]{{1,0}} {DOT.format(x="%x")}
+  %permute = bf16[64,64]{{1,0}} collective-permute(%x), source_target_pairs={{{{0,1}},{{1,0}}}}
+  %one = s32[] constant(1)
+  %next = s32[] add(%i, %one)
+  ROOT %t = {types} tuple(%next, %dot)
+}}
+
+%cond (p: {types}) -> pred[] {{
+  %p = {types} parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %n = s32[] constant(4)
+  ROOT %c = pred[] compare(%i, %n), direction=LT
+}}
+
+ENTRY %main (x: bf16[64,64]) -> {types} {{
+  %x = bf16[64,64]{{1,0}} parameter(0)
+  %zero = s32[] constant(0)
+  %init = {types} tuple(%zero, %x)
+  ROOT %loop = {types} while(%init), condition=%cond, body=%{body}
+}}
+"""
+    windowed = kernels(program("windowed_dot_general_body_ag"))["permute"]
+    other = kernels(program("region_0.5_spmd"))["permute"]
+    assert windowed.asynchronous and not other.asynchronous
+    assert windowed.count == other.count == 4 and windowed.bytes == other.bytes == 4 * 8192
 
 
 def test_a_gpu_loop_states_its_trip_count():

@@ -6,8 +6,9 @@ program text XLA prints after optimisation, read the way XLA's own GPU cost mode
 
 - a kernel is a top-level instruction of the entry computation (or of a loop body, counted as many
   times as the loop runs: XLA GPU's known trip count, or, in a TPU program, what its condition
-  `counter < N` says; a called computation is inlined; a conditional counts its costliest branch); a
-  fusion is one kernel;
+  `counter < N` says with the step the body adds to the counter; a called computation is inlined; a
+  conditional counts its costliest branch); a fusion is one kernel, and a collective fused into it (a TPU
+  program's async collective fusion) a collective of its own beside it;
 - FLOPs: 2 x output elements x contracted size for every dot (inside fusions too, and cuBLAS
   custom-calls with their dimension numbers); for convolutions 2 x batch x output and input
   features x the (output position, kernel tap) pairs that meet the input, exact under padding,
@@ -22,7 +23,8 @@ program text XLA prints after optimisation, read the way XLA's own GPU cost mode
 - collectives: the bytes of each all-gather, reduce-scatter, all-reduce, all-to-all and
   collective-permute, the size of its replica group, how many nodes that group spans (devices are
   numbered node by node, `per_node` to a node), and whether it runs asynchronously (the
-  latency-hiding scheduler's start/done pairs).
+  latency-hiding scheduler's start/done pairs, a collective fused beside a kernel, the permutes of XLA's
+  windowed einsum loops, a computation run on another engine).
 
 Pure text: no JAX here, so it is tested on any program text and runs where JAX is absent.
 """
@@ -166,7 +168,11 @@ class ProgramReader:
             if op in FREE or op.endswith("-done"):
                 continue
             if op == "while":
-                self._walk(ins.attr("body"), times * self._trips(ins, computation), seen, asynchronous)
+                # XLA's windowed einsum (collective matmul) loop sends the next chunk while the product of this
+                # one runs: its collective-permutes overlap the loop's kernels
+                body = ins.attr("body") or ""
+                self._walk(body, times * self._trips(ins, computation), seen,
+                           asynchronous or "windowed_dot_general" in body)
             elif op in ("call", "async-start") and ins.attr("calls") and not self._is_collective(ins):
                 self._walk(ins.attr("calls"), times, seen, asynchronous)
             elif op == "call" and ins.attr("to_apply"):  # e.g. JAX's scaled_matmul around cuDNN's block-scaled GEMM
@@ -181,6 +187,11 @@ class ProgramReader:
                 self.kernels.append(self._collective(ins, shapes, times, asynchronous))
             else:
                 self.kernels.append(self._kernel(ins, shapes, times))
+                if op == "fusion":  # a TPU program's async collective fusion: a collective runs beside the kernel
+                    body = self.computations.get(ins.attr("calls") or "", [])
+                    inner = {i.name: i.shape for i in body}
+                    self.kernels += [self._collective(i, inner, times, asynchronous=True)
+                                     for i in body if self._is_collective(i)]
 
     def _trips(self, loop: Instruction, computation: str) -> int:
         """A while loop's trip count: XLA GPU's `known_trip_count`, else (a TPU program) read from its
@@ -202,14 +213,34 @@ class ProgramReader:
         outer = {i.name: i for i in self.computations.get(computation, [])}
         init = outer.get(loop.operands[0]) if loop.operands else None
         if index and init is not None and init.opcode == "tuple" and int(index.group(1)) < len(init.operands):
-            first = outer.get(init.operands[int(index.group(1))])
+            first = _through_copies(outer, init.operands[int(index.group(1))])
             if first is not None and first.opcode == "constant" and _integer(first.args) is not None:
                 start = _integer(first.args)
         end = _integer(bound.args)
         if end is None:
             return 1
-        trips = {"LT": end - start, "NE": end - start, "LE": end - start + 1}.get(direction.group(1), 1)
-        return max(1, trips)
+        step = self._step(loop.attr("body") or "", int(index.group(1))) if index else 1
+        span = {"LT": end - start, "NE": end - start, "LE": end - start + 1}.get(direction.group(1), 1)
+        return max(1, -(-span // step))
+
+    def _step(self, body: str, index: int) -> int:
+        """What a loop body adds to its counter (tuple element `index`) each trip: XLA's windowed einsum loops
+        (a TPU program's collective matmuls) run two chunks a trip and count by 2. 1 unless the body's result
+        element is `counter + constant`."""
+        inner = {i.name: i for i in self.computations.get(body, [])}
+        root = self.computations[body][-1] if self.computations.get(body) else None
+        if root is None or root.opcode != "tuple" or index >= len(root.operands):
+            return 1
+        add = inner.get(root.operands[index])
+        if add is None or add.opcode != "add" or len(add.operands) != 2:
+            return 1
+        for a, b in (add.operands, add.operands[::-1]):
+            counter, constant = inner.get(a), _through_copies(inner, b)
+            if (counter is not None and counter.opcode == "get-tuple-element" and f"index={index}" in counter.attrs
+                    and constant is not None and constant.opcode == "constant"):
+                value = _integer(constant.args)
+                return value if value and value > 0 else 1
+        return 1
 
     def _walk_costliest(self, ins: Instruction, times: float, seen: set[str]) -> None:
         branches = re.findall(r"%([\w.\-]+)", (re.search(r"branch_computations=\{([^}]*)\}", ins.attrs) or
@@ -269,6 +300,14 @@ class ProgramReader:
             if used and index < len(read) and all(u.opcode in SLICES and u.operands[0] == name for u in used):
                 read[index] = sum(nbytes(u.shape) for u in used)
         root = body[-1] if body else None
+        carried = {i.name for i in body if self._is_collective(i)}
+        if carried and root is not None and root.opcode == "tuple":
+            # an async collective fusion (TPU): the collective's operands and result, and the buffers the fusion
+            # hands back untouched, are the collective's traffic (counted with it), not the kernel's
+            for index, name in params.items():
+                if index < len(read) and all(u.name in carried or u is root for u in users.get(name, [])):
+                    read[index] = 0.0
+            written = sum(nbytes(inner.get(o, "")) for o in root.operands if o not in carried and o not in params.values())
         updates = [i for i in body if i.opcode in ("dynamic-update-slice", "scatter")]
         if updates and root is not None and root.opcode in ("dynamic-update-slice", "scatter", "tuple", "bitcast"):
             written = 0.0
@@ -399,6 +438,16 @@ class ProgramReader:
         nodes = len({d // self.per_node for d in members}) if members and self.per_node else 1
         return Kernel(ins.name, kind, 0.0, moved * times, None, times, group=_group_size(ins.attrs),
                       asynchronous=asynchronous or ins.opcode.endswith("-start"), nodes=nodes)
+
+
+def _through_copies(instructions: dict[str, Instruction], name: str) -> Instruction | None:
+    """The instruction `name` is a copy (or chain of copies) of, in the same computation."""
+    ins = instructions.get(name)
+    for _ in range(8):
+        if ins is None or ins.opcode != "copy" or not ins.operands:
+            return ins
+        ins = instructions.get(ins.operands[0])
+    return ins
 
 
 def _integer(text: str) -> int | None:
