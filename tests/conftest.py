@@ -159,13 +159,13 @@ def app_server(tmp_path_factory):
 # the most tests first, whatever their time). The files that take longest go first, so that none of them
 # starts last while the other worker sits idle: the thirty longest of a whole-suite run on the 2-core VM
 # (`python bench/suite_time.py` lists them; 2026-12-05).
-LONGEST_FIRST = ("test_faults.py", "test_app.py", "test_numerics.py", "test_attacks.py", "test_ray.py", "test_runner.py",
-                 "test_benches.py", "test_before_after.py", "test_layouts.py", "test_planner.py", "test_multiprocess.py",
-                 "test_security_and_input.py", "test_serving_run.py", "test_codecheck_fix.py", "test_sharding.py",
-                 "test_fp8.py", "test_app_serve.py", "test_registered_workload.py", "test_browser.py",
-                 "test_memory_properties.py", "test_autotune.py", "test_serving_plan.py", "test_checkpoint.py",
-                 "test_workloads.py", "test_serving_tp.py", "test_decode.py", "test_tpu_source.py", "test_api_shape.py",
-                 "test_checklist.py", "test_custom_models.py")
+LONGEST_FIRST = ("test_app.py", "test_faults.py", "test_numerics.py", "test_ray.py", "test_runner.py", "test_attacks.py",
+                 "test_your_model.py", "test_tpu_jobs.py", "test_layouts.py", "test_before_after.py", "test_benches.py",
+                 "test_codecheck_fix.py", "test_multiprocess.py", "test_planner.py", "test_serving_run.py",
+                 "test_published_ci.py", "test_sharding.py", "test_fp8.py", "test_app_serve.py",
+                 "test_security_and_input.py", "test_registered_workload.py", "test_browser.py", "test_autotune.py",
+                 "test_serving_plan.py", "test_memory_properties.py", "test_serving_tp.py", "test_decode.py",
+                 "test_tpu_source.py", "test_workloads.py", "test_checkpoint.py")
 
 
 def pytest_collection_modifyitems(items):

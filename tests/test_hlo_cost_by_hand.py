@@ -455,6 +455,80 @@ ENTRY %main (a: bf16[64,64], w: bf16[64,64], shard: bf16[8,64], carried: bf16[10
     assert gather.kind == "all-gather" and gather.asynchronous and gather.group == 8 and gather.bytes == 8192
 
 
+def test_a_scanned_stack_seen_through_a_relayout_is_still_sliced_and_updated_in_place():
+    """libtpu retiles a layer scan's stacked buffer inside the fusion that reads or writes one layer of it (a
+    nested fusion of the buffer alone, same dimensions): reading a layer costs the layer, writing one the
+    update, not the 80-layer stack."""
+    text = """HloModule step
+
+%retile (a: bf16[80,64,64]) -> bf16[80,64,64] {
+  %a = bf16[80,64,64]{2,1,0} parameter(0)
+  ROOT %c = bf16[80,64,64]{2,1,0:T(8,128)} copy(%a)
+}
+
+%read_one (stack: bf16[80,64,64], i: s32[]) -> bf16[1,64,64] {
+  %stack = bf16[80,64,64]{2,1,0:T(16,128)} parameter(0)
+  %i = s32[] parameter(1)
+  %view = bf16[80,64,64]{2,1,0:T(8,128)} fusion(%stack), kind=kLoop, calls=%retile
+  %zero = s32[] constant(0)
+  %layer = bf16[1,64,64]{2,1,0} dynamic-slice(%view, %i, %zero, %zero), dynamic_slice_sizes={1,64,64}
+  ROOT %out = bf16[1,64,64]{2,1,0:T(16,128)} copy(%layer)
+}
+
+%write_one (stack: bf16[80,64,64], i: s32[], update: bf16[1,64,64]) -> bf16[80,64,64] {
+  %stack = bf16[80,64,64]{2,1,0:T(16,128)} parameter(0)
+  %i = s32[] parameter(1)
+  %update = bf16[1,64,64]{2,1,0} parameter(2)
+  %view = bf16[80,64,64]{2,1,0:T(8,128)} fusion(%stack), kind=kLoop, calls=%retile
+  %zero = s32[] constant(0)
+  ROOT %dus = bf16[80,64,64]{2,1,0:T(16,128)} dynamic-update-slice(%view, %update, %i, %zero, %zero)
+}
+
+ENTRY %main (stack: bf16[80,64,64], i: s32[], update: bf16[1,64,64]) -> (bf16[1,64,64], bf16[80,64,64]) {
+  %stack = bf16[80,64,64]{2,1,0} parameter(0)
+  %i = s32[] parameter(1)
+  %update = bf16[1,64,64]{2,1,0} parameter(2)
+  %r = bf16[1,64,64]{2,1,0} fusion(%stack, %i), kind=kLoop, calls=%read_one
+  %w = bf16[80,64,64]{2,1,0} fusion(%stack, %i, %update), kind=kLoop, calls=%write_one
+  ROOT %t = (bf16[1,64,64]{2,1,0}, bf16[80,64,64]{2,1,0}) tuple(%r, %w)
+}
+"""
+    k = kernels(text)
+    layer = 64 * 64 * 2
+    assert k["r"].bytes == layer + 4 + layer  # the layer read (and its index), the layer written
+    assert k["w"].bytes == 4 + layer + layer  # the index and update read, the update written in place
+
+
+def test_the_start_and_end_of_a_tpu_async_collective_move_nothing_but_the_collective():
+    """libtpu's async-collective-start / -done fusions bracket a collective (AsyncCollectiveStart/Done
+    custom-calls): the gather is the traffic, counted once as an asynchronous collective."""
+    text = """HloModule step
+
+%start_body (a: bf16[8,64]) -> (bf16[8,64], bf16[64,64]) {
+  %a = bf16[8,64]{1,0} parameter(0)
+  ROOT %s = (bf16[8,64]{1,0}, bf16[64,64]{1,0}) custom-call(%a), custom_call_target="AsyncCollectiveStart"
+}
+
+%done_body (a: bf16[8,64], buffer: bf16[64,64]) -> bf16[64,64] {
+  %a = bf16[8,64]{1,0} parameter(0)
+  %buffer = bf16[64,64]{1,0} parameter(1)
+  %gathered = bf16[64,64]{1,0} all-gather(%a), replica_groups=[1,8]<=[8], dimensions={0}
+  ROOT %d = bf16[64,64]{1,0} custom-call(%a, %buffer, %gathered), custom_call_target="AsyncCollectiveDone"
+}
+
+ENTRY %main (a: bf16[8,64]) -> bf16[64,64] {
+  %a = bf16[8,64]{1,0} parameter(0)
+  %start = (bf16[8,64]{1,0}, bf16[64,64]{1,0}) fusion(%a), kind=kCustom, calls=%start_body
+  %x = bf16[8,64]{1,0} get-tuple-element(%start), index=0
+  %buf = bf16[64,64]{1,0} get-tuple-element(%start), index=1
+  ROOT %done = bf16[64,64]{1,0} fusion(%x, %buf), kind=kCustom, calls=%done_body
+}
+"""
+    k = kernels(text)
+    assert k["start"].bytes == 0 and k["done"].bytes == 0
+    assert k["gathered"].asynchronous and k["gathered"].bytes == 8192 and k["gathered"].group == 8
+
+
 def test_a_windowed_einsums_permutes_overlap_its_products_and_other_permutes_do_not():
     """XLA's collective matmul (a loop body named windowed_dot_general_...) sends the next chunk while this
     chunk's product runs: its collective-permutes are asynchronous; the same permute in another loop is not."""

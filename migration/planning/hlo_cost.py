@@ -49,6 +49,7 @@ COLLECTIVES = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "coll
 FREE = {"parameter", "get-tuple-element", "tuple", "bitcast", "constant", "after-all", "partition-id", "replica-id",
         "opt-barrier", "add-dependency", "copy-done", "send-done", "recv-done", "iota"}
 SLICES = ("dynamic-slice", "slice", "gather")
+RELAYOUTS = ("copy", "bitcast", "fusion")  # inside a fusion, with one operand of the same dimensions: a relayout
 BACKWARD_ATTENTION = 2.5  # five products backward (S recomputed, dP, dV, dQ, dK) for the forward's two
 DEFAULT_UNIT = {"bf16": "bf16", "f16": "fp16", "f32": "fp32", "f64": "fp32", "f4e2m1fn": "fp4",
                 **{t: "fp8" for t in DTYPE_BYTES if t.startswith("f8")}}
@@ -295,11 +296,22 @@ class ProgramReader:
         for i in body:
             for o in i.operands:
                 users.setdefault(o, []).append(i)
+        # an operand seen through a relayout (a copy, a bitcast, a nested fusion of it alone with its dimensions:
+        # libtpu retiles a scanned stack that way) is still that operand: a slice of the view reads a slice
+        view_of = {name: index for index, name in params.items()}
+        for i in body:
+            if (i.opcode in RELAYOUTS and len(i.operands) == 1 and i.operands[0] in view_of
+                    and [d for _, d in arrays(i.shape)] == [d for _, d in arrays(inner.get(i.operands[0], ""))]):
+                view_of[i.name] = view_of[i.operands[0]]
         for index, name in params.items():  # an operand only sliced costs its slices
-            used = users.get(name, [])
-            if used and index < len(read) and all(u.opcode in SLICES and u.operands[0] == name for u in used):
+            views = {n for n, k in view_of.items() if k == index}
+            used = [u for v in views for u in users.get(v, []) if u.name not in views]
+            if used and index < len(read) and all(u.opcode in SLICES and u.operands[0] in views for u in used):
                 read[index] = sum(nbytes(u.shape) for u in used)
         root = body[-1] if body else None
+        if any(i.opcode == "custom-call" and 'custom_call_target="AsyncCollective' in i.attrs for i in body) and not any(
+                i.opcode in ("dot", "convolution") for i in body):
+            return 0.0, None, "memory", [0.0] * len(read), 0.0  # the start or end of a TPU async collective: its own
         carried = {i.name for i in body if self._is_collective(i)}
         if carried and root is not None and root.opcode == "tuple":
             # an async collective fusion (TPU): the collective's operands and result, and the buffers the fusion
@@ -312,7 +324,7 @@ class ProgramReader:
         if updates and root is not None and root.opcode in ("dynamic-update-slice", "scatter", "tuple", "bitcast"):
             written = 0.0
             for u in updates:  # only the update is written, and the buffer updated in place is not read
-                index = next((i for i, n in params.items() if n == u.operands[0]), None)
+                index = view_of.get(u.operands[0])
                 if u.opcode == "scatter" and (index is None or len(u.operands) < 3):
                     written += nbytes(u.shape)  # a scatter into a buffer made inside the fusion writes it whole
                     continue
