@@ -14,6 +14,10 @@ Each entry runs as published: its MLP (ReLU, GELU, SwiGLU, GeGLU), its remat pol
 inside a slice, FSDP or data parallelism across slices. Not scored (and why, printed): int8 (AQT)
 training, context parallelism (a fraction of a sequence per device), sliding-window attention, fp8 where
 the chip has no fp8 units.
+
+Each compiled program's text is kept in the cache folder (`tpu_programs/<key>.hlo.gz`, or `<key>.error` for a
+compile that failed), keyed by what builds it (the setup, the slices, the packages, the XLA flags, the model
+and step code), not by the reader: a change to hlo_cost.py or steptime.py re-reads the stored programs.
 """
 
 from __future__ import annotations
