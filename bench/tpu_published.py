@@ -421,6 +421,14 @@ def main(argv: list[str]) -> int:
         if errors:
             notes.append(f"{split} entries: median error {statistics.median(errors):.1f}%, worst {max(errors):.1f}% "
                          f"({len(errors)} of {total} scored).")
+        # Entries marked low-confidence when they were gathered (before any scoring) stay in the figures
+        # above; the part without them is shown beside, never instead.
+        low = {e["id"] for e in everything if e["split"] == split and e.get("confidence", "").startswith("low")}
+        sure = [abs(float(r[-1].rstrip("%"))) for r in rows if r[1] == split and r[0] not in low]
+        if low and sure and len(sure) < len(errors):
+            notes.append(f"{split} entries without the {len(errors) - len(sure)} marked low-confidence when gathered "
+                         f"({', '.join(sorted(low & {r[0] for r in rows}))}): median error "
+                         f"{statistics.median(sure):.1f}%, worst {max(sure):.1f}% ({len(sure)} scored).")
     notes.append(f"Not scored ({len(skipped)} of {len(everything)}): " + "; ".join(
         f"{eid}: {reason}" for eid, reason in skipped.items()) + ".")
     for n in notes:
