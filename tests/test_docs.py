@@ -231,6 +231,23 @@ def test_the_whole_suite_fails_past_its_time_budget(tmp_path, budget_s, over):
     assert part.returncode == 0 and "the whole suite took" not in part.stdout, part.stdout[-2000:]
 
 
+def test_without_a_given_budget_the_run_is_judged_at_the_reference_speed(tmp_path):
+    """No budget given: the run times the yardstick (Python's parser over the code check's frozen corpus) and
+    judges its time by 25 minutes scaled by this machine's speed against the reference day's, printing both."""
+    from tests.budget import REFERENCE_PARSE_S, machine_factor, parse_seconds
+
+    measured = parse_seconds(runs=2)
+    assert 0 < measured < 60 and machine_factor(REFERENCE_PARSE_S) == 1.0 and machine_factor(2 * REFERENCE_PARSE_S) == 2.0
+    env = _budget_suite(tmp_path, "")
+    whole = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist"], cwd=tmp_path,
+                           capture_output=True, text=True, timeout=120, env=env)
+    assert whole.returncode == 0 and "1 passed" in whole.stdout, whole.stdout[-2000:] + whole.stderr[-2000:]
+    line = next(x for x in whole.stdout.splitlines() if "the whole suite took" in x)
+    factor = float(re.search(r"([0-9.]+)x\)", line).group(1))
+    budget = float(re.search(r"budget ([0-9.]+) min", line).group(1))
+    assert "at the reference speed" in line and budget == pytest.approx(25 * factor, abs=0.06), line
+
+
 @pytest.mark.parametrize("budget_s", ["abc", "-5", "inf", "nan"])
 def test_a_budget_that_is_not_a_number_of_seconds_is_refused_before_the_run(tmp_path, budget_s):
     env = _budget_suite(tmp_path, budget_s)

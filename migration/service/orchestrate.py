@@ -286,14 +286,18 @@ def measure_run(name: str, cfg: RunConfig, recorder: Recorder | None,
     and records the run as cancelled."""
     handle = start_run(cfg)
     try:
-        last, first_step, losses = 0.0, 0, []
+        last, first_step, losses, stepped = 0.0, 0, [], False
         for ev in handle.events(heartbeat_s=0.5):
             if ev["event"] == "step":
                 first_step = first_step if losses else ev["index"]
                 losses.append(ev["loss"])
             now = time.monotonic()
-            if ev["event"] in ("heartbeat", "step") and now - last < PROGRESS_EVERY_S:
+            # The first step is always told (the run has started stepping); later ones at most every
+            # PROGRESS_EVERY_S, as heartbeats.
+            held = ev["event"] == "heartbeat" or (ev["event"] == "step" and stepped)
+            if held and now - last < PROGRESS_EVERY_S:
                 continue
+            stepped = stepped or ev["event"] == "step"
             last = now
             # The loss values since the last progress event: a watcher draws the curve in increments.
             yield {"event": "progress", "run": name, "steps": cfg.steps, "worker_event": ev,
