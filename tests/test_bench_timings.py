@@ -27,6 +27,9 @@ def test_the_suite_time_bench_reads_a_real_runs_junit_file(tmp_path):
     assert data["after"]["tests"] == 3 and data["after"]["wall_s"] >= 0.9
     assert list(data["slowest"]) == ["tests/test_slow.py", "tests/test_quick.py"]
     assert 0.9 <= data["slowest"]["tests/test_slow.py"] < 5
+    # the machine's speed by the budget's yardstick, and the run's time at the reference speed beside the raw one
+    assert data["parse_s"] > 0 and abs(data["factor"] - data["parse_s"] / 0.17) <= 0.02
+    assert "at the reference speed this run is" in json.loads(record.read_text())["notes"][0]
 
 
 def test_the_suite_time_bench_refuses_a_missing_or_foreign_file(tmp_path):
