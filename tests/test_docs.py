@@ -245,7 +245,7 @@ def test_without_a_given_budget_the_run_is_judged_at_the_reference_speed(tmp_pat
     line = next(x for x in whole.stdout.splitlines() if "the whole suite took" in x)
     factor = float(re.search(r"([0-9.]+)x\)", line).group(1))
     budget = float(re.search(r"budget ([0-9.]+) min", line).group(1))
-    assert "at the reference speed" in line and budget == pytest.approx(25 * factor, abs=0.06), line
+    assert "at the reference speed" in line and budget == pytest.approx(25 * factor, abs=0.2), line
 
 
 @pytest.mark.parametrize("budget_s", ["abc", "-5", "inf", "nan"])
