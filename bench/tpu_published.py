@@ -115,11 +115,11 @@ def spec_for(entry: dict) -> TpuSpec | None:
 def layout_for(entry: dict) -> str:
     """The published layout: FSDP over the slice (over every slice with dcn_fsdp_parallelism, else FSDP inside
     each and data parallelism across them), tensor parallelism inside a slice where stated."""
-    axes, spec = parallelism(entry), spec_for(entry)
-    tensor = max(1, axes.get("ici_tensor_parallelism", 1))
-    across_fsdp = axes.get("dcn_fsdp_parallelism", 1) > 1
-    base = "fsdp" if entry["slices"] == 1 or across_fsdp else f"hybrid:{spec.devices}"
-    return base + (f"+tp{tensor}" if tensor > 1 else "")
+    from migration.planning.source import source_layout
+
+    axes = parallelism(entry)
+    return source_layout("fsdp", spec_for(entry), entry["slices"], axes.get("dcn_fsdp_parallelism", 1) > 1,
+                         max(1, axes.get("ici_tensor_parallelism", 1)))
 
 
 def run_config(entry: dict):
@@ -224,22 +224,27 @@ def kernels_for(entry: dict, cfg=None) -> list[Kernel]:
 
 def fitted_kernels(entry: dict) -> tuple[list[Kernel], Any]:
     """Where the published setup does not fit here: the product's own answer (migration/planning/source.py's
-    fitting order: remat keeping less, then a smaller micro-batch with accumulation, the same global batch),
-    its kernels and its RunConfig. Raises CompileError where none fits."""
-    from migration.planning.source import TpuSetup, tpu_fit_candidates
+    `cheapest_fit`: the faster predicted step of the first remat policy keeping less and the first smaller
+    micro-batch with accumulation that fit, the same global batch), its kernels and its RunConfig. Raises
+    CompileError where none fits."""
+    from migration.planning.source import TpuSetup, cheapest_fit, tpu_fit_ladders
     from workloads import get_workload
 
     cfg = run_config(entry)
     stated = TpuSetup(cfg.sharding, cfg.remat, cfg.per_device_batch, 1)
-    for setup in tpu_fit_candidates(stated, get_workload(cfg.workload), spec_for(entry)):
+
+    def compile_one(setup: TpuSetup) -> dict:
         other = dataclasses.replace(cfg, sharding=setup.layout, remat=setup.remat, per_device_batch=setup.batch,
                                     accumulation_steps=setup.accumulation)
-        try:
-            return kernels_for(entry, other), other
-        except CompileError as exc:
-            if "memory" not in str(exc).lower():
-                raise
-    raise CompileError("no setup of the product's fitting order fits either")
+        kernels = kernels_for(entry, other)
+        return {"kernels": kernels, "cfg": other,
+                "predicted_step_s": predict(entry, kernels, steptime.TPU_CALIBRATION).seconds}
+
+    setup, found, tried, _ = cheapest_fit(tpu_fit_ladders(stated, get_workload(cfg.workload), spec_for(entry)),
+                                          compile_one)
+    if setup is None:
+        raise CompileError("no setup the product tries fits either (" + "; ".join(tried[-2:]) + ")")
+    return found["kernels"], found["cfg"]
 
 
 class CompileError(RuntimeError):

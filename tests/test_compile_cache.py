@@ -217,17 +217,28 @@ def test_the_suites_store_is_this_codes(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_tpu_side_and_a_serving_plan_compile_once(cold_caches):
+def test_the_tpu_side_and_a_serving_plan_compile_once(cold_caches, monkeypatch):
     """The TPU job's compile for its slice and a serving plan's programs go through the same cache: a
-    second plan of the same job compiles nothing and gives the same figures."""
+    second plan of the same job compiles nothing and gives the same figures. The first TPU compile runs
+    in a process beside the planner's (as a plan starts it on a machine with cores to spare); the cache
+    it fills is the planner's."""
     from migration.config.requests import PlanRequest
     from migration.config.serving import ServeRequest
     from migration.planning.serving import serve_plan
-    from migration.planning.source import compile_for_source_tpu
+    from migration.planning.source import SourceCompile, compile_for_source_tpu
 
     req = PlanRequest(workload="transformer", preset="tiny", source="tpu-v5e-8", global_batch=64)
-    first, again = compile_for_source_tpu(req), compile_for_source_tpu(req)
+    monkeypatch.setenv("MIGRATION_TPU_COMPILE_BESIDE", "1")
+    beside = SourceCompile(req)
+    beside.start()
+    assert beside.beside  # not cached: started in its own process
+    first = beside.result()
+    beside.close()
+    again = compile_for_source_tpu(req)
     assert first["status"] == again["status"] == "ok" and (first["cached"], again["cached"]) == (False, True)
+    cached = SourceCompile(req)
+    cached.start()
+    assert not cached.beside and cached.result() == again  # cached: answered here, no process started
     assert {k: v for k, v in first.items() if k != "cached"} == {k: v for k, v in again.items() if k != "cached"}
     serve = ServeRequest(workload="llama", preset="tiny", target="h100-sxm", prompt_len=64, gen_len=16)
     one, two = serve_plan(serve), serve_plan(serve)

@@ -1,7 +1,7 @@
 """The TPU side as TPU jobs run: MaxText's remat policies (by name, and `custom` tensor by tensor, the layer
 input offloaded included), the decoder's MLP activation as a free dimension, slices named as Google Cloud
 names them (several of them too), FSDP across slices, and a TPU answer when the stated setup needs more HBM
-than the chip has: the first setup of the product's fitting order that the TPU compiler fits, compiled and
+than the chip has: the cheapest setup that the TPU compiler fits (by the step model), compiled and
 timed, used by the comparison and labelled as the product's assumption."""
 
 import dataclasses
@@ -24,7 +24,13 @@ from migration.config.limits import (
 from migration.config.requests import PlanRequest, RunConfig, validate_plan_request
 from migration.hardware import TPU_SPECS, parse_tpu_slice
 from migration.planning import compare
-from migration.planning.source import TpuSetup, compile_for_source_tpu, tpu_fit_candidates, tpu_topology
+from migration.planning.source import (
+    TpuSetup,
+    cheapest_fit,
+    compile_for_source_tpu,
+    tpu_fit_ladders,
+    tpu_topology,
+)
 from migration.step.train import TrainProgram, abstract_batch, abstract_state, jit_step, make_multislice_mesh
 from workloads import get_workload
 from workloads.maxtext_config import MAXTEXT_MLPS, MAXTEXT_REMAT_NAMES, MAXTEXT_REMAT_TENSORS
@@ -187,22 +193,66 @@ def test_a_maxtext_config_gives_its_remat_policy_activation_and_fsdp_across_slic
 
 # -- a TPU answer when the stated setup does not fit ----------------------------------------------------------
 
-def test_the_fitting_order_keeps_less_then_halves_the_micro_batch_keeping_the_global_batch():
+def test_the_fitting_ladders_keep_less_or_halve_the_micro_batch_keeping_the_global_batch():
     stated = TpuSetup("replicated", "none", 16, 1)
-    order = tpu_fit_candidates(stated, get_workload("llama"), TPU_SPECS["tpu-v5e-4"])
-    assert order[0] == TpuSetup("fsdp", "none", 16, 1)  # the state sharded first, where it was replicated
-    remats = [s.remat for s in order if s.accumulation == 1][1:]
+    ladders = tpu_fit_ladders(stated, get_workload("llama"), TPU_SPECS["tpu-v5e-4"])
+    assert ladders.layout == [TpuSetup("fsdp", "none", 16, 1)]  # the state sharded first, where it was replicated
+    remats = [s.remat for s in ladders.remat]
     assert remats[0] == "dots_no_batch" and remats[-1] == "custom:decoder_layer_input=offload"
-    halved = [s for s in order if s.accumulation > 1]
-    assert [(s.batch, s.accumulation) for s in halved] == [(8, 2), (4, 4), (2, 8), (1, 16)]
-    assert all(s.batch * s.accumulation == 16 for s in order)
+    assert {(s.batch, s.accumulation) for s in ladders.remat} == {(16, 1)}
+    assert [(s.remat, s.batch, s.accumulation) for s in ladders.batch] == [
+        ("none", 8, 2), ("none", 4, 4), ("none", 2, 8), ("none", 1, 16)]  # the stated policy, smaller batches
+    assert {s.remat for s in ladders.fallback} == {remats[-1]}  # where neither fits: halved under the last
+    everything = ladders.layout + ladders.remat + ladders.batch + ladders.fallback
+    assert all(s.batch * s.accumulation == 16 and s.layout == "fsdp" for s in everything)
     # a model that tags no activations: the whole-block policies only
-    mlp_order = tpu_fit_candidates(TpuSetup("fsdp", "none", 4, 1), get_workload("mlp"), TPU_SPECS["tpu-v5e-4"])
-    assert {s.remat for s in mlp_order} <= {"dots_no_batch", "full"}
+    mlp = tpu_fit_ladders(TpuSetup("fsdp", "none", 4, 1), get_workload("mlp"), TPU_SPECS["tpu-v5e-4"])
+    assert not mlp.layout and {s.remat for s in mlp.remat + mlp.fallback} <= {"dots_no_batch", "full"}
+
+
+def oom(needs_gib: float) -> RuntimeError:
+    return RuntimeError(f"RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory in memory space hbm. "
+                        f"The total memory required for HLO temporaries ({needs_gib}G) exceeds available HBM (15.75G)")
+
+
+def test_the_cheapest_fit_is_the_faster_of_the_two_ladders_first_fits_by_the_step_model():
+    """A stand-in compiler (the real one is in the slow test below): which setups fit, and each fit's
+    predicted step. The cheapest fit is the faster of the first fit of each ladder, whatever the order."""
+    ladders = tpu_fit_ladders(TpuSetup("fsdp", "none", 8, 1), get_workload("llama"), TPU_SPECS["tpu-v5e-4"])
+
+    def compiler(fits: dict[tuple[str, int], float]):
+        seen = []
+
+        def compile_one(setup):
+            seen.append(setup)
+            if (setup.remat, setup.batch) not in fits:
+                raise oom(20.0)
+            return {"predicted_step_s": fits[(setup.remat, setup.batch)]}
+        return compile_one, seen
+
+    # keeping less at the stated batch is slower than half the batch at no remat: the batch ladder wins
+    one, seen = compiler({("save_dot_except_mlp", 8): 1.3, ("none", 4): 1.1, ("none", 2): 1.2})
+    setup, found, tried, other = cheapest_fit(ladders, one)
+    assert (setup.remat, setup.batch, setup.accumulation) == ("none", 4, 2) and found["predicted_step_s"] == 1.1
+    assert "remat save_dot_except_mlp" in other and "1.3" in other
+    assert len(tried) == 1 and "does not fit (needs 20" in tried[0]  # dots_no_batch at 8; (none, 2) never compiled
+    assert TpuSetup("fsdp", "none", 2, 4) not in seen
+    # and the other way round
+    one, _ = compiler({("dots_no_batch", 8): 0.9, ("none", 4): 1.1})
+    assert cheapest_fit(ladders, one)[0] == TpuSetup("fsdp", "dots_no_batch", 8, 1)
+    # neither ladder fits: halved under the last policy
+    one, _ = compiler({(ladders.remat[-1].remat, 2): 2.0})
+    setup, _, tried, other = cheapest_fit(ladders, one)
+    assert (setup.remat, setup.batch) == (ladders.remat[-1].remat, 2) and other is None
+    # a compile that fails for another reason stops the search, saying so
+    def broken(setup):
+        raise RuntimeError("INTERNAL: Mosaic failed to compile")
+    setup, found, tried, _ = cheapest_fit(ladders, broken)
+    assert setup is None and tried == [f"{ladders.remat[0].describe()}: does not compile (INTERNAL: Mosaic failed to compile)"]
 
 
 @pytest.mark.slow
-def test_a_stated_tpu_setup_over_hbm_gets_the_first_setup_that_fits_and_the_comparison_uses_it():
+def test_a_stated_tpu_setup_over_hbm_gets_the_cheapest_setup_that_fits_and_the_comparison_uses_it():
     model = {"n_layers": 8, "d_model": 2048, "n_heads": 16, "n_kv_heads": 16, "d_ff": 8192, "vocab_size": 32000,
              "seq_len": 2048}
     req = validate_plan_request(PlanRequest(workload="llama", preset="8b", model=model, source="tpu-v5e-4",

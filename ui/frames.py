@@ -43,7 +43,7 @@ def plan_markdown(p: Plan) -> str:
                    + (f" TPU step predicted {fmt_seconds(src['predicted_step_s'])} ({src['step_method']})."
                       if src.get("predicted_step_s") else "") + "\n\n" if src.get("status") == "ok" else
                    f"Source TPU compile: {src.get('status')} — {src.get('reason', '')}"
-                   + (f" Assumed TPU setup (the first that fits): {src['fitted']['setup']}, TPU step predicted "
+                   + (f" Assumed TPU setup (the cheapest change that fits): {src['fitted']['setup']}, TPU step predicted "
                       f"{fmt_seconds(src['fitted']['predicted_step_s'])}." if src.get("fitted") else "")
                    + "\n\n" if src else "")
     env = "\n".join(f"export {k}={v['value']!r}  # {v['why']}" for k, v in p.environment.items())

@@ -148,8 +148,9 @@ def print_source_tpu(plan: Any) -> None:
               f"{fmt_bytes(src['hbm_bytes_per_device'])} per device: {src['reason']}")
         fitted = src.get("fitted")
         if fitted:
-            print(f"  assumed TPU setup (the first that fits): {fitted['setup']}, {fmt_bytes(fitted['peak_bytes_per_chip'])} "
-                  f"per device; TPU step predicted {fmt_seconds(fitted['predicted_step_s'])}, {fitted['step_method']}")
+            print(f"  assumed TPU setup (the cheapest change that fits): {fitted['setup']}, {fmt_bytes(fitted['peak_bytes_per_chip'])} "
+                  f"per device; TPU step predicted {fmt_seconds(fitted['predicted_step_s'])}, {fitted['step_method']}"
+                  + (f"; {fitted['other']}" if fitted.get("other") else ""))
     else:
         print(f"source TPU compile: {src.get('status')}" + (f" ({src['reason']})" if src.get("reason") else ""))
 

@@ -45,7 +45,9 @@ def tpu_fit_text(src: dict[str, Any], source: TpuSpec, per_core_batch: int) -> s
     fitted = src.get("fitted")
     if fitted:
         return (text + f" The TPU side below is the product's assumption in its place: {fitted['setup']} "
-                f"({fmt_bytes(fitted['peak_bytes_per_chip'])} per device), the first of its fitting order that fits. "
+                f"({fmt_bytes(fitted['peak_bytes_per_chip'])} per device), the cheapest change that fits: "
+                + (fitted.get("assumed") or "").removeprefix("the product's assumption: ")
+                + (f" ({fitted['other']})" if fitted.get("other") else "") + ". "
                 "Give the remat policy, per-core batch and sharding your job uses (or --tpu-step-s, your measured "
                 "step) to compare your job itself.")
     return (text + " No setup the product tries fits either (" + "; ".join(src.get("tried") or ["none tried"])

@@ -26,7 +26,7 @@ from migration.planning.deployment import block_params, mesh_of, plan_environmen
 from migration.planning.memory import STATE_BYTES_PER_PARAM, CompileFailed, MemoryPredictor, Target
 from migration.planning.ranking import full_key
 from migration.planning.search import RECOMPUTE_NOTE, Choice, describe_choice, rule_of_thumb_batch
-from migration.planning.source import compile_for_source_tpu, source_sharding, tpu_setup_on_target
+from migration.planning.source import source_sharding, tpu_setup_on_target
 from migration.results import Decision, Plan
 from migration.step.policies import PRECISION_POLICIES
 from workloads import get_workload
@@ -65,7 +65,7 @@ def ok_plan(p: Planner, chosen: Choice, peak: int, max_batch: dict[Key, int], ra
     if req.nodes > 1:
         d.append(nodes_decision(p))
     tpu_setup = tpu_setup_on_target(req, p.predictor, p.target.budget_bytes, chosen.sharding)
-    source_compile = compile_for_source_tpu(req) if req.compile_for_tpu else {"status": "not requested"}
+    source_compile = p.source.result()
     step = step_time(p, chosen)
     if p.compare and step.get("source") == "compiled program":
         step["other_precision"], step["other_precision_s"] = p.compare, seconds_in(p, chosen, p.compare)

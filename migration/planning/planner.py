@@ -31,6 +31,7 @@ from migration.planning import plan_record, steptime
 from migration.planning.capability import fp8_recipe, planned_model
 from migration.planning.memory import STATE_BYTES_PER_PARAM, CompileFailed, MemoryPredictor, Target, resolve_target
 from migration.planning.ranking import COMPILED_TOP_K, PRUNE_MARGIN, Ranking, full_key
+from migration.planning.source import SourceCompile
 from migration.planning.search import (
     REMAT_ORDER,
     Choice,
@@ -69,12 +70,23 @@ def plan_migration(req: PlanRequest, emit: Emit) -> Plan:
     if fp8 is not None and not workload.fp8_linears:
         fp8, fp8_why = None, (f"allowed, but {req.workload}'s products are not nnx.Linear layers, which the fp8 "
                               "recipes replace")
+    source = SourceCompile(req)
+    source.start()  # the TPU side compiles beside the GPU search
+    try:
+        return _plan_precisions(req, emit, target, t0, precision, fp8, fp8_why, source)
+    finally:
+        source.close()
+
+
+def _plan_precisions(req: PlanRequest, emit: Emit, target: Target, t0: float, precision: str, fp8: str | None,
+                     fp8_why: str, source: SourceCompile) -> Plan:
+    """The plan in the compute precision, or in fp8 where allowed and faster (then compared with the other)."""
     if fp8 is None:
-        plan = _plan_in(req, emit, target, t0, precision)
+        plan = _plan_in(req, emit, target, t0, precision, source)
         if req.allow_fp8:
             plan.decisions.append(Decision("fp8", "not used", fp8_why))
         return plan
-    plan = _plan_in(req, emit, target, t0, fp8, compare=precision)
+    plan = _plan_in(req, emit, target, t0, fp8, source, compare=precision)
     other = (plan.step_time or {}).get("other_precision_s")
     mine = plan.predicted_step_s
     if plan.status == "ok" and other is not None and mine is not None and mine <= other:
@@ -87,12 +99,12 @@ def plan_migration(req: PlanRequest, emit: Emit) -> Plan:
     why = ("no fitting choice in fp8" if plan.status != "ok" else
            f"no compiled step to compare ({plan.step_time.get('source', 'none')})" if mine is None or other is None else
            f"the chosen step compiled in {fp8}: {fmt_seconds(mine)}, in {precision} {fmt_seconds(other)}: no faster")
-    plan = _plan_in(req, emit, target, t0, precision)
+    plan = _plan_in(req, emit, target, t0, precision, source)
     plan.decisions.append(Decision("fp8", "not used", f"allowed: {fp8_why}; {why}, so {precision}"))
     return plan
 
 
-def _plan_in(req: PlanRequest, emit: Emit, target: Target, t0: float, precision: str,
+def _plan_in(req: PlanRequest, emit: Emit, target: Target, t0: float, precision: str, source: SourceCompile,
              compare: str | None = None) -> Plan:
     """The plan in one precision, by compiles for the target (the analytic estimate, labelled, where a
     compile fails for a reason other than memory); with `compare`, the chosen step compiled in that
@@ -100,12 +112,12 @@ def _plan_in(req: PlanRequest, emit: Emit, target: Target, t0: float, precision:
     model, attention = planned_model(req, target, precision)
     predictor = MemoryPredictor(req, emit, model=model)
     try:
-        return Planner(req, emit, target, predictor, t0, precision, attention, compare).plan()
+        return Planner(req, emit, target, predictor, t0, precision, attention, compare, source).plan()
     except CompileFailed as exc:
         emit("fallback", message=str(exc))
         predictor.close()
         predictor = MemoryPredictor(req, emit, estimate_because=str(exc), model=model)
-        return Planner(req, emit, target, predictor, t0, precision, attention, compare).plan()
+        return Planner(req, emit, target, predictor, t0, precision, attention, compare, source).plan()
     finally:
         predictor.close()
 
@@ -114,8 +126,10 @@ class Planner:
     """One planning pass: precision, the per-(sharding, policy) search, the ranking, the verified choice."""
 
     def __init__(self, req: PlanRequest, emit: Emit, target: Target, predictor: MemoryPredictor, t0: float,
-                 precision: str, attention: Decision | None, compare: str | None = None):
+                 precision: str, attention: Decision | None, compare: str | None = None,
+                 source: SourceCompile | None = None):
         self.req, self.emit, self.target, self.predictor, self.t0 = req, emit, target, predictor, t0
+        self.source = source or SourceCompile(req)  # the TPU side's compile (started by plan_migration)
         self.compare = compare  # another precision to time the chosen step in (fp8 against bf16)
         w = get_workload(req.workload)
         cfg = w.config(req.preset, predictor.model)

@@ -6,8 +6,12 @@ source TPU.
 from __future__ import annotations
 
 import dataclasses
+import multiprocessing
 import os
 import time
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from collections.abc import Callable
 from typing import Any
 
 from jax.experimental import topologies
@@ -96,11 +100,13 @@ def tpu_topology(source: TpuSpec, slices: int = 1) -> Any:
                                         **{**source.compile_options, "num_slices": slices})
 
 
-def source_layout(sharding: str, source: TpuSpec, slices: int, across_slices: bool = False) -> str:
+def source_layout(sharding: str, source: TpuSpec, slices: int, across_slices: bool = False, tensor: int = 1) -> str:
     """The TPU job's layout: its state replicated, or sharded over its slice (FSDP; over several slices,
     FSDP inside each and data parallelism across them, MaxText's default for multislice, or with
-    `across_slices` FSDP over every slice's devices, MaxText's dcn_fsdp_parallelism)."""
-    return f"hybrid:{source.devices}" if sharding == "fsdp" and slices > 1 and not across_slices else sharding
+    `across_slices` FSDP over every slice's devices, MaxText's dcn_fsdp_parallelism); with `tensor`, each
+    block's weights split over that many devices of a slice (MaxText's ici_tensor_parallelism)."""
+    base = f"hybrid:{source.devices}" if sharding == "fsdp" and slices > 1 and not across_slices else sharding
+    return base + (f"+tp{tensor}" if tensor > 1 else "")
 
 
 def tpu_links(source: TpuSpec, slices: int) -> Links | float | None:
@@ -109,13 +115,18 @@ def tpu_links(source: TpuSpec, slices: int) -> Links | float | None:
     return source.ici_bytes_per_s if slices == 1 else Links(source.ici_bytes_per_s, source.dcn_bytes_per_s)
 
 
+def tpu_cache_key(cfg: RunConfig, source: TpuSpec, layout: str, slices: int) -> str:
+    """Where a TPU setup's compiled figures are kept in the cache of compiled figures (compile_cache.py)."""
+    return cache_key("tpu", workload_fingerprint(get_workload(cfg.workload)), source.topology, slices, layout,
+                     cfg.to_dict(), os.environ.get("XLA_FLAGS", ""))
+
+
 def compile_for_tpu(cfg: RunConfig, topo: Any, source: TpuSpec, layout: str, slices: int) -> tuple[dict[str, Any], bool]:
     """The TPU step's compiled figures (peak, kernels, how long the compile took) and whether they came
     from the cache of compiled figures (compile_cache.py), where they are kept under the same kind of key
     as a GPU candidate's. Raises what XLA raises."""
     cache = CompileCache()
-    key = cache_key("tpu", workload_fingerprint(get_workload(cfg.workload)), source.topology, slices, layout,
-                    cfg.to_dict(), os.environ.get("XLA_FLAGS", ""))
+    key = tpu_cache_key(cfg, source, layout, slices)
     found = cache.get(key)
     if found is not None:
         return found, True
@@ -128,10 +139,24 @@ def compile_for_tpu(cfg: RunConfig, topo: Any, source: TpuSpec, layout: str, sli
     return found, False
 
 
-# What the product tries, in this order, when the TPU compiler says the stated setup needs more HBM than a chip
-# has: keep less for the backward pass (MaxText's policies, from saving every product without a batch
-# dimension to offloading the layer inputs as the TPU recipes do), then a smaller per-chip batch with
-# gradient accumulation (the same global batch). The first that fits is the product's assumed TPU setup.
+# 1: the TPU side compiles in a process beside the GPU search; 0: in the planner's own process after it.
+# Unset: beside it on machines with 4 cores or more. libtpu and XLA's GPU compiler each keep about two cores
+# busy, so on two cores the overlap saves nothing (bench/plan_scale.py: 117 s beside, 120 s after, for a
+# llama 8b plan from 2 x v5p-1024 to 512 H100s) and costs a second process's memory.
+SIDE_ENV = "MIGRATION_TPU_COMPILE_BESIDE"
+
+
+def compile_beside() -> bool:
+    given = os.environ.get(SIDE_ENV, "").strip()
+    if given in ("0", "1"):
+        return given == "1"
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return cores >= 4
+
+# The remat policies the product tries, in this order, when the TPU compiler says the stated setup needs more
+# HBM than a chip has: keeping less for the backward pass (MaxText's policies, from saving every product
+# without a batch dimension to offloading the layer inputs as the TPU recipes do). Beside them, a smaller
+# per-chip batch with gradient accumulation (the same global batch); `cheapest_fit` takes the faster.
 TPU_FIT_REMATS = ("dots_no_batch", "save_dot_except_mlp", "save_qkv",
                   custom_remat({"decoder_layer_input": "offload", "query_proj": "offload", "kv_proj": "offload",
                                 "attention_out": "offload", "attention_proj": "offload"}),
@@ -141,7 +166,7 @@ TPU_FIT_REMATS = ("dots_no_batch", "save_dot_except_mlp", "save_qkv",
 def compile_for_source_tpu(req: PlanRequest) -> dict[str, Any]:
     """The TPU job's setup compiled for the source TPU (libtpu, installed with the product): its peak per
     device and predicted step; where the compiler says it needs more HBM than a chip has, that, and the
-    first setup of `tpu_fit_candidates` that fits, compiled and predicted the same way ("fitted")."""
+    cheapest setup that fits (`cheapest_fit`), compiled and predicted the same way ("fitted")."""
     source, slices = TPU_SPECS[req.source], req.source_slices
     try:
         topo = tpu_topology(source, slices)
@@ -154,9 +179,7 @@ def compile_for_source_tpu(req: PlanRequest) -> dict[str, Any]:
         return {"status": "failed", "reason": f"libtpu describes {slices} x {source.topology} with {len(topo.devices)} "
                                               f"devices, the catalog {req.source_devices}"}
     w = get_workload(req.workload)
-    sharding = source_sharding(req, w.param_count(w.config(req.preset, req.model)))
-    stated = TpuSetup(source_layout(sharding, source, slices, req.source_dcn_fsdp), req.tpu_remat,
-                      req.source_per_core_batch, 1)
+    stated = stated_setup(req)
     try:
         return {"status": "ok", **compile_setup(req, topo, stated)}
     except Exception as exc:  # noqa: BLE001 - XLA raises several types; memory is told apart by its message
@@ -174,23 +197,116 @@ def compile_for_source_tpu(req: PlanRequest) -> dict[str, Any]:
                             f"sharded over all {req.source_devices} devices, more than its HBM; a larger slice is "
                             "the change that fits")
         return out
-    for setup in tpu_fit_candidates(stated, w, source):
-        try:
-            fitted = compile_setup(req, topo, setup)
-        except Exception as exc:  # noqa: BLE001 - as above
-            reason = first_line(exc, 400)
-            if not is_oom(reason):
-                out["tried"].append(f"{setup.describe()}: does not compile ({reason})")
-                break
-            out["tried"].append(f"{setup.describe()}: does not fit ({tpu_needs_text(reason)})")
-            continue
+    setup, fitted, tried, other = cheapest_fit(tpu_fit_ladders(stated, w, source),
+                                               lambda s: compile_setup(req, topo, s))
+    out["tried"] = tried
+    if setup is not None:
         out["fitted"] = {**fitted, "setup": setup.describe(), "remat": setup.remat, "layout": setup.layout,
                          "per_core_batch": setup.batch, "accumulation_steps": setup.accumulation,
-                         "assumed": "the product's assumption: the first setup in its order (remat policies keeping "
-                                    "less, then a smaller per-chip batch with accumulation, the same global batch) "
-                                    "that the TPU compiler fits"}
-        break
+                         "assumed": f"the product's assumption: {FIT_RULE}", "other": other}
     return out
+
+
+FIT_RULE = ("of the changes the TPU compiler fits (the state sharded over the slice; else the first remat policy "
+            "keeping less at the stated per-chip batch, or the first smaller per-chip batch with accumulation at "
+            "the stated policy, the same global batch), the one with the faster predicted step")
+
+
+def cheapest_fit(ladders: "FitLadders", compile_one: Callable[[TpuSetup], dict[str, Any]]
+                 ) -> tuple[TpuSetup | None, dict[str, Any] | None, list[str], str | None]:
+    """The cheapest setup that fits, by the step model that reports it: the layout change alone where there is
+    one and it fits (it recomputes nothing and keeps the batch); else the first fit of each ladder, remat
+    policies keeping less at the stated batch and smaller per-chip batches at the stated policy, and of the
+    two the faster predicted step (`compile_one` compiles a setup and predicts its step, raising what XLA
+    raises); where neither fits, smaller batches under the last policy. Returns the setup, its figures, each
+    setup tried with what became of it, and the other ladder's fit (as text) where there was one."""
+    tried: list[str] = []
+
+    def first_fit(ladder: list[TpuSetup]) -> tuple[TpuSetup | None, dict[str, Any] | None, bool]:
+        for setup in ladder:
+            try:
+                return setup, compile_one(setup), True
+            except Exception as exc:  # noqa: BLE001 - XLA raises several types; memory is told apart by its message
+                reason = first_line(exc, 400)
+                if not is_oom(reason):
+                    tried.append(f"{setup.describe()}: does not compile ({reason})")
+                    return None, None, False
+                tried.append(f"{setup.describe()}: does not fit ({tpu_needs_text(reason)})")
+        return None, None, True
+
+    setup, found, going = first_fit(ladders.layout)
+    if setup is not None or not going:
+        return setup, found, tried, None
+    fits = []
+    for ladder in (ladders.remat, ladders.batch):
+        setup, found, going = first_fit(ladder)
+        if setup is not None:
+            fits.append((found["predicted_step_s"], setup, found))
+        if not going:
+            break
+    if not fits and going:
+        setup, found, _ = first_fit(ladders.fallback)
+        return setup, found, tried, None
+    if not fits:
+        return None, None, tried, None
+    fits.sort(key=lambda f: f[0])
+    other = (f"{fits[1][1].describe()}: also fits, predicted step {fmt_seconds(fits[1][0])} against "
+             f"{fmt_seconds(fits[0][0])}" if len(fits) > 1 else None)
+    return fits[0][1], fits[0][2], tried, other
+
+
+class SourceCompile:
+    """The TPU side of a plan (compile_for_source_tpu), started when the plan starts. When the stated
+    setup's figures are not in the cache, it compiles in a process of its own while the GPU side is
+    searched, so that libtpu and the GPU compiles overlap on the machine's cores; `result` collects it
+    (or compiles here, when no process could start or its figures were cached)."""
+
+    def __init__(self, req: PlanRequest):
+        self.req = req
+        self._pool: ProcessPoolExecutor | None = None
+        self._future: Future[dict[str, Any]] | None = None
+        self._done: dict[str, Any] | None = None if req.compile_for_tpu else {"status": "not requested"}
+        self.beside = False  # whether it compiles in a process beside the search
+
+    def start(self) -> None:
+        if self._done is not None or self._future is not None or not compile_beside():
+            return
+        try:
+            cached = CompileCache().get(tpu_cache_key(setup_config(self.req, stated := stated_setup(self.req)),
+                                                      TPU_SPECS[self.req.source], stated.layout,
+                                                      self.req.source_slices)) is not None
+        except Exception:  # noqa: BLE001 - a request the compile itself will explain: compile it here, later
+            return
+        if cached:
+            return
+        try:
+            self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+            self._future = self._pool.submit(compile_for_source_tpu, self.req)
+            self.beside = True
+        except (OSError, RuntimeError, BrokenProcessPool):
+            self.close()
+
+    def result(self) -> dict[str, Any]:
+        if self._done is None and self._future is not None:
+            try:
+                self._done = self._future.result()
+            except (BrokenProcessPool, OSError):  # the process died (memory, a signal): compile here instead
+                self.beside = False
+            self.close()
+        if self._done is None:
+            self._done = compile_for_source_tpu(self.req)
+        return self._done
+
+    def close(self) -> None:
+        """Stop the process (a compile nobody will collect is abandoned, not waited for)."""
+        if self._pool is not None:
+            running = list((getattr(self._pool, "_processes", None) or {}).values())
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            for process in running:
+                if process.is_alive():
+                    process.terminate()
+            self._pool = None
+        self._future = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -208,35 +324,59 @@ class TpuSetup:
         return f"{self.batch} per device{accum}, remat {self.remat}, {self.layout} state"
 
 
-def tpu_fit_candidates(stated: TpuSetup, workload: Any, source: TpuSpec) -> list[TpuSetup]:
-    """The setups tried, in order, when the stated one does not fit: the state sharded over the slice
-    where it was replicated; each of TPU_FIT_REMATS the model has the tags for (after the stated policy);
-    then the per-device batch halved, with accumulation keeping the global batch, under the last policy."""
+@dataclasses.dataclass(frozen=True)
+class FitLadders:
+    """The setups tried when the stated one does not fit (`cheapest_fit` walks them): the state sharded over
+    the slice where it was replicated; each of TPU_FIT_REMATS the model has the tags for, after the stated
+    policy, at the stated batch; the per-device batch halved with accumulation keeping the global batch, at
+    the stated policy; and, where neither of those fits, halved under the last policy."""
+
+    layout: list[TpuSetup]
+    remat: list[TpuSetup]
+    batch: list[TpuSetup]
+    fallback: list[TpuSetup]
+
+
+def tpu_fit_ladders(stated: TpuSetup, workload: Any, source: TpuSpec) -> FitLadders:
     layout = stated.layout if parse_layout(stated.layout).shards_state() else "fsdp"
-    out = [] if layout == stated.layout else [dataclasses.replace(stated, layout=layout)]
     usable = [r for r in TPU_FIT_REMATS if workload.remat_unavailable(r, remat_named(r)) is None]
     later = usable[usable.index(stated.remat) + 1:] if stated.remat in usable else usable
-    out += [TpuSetup(layout, r, stated.batch, 1) for r in later]
-    last = out[-1].remat if out else stated.remat
+    remat = [TpuSetup(layout, r, stated.batch, 1) for r in later]
+    halves = []
     batch, accum = stated.batch, 1
     while batch > 1 and batch % 2 == 0:
         batch, accum = batch // 2, accum * 2
-        out.append(TpuSetup(layout, last, batch, accum))
-    return out
+        halves.append((batch, accum))
+    last = remat[-1].remat if remat else stated.remat
+    return FitLadders(layout=[] if layout == stated.layout else [dataclasses.replace(stated, layout=layout)],
+                      remat=remat, batch=[TpuSetup(layout, stated.remat, b, a) for b, a in halves],
+                      fallback=[] if last == stated.remat else [TpuSetup(layout, last, b, a) for b, a in halves])
+
+
+def stated_setup(req: PlanRequest) -> TpuSetup:
+    """The TPU job's setup as the user states it: its layout, remat policy and per-device batch."""
+    w = get_workload(req.workload)
+    sharding = source_sharding(req, w.param_count(w.config(req.preset, req.model)))
+    return TpuSetup(source_layout(sharding, TPU_SPECS[req.source], req.source_slices, req.source_dcn_fsdp),
+                    req.tpu_remat, req.source_per_core_batch, 1)
+
+
+def setup_config(req: PlanRequest, setup: TpuSetup) -> RunConfig:
+    """The run configuration the TPU side compiles for one setup."""
+    return RunConfig(workload=req.workload, preset=req.preset, model=tpu_model(req), per_device_batch=setup.batch,
+                     devices=req.source_devices, precision=req.source_precision, remat=setup.remat,
+                     accumulation_steps=setup.accumulation, sharding=setup.layout)
 
 
 def compile_setup(req: PlanRequest, topo: Any, setup: TpuSetup) -> dict[str, Any]:
     """One TPU setup compiled for the source slice and its step predicted. Raises what XLA raises."""
     source, slices = TPU_SPECS[req.source], req.source_slices
-    model = tpu_model(req)
-    cfg = RunConfig(workload=req.workload, preset=req.preset, model=model, per_device_batch=setup.batch,
-                    devices=req.source_devices, precision=req.source_precision, remat=setup.remat,
-                    accumulation_steps=setup.accumulation, sharding=setup.layout)
+    cfg = setup_config(req, setup)
     found, cached = compile_for_tpu(cfg, topo, source, setup.layout, slices)
     step = steptime.predict(unpack(found["kernels"]), source, tpu_links(source, slices), steptime.TPU_CALIBRATION)
     return {"peak_bytes_per_chip": found["peak_bytes"], "hbm_bytes_per_device": source.hbm_bytes_per_device,
             "device_kind": topo.devices[0].device_kind, "topology": source.topology, "compile_s": found["compile_s"],
-            "cached": cached, "attention": model.get("attention"), "predicted_step_s": step.seconds,
+            "cached": cached, "attention": cfg.model.get("attention"), "predicted_step_s": step.seconds,
             "step_method": tpu_step_method(step, source, slices), "slices": slices, "layout": setup.layout,
             "remat": setup.remat}
 
