@@ -25,7 +25,13 @@ from migration.planning import steptime
 from migration.planning.compare import tpu_needs_bytes
 from migration.planning.compile_cache import CompileCache, cache_key, workload_fingerprint
 from migration.planning.hlo_cost import unpack
-from migration.planning.memory import STATE_BYTES_PER_PARAM, CompileFailed, MemoryPredictor, compile_memory
+from migration.planning.memory import (
+    STATE_BYTES_PER_PARAM,
+    CompileFailed,
+    MemoryPredictor,
+    compile_memory,
+    compile_workers,
+)
 from migration.step.train import TrainProgram, make_multislice_mesh
 from workloads import get_workload
 
@@ -140,9 +146,10 @@ def compile_for_tpu(cfg: RunConfig, topo: Any, source: TpuSpec, layout: str, sli
 
 
 # 1: the TPU side compiles in a process beside the GPU search; 0: in the planner's own process after it.
-# Unset: beside it on machines with 4 cores or more. libtpu and XLA's GPU compiler each keep about two cores
-# busy, so on two cores the overlap saves nothing (bench/plan_scale.py: 117 s beside, 120 s after, for a
-# llama 8b plan from 2 x v5p-1024 to 512 H100s) and costs a second process's memory.
+# Unset: beside it where the planner would start compile workers (memory.compile_workers: 4 cores or more).
+# libtpu and XLA's GPU compiler each keep about two cores busy, so on two cores the overlap saves nothing
+# (bench/plan_scale.py: 117 s beside, 120 s after, for a llama 8b plan from 2 x v5p-1024 to 512 H100s) and
+# costs a second process's memory.
 SIDE_ENV = "MIGRATION_TPU_COMPILE_BESIDE"
 
 
@@ -150,8 +157,7 @@ def compile_beside() -> bool:
     given = os.environ.get(SIDE_ENV, "").strip()
     if given in ("0", "1"):
         return given == "1"
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return cores >= 4
+    return compile_workers() > 0
 
 # The remat policies the product tries, in this order, when the TPU compiler says the stated setup needs more
 # HBM than a chip has: keeping less for the backward pass (MaxText's policies, from saving every product
