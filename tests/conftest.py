@@ -73,10 +73,11 @@ def session_root(tmp_path_factory) -> Path:
     return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
 
 
-# Compiled figures the suite needs, made by this code and these packages: a store keyed like the planner's
-# own cache (migration/planning/compile_cache.py). A change to the code that shapes a compile, or to the
-# packages, makes it unreadable (every figure is compiled again); `MIGRATION_UPDATE_COMPILE_STORE=1 python
-# -m pytest` (the whole suite) writes it anew from the figures the run compiled.
+# Compiled figures the suite needs: a store keyed like the planner's own cache (migration/planning/
+# compile_cache.py). A change to the code that shapes a compile makes its entries by request unreadable (a
+# program left as it was is then lowered and found by its text); a change to the packages or to the code that
+# reads figures makes everything compile again. `MIGRATION_UPDATE_COMPILE_STORE=1 python -m pytest` (the whole
+# suite) writes it anew from the figures the run compiled and found.
 COMPILE_STORE = Path(__file__).resolve().parent / "fixtures" / "compiled" / "figures.json.gz"
 
 

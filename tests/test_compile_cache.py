@@ -206,12 +206,12 @@ def test_the_suites_store_is_this_codes(tmp_path):
     """tests/fixtures/compiled/ holds the figures the suite compiles, made by this checkout's code and
     packages: when it is not (a change to the code that shapes a compile), every figure is compiled
     again and the suite runs long; `MIGRATION_UPDATE_COMPILE_STORE=1 python -m pytest` writes it anew."""
-    from migration.planning.compile_cache import read_store, store_fingerprint
+    from migration.planning.compile_cache import figures_fingerprint, read_store, store_fingerprint
     from tests.conftest import COMPILE_STORE
 
     found = read_store(COMPILE_STORE)
     assert found.get("entries"), f"{COMPILE_STORE} is missing or empty"
-    if found.get("fingerprint") != store_fingerprint():
+    if found.get("fingerprint") != store_fingerprint() or found.get("programs_fingerprint") != figures_fingerprint():
         pytest.xfail("the compiled-figure store was made by other code or packages: its figures are compiled again "
                      "(MIGRATION_UPDATE_COMPILE_STORE=1 python -m pytest writes it anew)")
 
@@ -244,3 +244,42 @@ def test_the_tpu_side_and_a_serving_plan_compile_once(cold_caches, monkeypatch):
     one, two = serve_plan(serve), serve_plan(serve)
     assert one["compiled_batches"] > 0 and (two["compiled_batches"], two["cached_programs"]) == (0, one["compiled_batches"])
     assert one["rows"] == two["rows"]
+
+
+def test_one_program_compiles_once_whatever_names_it_and_keeps_its_figures_across_other_code(tmp_path, monkeypatch):
+    """An MLP has no product with a batch dimension: under `dots` and `dots_no_batch` it is one program,
+    compiled once. Another target compiles it again. After a change to the code that builds programs (another
+    code fingerprint: every key by request misses), the program is found by its text, in the cache and in a
+    store written from it: nothing compiles; a change to the code that reads the figures compiles again."""
+    from migration.config.requests import PlanRequest
+    from migration.planning import compile_cache, compiled, memory
+
+    reads = []
+    real = memory.train_step_figures
+    monkeypatch.setattr(memory, "train_step_figures", lambda c, *a: reads.append(1) or real(c, *a))
+
+    def predictor(name: str, target: str = "a100-80gb", store: bool = False):
+        cache = compile_cache.CompileCache(tmp_path / name, use_store=store)
+        return memory.MemoryPredictor(PlanRequest(workload="mlp", target=target, compile_for_tpu=False),
+                                      lambda *a, **k: None, cache=cache, workers=0)
+
+    first = predictor("c.json")
+    assert first.method == "compiled-for-target"
+    peak = first.predict("bf16", "dots", 8)
+    assert first.predict("bf16", "dots_no_batch", 8) == peak and len(reads) == 1
+    assert first.predict("bf16", "full", 8) != peak and len(reads) == 2  # another program
+    assert predictor("c.json", "a100-40gb").predict("bf16", "dots", 8) and len(reads) == 3  # another target
+
+    monkeypatch.setattr(compile_cache, "code_fingerprint", lambda root=PROJECT_ROOT: "other code")
+    assert predictor("c.json").predict("bf16", "dots", 8) == peak and len(reads) == 3
+    store = tmp_path / "store.json.gz"
+    compile_cache.write_store(store, [tmp_path / "c.json"])
+    monkeypatch.setattr(compile_cache, "code_fingerprint", lambda root=PROJECT_ROOT: "yet other code")
+    monkeypatch.setenv("MIGRATION_COMPILE_STORE", str(store))
+    again = predictor("empty.json", store=True)
+    assert again.predict("bf16", "dots", 8) == peak and len(reads) == 3 and again.cache.store_hits == 1
+    assert compile_cache.write_store(tmp_path / "next.json.gz", [tmp_path / "empty.json"]) == 2  # by program, too
+
+    for module in (compile_cache, compiled):
+        monkeypatch.setattr(module, "figures_fingerprint", lambda: "other reading code")
+    assert predictor("empty-2.json", store=True).predict("bf16", "dots", 8) == peak and len(reads) == 4

@@ -11,9 +11,15 @@ Several processes plan at once (the app's planner workers, compile workers, othe
 sharing the folder): each write merges into what is on disk under a file lock, and a key missing in
 memory is looked up again on disk when the file changed, so no process drops or misses another's compiles.
 
+Beside those keys, each lowered program's figures are kept under a key of the program itself
+(compiled.py, keys starting with PROGRAM_PREFIX), which depends on the packages and on the code that reads
+the figures (FIGURE_SOURCES) but not on the code that builds the program: a code change that leaves a
+program as it was finds its figures after one lowering.
+
 Below the file, a read-only store of figures may answer ($MIGRATION_COMPILE_STORE: a .json or .json.gz
-written by `write_store`): used only when it was made by this code and these packages (its fingerprint),
-and never written to. The test suite keeps one in tests/fixtures/compiled/.
+written by `write_store`), never written to: its entries by request when it was made by this code and
+these packages (`store_fingerprint`), its entries by program when it was made by the same reading code and
+packages (`figures_fingerprint`). The test suite keeps one in tests/fixtures/compiled/.
 """
 
 from __future__ import annotations
@@ -43,6 +49,9 @@ COMPILE_SOURCES = ("workloads/*.py", "migration/step/*.py", "migration/config/la
 # configs turn a file into a request (the model's dimensions, which are part of every key themselves).
 NOT_COMPILED = ("workloads/configs.py", "workloads/config_keys.py", "workloads/hf_config.py",
                 "workloads/maxtext_config.py")
+# The code that turns a compiled program into the figures kept of it (the keys by program, compiled.py).
+FIGURE_SOURCES = ("migration/planning/compiled.py", "migration/planning/hlo_cost.py")
+PROGRAM_PREFIX = "program:"
 # The packages whose versions change a compile: JAX and its compiler, the CUDA plugin, the TPU compiler,
 # the model and optimizer libraries.
 COMPILE_PACKAGES = ("jax", "jaxlib", "jax-cuda12-plugin", "jax-cuda12-pjrt", "jax-cuda13-plugin", "jax-cuda13-pjrt",
@@ -115,6 +124,11 @@ def store_fingerprint() -> str:
     return hashlib.sha256(json.dumps([package_versions(), code_fingerprint()]).encode()).hexdigest()[:16]
 
 
+def figures_fingerprint() -> str:
+    """What a store's entries by program were made by: the packages and the code that reads the figures."""
+    return hashlib.sha256(json.dumps([package_versions(), sources_fingerprint(FIGURE_SOURCES)]).encode()).hexdigest()[:16]
+
+
 @contextlib.contextmanager
 def _locked(path: Path) -> Iterator[None]:
     if fcntl is None:
@@ -152,7 +166,9 @@ class CompileCache:
             self._mtime = mtime
             self.data.update(read_json(self.path, {}))
 
-    def get(self, key: str) -> Any:
+    def get(self, key: str, keep: bool = False) -> Any:
+        """The figures under `key`, from the file or the store (with `keep`, one the store answered is also
+        put in the file: a store written from this run's caches keeps what the run read of it)."""
         found = self.data.get(key)
         if found is None:
             self._reload()  # another process may have compiled it meanwhile
@@ -161,6 +177,8 @@ class CompileCache:
             found = self.store().get(key)
             if found is not None:
                 self.store_hits += 1
+                if keep:
+                    self.put(key, found)
         return found
 
     def put(self, key: str, value: Any) -> None:
@@ -174,13 +192,17 @@ class CompileCache:
                     self._mtime = self.path.stat().st_mtime
 
     def store(self) -> dict[str, Any]:
-        """The store's entries; empty where none is given, it cannot be read, or others made it."""
+        """The store's entries that this code and these packages can use (by request where the store was
+        made by this code, by program where by the same reading code); empty where none is given or it
+        cannot be read."""
         if self._store is None:
             self._store = {}
             if self.store_path is not None:
                 found = read_store(self.store_path)
+                if found.get("programs_fingerprint") == figures_fingerprint():
+                    self._store.update(found.get("programs", {}))
                 if found.get("fingerprint") == store_fingerprint():
-                    self._store = found.get("entries", {})
+                    self._store.update(found.get("entries", {}))
         return self._store
 
 
@@ -196,18 +218,21 @@ def read_store(path: Path) -> dict[str, Any]:
 
 def write_store(path: Path, caches: Iterable[Path]) -> int:
     """Write a store of this code's figures at `path` (gzipped JSON when it ends in .gz) from the cache
-    files `caches`, replacing what it held; returns how many entries it holds. Figures compiled for this
+    files `caches`, replacing what it held (entries by program apart, `CompileCache.store`); returns how many
+entries it holds, both kinds. Figures compiled for this
     machine's own devices are left out: they are this machine's, not the code's."""
     entries: dict[str, Any] = {}
     for cache in caches:
         found = read_json(cache, {})
         if isinstance(found, dict):
             entries.update({k: v for k, v in found.items() if isinstance(v, dict) and v.get("where") in PORTABLE})
-    text = json.dumps({"fingerprint": store_fingerprint(), "entries": dict(sorted(entries.items()))},
+    programs = {k: entries.pop(k) for k in sorted(entries) if k.startswith(PROGRAM_PREFIX)}
+    text = json.dumps({"fingerprint": store_fingerprint(), "entries": dict(sorted(entries.items())),
+                       "programs_fingerprint": figures_fingerprint(), "programs": programs},
                       separators=(",", ":"))
     path.parent.mkdir(parents=True, exist_ok=True)
     data = gzip.compress(text.encode(), mtime=0) if path.suffix == ".gz" else text.encode()
     tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
     tmp.write_bytes(data)
     tmp.replace(path)
-    return len(entries)
+    return len(entries) + len(programs)

@@ -42,10 +42,11 @@ from migration.hardware import (
 )
 from migration.planning.compile_cache import CompileCache, cache_key, workload_fingerprint
 from migration.planning.deployment import block_params
-from migration.planning.hlo_cost import Kernel, pack, read_program, unpack
+from migration.planning.compiled import figures_of_program, train_step_figures
+from migration.planning.hlo_cost import Kernel, unpack
 from migration.planning.search import ROWS_PER_SM_TO_FILL
 from migration.config.layouts import parse_layout
-from migration.step.train import TrainProgram, abstract_batch, abstract_state, compiled_peak_bytes, jit_step, make_mesh
+from migration.step.train import TrainProgram, abstract_batch, abstract_state, jit_step, make_mesh
 from workloads import get_workload
 
 Emit = Callable[..., None]
@@ -66,21 +67,19 @@ MUST_KEEP: dict[str, tuple[str, ...]] = {
 
 
 def compile_memory(program: TrainProgram, mesh: Any, kernels: bool = False, per_node: int | None = None,
-                   fp32_unit: str = "tf32") -> dict[str, Any]:
+                   fp32_unit: str = "tf32", target: Any = None, where: str = "compiled-here",
+                   cache: CompileCache | None = None) -> dict[str, Any]:
     """Peak bytes per device of the real train step compiled on abstract inputs for `mesh`'s devices,
-    and the bytes of its state arguments per device (allocates nothing; raises what XLA raises,
-    e.g. when even the compiler finds it cannot fit). With `kernels`, the program's kernels and
-    collectives too (hlo_cost.pack), for the step-time prediction of a GPU target (or a TPU slice: its fp32
-    products run as bf16 passes, `fp32_unit`)."""
+    and the bytes of its state arguments per device (allocates nothing; raises what XLA raises, CompileOOM
+    when the compiler finds it cannot fit). With `kernels`, the program's kernels and collectives too
+    (hlo_cost.pack), for the step-time prediction of a GPU target (or a TPU slice: its fp32 products run as
+    bf16 passes, `fp32_unit`). Each lowered program is compiled once (compiled.figures_of_program, kept
+    under the deviceless `target` the devices stand for, with `where`: how its figures were made)."""
     lowered = jit_step(program, mesh).lower(abstract_state(program, mesh), abstract_batch(program, mesh))
-    compiled = lowered.compile()
-    stats = compiled.memory_analysis()
     batch_bytes = sum(s.size * s.dtype.itemsize for s in program.batch_shapes().values()) // mesh.size
-    state = None if stats is None else int(stats.argument_size_in_bytes) - batch_bytes
-    found: dict[str, Any] = {"peak_bytes": compiled_peak_bytes(compiled), "state_bytes": state}
-    if kernels:
-        found["kernels"] = pack(read_program(compiled.as_text(), fp32_unit, per_node))
-    return found
+    return figures_of_program(lowered, mesh.devices, target, ("train", batch_bytes, kernels, per_node, fp32_unit),
+                              lambda c: train_step_figures(c, batch_bytes, kernels, per_node, fp32_unit), where,
+                              cache)
 
 
 def compile_peak(program: TrainProgram, mesh: Any) -> int | None:
@@ -390,7 +389,8 @@ class MemoryPredictor:
             mesh = make_mesh(self.devices, sharding)
             # collectives are read by the link domains their groups span (an NVL72 rack is one)
             return compile_memory(TrainProgram.from_config(cfg), mesh, kernels=self.reads_kernels,
-                                  per_node=self.req.domain)
+                                  per_node=self.req.domain, target=self.target_id, where=self.method,
+                                  cache=self.cache)
         except Exception as exc:  # noqa: BLE001 - XLA raises several types; memory is told apart by its message
             if is_oom(str(exc)):
                 return {"peak_bytes": None, "state_bytes": None}

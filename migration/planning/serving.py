@@ -37,10 +37,10 @@ from migration.hardware import GPU_SPECS, GpuSpec, gpu_target_config, link_bandw
 from migration.planning.capacity import (RequestClass, budget_bound_concurrency, chunked_attention_flops,
                                           kv_bound_concurrency, mix_figures, steady_state)
 from migration.planning.compile_cache import CompileCache, cache_key, sources_fingerprint
-from migration.planning.hlo_cost import pack, read_program, unpack
+from migration.planning.compiled import figures_of_program, serving_figures
+from migration.planning.hlo_cost import unpack
 from migration.planning.memory import deviceless_devices
 from migration.planning.steptime import CALIBRATION, predict
-from migration.step.train import compiled_peak_bytes
 from workloads import get_workload
 from workloads.kv_cache import cache_dtype, cache_layout
 from workloads.decoding import cache_shape, serving_decoder
@@ -110,9 +110,9 @@ def model_state(cfg: TransformerConfig, precision: str, mesh: jax.sharding.Mesh)
             "weights_read_bytes": weights - _gathered_bytes(cfg, state)}
 
 
-def compile_program(cfg: TransformerConfig, precision: str, model: dict[str, Any], mesh: jax.sharding.Mesh,
-                    kind: str, batch: int, tokens: int, cache_len: int, kv_cache: str = "auto") -> Any:
-    """A serving program compiled for `mesh`'s devices (serving_mesh): "prefill" (`batch` prompts of
+def lower_program(cfg: TransformerConfig, precision: str, model: dict[str, Any], mesh: jax.sharding.Mesh,
+                  kind: str, batch: int, tokens: int, cache_len: int, kv_cache: str = "auto") -> Any:
+    """A serving program lowered for `mesh`'s devices (serving_mesh): "prefill" (`batch` prompts of
     `tokens` tokens into an empty cache, logits of each one's last) or "decode" (one token for each of
     `batch` sequences), over a cache of `cache_len` positions a sequence, donated and updated in place."""
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
@@ -132,18 +132,11 @@ def compile_program(cfg: TransformerConfig, precision: str, model: dict[str, Any
     out = (replicated, {"k": [split] * cfg.n_layers, "v": [split] * cfg.n_layers})  # logits whole on every GPU
     fn, width = (prefill, tokens) if kind == "prefill" else (decode, 1)
     return jax.jit(fn, donate_argnums=3, out_shardings=out).lower(
-        model["state"], ints(batch, width), ints(batch), cache).compile()
-
-
-def compiled_figures(compiled: Any) -> dict[str, Any]:
-    """What is kept of a compiled serving program: its peak, donated and temporary bytes and its kernels."""
-    stats = compiled.memory_analysis()
-    return {"peak_bytes": compiled_peak_bytes(compiled), "donated_bytes": int(stats.alias_size_in_bytes),
-            "temp_bytes": int(stats.temp_size_in_bytes), "kernels": pack(read_program(compiled.as_text()))}
+        model["state"], ints(batch, width), ints(batch), cache)
 
 
 def program_figures(found: dict[str, Any], spec: GpuSpec, link_bytes_per_s: float | None) -> dict[str, Any]:
-    """One GPU's figures of a compiled program (`compiled_figures`): peak, donated and workspace bytes,
+    """One GPU's figures of a compiled program (compiled.serving_figures): peak, donated and workspace bytes,
     predicted seconds (its collectives over `link_bytes_per_s`)."""
     kernels = unpack(found["kernels"])
     timing = predict(kernels, spec, link_bytes_per_s)
@@ -191,9 +184,11 @@ class _Planner:
             self.cache_hits += 1
         else:
             self.compiles += 1
-            compiled = compile_program(self.cfg, self.req.precision, self.model, self.mesh, kind, batch, tokens,
-                                       cache_len, self.req.kv_cache)
-            found = {**compiled_figures(compiled), "where": "compiled-serving"}
+            lowered = lower_program(self.cfg, self.req.precision, self.model, self.mesh, kind, batch, tokens,
+                                    cache_len, self.req.kv_cache)
+            found = {**figures_of_program(lowered, self.mesh.devices, gpu_target_config(self.spec), ("serving",),
+                                          serving_figures, "compiled-serving", self.cache),
+                     "where": "compiled-serving"}
             self.cache.put(key, found)
         return program_figures(found, self.spec, self.link)
 

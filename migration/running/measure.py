@@ -47,7 +47,8 @@ from migration.hardware import (
     matmul_unit,
 )
 from migration.running.profiling import summarise_trace
-from migration.step.train import StepParts, TrainProgram, compiled_peak_bytes, replicate_per_device, step_parts
+from migration.planning.compiled import compiled_peak_bytes
+from migration.step.train import StepParts, TrainProgram, replicate_per_device, step_parts
 from migration.running.worker_env import jax_env_in_effect
 
 Emit = Callable[..., None]

@@ -260,15 +260,6 @@ class TrainProgram:
 # -- sharding and jit ---------------------------------------------------------------------------
 
 
-def compiled_peak_bytes(compiled: Any) -> int | None:
-    """Peak device bytes of a compiled program from its memory analysis: arguments + outputs -
-    aliased (donated) + temporaries. None where the backend gives no analysis."""
-    stats = compiled.memory_analysis()
-    if stats is None:
-        return None
-    return int(stats.argument_size_in_bytes + stats.output_size_in_bytes
-               - stats.alias_size_in_bytes + stats.temp_size_in_bytes)
-
 def make_data_mesh(devices: list[Any]) -> Mesh:
     # Auto axes: XLA's partitioner places the gradient all-reduce (explicit axes would demand an
     # out_sharding on every gather, e.g. the embedding lookup).
