@@ -152,6 +152,8 @@ CONFIG_UPLOADS = {
     "notes.yml": "hello: world\nsteps: 3\n",
     "wrong-type.yml": "model_name: llama2-7b\nper_device_batch_size: four\n",
     "big.json": "{" + " " * 70_000 + "}",
+    "tensor-3.yml": "model_name: llama2-7b\nici_tensor_parallelism: 3\n",
+    "tensor-huge.yml": "model_name: llama2-7b\nici_tensor_parallelism: 99999999\n",
 }
 
 
@@ -294,6 +296,10 @@ BAD = [
     Bad("plan-config-wrong-type", "/plan", {"config_file": Upload("wrong-type.yml")}, "config_file",
         "per_device_batch_size: expected a number"),
     Bad("plan-config-too-big", "/plan", {"config_file": Upload("big.json")}, "config_file", "over 64 KiB"),
+    Bad("plan-config-tensor-not-dividing", "/plan", {"config_file": Upload("tensor-3.yml")}, "source_tensor",
+        "a power of two that divides the slice's"),
+    Bad("plan-config-tensor-huge", "/plan", {"config_file": Upload("tensor-huge.yml")}, "config_file",
+        "ici_tensor_parallelism: expected an integer from 1 to 4096"),
     Bad("run-config-moe", "/run", {"config_file": Upload("moe.json")}, "config_file", "mixture-of-experts"),
     Bad("run-save-checkpoint-absolute", "/run", {"save_checkpoint": "/etc/cron.d"}, "save_checkpoint",
         "absolute paths are not allowed"),

@@ -191,6 +191,50 @@ def test_a_maxtext_config_gives_its_remat_policy_activation_and_fsdp_across_slic
             read_config_bytes(text, "r.yml")
 
 
+def test_a_maxtext_config_gives_its_tensor_parallelism_inside_a_slice_to_the_tpu_side():
+    tp = RECIPE.replace(b"dcn_fsdp_parallelism: 2", b"ici_tensor_parallelism: 4")
+    req = with_imported(PlanRequest(source="tpu-v5p-32"), read_config_bytes(tp, "tp.yml"), given={"source"})
+    assert req.source_tensor == 4 and req.source_slices == 1
+    assert any(n.startswith("ici_tensor_parallelism=4: ") for n in req.config_notes)
+    assert validate_plan_request(req).source_tensor == 4
+    # tensor parallelism across slices is still not planned: an error naming the key
+    with pytest.raises(ConfigError, match="dcn_tensor_parallelism=2: the TPU side is planned with"):
+        read_config_bytes(RECIPE.replace(b"dcn_fsdp_parallelism: 2", b"dcn_tensor_parallelism: 2"), "r.yml")
+    with pytest.raises(ConfigError, match="ici_tensor_parallelism: expected an integer from 1"):
+        read_config_bytes(RECIPE.replace(b"dcn_fsdp_parallelism: 2", b"ici_tensor_parallelism: -1"), "r.yml")
+
+
+@pytest.mark.parametrize("given, says", [
+    (dict(source_tensor=3), "a power of two that divides the slice's 4 devices"),
+    (dict(source_tensor=8), "a power of two that divides the slice's 4 devices"),
+    (dict(source_tensor=0), "source_tensor"),
+    (dict(source_tensor=512), "source_tensor"),
+    (dict(source_tensor="4; rm -rf /"), "source_tensor"),
+    (dict(source_tensor=2, source_sharding="replicated"), "planned with the state sharded")])
+def test_a_tensor_split_the_slice_cannot_hold_is_one_line_naming_the_field(given, says):
+    with pytest.raises(ConfigError) as info:
+        forms.plan_request(workload="llama", preset="tiny", source="v5p-8", **given)
+    text = str(info.value)
+    assert text.startswith("source_tensor: ") and says in text and "\n" not in text and len(text) < 400
+
+
+def test_tensor_parallelism_on_the_tpu_side_splits_each_layer_over_the_tensor_axis():
+    """The stated TPU job with ici_tensor_parallelism 2 is compiled as MaxText lays it out: FSDP over the
+    rest of the slice, each layer's weights and the residual stream split over 2 chips; its activations
+    (the MLP's hidden layer, 32x the model width here) take about half the HBM they take without."""
+    model = {"n_layers": 1, "d_model": 512, "n_heads": 8, "n_kv_heads": 8, "d_ff": 16384, "vocab_size": 1024,
+             "seq_len": 1024}
+    base = dict(workload="llama", preset="8b", model=model, source="tpu-v5p-8", global_batch=4 * 8)
+    split = compile_for_source_tpu(validate_plan_request(PlanRequest(**base, source_tensor=2)))
+    whole = compile_for_source_tpu(validate_plan_request(PlanRequest(**base, source_sharding="fsdp")))
+    assert split["status"] == whole["status"] == "ok", (split, whole)
+    assert (split["layout"], whole["layout"]) == ("fsdp+tp2", "fsdp")
+    assert split["peak_bytes_per_chip"] < 0.75 * whole["peak_bytes_per_chip"], (split, whole)
+    mlp = compile_for_source_tpu(validate_plan_request(PlanRequest(workload="mlp", preset="tiny", source="tpu-v5p-8",
+                                                                   global_batch=32, source_tensor=2)))
+    assert mlp["status"] == "failed" and "splits no weight over a tensor axis" in mlp["reason"]
+
+
 # -- a TPU answer when the stated setup does not fit ----------------------------------------------------------
 
 def test_the_fitting_ladders_keep_less_or_halve_the_micro_batch_keeping_the_global_batch():

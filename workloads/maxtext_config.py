@@ -10,8 +10,9 @@ file's keys win, then the model's, then base.yml's defaults below).
 The TPU job: `per_device_batch_size` per chip (times the slice's chips, `gradient_accumulation_steps`
 and the slices, the global batch), `max_target_length` (the sequence), `dtype` (the TPU's precision),
 `ici_fsdp_parallelism` / `ici_data_parallelism` (state sharded or replicated over the slice) and
-`dcn_data_parallelism` / `num_slices` (data parallelism across slices). Tensor, sequence, context,
-pipeline and expert parallelism on the TPU are not planned here: such a key is an error naming it.
+`dcn_data_parallelism` / `num_slices` (data parallelism across slices), `ici_tensor_parallelism` (tensor
+parallelism inside a slice, beside the FSDP). Tensor parallelism across slices, sequence, context, pipeline
+and expert parallelism on the TPU are not planned here: such a key is an error naming it.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ BASE = {
     "base_mlp_dim": 7168, "base_num_decoder_layers": 16, "head_dim": 128, "mlp_activations": ["silu", "linear"],
     "vocab_size": 32000, "logits_via_embedding": False, "decoder_block": "llama2", "normalization_layer_epsilon": 1e-5,
     "rope_max_timescale": 10000, "max_target_length": 2048, "per_device_batch_size": 12.0, "remat_policy": "full",
-    "dtype": "bfloat16", "weight_dtype": "float32", "ici_fsdp_parallelism": -1, "ici_data_parallelism": 1,
+    "dtype": "bfloat16", "weight_dtype": "float32", "ici_fsdp_parallelism": -1, "ici_data_parallelism": 1, "ici_tensor_parallelism": 1,
     "dcn_data_parallelism": -1, "dcn_fsdp_parallelism": 1, "num_experts": 1, "gradient_accumulation_steps": 1,
     "num_slices": -1, "scan_layers": True, "attention": "autoselected", "quantization": "", "use_qk_norm": False,
     "attention_bias": False, "use_post_attn_norm": False, "use_post_ffw_norm": False, "sliding_window_size": 0,
@@ -50,7 +51,7 @@ GPT_BLOCKS = ("gpt3",)
 # Parallelism over the slice or across slices that the TPU side here does not plan (>1 is an error).
 UNPLANNED_PARALLELISM = tuple(f"{net}_{axis}_parallelism" for net in ("ici", "dcn") for axis in (
     "fsdp_transpose", "sequence", "context", "context_autoregressive", "tensor", "tensor_sequence", "pipeline",
-    "expert", "autoregressive", "diloco", "context_usp_ulysses"))
+    "expert", "autoregressive", "diloco", "context_usp_ulysses") if (net, axis) != ("ici", "tensor"))
 # Keys with no bearing on memory or step time (training loop, data, logging, checkpoints, optimizer constants).
 NO_BEARING_PREFIXES = ("dataset_", "tokenizer_", "eval_", "log", "checkpoint", "enable_", "adam_", "learning_rate",
                        "warmup", "cosine", "profiler", "run_name", "base_output_directory", "steps", "hf_", "grain_",
@@ -204,7 +205,8 @@ def _refuse(r: Reader) -> None:
             value = r.int(key, lo=-1, hi=100_000)
             if value not in (1, 0):
                 raise ConfigFileError(f"{r.where} {key}={value}: the TPU side is planned with data and FSDP "
-                                      "parallelism (ici/dcn data and fsdp) only")
+                                      "parallelism (ici/dcn data and fsdp) and tensor parallelism inside a slice "
+                                      "(ici_tensor_parallelism) only")
 
 
 def _tpu_settings(r: Reader, notes: list[str]) -> dict[str, Any]:
@@ -230,7 +232,7 @@ def _tpu_settings(r: Reader, notes: list[str]) -> dict[str, Any]:
             "slices": slices, "source_precision": precision,
             "source_sharding": "fsdp" if fsdp != 1 or dcn_fsdp not in (1, 0) else "replicated",
             "source_remat": remat, "source_dcn_fsdp": slices > 1 and dcn_fsdp not in (1, 0),
-            "data_parallelism": data}
+            "source_tensor": r.int("ici_tensor_parallelism", lo=1, hi=4096), "data_parallelism": data}
 
 
 # MaxText's remat policies (layers.decoders) and the tensors its `custom` policy places (each device, offload or

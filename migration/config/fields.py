@@ -193,6 +193,10 @@ FIELDS: tuple[Field, ...] = (
     Field("source_dcn_fsdp", "bool", "plan", False, "", endpoints=(), flag="tpu-fsdp-across-slices",
           help="over several slices, the TPU job shards its state over every slice (MaxText's dcn_fsdp_parallelism) "
                "rather than inside each with data parallelism across them"),
+    Field("source_tensor", "int", "plan", 1, "", endpoints=(), limits=PLAN_LIMITS["source_tensor"], flag="tpu-tensor",
+          help="tensor parallelism inside each slice of the TPU job (MaxText's ici_tensor_parallelism): each "
+               "layer's weights and the residual stream's embedding split over this many chips, FSDP over the rest; "
+               "a power of two dividing the slice's devices; 1: none"),
     Field("safety_margin", "float", "plan", 0.1, "", endpoints=(), limits=PLAN_LIMITS["safety_margin"],
           help="share of that budget kept free"),
     Field("max_per_device_batch", "int", "plan", 1024, "", endpoints=(), limits=PLAN_LIMITS["max_per_device_batch"],

@@ -99,6 +99,10 @@ def with_imported(req: PlanRequest, imported: Imported, given: Collection[str],
             changes["source_sharding"] = s["source_sharding"]
         if "source_dcn_fsdp" not in given:
             changes["source_dcn_fsdp"] = s["source_dcn_fsdp"]
+        if "source_tensor" not in given and s["source_tensor"] > 1:
+            changes["source_tensor"] = s["source_tensor"]
+            notes.append(f"ici_tensor_parallelism={s['source_tensor']}: the TPU side is compiled with tensor "
+                         f"parallelism over {s['source_tensor']} chips of each slice and FSDP over the rest")
         if "source_remat" not in given:
             remat = s["source_remat"]
             changes["source_remat"] = maxtext_custom(remat) if isinstance(remat, dict) else check_remat_name(

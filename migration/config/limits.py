@@ -163,6 +163,7 @@ PLAN_LIMITS: dict[str, tuple[float, float]] = {
     "network_gbps": (0, 12800),  # each GPU's network between nodes, Gb/s (0: one 400 Gb/s port, assumed)
     "train_tokens": (1e6, 1e16),  # tokens (or examples) the comparison's time and cost are for: 1M to 10 quadrillion
     "source_slices": (1, 64),  # TPU slices of the source job, joined by the data-centre network (multislice)
+    "source_tensor": (1, 256),  # tensor parallelism inside a slice of the source job (ici_tensor_parallelism)
     "memory_fraction": (0.05, 1.0),
     "safety_margin": (0.0, 0.5),
     "max_per_device_batch": (1, 65536),

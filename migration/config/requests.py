@@ -316,6 +316,9 @@ class PlanRequest:
     # Over several slices, the state sharded over every slice's devices (MaxText's dcn_fsdp_parallelism)
     # rather than inside each slice with data parallelism across them (dcn_data_parallelism, the default).
     source_dcn_fsdp: bool = False
+    # Tensor parallelism inside each slice (MaxText's ici_tensor_parallelism): weights and the residual
+    # stream's embedding split over this many devices, the state sharded (FSDP) over the rest.
+    source_tensor: int = 1
     prices: dict[str, float] = dataclasses.field(default_factory=dict)
     tpu_step_ms: float | None = None
     # fp8 allowed (it changes numerics): the planner takes fp8 / mxfp8 where the target has the units and the
@@ -480,6 +483,7 @@ def validate_plan_request(req: PlanRequest) -> PlanRequest:
             raise ConfigError(flag, f"must be true or false; got {shown(getattr(req, flag))}")
     _check_range(req, "train_tokens", PLAN_LIMITS, integer=False)
     _check_range(req, "source_slices", PLAN_LIMITS, integer=True)
+    _check_range(req, "source_tensor", PLAN_LIMITS, integer=True)
     if req.tpu_step_ms is not None:
         _check_range(req, "tpu_step_ms", LIMITS, integer=False)
     if not isinstance(req.prices, dict):
@@ -505,6 +509,13 @@ def _check_plan_consistency(req: PlanRequest, cores: int) -> None:
             f"= {p * cores}, but global_batch is {g} (with pmap on a "
             f"TPU the global batch is per-core batch × cores); {fix}, or leave per_core_batch unset (global / cores)",
         )
+    t, per_slice = req.source_tensor, cores // req.source_slices
+    if t > 1 and (t & (t - 1) or per_slice % t):
+        raise ConfigError("source_tensor", f"tensor parallelism inside a slice needs a power of two that divides the "
+                                           f"slice's {per_slice} devices ({req.source}); got {t}")
+    if t > 1 and req.source_sharding == "replicated":
+        raise ConfigError("source_tensor", f"{t} with source_sharding replicated: tensor parallelism on the TPU side "
+                                           "is planned with the state sharded (fsdp or auto)")
     a, n = req.accumulation_steps, req.gpus
     if a is not None and a * n > g:
         allowed = (f"at most {g // n} with gpus {n}" if g >= n else

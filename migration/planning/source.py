@@ -39,6 +39,8 @@ def source_sharding(req: PlanRequest, params: int) -> str:
     """How the TPU job held its state: as given, else replicated (pmap) when 16 bytes per parameter
     fit 90% of a chip's HBM, else sharded over the slice."""
     hbm = TPU_SPECS[req.source].hbm_bytes_per_device
+    if req.source_tensor > 1:  # tensor parallelism on the TPU side comes with the state sharded (MaxText's way)
+        return "fsdp"
     return req.source_sharding or ("replicated" if STATE_BYTES_PER_PARAM * params <= 0.9 * hbm else "fsdp")
 
 
@@ -77,6 +79,8 @@ def tpu_model(req: PlanRequest) -> dict[str, Any]:
     if not hasattr(cfg, "attention"):
         return dict(req.model)
     model = {k: v for k, v in req.model.items() if k != "attention"}
+    if req.source_tensor > 1 and hasattr(cfg, "residual_over_tensor"):
+        model["residual_over_tensor"] = True  # MaxText shards the residual stream's embedding over the tensor axis
     xla = req.model.get("attention") == "xla" or cfg.seq_len % SPLASH_BLOCK
     return {**model, "attention": "xla" if xla else "splash"}
 
@@ -183,6 +187,9 @@ def compile_for_source_tpu(req: PlanRequest) -> dict[str, Any]:
         return {"status": "failed", "reason": f"libtpu describes {slices} x {source.topology} with {len(topo.devices)} "
                                               f"devices, the catalog {req.source_devices}"}
     w = get_workload(req.workload)
+    if req.source_tensor > 1 and not w.tensor_parallel:
+        return {"status": "failed", "reason": f"source_tensor {req.source_tensor}: the workload {req.workload} splits no "
+                                              "weight over a tensor axis (only the decoders do); leave it at 1"}
     stated = stated_setup(req)
     try:
         return {"status": "ok", **compile_setup(req, topo, stated)}
@@ -361,7 +368,8 @@ def stated_setup(req: PlanRequest) -> TpuSetup:
     """The TPU job's setup as the user states it: its layout, remat policy and per-device batch."""
     w = get_workload(req.workload)
     sharding = source_sharding(req, w.param_count(w.config(req.preset, req.model)))
-    return TpuSetup(source_layout(sharding, TPU_SPECS[req.source], req.source_slices, req.source_dcn_fsdp),
+    return TpuSetup(source_layout(sharding, TPU_SPECS[req.source], req.source_slices, req.source_dcn_fsdp,
+                                  req.source_tensor),
                     req.tpu_remat, req.source_per_core_batch, 1)
 
 
