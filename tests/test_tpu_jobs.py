@@ -218,18 +218,23 @@ def test_a_tensor_split_the_slice_cannot_hold_is_one_line_naming_the_field(given
     assert text.startswith("source_tensor: ") and says in text and "\n" not in text and len(text) < 400
 
 
+@pytest.mark.slow
 def test_tensor_parallelism_on_the_tpu_side_splits_each_layer_over_the_tensor_axis():
     """The stated TPU job with ici_tensor_parallelism 2 is compiled as MaxText lays it out: FSDP over the
-    rest of the slice, each layer's weights and the residual stream split over 2 chips; its activations
-    (the MLP's hidden layer, 32x the model width here) take about half the HBM they take without."""
-    model = {"n_layers": 1, "d_model": 512, "n_heads": 8, "n_kv_heads": 8, "d_ff": 16384, "vocab_size": 1024,
-             "seq_len": 1024}
-    base = dict(workload="llama", preset="8b", model=model, source="tpu-v5p-8", global_batch=4 * 8)
+    rest of the slice, each layer's weights split over 2 chips. Where FSDP gathers a layer's weights whole
+    on every chip, each chip holds half of them: a layer of weights (117M parameters here, activations
+    small) costs about half its bf16 bytes less per chip (measured: 552 MiB against 651 MiB)."""
+    d, f = 2048, 16384
+    model = {"n_layers": 1, "d_model": d, "n_heads": 16, "n_kv_heads": 16, "d_ff": f, "vocab_size": 1024,
+             "seq_len": 128}
+    base = dict(workload="llama", preset="8b", model=model, source="tpu-v5p-8", global_batch=8)
     split = compile_for_source_tpu(validate_plan_request(PlanRequest(**base, source_tensor=2)))
     whole = compile_for_source_tpu(validate_plan_request(PlanRequest(**base, source_sharding="fsdp")))
     assert split["status"] == whole["status"] == "ok", (split, whole)
     assert (split["layout"], whole["layout"]) == ("fsdp+tp2", "fsdp")
-    assert split["peak_bytes_per_chip"] < 0.75 * whole["peak_bytes_per_chip"], (split, whole)
+    half_a_layer = (4 * d * d + 3 * d * f) * 2 / 2  # bf16 bytes of half the layer's weights
+    saved = whole["peak_bytes_per_chip"] - split["peak_bytes_per_chip"]
+    assert 0.5 * half_a_layer < saved < 1.5 * half_a_layer, (split, whole)
     mlp = compile_for_source_tpu(validate_plan_request(PlanRequest(workload="mlp", preset="tiny", source="tpu-v5p-8",
                                                                    global_batch=32, source_tensor=2)))
     assert mlp["status"] == "failed" and "splits no weight over a tensor axis" in mlp["reason"]
