@@ -74,8 +74,9 @@ def lowered_key(lowered: Any, devices: Any, target: Any, reading: Any) -> str:
     found = list(getattr(devices, "flat", devices))
     device_part = [getattr(found[0], "platform", ""), str(getattr(found[0], "device_kind", "")),
                    getattr(devices, "shape", None) and list(devices.shape), [int(d.id) for d in found]]
+    tpu_flags = os.environ.get("LIBTPU_INIT_ARGS", "")  # migration: ignore[TPUENV001] libtpu's flags shape its compile
     parts = [package_versions(), figures_fingerprint(), hashlib.sha256(text.encode()).hexdigest(), device_part,
-             target, reading, os.environ.get("XLA_FLAGS", ""), os.environ.get("LIBTPU_INIT_ARGS", "")]
+             target, reading, os.environ.get("XLA_FLAGS", ""), tpu_flags]
     return PROGRAM_PREFIX + hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()
 
 
