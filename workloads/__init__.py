@@ -19,9 +19,10 @@ from workloads.base import ModelConfigError, Workload
 from workloads.cnn import WORKLOAD as _cnn
 from workloads.mlp import WORKLOAD as _mlp
 from workloads.decoders import LLAMA as _llama, WORKLOAD as _transformer
+from workloads.moe import WORKLOAD as _moe
 
 ENTRY_POINT_GROUP = "jax_migration.workloads"
-WORKLOADS: dict[str, Workload] = {w.name: w for w in (_mlp, _cnn, _transformer, _llama)}
+WORKLOADS: dict[str, Workload] = {w.name: w for w in (_mlp, _cnn, _transformer, _llama, _moe)}
 BUILTIN = tuple(WORKLOADS)
 # References are resolved only in processes that allow them: the command line and workers.
 _REFERENCES_ALLOWED = [False]

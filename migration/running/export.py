@@ -103,6 +103,9 @@ def check_layout(cfg: Any) -> None:
     if not isinstance(cfg, TransformerConfig):
         raise ConfigError("workload", f"the model is {type(cfg).__name__}, not a decoder; export to Hugging Face "
                                       "takes the llama family (RMSNorm, SwiGLU MLP, rotary positions)")
+    if hasattr(cfg, "n_experts"):
+        raise ConfigError("workload", "the model is a mixture of experts; export to Hugging Face takes the dense llama "
+                                      "family (an MoE checkpoint's layout, Mixtral's or DeepSeek's, is not written)")
     wrong = [name for name, value in LLAMA_LAYOUT.items() if getattr(cfg, name) != value]
     if wrong:
         got = ", ".join(f"{name} {getattr(cfg, name)}" for name in wrong)

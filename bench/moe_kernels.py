@@ -1,0 +1,71 @@
+"""What an MoE layer's experts cost once XLA has compiled them for a GPU (without the GPU): the matrix
+products' FLOPs in the compiled train step (read as the planner reads them, migration/planning/hlo_cost.py)
+against the FLOPs of the products the model asks for (workloads/moe.py `flops_per_example`: each token's
+k experts, the attention, the output head), for the two dispatches.
+
+    python bench/moe_kernels.py [--target h100-sxm] [--json OUT]
+
+Baseline: the same model's analytic count, a grouped GEMM's work (each slot computed once). A ratio near 1
+means the compiled experts do the work a grouped GEMM does; `n_experts` / `top_k` times more means every
+expert multiplies every slot's row (a dense loop over the experts).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
+
+# One MoE layer of Mixtral's shape family, small enough to compile in seconds: 8 experts, top 2.
+MODEL = {"n_layers": 1, "first_dense": 0, "n_shared_experts": 0, "d_model": 1024, "n_heads": 8, "n_kv_heads": 8,
+         "d_ff": 2048, "expert_d_ff": 2048, "n_experts": 8, "top_k": 2, "seq_len": 512, "vocab_size": 1024}
+BATCH = 8
+
+
+def measure(target: str, dispatch: str) -> dict:
+    from migration.config.requests import RunConfig
+    from migration.hardware import GPU_SPECS
+    from migration.planning.hlo_cost import read_program
+    from migration.planning.memory import deviceless_devices
+    from migration.step.train import TrainProgram, abstract_batch, abstract_state, jit_step, make_mesh
+    from workloads import WORKLOADS
+
+    model = {**MODEL, "dispatch": dispatch, "capacity_factor": 1.25}
+    mesh = make_mesh(deviceless_devices(GPU_SPECS[target], 1, 1), "replicated")
+    program = TrainProgram.from_config(RunConfig(workload="moe", preset="tiny", model=model, per_device_batch=BATCH,
+                                                 precision="bf16"))
+    compiled = jit_step(program, mesh).lower(abstract_state(program, mesh), abstract_batch(program, mesh)).compile()
+    kernels = read_program(compiled.as_text())
+    compiled_flops = sum(k.flops for k in kernels if k.kind in ("matmul", "attention"))
+    w = WORKLOADS["moe"]
+    asked = w.flops_per_example(w.config("tiny", model)) * BATCH
+    return {"dispatch": dispatch, "compiled_matmul_flops": compiled_flops, "model_flops": asked,
+            "ratio": compiled_flops / asked}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--target", default="h100-sxm")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    rows = [measure(args.target, d) for d in ("dropless", "capacity")]
+    print(f"one MoE layer (d_model 1024, 8 experts x 2048, top 2, 8 x 512 tokens) compiled for {args.target}, bf16")
+    print(f"{'dispatch':<10} {'compiled matmul TFLOP':>22} {'model TFLOP':>12} {'ratio':>7}")
+    for r in rows:
+        print(f"{r['dispatch']:<10} {r['compiled_matmul_flops'] / 1e12:>22.3f} {r['model_flops'] / 1e12:>12.3f} "
+              f"{r['ratio']:>7.2f}")
+    if args.json:
+        from migration.common import write_json_atomic
+
+        write_json_atomic(args.json, {"bench": "moe_kernels", "target": args.target, "model": MODEL, "batch": BATCH,
+                                      "rows": rows})
+
+
+if __name__ == "__main__":
+    main()

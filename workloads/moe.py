@@ -1,0 +1,566 @@
+"""The mixture-of-experts decoder: the modern decoder of workloads/transformer.py whose MLP is, in some or all
+layers, a set of routed experts (each token to its top-k of them, weighted by the router) beside optional
+shared experts every token passes; attention grouped-query (Mixtral, Qwen3, Llama 4) or multi-head latent
+(MLA, DeepSeek-V2/V3: keys and values through a low-rank compressed vector, rotary positions on a part of
+each head kept apart). Presets with the published dimensions; the workload `moe`.
+
+Routing: the router's logits in float32 from float32 weights, scores by softmax (Mixtral, Qwen3, DeepSeek-V2)
+or sigmoid (DeepSeek-V3, Llama 4), the top-k kept, renormalised over the k where the model does, scaled by
+DeepSeek-V3's routed scaling factor. The load-balancing loss (Switch Transformer's: experts x the sum over
+experts of the share of token slots routed to each and its mean score) is added to the task's loss with its
+coefficient.
+
+Two ways to compute the experts, as the model's trainers do:
+
+- "dropless": every token's k slots sorted by expert and computed as grouped matrix products
+  (`jax.lax.ragged_dot`, the form of MaxText's `sparse_matmul`; megablox's on TPUs), nothing dropped;
+- "capacity": each expert takes at most capacity_factor x tokens x k / experts slots (GShard's dispatch and
+  combine as one-hot products), later slots dropped (counted: `dropped_fraction`).
+
+Layers: the first `first_dense` are dense (DeepSeek's first_k_dense_replace), and of the rest every
+`moe_period`-th is MoE (Llama 4 Maverick's interleave step 2), the others dense, with their own MLP width
+`d_ff`; experts have `expert_d_ff`. Layers run as one `lax.scan` over groups of `moe_period` layers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, final
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
+
+from workloads.base import ActivationProfile, BlockWrap, ModelConfigError, chunked_cross_entropy
+from workloads.decoders import _DecoderWorkload
+from workloads.transformer import (
+    _ACTIVATION,
+    _Block,
+    _Attention,
+    _Mlp,
+    _causal_attention,
+    _fused_halves,
+    _linear,
+    _norm,
+    _residual,
+    _rope_tables,
+    _rotate,
+    Decoder,
+    TransformerConfig,
+    check_config,
+    tensor_parallel_spec,
+)
+
+DISPATCHES = ("dropless", "capacity")
+ROUTER_SCORES = ("softmax", "sigmoid")
+MOE_ATTENTIONS = ("gqa", "mla")
+# Bounds of the MoE dimensions a user may give (beside the decoder's, transformer.DIM_LIMITS).
+MOE_LIMITS: dict[str, tuple[int, int]] = {
+    "n_experts": (1, 1024),
+    "top_k": (1, 64),
+    "expert_d_ff": (1, 262144),
+    "n_shared_experts": (0, 64),
+    "first_dense": (0, 256),
+    "moe_period": (1, 64),
+    "q_lora_rank": (0, 65536),
+    "kv_lora_rank": (1, 65536),
+    "qk_nope_head_dim": (1, 1024),
+    "qk_rope_head_dim": (2, 1024),
+    "v_head_dim": (1, 1024),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class MoeConfig(TransformerConfig):
+    n_experts: int = 8  # routed experts per MoE layer
+    top_k: int = 2  # experts each token is routed to
+    expert_d_ff: int = 0  # each expert's hidden width (0: d_ff)
+    n_shared_experts: int = 0  # experts every token passes, one MLP of n x expert_d_ff (DeepSeek, Llama 4)
+    first_dense: int = 0  # leading dense layers (DeepSeek's first_k_dense_replace)
+    moe_period: int = 1  # of the layers after those, every moe_period-th is MoE (Llama 4 Maverick: 2)
+    dispatch: str = "dropless"  # one of DISPATCHES
+    capacity_factor: float = 1.25  # slots per expert over an even share, with dispatch "capacity"
+    router_score: str = "softmax"  # one of ROUTER_SCORES
+    router_topk_norm: bool = True  # the k weights renormalised to sum to 1
+    router_scale: float = 1.0  # DeepSeek-V3's routed_scaling_factor
+    aux_loss: float = 0.01  # the load-balancing loss's coefficient (0: none)
+    attention_type: str = "gqa"  # one of MOE_ATTENTIONS
+    q_lora_rank: int = 0  # MLA: the queries' compressed width (0: a direct projection, DeepSeek-V2-Lite)
+    kv_lora_rank: int = 512  # MLA: the keys' and values' compressed width
+    qk_nope_head_dim: int = 128  # MLA: each head's query/key width without rotary positions
+    qk_rope_head_dim: int = 64  # MLA: each head's width with them (the key's part shared by the heads)
+    v_head_dim: int = 128  # MLA: each head's value width
+
+    @property
+    def expert_width(self) -> int:
+        return self.expert_d_ff or self.d_ff
+
+    @property
+    def n_moe_layers(self) -> int:
+        return (self.n_layers - self.first_dense) // self.moe_period
+
+    @property
+    def n_dense_layers(self) -> int:
+        return self.n_layers - self.n_moe_layers
+
+    @property
+    def attention_width(self) -> int:
+        """Width of the attention's output before its projection back to d_model."""
+        return self.n_heads * self.v_head_dim if self.attention_type == "mla" else self.q_width
+
+
+def check_moe_config(cfg: MoeConfig) -> MoeConfig:
+    """`cfg` unchanged when its decoder and MoE dimensions are in range and consistent; else
+    ModelConfigError naming the field."""
+    check_config(cfg)
+    for name, (lo, hi) in MOE_LIMITS.items():
+        value = getattr(cfg, name)
+        if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+            raise ModelConfigError(name, f"must be an integer from {lo} to {hi}; got {value!r}")
+    for name, allowed in (("dispatch", DISPATCHES), ("router_score", ROUTER_SCORES),
+                          ("attention_type", MOE_ATTENTIONS)):
+        if getattr(cfg, name) not in allowed:
+            raise ModelConfigError(name, f"must be one of {', '.join(allowed)}; got {getattr(cfg, name)!r}")
+    if cfg.top_k > cfg.n_experts:
+        raise ModelConfigError("top_k", f"must be at most n_experts ({cfg.n_experts}); got {cfg.top_k}")
+    cf = cfg.capacity_factor
+    if isinstance(cf, bool) or not isinstance(cf, (int, float)) or not (0 < cf <= 64) or cf != cf:
+        raise ModelConfigError("capacity_factor", f"must be a number above 0 and at most 64 (slots per expert over "
+                                                  f"an even share); got {cf!r}")
+    for name, lo, hi in (("router_scale", 0.001, 1000), ("aux_loss", 0, 10)):
+        value = getattr(cfg, name)
+        if isinstance(value, bool) or not (isinstance(value, (int, float)) and lo <= value <= hi):
+            raise ModelConfigError(name, f"must be a number from {lo:g} to {hi:g}; got {value!r}")
+    if not isinstance(cfg.router_topk_norm, bool):
+        raise ModelConfigError("router_topk_norm", f"must be true or false; got {cfg.router_topk_norm!r}")
+    if cfg.first_dense >= cfg.n_layers:
+        raise ModelConfigError("first_dense", f"must leave at least one MoE layer of the n_layers ({cfg.n_layers}); "
+                                              f"got {cfg.first_dense}")
+    if (cfg.n_layers - cfg.first_dense) % cfg.moe_period:
+        raise ModelConfigError("moe_period", f"must divide the layers after the first dense ones "
+                                             f"({cfg.n_layers} - {cfg.first_dense} = {cfg.n_layers - cfg.first_dense}); "
+                                             f"got {cfg.moe_period}")
+    if cfg.positions != "rope":
+        raise ModelConfigError("positions", f"the MoE decoder takes rotary positions (rope); got {cfg.positions!r}")
+    if cfg.attention_type == "mla":
+        if cfg.qk_rope_head_dim % 2:
+            raise ModelConfigError("qk_rope_head_dim", f"must be even (rotary pairs); got {cfg.qk_rope_head_dim}")
+        if cfg.attention not in ("xla",):
+            raise ModelConfigError("attention", f"multi-head latent attention runs as XLA's attention here (its "
+                                                f"query and value heads differ in width); got {cfg.attention!r}")
+    return cfg
+
+
+class _LatentAttention(nnx.Module):
+    """Multi-head latent attention (DeepSeek-V2/V3): queries directly or through a compressed width
+    (q_lora_rank), keys and values through a compressed vector of kv_lora_rank (normed), expanded per head;
+    each head's query and key carry qk_rope_head_dim rotated dimensions beside qk_nope_head_dim others, the
+    key's rotated part one for all heads. The training forward expands the compressed keys and values."""
+
+    def __init__(self, cfg: MoeConfig, *, dtype, rngs: nnx.Rngs):
+        d, h = cfg.d_model, cfg.n_heads
+        self.nope, self.rope_dim, self.v_dim, self.rank = (cfg.qk_nope_head_dim, cfg.qk_rope_head_dim,
+                                                           cfg.v_head_dim, cfg.kv_lora_rank)
+        qk = self.nope + self.rope_dim
+        out_init = nnx.initializers.normal(stddev=0.02 / math.sqrt(2 * cfg.n_layers))
+        plain = dataclasses.replace(cfg, bias=False)
+        if cfg.q_lora_rank:
+            self.q_a = _linear(plain, d, cfg.q_lora_rank, dtype=dtype, rngs=rngs)
+            self.q_norm = nnx.RMSNorm(cfg.q_lora_rank, epsilon=cfg.norm_eps, dtype=dtype, param_dtype=jnp.float32,
+                                      rngs=rngs)
+            self.q = _linear(plain, cfg.q_lora_rank, h * qk, dtype=dtype, rngs=rngs)
+        else:
+            self.q = _linear(plain, d, h * qk, dtype=dtype, rngs=rngs)
+        self.kv_a = _linear(plain, d, self.rank + self.rope_dim, dtype=dtype, rngs=rngs)
+        self.kv_norm = nnx.RMSNorm(self.rank, epsilon=cfg.norm_eps, dtype=dtype, param_dtype=jnp.float32, rngs=rngs)
+        self.kv = _linear(plain, self.rank, h * (self.nope + self.v_dim), dtype=dtype, rngs=rngs)
+        self.out = _linear(plain, h * self.v_dim, d, dtype=dtype, rngs=rngs, init=out_init)
+        self.n_heads, self.lora_q = h, bool(cfg.q_lora_rank)
+
+    def __call__(self, x: jax.Array, rope: tuple[jax.Array, jax.Array]) -> jax.Array:  # (B, T, D)
+        b, t, _ = x.shape
+        h = self.n_heads
+        q_in = self.q_norm(self.q_a(x)) if self.lora_q else x
+        q = checkpoint_name(self.q(q_in), "query_proj").reshape(b, t, h, -1)
+        q_nope, q_rope = q[..., :self.nope], _rotate(q[..., self.nope:], *rope)
+        compressed = self.kv_a(x)
+        c, k_rope = compressed[..., :self.rank], compressed[..., self.rank:].reshape(b, t, 1, -1)
+        k_rope = jnp.broadcast_to(_rotate(k_rope, *rope), (b, t, h, self.rope_dim))
+        kv = checkpoint_name(self.kv(self.kv_norm(c)), "kv_proj").reshape(b, t, h, -1)
+        k_nope, v = kv[..., :self.nope], kv[..., self.nope:]
+        q = jnp.concatenate([q_nope, q_rope], axis=-1)
+        k = jnp.concatenate([k_nope, k_rope], axis=-1)
+        y = checkpoint_name(_attention_any_v(q, k, v).reshape(b, t, -1), "attention_out")
+        return checkpoint_name(self.out(y), "attention_proj")
+
+
+def _attention_any_v(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+    """Causal attention whose values may be narrower than queries and keys (MLA): (B, T, H, Dqk) x 2 and
+    (B, T, H, Dv) -> (B, T, H, Dv), products accumulated and the softmax taken in float32."""
+    if q.shape[-1] == v.shape[-1]:
+        return _causal_attention(q, k, v)
+    t, dh = q.shape[1], q.shape[-1]
+    q = (q * (1.0 / math.sqrt(dh))).astype(k.dtype)
+    scores = jnp.einsum("bqhd,bshd->bhqs", q, k, preferred_element_type=jnp.float32)
+    scores = jnp.where(jnp.tril(jnp.ones((t, t), dtype=bool)), scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    return jnp.einsum("bhqs,bshd->bqhd", probs, v, preferred_element_type=jnp.float32).astype(v.dtype)
+
+
+class _Experts(nnx.Module):
+    """The routed experts of one MoE layer and their router. Returns the layer's output and its
+    load-balancing loss and dropped share (both float32 scalars)."""
+
+    def __init__(self, cfg: MoeConfig, *, dtype, rngs: nnx.Rngs):
+        e, d, f = cfg.n_experts, cfg.d_model, cfg.expert_width
+        init = nnx.initializers.normal(stddev=0.02)
+        out_init = nnx.initializers.normal(stddev=0.02 / math.sqrt(2 * cfg.n_layers))
+        self.router = nnx.Param(init(rngs.params(), (d, e), jnp.float32))
+        self.up = nnx.Param(init(rngs.params(), (e, d, (2 if cfg.gated else 1) * f), jnp.float32))
+        self.down = nnx.Param(out_init(rngs.params(), (e, f, d), jnp.float32))
+        self.cfg, self.dtype = cfg, dtype
+
+    def route(self, x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """Each token's k experts (N, k) int32, their weights (N, k) float32, and the load-balancing loss."""
+        cfg = self.cfg
+        logits = jnp.dot(x.astype(jnp.float32), self.router[...], preferred_element_type=jnp.float32)  # (N, E)
+        scores = jax.nn.softmax(logits, axis=-1) if cfg.router_score == "softmax" else jax.nn.sigmoid(logits)
+        weights, experts = jax.lax.top_k(scores, cfg.top_k)
+        if cfg.router_topk_norm:
+            weights = weights / (jnp.sum(weights, axis=-1, keepdims=True) + 1e-20)
+        weights = weights * cfg.router_scale
+        # Switch's balance loss: E x sum_e (share of slots routed to e) x (mean normalised score of e)
+        share = jnp.mean(jax.nn.one_hot(experts, cfg.n_experts, dtype=jnp.float32).sum(axis=1), axis=0) / cfg.top_k
+        probs = scores / (jnp.sum(scores, axis=-1, keepdims=True) + 1e-20)
+        balance = cfg.n_experts * jnp.sum(share * jnp.mean(probs, axis=0))
+        return experts.astype(jnp.int32), weights, balance
+
+    def __call__(self, x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:  # (B, T, D)
+        b, t, d = x.shape
+        flat = x.reshape(b * t, d)
+        experts, weights, balance = self.route(flat)
+        up, down = self.up[...].astype(self.dtype), self.down[...].astype(self.dtype)
+        if self.cfg.dispatch == "dropless":
+            y, dropped = self._dropless(flat, experts, weights, up, down), jnp.zeros((), jnp.float32)
+        else:
+            y, dropped = self._capacity(flat, experts, weights, up, down, t)
+        return checkpoint_name(y.reshape(b, t, d), "mlp_out"), balance, dropped
+
+    def _hidden(self, h: jax.Array) -> jax.Array:
+        act = _ACTIVATION[self.cfg.mlp]
+        if self.cfg.gated:
+            gate, up = _fused_halves(h)
+            return act(gate) * up
+        return act(h)
+
+    def _dropless(self, x: jax.Array, experts: jax.Array, weights: jax.Array, up: jax.Array,
+                  down: jax.Array) -> jax.Array:
+        """Every slot computed: the N x k slots sorted by expert, two grouped products over them."""
+        n, k = experts.shape
+        slots = experts.reshape(-1)
+        order = jnp.argsort(slots)
+        token = order // k
+        sizes = jnp.bincount(slots, length=self.cfg.n_experts).astype(jnp.int32)
+        rows = jnp.take(x, token, axis=0).astype(self.dtype)  # (N k, D), by expert
+        h = checkpoint_name(jax.lax.ragged_dot(rows, up, sizes), "mlp_hidden")
+        y = jax.lax.ragged_dot(self._hidden(h), down, sizes)  # (N k, D)
+        y = y * weights.reshape(-1)[order][:, None].astype(y.dtype)
+        return jnp.zeros_like(x, dtype=y.dtype).at[token].add(y)
+
+    def _capacity(self, x: jax.Array, experts: jax.Array, weights: jax.Array, up: jax.Array,
+                  down: jax.Array, rows_per_group: int) -> tuple[jax.Array, jax.Array]:
+        """Per sequence (GShard's group), at most C slots an expert (capacity_factor x an even share of the
+        sequence's slots), taken in token order; later ones dropped."""
+        cfg = self.cfg
+        n, k = experts.shape
+        g, t = n // rows_per_group, rows_per_group
+        e, capacity = cfg.n_experts, max(1, math.ceil(cfg.capacity_factor * t * k / cfg.n_experts))
+        onehot = jax.nn.one_hot(experts.reshape(g, t * k), e, dtype=jnp.int32)  # (G, T k, E), slots in token order
+        position = jnp.sum((jnp.cumsum(onehot, axis=1) - 1) * onehot, axis=-1).reshape(g, t, k)
+        kept = position < capacity
+        dispatch = jnp.zeros((g, t, e, capacity), self.dtype)
+        combine = jnp.zeros((g, t, e, capacity), self.dtype)
+        for j in range(k):  # slot by slot: (G, T, E, C) alive, not k of them
+            place = (jax.nn.one_hot(experts.reshape(g, t, k)[..., j], e, dtype=self.dtype)[..., None]
+                     * jax.nn.one_hot(jnp.where(kept[..., j], position[..., j], capacity), capacity,
+                                      dtype=self.dtype)[:, :, None, :])
+            dispatch = dispatch + place
+            combine = combine + place * weights.reshape(g, t, k)[..., j, None, None].astype(self.dtype)
+        rows = jnp.einsum("gtec,gtd->gecd", dispatch, x.reshape(g, t, -1).astype(self.dtype))
+        h = checkpoint_name(jnp.einsum("gecd,edf->gecf", rows, up), "mlp_hidden")
+        y = jnp.einsum("gecf,efd->gecd", self._hidden(h), down)
+        dropped = 1.0 - jnp.mean(kept.astype(jnp.float32))
+        return jnp.einsum("gtec,gecd->gtd", combine, y).reshape(n, -1), dropped
+
+
+class _MoeBlock(nnx.Module):
+    def __init__(self, cfg: MoeConfig, *, dtype, rngs: nnx.Rngs):
+        self.norm1 = _norm(cfg, dtype=dtype, rngs=rngs)
+        self.attn = (_LatentAttention(cfg, dtype=dtype, rngs=rngs) if cfg.attention_type == "mla"
+                     else _Attention(cfg, dtype=dtype, rngs=rngs))
+        self.norm2 = _norm(cfg, dtype=dtype, rngs=rngs)
+        self.experts = _Experts(cfg, dtype=dtype, rngs=rngs)
+        if cfg.n_shared_experts:
+            shared = dataclasses.replace(cfg, d_ff=cfg.n_shared_experts * cfg.expert_width, bias=False)
+            self.shared = _Mlp(shared, dtype=dtype, rngs=rngs)
+        self.has_shared = bool(cfg.n_shared_experts)
+
+    def __call__(self, x: jax.Array, rope) -> tuple[jax.Array, jax.Array, jax.Array]:  # (B, T, D)
+        x = checkpoint_name(x, "decoder_layer_input")
+        x = x + self.attn(self.norm1(x), rope)
+        h = self.norm2(x)
+        y, balance, dropped = self.experts(h)
+        if self.has_shared:
+            y = y + self.shared(h)
+        return x + y, balance, dropped
+
+
+class _DenseBlock(_Block):
+    """A dense layer of an MoE model (its attention as the model's): the dense decoder's block, returning
+    no balance loss and nothing dropped."""
+
+    def __init__(self, cfg: MoeConfig, *, dtype, rngs: nnx.Rngs):  # noqa: super-init-not-called
+        self.norm1 = _norm(cfg, dtype=dtype, rngs=rngs)
+        self.attn = (_LatentAttention(cfg, dtype=dtype, rngs=rngs) if cfg.attention_type == "mla"
+                     else _Attention(cfg, dtype=dtype, rngs=rngs))
+        self.norm2 = _norm(cfg, dtype=dtype, rngs=rngs)
+        self.mlp = _Mlp(cfg, dtype=dtype, rngs=rngs)
+
+    def __call__(self, x: jax.Array, rope) -> tuple[jax.Array, jax.Array, jax.Array]:
+        zero = jnp.zeros((), jnp.float32)
+        return super().__call__(x, rope), zero, zero
+
+
+def _stack(n: int, make, rngs: nnx.Rngs) -> nnx.Module:
+    @nnx.split_rngs(splits=n)
+    @nnx.vmap(in_axes=(0,), out_axes=0)
+    def stacked(rngs: nnx.Rngs) -> nnx.Module:
+        return make(rngs)
+
+    return stacked(rngs)
+
+
+class MoeDecoder(Decoder):
+    """The MoE decoder: embeddings and output as the dense decoder's; the first dense layers as one scan,
+    then a scan over groups of moe_period layers (moe_period - 1 dense, then one MoE)."""
+
+    def __init__(self, cfg: MoeConfig, *, dtype, block_wrap: BlockWrap, rngs: nnx.Rngs):
+        self.cfg = cfg
+        self.embed = nnx.Embed(cfg.vocab_size, cfg.d_model, embedding_init=nnx.initializers.normal(stddev=0.02),
+                               dtype=dtype, param_dtype=jnp.float32, rngs=rngs)
+        groups = cfg.n_moe_layers
+        if cfg.first_dense:
+            self.dense = _stack(cfg.first_dense, lambda r: _DenseBlock(cfg, dtype=dtype, rngs=r), rngs)
+        if cfg.moe_period > 1:
+            self.between = _stack(groups * (cfg.moe_period - 1), lambda r: _DenseBlock(cfg, dtype=dtype, rngs=r),
+                                  rngs)
+        self.blocks = _stack(groups, lambda r: _MoeBlock(cfg, dtype=dtype, rngs=r), rngs)
+        self.norm_f = _norm(cfg, dtype=dtype, rngs=rngs)
+        if not cfg.tied_embeddings:
+            self.head = nnx.Linear(cfg.d_model, cfg.vocab_size, use_bias=False,
+                                   kernel_init=nnx.initializers.normal(stddev=0.02), dtype=dtype,
+                                   param_dtype=jnp.float32, rngs=rngs)
+        self.dense_call = block_wrap(_DenseBlock.__call__)
+        self.moe_call = block_wrap(_MoeBlock.__call__)
+
+    def hidden(self, tokens: jax.Array) -> jax.Array:
+        return self.hidden_and_router(tokens)[0]
+
+    def hidden_and_router(self, tokens: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """(B, T) int32 -> the final hidden states (B, T, D), and over the MoE layers the mean
+        load-balancing loss and the mean share of token slots dropped."""
+        cfg = self.cfg
+        x = self.embed(tokens)
+        # MLA rotates qk_rope_head_dim of each head (DeepSeek's rope tables are that wide)
+        rotated = dataclasses.replace(cfg, head_size=cfg.qk_rope_head_dim) if cfg.attention_type == "mla" else cfg
+        rope = _rope_tables(rotated, tokens.shape[1])
+
+        def run(x, stack, call):
+            graphdef, layers = nnx.split(stack)
+
+            def layer(x, params):
+                y, balance, dropped = call(nnx.merge(graphdef, params), _residual(x, cfg), rope)
+                return _residual(y, cfg), (balance, dropped)
+
+            return jax.lax.scan(layer, x, layers)
+
+        if cfg.first_dense:
+            x, _ = run(x, self.dense, self.dense_call)
+        moe_graph, moe_layers = nnx.split(self.blocks)
+        between = nnx.split(self.between) if cfg.moe_period > 1 else None
+
+        def group(x, params):
+            moe_params, dense_params = params
+            if between is not None:
+                graphdef = between[0]
+                for i in range(cfg.moe_period - 1):
+                    x, _, _ = self.dense_call(nnx.merge(graphdef, jax.tree.map(lambda a: a[i], dense_params)),  # noqa: B023
+                                              _residual(x, cfg), rope)
+            y, balance, dropped = self.moe_call(nnx.merge(moe_graph, moe_params), _residual(x, cfg), rope)
+            return _residual(y, cfg), (balance, dropped)
+
+        dense_by_group = None
+        if between is not None:
+            dense_by_group = jax.tree.map(lambda a: a.reshape(cfg.n_moe_layers, cfg.moe_period - 1, *a.shape[1:]),
+                                          between[1])
+        x, (balance, dropped) = jax.lax.scan(group, x, (moe_layers, dense_by_group))
+        return self.norm_f(x), jnp.mean(balance), jnp.mean(dropped)
+
+    def extend(self, *args, **kwargs):
+        raise NotImplementedError("serving an MoE model is planned from its analytic figures, not this decode path")
+
+
+def _moe(vocab: int, seq: int, d: int, layers: int, heads: int, kv_heads: int, d_ff: int, experts: int, k: int,
+         expert_d_ff: int, *, tied: bool = False, theta: float = 1e6, context: int = 0, **more: Any) -> MoeConfig:
+    return MoeConfig(vocab_size=vocab, seq_len=seq, d_model=d, n_layers=layers, n_heads=heads, n_kv_heads=kv_heads,
+                     d_ff=d_ff, tied_embeddings=tied, norm="rmsnorm", mlp="swiglu", positions="rope", bias=False,
+                     rope_theta=theta, context=context, n_experts=experts, top_k=k, expert_d_ff=expert_d_ff, **more)
+
+
+# Published dimensions (the models' config.json on Hugging Face), trained here at 4,096 tokens a sequence.
+PRESETS: dict[str, MoeConfig] = {
+    "tiny": _moe(256, 64, 64, 3, 4, 2, 128, 4, 2, 64, tied=True, theta=10000.0, first_dense=1, n_shared_experts=1),
+    # mistralai/Mixtral-8x7B-v0.1: 8 experts, top 2, SwiGLU 14,336 wide
+    "mixtral-8x7b": _moe(32000, 4096, 4096, 32, 32, 8, 14336, 8, 2, 14336, context=32768),
+    # mistralai/Mixtral-8x22B-v0.1
+    "mixtral-8x22b": _moe(32768, 4096, 6144, 56, 48, 8, 16384, 8, 2, 16384, context=65536),
+    # deepseek-ai/DeepSeek-V3: MLA, 256 routed experts (top 8, sigmoid scores, scaled 2.5) and one shared,
+    # the first 3 of 61 layers dense (18,432 wide); the multi-token-prediction module is not counted
+    "deepseek-v3": _moe(129280, 4096, 7168, 61, 128, 128, 18432, 256, 8, 2048, theta=10000.0, context=163840,
+                        first_dense=3, n_shared_experts=1, router_score="sigmoid", router_scale=2.5,
+                        aux_loss=0.0001, attention_type="mla", q_lora_rank=1536, kv_lora_rank=512,
+                        qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128),
+    # deepseek-ai/DeepSeek-V2-Lite: MLA without compressed queries, 64 routed experts (top 6) and 2 shared
+    "deepseek-v2-lite": _moe(102400, 4096, 2048, 27, 16, 16, 10944, 64, 6, 1408, theta=10000.0, context=163840,
+                             first_dense=1, n_shared_experts=2, router_topk_norm=False, aux_loss=0.001,
+                             attention_type="mla", q_lora_rank=0, kv_lora_rank=512, qk_nope_head_dim=128,
+                             qk_rope_head_dim=64, v_head_dim=128),
+    # Qwen/Qwen3-30B-A3B: 128 experts, top 8, 128-wide heads
+    "qwen3-30b-a3b": _moe(151936, 4096, 2048, 48, 32, 4, 6144, 128, 8, 768, head_size=128, context=40960,
+                          aux_loss=0.001),
+    # Qwen/Qwen3-235B-A22B
+    "qwen3-235b-a22b": _moe(151936, 4096, 4096, 94, 64, 4, 12288, 128, 8, 1536, head_size=128, context=40960,
+                            aux_loss=0.001),
+    # meta-llama/Llama-4-Scout-17B-16E (text model): 16 experts, top 1 (sigmoid), one shared, every layer MoE;
+    # it serves 10,485,760 positions, the context here is capped at the product's limit
+    "llama4-scout": _moe(202048, 4096, 5120, 48, 40, 8, 16384, 16, 1, 8192, head_size=128, theta=500000.0,
+                         context=1048576, n_shared_experts=1, router_score="sigmoid", router_topk_norm=False),
+    # meta-llama/Llama-4-Maverick-17B-128E (text model): 128 experts, top 1, one shared, MoE every 2nd layer
+    "llama4-maverick": _moe(202048, 4096, 5120, 48, 40, 8, 16384, 128, 1, 8192, head_size=128, theta=500000.0,
+                            context=1048576, n_shared_experts=1, moe_period=2, router_score="sigmoid",
+                            router_topk_norm=False),
+}
+
+
+def moe_tensor_parallel_spec(path: tuple[str, ...], shape: tuple[int, ...], shards: int,
+                             axis: str) -> jax.sharding.PartitionSpec:
+    """Tensor parallelism of an MoE model: each expert's hidden units split (its up projection by columns,
+    its down by rows), the router whole, everything else as the dense decoder's."""
+    if len(path) > 1 and path[-2] == "experts" and path[-1] in ("up", "down"):
+        split = len(shape) - (1 if path[-1] == "up" else 2)
+        if shape[split] % shards == 0:
+            return jax.sharding.PartitionSpec(*[axis if i == split else None for i in range(len(shape))])
+        return jax.sharding.PartitionSpec()
+    return tensor_parallel_spec(path, shape, shards, axis)
+
+
+@final
+class MoeWorkload(_DecoderWorkload):
+    name = "moe"
+    description = ("mixture-of-experts decoder (routed and shared experts, top-k, dropless or capacity dispatch; "
+                   "grouped-query or multi-head latent attention); presets with the published dimensions of "
+                   "Mixtral, DeepSeek-V2-Lite and V3, Qwen3-MoE and Llama 4")
+    presets = PRESETS
+    default_preset = "tiny"
+    custom_base = "mixtral-8x7b"
+    free_dimensions = tuple(f.name for f in dataclasses.fields(MoeConfig))
+
+    def tensor_parallel_spec(self, path: tuple[str, ...], shape: tuple[int, ...], shards: int,
+                             axis: str) -> jax.sharding.PartitionSpec:
+        return moe_tensor_parallel_spec(path, shape, shards, axis)
+
+    def build(self, cfg: MoeConfig, *, dtype, block_wrap: BlockWrap, rngs: nnx.Rngs) -> MoeDecoder:
+        return MoeDecoder(cfg, dtype=dtype, block_wrap=block_wrap, rngs=rngs)
+
+    def check(self, cfg: MoeConfig) -> MoeConfig:
+        return check_moe_config(cfg)
+
+    def follow(self, preset: MoeConfig, overrides: dict[str, Any]) -> dict[str, Any]:
+        return {}
+
+    def loss(self, model: MoeDecoder, batch) -> jax.Array:
+        tokens = batch["tokens"]
+        hidden, balance, _ = model.hidden_and_router(tokens[:, :-1])
+        return chunked_cross_entropy(hidden, model.project, tokens[:, 1:]) + model.cfg.aux_loss * balance
+
+    # -- analytic counts ---------------------------------------------------------------------------
+    def _attention_params(self, cfg: MoeConfig) -> int:
+        d, h = cfg.d_model, cfg.n_heads
+        if cfg.attention_type == "mla":
+            qk = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
+            q = (d * cfg.q_lora_rank + cfg.q_lora_rank + cfg.q_lora_rank * h * qk) if cfg.q_lora_rank else d * h * qk
+            kv = (d * (cfg.kv_lora_rank + cfg.qk_rope_head_dim) + cfg.kv_lora_rank
+                  + cfg.kv_lora_rank * h * (cfg.qk_nope_head_dim + cfg.v_head_dim))
+            return q + kv + h * cfg.v_head_dim * d
+        kv = cfg.n_kv_heads * cfg.head_dim
+        return d * cfg.q_width + d * 2 * kv + cfg.q_width * d
+
+    def _mlp_params(self, cfg: MoeConfig, width: int) -> int:
+        return (3 if cfg.gated else 2) * cfg.d_model * width
+
+    def _counts(self, cfg: MoeConfig) -> tuple[int, int]:
+        """(total, active per token) parameters."""
+        d = cfg.d_model
+        norms = 2 * d
+        attn = self._attention_params(cfg)
+        dense = attn + norms + self._mlp_params(cfg, cfg.d_ff)
+        shared = self._mlp_params(cfg, cfg.n_shared_experts * cfg.expert_width) if cfg.n_shared_experts else 0
+        expert = self._mlp_params(cfg, cfg.expert_width)
+        moe_common = attn + norms + shared + d * cfg.n_experts
+        embeddings = cfg.vocab_size * d * (1 if cfg.tied_embeddings else 2) + d
+        total = embeddings + cfg.n_dense_layers * dense + cfg.n_moe_layers * (moe_common + cfg.n_experts * expert)
+        active = embeddings + cfg.n_dense_layers * dense + cfg.n_moe_layers * (moe_common + cfg.top_k * expert)
+        return total, active
+
+    def param_count(self, cfg: MoeConfig) -> int:
+        return self._counts(cfg)[0]
+
+    def active_param_count(self, cfg: MoeConfig) -> int:
+        """Parameters a token passes through: every dense weight, the shared experts and k routed ones."""
+        return self._counts(cfg)[1]
+
+    def forward_flops_by_part(self, cfg: MoeConfig) -> dict[str, float]:
+        t, d = cfg.seq_len, cfg.d_model
+        n = cfg.n_layers
+        attn_params = self._attention_params(cfg)
+        qk = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim if cfg.attention_type == "mla" else cfg.head_dim
+        v = cfg.v_head_dim if cfg.attention_type == "mla" else cfg.head_dim
+        dense_mlp = self._mlp_params(cfg, cfg.d_ff)
+        expert = self._mlp_params(cfg, cfg.expert_width)
+        shared = self._mlp_params(cfg, cfg.n_shared_experts * cfg.expert_width) if cfg.n_shared_experts else 0
+        proj = cfg.attention_width * d
+        return {"qkv": n * 2 * t * (attn_params - proj), "attention": n * 2 * t * t * cfg.n_heads * (qk + v),
+                "attention_proj": n * 2 * t * proj,
+                "mlp": 2 * t * (cfg.n_dense_layers * dense_mlp + cfg.n_moe_layers * (shared + cfg.top_k * expert)),
+                "router": cfg.n_moe_layers * 2 * t * d * cfg.n_experts}
+
+    def flops_per_example(self, cfg: MoeConfig) -> float:
+        """6 x the matmul parameters a token passes (active), the output projection, and the attention
+        scores and values over the full T x T (as the dense decoders count them)."""
+        parts = self.forward_flops_by_part(cfg)
+        head = 2 * cfg.seq_len * cfg.vocab_size * cfg.d_model
+        return 3.0 * (sum(parts.values()) + head)
+
+    def activation_profile(self, cfg: MoeConfig) -> ActivationProfile:
+        base = super().activation_profile(dataclasses.replace(cfg, d_ff=cfg.expert_width))
+        t, k = cfg.seq_len, cfg.top_k
+        up = (2 if cfg.gated else 1) * cfg.expert_width
+        # per MoE layer: k slots of the expert's hidden activations, the sorted rows and their outputs
+        per_block = base.per_block + t * ((k - 1) * (3 if cfg.gated else 2) * cfg.expert_width + 2 * k * cfg.d_model)
+        named = {**base.named, "mlp_hidden": t * k * up, "mlp_out": t * cfg.d_model}
+        return dataclasses.replace(base, per_block=per_block, named=named)
+
+
+WORKLOAD = MoeWorkload()
