@@ -50,21 +50,27 @@ def measure(target: str, dispatch: str) -> dict:
 
 
 def main() -> None:
+    from bench import record
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", default="h100-sxm")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     rows = [measure(args.target, d) for d in ("dropless", "capacity")]
-    print(f"one MoE layer (d_model 1024, 8 experts x 2048, top 2, 8 x 512 tokens) compiled for {args.target}, bf16")
+    title = (f"One MoE layer (d_model 1024, 8 experts x 2048, top 2, {BATCH} x 512 tokens, bf16) compiled for "
+             f"{args.target} without the device: matrix-product FLOPs of the train step")
+    table = record.table(title, ["dispatch", "compiled matmul TFLOP", "model TFLOP", "compiled / model"],
+                         [[r["dispatch"], f"{r['compiled_matmul_flops'] / 1e12:.3f}", f"{r['model_flops'] / 1e12:.3f}",
+                           f"{r['ratio']:.2f}"] for r in rows])
+    print(table["title"])
     print(f"{'dispatch':<10} {'compiled matmul TFLOP':>22} {'model TFLOP':>12} {'ratio':>7}")
     for r in rows:
         print(f"{r['dispatch']:<10} {r['compiled_matmul_flops'] / 1e12:>22.3f} {r['model_flops'] / 1e12:>12.3f} "
               f"{r['ratio']:>7.2f}")
-    if args.json:
-        from migration.common import write_json_atomic
-
-        write_json_atomic(args.json, {"bench": "moe_kernels", "target": args.target, "model": MODEL, "batch": BATCH,
-                                      "rows": rows})
+    notes = ["Baseline: the model's own count (workloads/moe.py flops_per_example: each token's k experts, once). "
+             "dropless: XLA lowers jax.lax.ragged_dot as a loop over the experts, each multiplying every sorted row; "
+             "capacity (factor 1.25): the experts' slots plus the dispatch and combine products."]
+    record.write(args.json, "moe_kernels", [table], notes, target=args.target, model=MODEL, batch=BATCH)
 
 
 if __name__ == "__main__":

@@ -189,16 +189,16 @@ def _qkv(dtype, heads=4, kv_heads=2, t=48, dh=16):
 def test_jax_nn_attention_matches_the_einsum_reference(dtype, tol):
     """The model's attention (jax.nn.dot_product_attention, XLA implementation, grouped heads) against
     the einsum version it replaced, forward and backward."""
-    from workloads.transformer import _causal_attention
+    from workloads.transformer import causal_attention
 
     q, k, v = _qkv(dtype)
     nn = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="xla")  # noqa: E731
-    np.testing.assert_allclose(np.asarray(nn(q, k, v), np.float32), np.asarray(_causal_attention(q, k, v), np.float32),
+    np.testing.assert_allclose(np.asarray(nn(q, k, v), np.float32), np.asarray(causal_attention(q, k, v), np.float32),
                                atol=tol, rtol=tol)
     if dtype == jnp.float32:
         loss = lambda f: lambda *a: jnp.sum(jnp.sin(f(*a)))  # noqa: E731
         g_nn = jax.grad(loss(nn), argnums=(0, 1, 2))(q, k, v)
-        g_ref = jax.grad(loss(_causal_attention), argnums=(0, 1, 2))(q, k, v)
+        g_ref = jax.grad(loss(causal_attention), argnums=(0, 1, 2))(q, k, v)
         assert_trees_close(g_nn, g_ref, rtol=1e-4, atol=1e-5)
 
 
@@ -206,7 +206,7 @@ def test_fp16_attention_scales_before_the_product_and_accumulates_in_float32():
     """Queries and keys of magnitude 40 with 64-wide heads: q.k is 102,400, past fp16's 65,504, so
     a product formed in fp16 before scaling is inf and the softmax NaN. Scaled first and accumulated
     in float32, the fp16 attention matches the float32 one to fp16's precision, forward and backward."""
-    from workloads.transformer import _causal_attention
+    from workloads.transformer import causal_attention
 
     t, dh = 16, 64
     kq, kk, kv = jax.random.split(jax.random.key(3), 3)
@@ -215,21 +215,21 @@ def test_fp16_attention_scales_before_the_product_and_accumulates_in_float32():
     v = jax.random.normal(kv, (1, t, 2, dh))
     assert float(jnp.einsum("d,d->", q[0, 0, 0].astype(jnp.float16), k[0, 0, 0].astype(jnp.float16))) == float("inf")
     q, k, v = (x.astype(jnp.float16) for x in (q, k, v))  # the float32 reference takes the same rounded inputs
-    half = jax.jit(_causal_attention)(q, k, v)
+    half = jax.jit(causal_attention)(q, k, v)
     assert half.dtype == jnp.float16 and bool(jnp.isfinite(half).all())
-    full = _causal_attention(*(x.astype(jnp.float32) for x in (q, k, v)))
+    full = causal_attention(*(x.astype(jnp.float32) for x in (q, k, v)))
     np.testing.assert_allclose(np.asarray(half, np.float32), np.asarray(full), atol=2e-2, rtol=2e-2)
-    grads = jax.jit(jax.grad(lambda q, k, v: _causal_attention(q, k, v).astype(jnp.float32).sum(), argnums=(0, 1, 2)))(
+    grads = jax.jit(jax.grad(lambda q, k, v: causal_attention(q, k, v).astype(jnp.float32).sum(), argnums=(0, 1, 2)))(
         q, k, v)
     assert all(bool(jnp.isfinite(g).all()) for g in grads)
 
 
 def test_fp16_attention_takes_the_einsum_path_the_cpu_can_run():
-    from workloads.transformer import TransformerConfig, _Attention
+    from workloads.transformer import TransformerConfig, Attention
     from flax import nnx
 
     cfg = TransformerConfig(vocab_size=64, seq_len=16, d_model=32, n_layers=1, n_heads=4, n_kv_heads=2, d_ff=64)
-    attn = _Attention(cfg, dtype=jnp.float16, rngs=nnx.Rngs(0))
+    attn = Attention(cfg, dtype=jnp.float16, rngs=nnx.Rngs(0))
     x = jnp.ones((2, 16, 32), jnp.float16)
     grads = jax.jit(nnx.grad(lambda m: m(x, None).astype(jnp.float32).sum()))(attn)
     assert all(jnp.isfinite(g).all() for g in jax.tree.leaves(grads))
@@ -294,7 +294,7 @@ def _llama3_reference_frequencies(head_dim, theta, factor, low, high, context):
 
 @pytest.mark.parametrize("preset, factor", [("1b", 32.0), ("3b", 32.0), ("8b", 8.0)])
 def test_llama_presets_scale_rotary_frequencies_as_llama3_and_use_epsilon_1e_5(preset, factor):
-    from workloads.transformer import _rope_tables, rope_frequencies
+    from workloads.transformer import rope_tables, rope_frequencies
 
     llama = get_workload("llama")
     cfg = llama.config(preset, {})
@@ -307,7 +307,7 @@ def test_llama_presets_scale_rotary_frequencies_as_llama3_and_use_epsilon_1e_5(p
     ratio = want / plain
     assert np.isclose(ratio, 1).any() and np.isclose(ratio, 1 / factor).any()
     assert ((ratio > 1 / factor + 1e-6) & (ratio < 1 - 1e-6)).any()
-    cos, sin = _rope_tables(cfg, 4096)
+    cos, sin = rope_tables(cfg, 4096)
     for position in (0, 1, 777, 4095):
         np.testing.assert_allclose(np.asarray(cos[position]), np.cos(position * want), atol=2e-4)
         np.testing.assert_allclose(np.asarray(sin[position]), np.sin(position * want), atol=2e-4)

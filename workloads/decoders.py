@@ -42,7 +42,7 @@ def _modern(vocab: int, seq: int, d: int, layers: int, heads: int, kv_heads: int
                              positions="rope", bias=False, rope_theta=theta, rope_scaling=rope_scaling, context=context)
 
 
-class _DecoderWorkload(Workload):
+class DecoderWorkload(Workload):
     """What both decoder families share: the task, the loss, the analytic cost."""
 
     free_dimensions = tuple(f.name for f in dataclasses.fields(TransformerConfig))
@@ -143,7 +143,7 @@ class _DecoderWorkload(Workload):
 
 
 @final
-class TransformerWorkload(_DecoderWorkload):
+class TransformerWorkload(DecoderWorkload):
     name = "transformer"
     description = "GPT-2-style decoder (LayerNorm, GELU MLP, learned positions, tied embeddings)"
     presets = {
@@ -160,7 +160,7 @@ class TransformerWorkload(_DecoderWorkload):
 
 
 @final
-class LlamaWorkload(_DecoderWorkload):
+class LlamaWorkload(DecoderWorkload):
     name = "llama"
     description = ("modern decoder (RMSNorm, SwiGLU MLP, rotary positions, grouped-query attention); "
                    "presets with the published dimensions of Llama 3.2 1B and 3B and Llama 3.1 8B")

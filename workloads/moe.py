@@ -34,19 +34,19 @@ from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
 from workloads.base import ActivationProfile, BlockWrap, ModelConfigError, chunked_cross_entropy
-from workloads.decoders import _DecoderWorkload
+from workloads.decoders import DecoderWorkload
 from workloads.transformer import (
-    _ACTIVATION,
-    _Block,
-    _Attention,
-    _Mlp,
-    _causal_attention,
-    _fused_halves,
-    _linear,
-    _norm,
-    _residual,
-    _rope_tables,
-    _rotate,
+    ACTIVATION,
+    Block,
+    Attention,
+    Mlp,
+    causal_attention,
+    fused_halves,
+    linear,
+    norm_layer,
+    residual,
+    rope_tables,
+    rotate,
     Decoder,
     TransformerConfig,
     check_config,
@@ -167,16 +167,16 @@ class _LatentAttention(nnx.Module):
         out_init = nnx.initializers.normal(stddev=0.02 / math.sqrt(2 * cfg.n_layers))
         plain = dataclasses.replace(cfg, bias=False)
         if cfg.q_lora_rank:
-            self.q_a = _linear(plain, d, cfg.q_lora_rank, dtype=dtype, rngs=rngs)
+            self.q_a = linear(plain, d, cfg.q_lora_rank, dtype=dtype, rngs=rngs)
             self.q_norm = nnx.RMSNorm(cfg.q_lora_rank, epsilon=cfg.norm_eps, dtype=dtype, param_dtype=jnp.float32,
                                       rngs=rngs)
-            self.q = _linear(plain, cfg.q_lora_rank, h * qk, dtype=dtype, rngs=rngs)
+            self.q = linear(plain, cfg.q_lora_rank, h * qk, dtype=dtype, rngs=rngs)
         else:
-            self.q = _linear(plain, d, h * qk, dtype=dtype, rngs=rngs)
-        self.kv_a = _linear(plain, d, self.rank + self.rope_dim, dtype=dtype, rngs=rngs)
+            self.q = linear(plain, d, h * qk, dtype=dtype, rngs=rngs)
+        self.kv_a = linear(plain, d, self.rank + self.rope_dim, dtype=dtype, rngs=rngs)
         self.kv_norm = nnx.RMSNorm(self.rank, epsilon=cfg.norm_eps, dtype=dtype, param_dtype=jnp.float32, rngs=rngs)
-        self.kv = _linear(plain, self.rank, h * (self.nope + self.v_dim), dtype=dtype, rngs=rngs)
-        self.out = _linear(plain, h * self.v_dim, d, dtype=dtype, rngs=rngs, init=out_init)
+        self.kv = linear(plain, self.rank, h * (self.nope + self.v_dim), dtype=dtype, rngs=rngs)
+        self.out = linear(plain, h * self.v_dim, d, dtype=dtype, rngs=rngs, init=out_init)
         self.n_heads, self.lora_q = h, bool(cfg.q_lora_rank)
 
     def __call__(self, x: jax.Array, rope: tuple[jax.Array, jax.Array]) -> jax.Array:  # (B, T, D)
@@ -184,10 +184,10 @@ class _LatentAttention(nnx.Module):
         h = self.n_heads
         q_in = self.q_norm(self.q_a(x)) if self.lora_q else x
         q = checkpoint_name(self.q(q_in), "query_proj").reshape(b, t, h, -1)
-        q_nope, q_rope = q[..., :self.nope], _rotate(q[..., self.nope:], *rope)
+        q_nope, q_rope = q[..., :self.nope], rotate(q[..., self.nope:], *rope)
         compressed = self.kv_a(x)
         c, k_rope = compressed[..., :self.rank], compressed[..., self.rank:].reshape(b, t, 1, -1)
-        k_rope = jnp.broadcast_to(_rotate(k_rope, *rope), (b, t, h, self.rope_dim))
+        k_rope = jnp.broadcast_to(rotate(k_rope, *rope), (b, t, h, self.rope_dim))
         kv = checkpoint_name(self.kv(self.kv_norm(c)), "kv_proj").reshape(b, t, h, -1)
         k_nope, v = kv[..., :self.nope], kv[..., self.nope:]
         q = jnp.concatenate([q_nope, q_rope], axis=-1)
@@ -200,7 +200,7 @@ def _attention_any_v(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
     """Causal attention whose values may be narrower than queries and keys (MLA): (B, T, H, Dqk) x 2 and
     (B, T, H, Dv) -> (B, T, H, Dv), products accumulated and the softmax taken in float32."""
     if q.shape[-1] == v.shape[-1]:
-        return _causal_attention(q, k, v)
+        return causal_attention(q, k, v)
     t, dh = q.shape[1], q.shape[-1]
     q = (q * (1.0 / math.sqrt(dh))).astype(k.dtype)
     scores = jnp.einsum("bqhd,bshd->bhqs", q, k, preferred_element_type=jnp.float32)
@@ -249,9 +249,9 @@ class _Experts(nnx.Module):
         return checkpoint_name(y.reshape(b, t, d), "mlp_out"), balance, dropped
 
     def _hidden(self, h: jax.Array) -> jax.Array:
-        act = _ACTIVATION[self.cfg.mlp]
+        act = ACTIVATION[self.cfg.mlp]
         if self.cfg.gated:
-            gate, up = _fused_halves(h)
+            gate, up = fused_halves(h)
             return act(gate) * up
         return act(h)
 
@@ -297,14 +297,14 @@ class _Experts(nnx.Module):
 
 class _MoeBlock(nnx.Module):
     def __init__(self, cfg: MoeConfig, *, dtype, rngs: nnx.Rngs):
-        self.norm1 = _norm(cfg, dtype=dtype, rngs=rngs)
+        self.norm1 = norm_layer(cfg, dtype=dtype, rngs=rngs)
         self.attn = (_LatentAttention(cfg, dtype=dtype, rngs=rngs) if cfg.attention_type == "mla"
-                     else _Attention(cfg, dtype=dtype, rngs=rngs))
-        self.norm2 = _norm(cfg, dtype=dtype, rngs=rngs)
+                     else Attention(cfg, dtype=dtype, rngs=rngs))
+        self.norm2 = norm_layer(cfg, dtype=dtype, rngs=rngs)
         self.experts = _Experts(cfg, dtype=dtype, rngs=rngs)
         if cfg.n_shared_experts:
             shared = dataclasses.replace(cfg, d_ff=cfg.n_shared_experts * cfg.expert_width, bias=False)
-            self.shared = _Mlp(shared, dtype=dtype, rngs=rngs)
+            self.shared = Mlp(shared, dtype=dtype, rngs=rngs)
         self.has_shared = bool(cfg.n_shared_experts)
 
     def __call__(self, x: jax.Array, rope) -> tuple[jax.Array, jax.Array, jax.Array]:  # (B, T, D)
@@ -317,16 +317,16 @@ class _MoeBlock(nnx.Module):
         return x + y, balance, dropped
 
 
-class _DenseBlock(_Block):
+class _DenseBlock(Block):
     """A dense layer of an MoE model (its attention as the model's): the dense decoder's block, returning
     no balance loss and nothing dropped."""
 
     def __init__(self, cfg: MoeConfig, *, dtype, rngs: nnx.Rngs):  # noqa: super-init-not-called
-        self.norm1 = _norm(cfg, dtype=dtype, rngs=rngs)
+        self.norm1 = norm_layer(cfg, dtype=dtype, rngs=rngs)
         self.attn = (_LatentAttention(cfg, dtype=dtype, rngs=rngs) if cfg.attention_type == "mla"
-                     else _Attention(cfg, dtype=dtype, rngs=rngs))
-        self.norm2 = _norm(cfg, dtype=dtype, rngs=rngs)
-        self.mlp = _Mlp(cfg, dtype=dtype, rngs=rngs)
+                     else Attention(cfg, dtype=dtype, rngs=rngs))
+        self.norm2 = norm_layer(cfg, dtype=dtype, rngs=rngs)
+        self.mlp = Mlp(cfg, dtype=dtype, rngs=rngs)
 
     def __call__(self, x: jax.Array, rope) -> tuple[jax.Array, jax.Array, jax.Array]:
         zero = jnp.zeros((), jnp.float32)
@@ -357,7 +357,7 @@ class MoeDecoder(Decoder):
             self.between = _stack(groups * (cfg.moe_period - 1), lambda r: _DenseBlock(cfg, dtype=dtype, rngs=r),
                                   rngs)
         self.blocks = _stack(groups, lambda r: _MoeBlock(cfg, dtype=dtype, rngs=r), rngs)
-        self.norm_f = _norm(cfg, dtype=dtype, rngs=rngs)
+        self.norm_f = norm_layer(cfg, dtype=dtype, rngs=rngs)
         if not cfg.tied_embeddings:
             self.head = nnx.Linear(cfg.d_model, cfg.vocab_size, use_bias=False,
                                    kernel_init=nnx.initializers.normal(stddev=0.02), dtype=dtype,
@@ -375,14 +375,14 @@ class MoeDecoder(Decoder):
         x = self.embed(tokens)
         # MLA rotates qk_rope_head_dim of each head (DeepSeek's rope tables are that wide)
         rotated = dataclasses.replace(cfg, head_size=cfg.qk_rope_head_dim) if cfg.attention_type == "mla" else cfg
-        rope = _rope_tables(rotated, tokens.shape[1])
+        rope = rope_tables(rotated, tokens.shape[1])
 
         def run(x, stack, call):
             graphdef, layers = nnx.split(stack)
 
             def layer(x, params):
-                y, balance, dropped = call(nnx.merge(graphdef, params), _residual(x, cfg), rope)
-                return _residual(y, cfg), (balance, dropped)
+                y, balance, dropped = call(nnx.merge(graphdef, params), residual(x, cfg), rope)
+                return residual(y, cfg), (balance, dropped)
 
             return jax.lax.scan(layer, x, layers)
 
@@ -397,9 +397,9 @@ class MoeDecoder(Decoder):
                 graphdef = between[0]
                 for i in range(cfg.moe_period - 1):
                     x, _, _ = self.dense_call(nnx.merge(graphdef, jax.tree.map(lambda a: a[i], dense_params)),  # noqa: B023
-                                              _residual(x, cfg), rope)
-            y, balance, dropped = self.moe_call(nnx.merge(moe_graph, moe_params), _residual(x, cfg), rope)
-            return _residual(y, cfg), (balance, dropped)
+                                              residual(x, cfg), rope)
+            y, balance, dropped = self.moe_call(nnx.merge(moe_graph, moe_params), residual(x, cfg), rope)
+            return residual(y, cfg), (balance, dropped)
 
         dense_by_group = None
         if between is not None:
@@ -467,7 +467,7 @@ def moe_tensor_parallel_spec(path: tuple[str, ...], shape: tuple[int, ...], shar
 
 
 @final
-class MoeWorkload(_DecoderWorkload):
+class MoeWorkload(DecoderWorkload):
     name = "moe"
     description = ("mixture-of-experts decoder (routed and shared experts, top-k, dropless or capacity dispatch; "
                    "grouped-query or multi-head latent attention); presets with the published dimensions of "

@@ -167,17 +167,17 @@ def check_config(cfg: TransformerConfig) -> TransformerConfig:
 _init = nnx.initializers.normal(stddev=0.02)
 
 
-def _linear(cfg: TransformerConfig, d_in: int, d_out: int, *, dtype, rngs: nnx.Rngs, init=_init) -> nnx.Linear:
+def linear(cfg: TransformerConfig, d_in: int, d_out: int, *, dtype, rngs: nnx.Rngs, init=_init) -> nnx.Linear:
     return nnx.Linear(d_in, d_out, use_bias=cfg.bias, kernel_init=init, dtype=dtype, param_dtype=jnp.float32, rngs=rngs)
 
 
-def _norm(cfg: TransformerConfig, *, dtype, rngs: nnx.Rngs) -> nnx.Module:
+def norm_layer(cfg: TransformerConfig, *, dtype, rngs: nnx.Rngs) -> nnx.Module:
     if cfg.norm == "rmsnorm":
         return nnx.RMSNorm(cfg.d_model, epsilon=cfg.norm_eps, dtype=dtype, param_dtype=jnp.float32, rngs=rngs)
     return nnx.LayerNorm(cfg.d_model, epsilon=cfg.norm_eps, dtype=dtype, param_dtype=jnp.float32, rngs=rngs)
 
 
-def _fused_halves(h: jax.Array, shards: int = 1) -> tuple[jax.Array, jax.Array]:
+def fused_halves(h: jax.Array, shards: int = 1) -> tuple[jax.Array, jax.Array]:
     """The two outputs a fused projection computes along its last axis (keys and values, or the gate
     and the up projection). Trained layout: first all of one, then all of the other. With `shards`
     (a tensor-parallel layout, `shard_fused`), the axis holds `shards` blocks, each the first's and
@@ -187,31 +187,31 @@ def _fused_halves(h: jax.Array, shards: int = 1) -> tuple[jax.Array, jax.Array]:
     return parts[..., 0, :].reshape(*lead, width // 2), parts[..., 1, :].reshape(*lead, width // 2)
 
 
-class _Attention(nnx.Module):
-    shards = 1  # the fused keys-and-values projection's layout (_fused_halves)
+class Attention(nnx.Module):
+    shards = 1  # the fused keys-and-values projection's layout (fused_halves)
 
     def __init__(self, cfg: TransformerConfig, *, dtype, rngs: nnx.Rngs):
         d, dh = cfg.d_model, cfg.head_dim
         out_init = nnx.initializers.normal(stddev=0.02 / math.sqrt(2 * cfg.n_layers))
-        self.q = _linear(cfg, d, cfg.n_heads * dh, dtype=dtype, rngs=rngs)
-        self.kv = _linear(cfg, d, 2 * cfg.n_kv_heads * dh, dtype=dtype, rngs=rngs)
-        self.out = _linear(cfg, cfg.n_heads * dh, d, dtype=dtype, rngs=rngs, init=out_init)
+        self.q = linear(cfg, d, cfg.n_heads * dh, dtype=dtype, rngs=rngs)
+        self.kv = linear(cfg, d, 2 * cfg.n_kv_heads * dh, dtype=dtype, rngs=rngs)
+        self.out = linear(cfg, cfg.n_heads * dh, d, dtype=dtype, rngs=rngs, init=out_init)
         self.n_heads, self.n_kv_heads, self.implementation = cfg.n_heads, cfg.n_kv_heads, cfg.attention
 
     def __call__(self, x: jax.Array, rope: tuple[jax.Array, jax.Array] | None) -> jax.Array:  # (B, T, D)
         b, t, _ = x.shape
         q = checkpoint_name(self.q(x), "query_proj").reshape(b, t, self.n_heads, -1)  # (B, T, H, Dh)
         k, v = (h.reshape(b, t, self.n_kv_heads, -1) for h in  # (B, T, K, Dh) each
-                _fused_halves(checkpoint_name(self.kv(x), "kv_proj"), self.shards))
+                fused_halves(checkpoint_name(self.kv(x), "kv_proj"), self.shards))
         if rope is not None:
-            q, k = _rotate(q, *rope), _rotate(k, *rope)
+            q, k = rotate(q, *rope), rotate(k, *rope)
         y = checkpoint_name(self._causal(q, k, v).reshape(b, t, -1), "attention_out")
         return checkpoint_name(self.out(y), "attention_proj")
 
 
     def _causal(self, q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
         if self.implementation == "xla" and q.dtype == jnp.float16:
-            return _causal_attention(q, k, v)  # the CPU backend rejects jax.nn's fp16 version (float32 accumulation)
+            return causal_attention(q, k, v)  # the CPU backend rejects jax.nn's fp16 version (float32 accumulation)
         if self.implementation == "splash":
             return _splash_attention(q, k, v)
         # K < H heads are taken as they are (grouped-query attention)
@@ -229,9 +229,9 @@ class _Attention(nnx.Module):
         b, s, _ = x.shape
         q = _as_gemm(self.q, x, self.shards).reshape(b, s, self.n_heads, -1)
         k, v = (h.reshape(b, s, self.n_kv_heads, -1) for h in
-                _fused_halves(_as_gemm(self.kv, x, self.shards), self.shards))
+                fused_halves(_as_gemm(self.kv, x, self.shards), self.shards))
         if rope is not None:
-            q, k = _rotate(q, *rope), _rotate(k, *rope)
+            q, k = rotate(q, *rope), rotate(k, *rope)
         layout = kv_cache.cache_layout(self.implementation, cache[0].dtype)
         cache_k, cache_v = (kv_cache.write(c, x, start, layout) for c, x in zip(cache, (k, v)))
         y = (self._causal(q, k, v) if prefill
@@ -284,7 +284,7 @@ def _splash_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
     return out.transpose(0, 2, 1, 3)
 
 
-def _residual(x: jax.Array, cfg: TransformerConfig) -> jax.Array:
+def residual(x: jax.Array, cfg: TransformerConfig) -> jax.Array:
     """The residual stream (B, T, D) as the layout keeps it between blocks: with `residual_over_tensor` on a
     mesh with a tensor axis, D sharded over it (the batch over the other axes); otherwise as XLA lays it."""
     mesh = jax.sharding.get_abstract_mesh()
@@ -309,7 +309,7 @@ def rope_frequencies(cfg: TransformerConfig) -> jax.Array:
     return (1 - keep) * freq / cfg.rope_scaling + keep * freq
 
 
-def _rope_tables(cfg: TransformerConfig, seq_len: int) -> tuple[jax.Array, jax.Array]:
+def rope_tables(cfg: TransformerConfig, seq_len: int) -> tuple[jax.Array, jax.Array]:
     """cos and sin of the rotary angles, (T, Dh/2) in float32."""
     angles = jnp.arange(seq_len, dtype=jnp.float32)[:, None] * rope_frequencies(cfg)[None]
     return jnp.cos(angles), jnp.sin(angles)
@@ -321,7 +321,7 @@ def _rope_at(cfg: TransformerConfig, positions: jax.Array) -> tuple[jax.Array, j
     return jnp.cos(angles), jnp.sin(angles)
 
 
-def _rotate(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+def rotate(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     """Rotary positions on (B, T, heads, Dh), the two halves of each head as (real, imaginary); cos
     and sin (T, Dh/2) for every row alike, or (B, T, Dh/2) per row."""
     x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
@@ -329,7 +329,7 @@ def _rotate(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     return jnp.concatenate([x1 * c - x2 * s, x1 * s + x2 * c], axis=-1).astype(x.dtype)
 
 
-def _causal_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
     """Causal attention with grouped heads written out as einsums: the query scaled by 1/sqrt(Dh)
     before the product, both products accumulated in float32, the softmax in float32. In fp16 the
     unscaled q.k overflows past 65,504 (inf, then NaN, which loss scaling cannot rescue). The fp16
@@ -351,34 +351,34 @@ def _squared_relu(h: jax.Array) -> jax.Array:
 
 
 # Each MLP's activation: of the hidden units (plain), or of the gate (gated).
-_ACTIVATION = {"gelu": jax.nn.gelu, "relu": jax.nn.relu, "squared_relu": _squared_relu, "swiglu": jax.nn.silu,
+ACTIVATION = {"gelu": jax.nn.gelu, "relu": jax.nn.relu, "squared_relu": _squared_relu, "swiglu": jax.nn.silu,
                "geglu": jax.nn.gelu}
 
 
-class _Mlp(nnx.Module):
-    shards = 1  # the fused gate-and-up projection's layout (_fused_halves)
+class Mlp(nnx.Module):
+    shards = 1  # the fused gate-and-up projection's layout (fused_halves)
 
     def __init__(self, cfg: TransformerConfig, *, dtype, rngs: nnx.Rngs):
         out_init = nnx.initializers.normal(stddev=0.02 / math.sqrt(2 * cfg.n_layers))
         self.gated, self.activation = cfg.gated, cfg.mlp
-        self.up = _linear(cfg, cfg.d_model, (2 if self.gated else 1) * cfg.d_ff, dtype=dtype, rngs=rngs)
-        self.down = _linear(cfg, cfg.d_ff, cfg.d_model, dtype=dtype, rngs=rngs, init=out_init)
+        self.up = linear(cfg, cfg.d_model, (2 if self.gated else 1) * cfg.d_ff, dtype=dtype, rngs=rngs)
+        self.down = linear(cfg, cfg.d_ff, cfg.d_model, dtype=dtype, rngs=rngs, init=out_init)
 
     def __call__(self, x: jax.Array) -> jax.Array:  # (B, T, D); one row: a decode step's (_as_gemm)
         h = checkpoint_name(_as_gemm(self.up, x, self.shards), "mlp_hidden")
-        act = _ACTIVATION[self.activation]
+        act = ACTIVATION[self.activation]
         if self.gated:
-            gate, up = _fused_halves(h, self.shards)
+            gate, up = fused_halves(h, self.shards)
             return checkpoint_name(_as_gemm(self.down, act(gate) * up, self.shards), "mlp_out")
         return checkpoint_name(_as_gemm(self.down, act(h), self.shards), "mlp_out")
 
 
-class _Block(nnx.Module):
+class Block(nnx.Module):
     def __init__(self, cfg: TransformerConfig, *, dtype, rngs: nnx.Rngs):
-        self.norm1 = _norm(cfg, dtype=dtype, rngs=rngs)
-        self.attn = _Attention(cfg, dtype=dtype, rngs=rngs)
-        self.norm2 = _norm(cfg, dtype=dtype, rngs=rngs)
-        self.mlp = _Mlp(cfg, dtype=dtype, rngs=rngs)
+        self.norm1 = norm_layer(cfg, dtype=dtype, rngs=rngs)
+        self.attn = Attention(cfg, dtype=dtype, rngs=rngs)
+        self.norm2 = norm_layer(cfg, dtype=dtype, rngs=rngs)
+        self.mlp = Mlp(cfg, dtype=dtype, rngs=rngs)
 
     def __call__(self, x: jax.Array, rope: tuple[jax.Array, jax.Array] | None) -> jax.Array:  # (B, T, D)
         x = checkpoint_name(x, "decoder_layer_input")
@@ -402,15 +402,15 @@ class Decoder(nnx.Module):
 
         @nnx.split_rngs(splits=cfg.n_layers)
         @nnx.vmap(in_axes=(0,), out_axes=0)
-        def stacked(rngs: nnx.Rngs) -> _Block:
-            return _Block(cfg, dtype=dtype, rngs=rngs)
+        def stacked(rngs: nnx.Rngs) -> Block:
+            return Block(cfg, dtype=dtype, rngs=rngs)
 
         self.blocks = stacked(rngs)  # every parameter (n_layers, ...)
-        self.norm_f = _norm(cfg, dtype=dtype, rngs=rngs)
+        self.norm_f = norm_layer(cfg, dtype=dtype, rngs=rngs)
         if not cfg.tied_embeddings:
             self.head = nnx.Linear(cfg.d_model, cfg.vocab_size, use_bias=False, kernel_init=_init, dtype=dtype,
                                    param_dtype=jnp.float32, rngs=rngs)
-        self.block_call = block_wrap(_Block.__call__)
+        self.block_call = block_wrap(Block.__call__)
 
     def __call__(self, tokens: jax.Array) -> jax.Array:  # (B, T) int32 -> (B, T, V) logits
         return self.project(self.hidden(tokens))
@@ -426,11 +426,11 @@ class Decoder(nnx.Module):
         if cfg.positions == "learned":
             x = x + self.positions(jnp.arange(t))[None]
         else:
-            rope = _rope_tables(cfg, t)
+            rope = rope_tables(cfg, t)
         graphdef, layers = nnx.split(self.blocks)
 
         def layer(x: jax.Array, params: Any) -> tuple[jax.Array, None]:
-            return _residual(self.block_call(nnx.merge(graphdef, params), _residual(x, cfg), rope), cfg), None
+            return residual(self.block_call(nnx.merge(graphdef, params), residual(x, cfg), rope), cfg), None
 
         if cfg.layer_loop == "unrolled":
             for i in range(cfg.n_layers):
