@@ -240,6 +240,28 @@ def test_tensor_parallelism_on_the_tpu_side_splits_each_layer_over_the_tensor_ax
     assert mlp["status"] == "failed" and "splits no weight over a tensor axis" in mlp["reason"]
 
 
+@pytest.mark.slow
+def test_expert_parallelism_on_the_tpu_side_keeps_each_chips_experts_whole():
+    """A mixture-of-experts job with ici_expert_parallelism 4 on a v5p-8 (4 chips): each chip holds a quarter
+    of every MoE layer's experts and never gathers the rest, where FSDP gathers a layer's experts whole on
+    every chip; the tokens travel instead. A chip's peak is lower by at least half of three quarters of a
+    layer's experts in bf16; a dense model has no experts to split (one line naming source_expert)."""
+    d, f, e = 512, 2048, 8
+    model = {"dispatch": "capacity", "n_layers": 2, "first_dense": 0, "d_model": d, "expert_d_ff": f,
+             "n_experts": e, "n_shared_experts": 0, "vocab_size": 1024, "seq_len": 128}
+    base = dict(workload="moe", preset="tiny", model=model, source="tpu-v5p-8", global_batch=8)
+    split = compile_for_source_tpu(validate_plan_request(PlanRequest(**base, source_expert=4)))
+    whole = compile_for_source_tpu(validate_plan_request(PlanRequest(**base, source_sharding="fsdp")))
+    assert split["status"] == whole["status"] == "ok", (split, whole)
+    assert (split["layout"], whole["layout"]) == ("fsdp+ep4", "fsdp")
+    layer_experts = e * 3 * d * f * 2  # bf16 bytes of one MoE layer's routed experts (gated: up is 2 x f wide)
+    saved = whole["peak_bytes_per_chip"] - split["peak_bytes_per_chip"]
+    assert saved > 0.5 * 0.75 * layer_experts, (split["peak_bytes_per_chip"], whole["peak_bytes_per_chip"])
+    with pytest.raises(ConfigError, match="source_expert: .*llama has no routed experts"):
+        validate_plan_request(PlanRequest(workload="llama", preset="tiny", source="tpu-v5p-8", global_batch=8,
+                                          source_expert=2))
+
+
 # -- a TPU answer when the stated setup does not fit ----------------------------------------------------------
 
 def test_the_fitting_ladders_keep_less_or_halve_the_micro_batch_keeping_the_global_batch():

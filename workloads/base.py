@@ -140,6 +140,25 @@ class Workload(abc.ABC):
         `shards` GPUs on mesh axis `axis` under tensor parallelism; whole (P()) unless a workload says."""
         return jax.sharding.PartitionSpec()
 
+    def routed_experts(self, cfg: Any) -> int:
+        """Routed experts of each MoE layer (0: no experts, so no layout with +epE applies)."""
+        return 0
+
+    def routed_expert_params(self, cfg: Any) -> int:
+        """Parameters of the routed experts (those expert parallelism splits); 0 without experts."""
+        return 0
+
+    def dispatch_bytes_per_example(self, cfg: Any, elem: int) -> float:
+        """Bytes an example's tokens send to their experts and back in one forward pass (each at `elem`
+        bytes a value) under expert parallelism; 0 without experts."""
+        return 0.0
+
+    def expert_parallel_spec(self, path: tuple[str, ...], shape: tuple[int, ...], shards: int,
+                             axis: str) -> jax.sharding.PartitionSpec:
+        """How the weight at `path` splits its experts over `shards` GPUs on mesh axis `axis` under expert
+        parallelism; whole (P()) for a weight that is no routed expert's."""
+        return jax.sharding.PartitionSpec()
+
     def config(self, preset: str, overrides: Mapping[str, Any] | None = None) -> Any:
         """The preset's config with `overrides` (field -> value) applied and checked."""
         base = self.presets[preset]

@@ -54,6 +54,9 @@ from workloads.transformer import (
 )
 
 DISPATCHES = ("dropless", "capacity")
+# The mesh axis of expert parallelism, as migration/config/layouts.py names it (outside the batch's
+# data and FSDP axes, inside which the tensor split comes).
+EXPERT_AXIS = "expert"
 ROUTER_SCORES = ("softmax", "sigmoid")
 MOE_ATTENTIONS = ("gqa", "mla")
 # Bounds of the MoE dimensions a user may give (beside the decoder's, transformer.DIM_LIMITS).
@@ -288,9 +291,9 @@ class _Experts(nnx.Module):
                                       dtype=self.dtype)[:, :, None, :])
             dispatch = dispatch + place
             combine = combine + place * weights.reshape(g, t, k)[..., j, None, None].astype(self.dtype)
-        rows = jnp.einsum("gtec,gtd->gecd", dispatch, x.reshape(g, t, -1).astype(self.dtype))
+        rows = expert_split(jnp.einsum("gtec,gtd->gecd", dispatch, x.reshape(g, t, -1).astype(self.dtype)), 1)
         h = checkpoint_name(jnp.einsum("gecd,edf->gecf", rows, up), "mlp_hidden")
-        y = jnp.einsum("gecf,efd->gecd", self._hidden(h), down)
+        y = expert_split(jnp.einsum("gecf,efd->gecd", self._hidden(h), down), 1, to_experts=False)
         dropped = 1.0 - jnp.mean(kept.astype(jnp.float32))
         return jnp.einsum("gtec,gecd->gtd", combine, y).reshape(n, -1), dropped
 
@@ -466,6 +469,39 @@ def moe_tensor_parallel_spec(path: tuple[str, ...], shape: tuple[int, ...], shar
     return tensor_parallel_spec(path, shape, shards, axis)
 
 
+def moe_expert_parallel_spec(path: tuple[str, ...], shape: tuple[int, ...], shards: int,
+                             axis: str) -> jax.sharding.PartitionSpec:
+    """Expert parallelism: the routed experts' up and down projections split along their expert axis
+    (the third from the end: (layers, E, D, F) and (layers, E, F, D)); every other weight whole."""
+    if len(path) > 1 and path[-2] == "experts" and path[-1] in ("up", "down") and len(shape) >= 3:
+        split = len(shape) - 3
+        if shape[split] % shards == 0:
+            return jax.sharding.PartitionSpec(*[axis if i == split else None for i in range(len(shape))])
+    return jax.sharding.PartitionSpec()
+
+
+def expert_split(x: jax.Array, expert_dim: int, to_experts: bool = True) -> jax.Array:
+    """`x` (groups first) held with its groups over the ambient mesh's batch axes and then, `to_experts`, with
+    its experts over the expert axis and its groups over the batch axes left: that reshard is the
+    all-to-all of the dispatch (GShard's; `to_experts=False` after the experts: the combine's, back).
+    Unchanged without an expert axis (no expert parallelism)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or EXPERT_AXIS not in mesh.axis_names:
+        return x
+    names = mesh.axis_names
+    outer = tuple(a for a in names[:names.index(EXPERT_AXIS)] if mesh.shape[a] > 1)  # the batch's outer axes
+
+    def spec(groups: tuple[str, ...], experts: str | None) -> jax.sharding.PartitionSpec:
+        dims: list = [None] * x.ndim
+        dims[0] = groups or None
+        dims[expert_dim] = experts
+        return jax.sharding.PartitionSpec(*dims)
+
+    by_example, by_expert = spec((*outer, EXPERT_AXIS), None), spec(outer, EXPERT_AXIS)
+    first, then = (by_example, by_expert) if to_experts else (by_expert, by_example)
+    return jax.lax.with_sharding_constraint(jax.lax.with_sharding_constraint(x, first), then)
+
+
 @final
 class MoeWorkload(DecoderWorkload):
     name = "moe"
@@ -480,6 +516,13 @@ class MoeWorkload(DecoderWorkload):
     def tensor_parallel_spec(self, path: tuple[str, ...], shape: tuple[int, ...], shards: int,
                              axis: str) -> jax.sharding.PartitionSpec:
         return moe_tensor_parallel_spec(path, shape, shards, axis)
+
+    def routed_experts(self, cfg: MoeConfig) -> int:
+        return cfg.n_experts
+
+    def expert_parallel_spec(self, path: tuple[str, ...], shape: tuple[int, ...], shards: int,
+                             axis: str) -> jax.sharding.PartitionSpec:
+        return moe_expert_parallel_spec(path, shape, shards, axis)
 
     def build(self, cfg: MoeConfig, *, dtype, block_wrap: BlockWrap, rngs: nnx.Rngs) -> MoeDecoder:
         return MoeDecoder(cfg, dtype=dtype, block_wrap=block_wrap, rngs=rngs)
@@ -526,6 +569,15 @@ class MoeWorkload(DecoderWorkload):
 
     def param_count(self, cfg: MoeConfig) -> int:
         return self._counts(cfg)[0]
+
+    def routed_expert_params(self, cfg: MoeConfig) -> int:
+        return cfg.n_moe_layers * cfg.n_experts * self._mlp_params(cfg, cfg.expert_width)
+
+    def dispatch_bytes_per_example(self, cfg: MoeConfig, elem: int) -> float:
+        """The dispatch and the combine of every MoE layer: the sequence's token slots (k each, capacity_factor
+        x that under capacity dispatch) of d_model values, sent to their experts and back."""
+        slots = cfg.seq_len * cfg.top_k * (cfg.capacity_factor if cfg.dispatch == "capacity" else 1.0)
+        return 2.0 * cfg.n_moe_layers * slots * cfg.d_model * elem
 
     def active_param_count(self, cfg: MoeConfig) -> int:
         """Parameters a token passes through: every dense weight, the shared experts and k routed ones."""

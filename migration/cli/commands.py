@@ -241,7 +241,8 @@ def plan_request(args: argparse.Namespace) -> PlanRequest:
     if args.prices_file:  # the file's prices, then --price's over them
         given["prices"] = fmt_prices({**read_prices_file(args.prices_file),
                                       **parse_prices(given.get("prices", ""), "prices")})
-    req = forms.plan_request(registered_only=False, **{**given, "preset": args.preset})
+    extra = {k: v for k, v in model.items() if k not in DIMENSIONS and k != "tied_embeddings"}  # --dim's
+    req = forms.plan_request(registered_only=False, extra_model=extra, **{**given, "preset": args.preset})
     if imported is not None:
         req = with_imported(req, imported, (set(given) - {"workload", "preset"}) | named, flag_model)
     return dataclasses.replace(req, compile_for_tpu=args.compile_for_tpu)

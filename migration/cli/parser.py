@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from typing import Any
 
 from migration import version
+from migration.common import ConfigError
 from migration.config import forms
 from migration.config.fields import DIMENSIONS, FIELD, FIELDS, Field, flags_of
 from migration.config.limits import LIMITS, PLATFORMS, PRECISIONS, REMAT_NAMES, STEP_STYLES
@@ -56,6 +58,11 @@ def field_help(f: Field) -> str:
 def add_field_flags(parser: argparse.ArgumentParser, command: str, only: tuple[str, ...] | None = None) -> None:
     """`command`'s flags of the form's fields (the model's in their own group); `only`: those fields."""
     model = parser.add_argument_group("model dimensions (override the preset's; transformer and llama)")
+    if only is None or "n_layers" in only:
+        model.add_argument("--dim", dest="dim", action="append", default=None, metavar="NAME=VALUE",
+                           help="any other dimension of the workload's config, repeatable (e.g. --dim n_experts=16 "
+                                "--dim dispatch=capacity --dim capacity_factor=1.25 for moe); the workload checks "
+                                "the name and the value")
     for f in flags_of(command):
         if only is not None and f.name not in only:
             continue
@@ -82,6 +89,27 @@ def given_fields(args: argparse.Namespace, command: str, fills: tuple[str, ...])
             if f.fills in fills and f.name not in MODEL_FIELDS and getattr(args, f.name) is not None}
 
 
+def dimension_values(items: list[str]) -> dict[str, Any]:
+    """`--dim NAME=VALUE` items as config overrides: a whole number, a decimal, true/false or a word."""
+    out: dict[str, Any] = {}
+    for item in items:
+        name, sep, text = str(item).partition("=")
+        name, text = name.strip(), text.strip()
+        if not sep or not name.isidentifier() or not text or len(text) > 100:
+            raise ConfigError("model", f"--dim takes NAME=VALUE (a config field, a value of at most 100 characters), "
+                                       f"e.g. --dim n_experts=16; got {item[:60]!r}")
+        if re.fullmatch(r"[+-]?\d+", text):
+            value: Any = int(text)
+        elif re.fullmatch(r"[+-]?(\d+\.\d*|\.\d+|\d+)(e[+-]?\d+)?", text, re.IGNORECASE):
+            value = float(text)
+        elif text.lower() in ("true", "false"):
+            value = text.lower() == "true"
+        else:
+            value = text
+        out[name] = value
+    return out
+
+
 def model_overrides(args: argparse.Namespace) -> dict[str, Any]:
     """The dimension flags given, checked, and the preset they apply to (`args.preset` is set when it
     was None). Flags equal to the preset's own value are dropped, so a plan names only what differs."""
@@ -90,6 +118,7 @@ def model_overrides(args: argparse.Namespace) -> dict[str, Any]:
     out = {name: value for name, value in out.items() if value}  # 0: the preset's
     if args.embeddings not in (None, "preset"):
         out["tied_embeddings"] = args.embeddings == "tied"
+    out.update(dimension_values(getattr(args, "dim", None) or []))
     if args.preset is not None and not out:
         return out
     # reason: the workloads import JAX (not its backend); only commands that name a model need them

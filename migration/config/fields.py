@@ -197,6 +197,10 @@ FIELDS: tuple[Field, ...] = (
           help="tensor parallelism inside each slice of the TPU job (MaxText's ici_tensor_parallelism): each "
                "layer's weights and the residual stream's embedding split over this many chips, FSDP over the rest; "
                "a power of two dividing the slice's devices; 1: none"),
+    Field("source_expert", "int", "plan", 1, "", endpoints=(), limits=PLAN_LIMITS["source_expert"], flag="tpu-expert",
+          help="expert parallelism inside each slice of the TPU job (MaxText's ici_expert_parallelism; a "
+               "mixture-of-experts model with capacity dispatch): the routed experts split over this many chips, "
+               "their tokens sent by all-to-all; it must divide the experts and the slice's devices; 1: none"),
     Field("safety_margin", "float", "plan", 0.1, "", endpoints=(), limits=PLAN_LIMITS["safety_margin"],
           help="share of that budget kept free"),
     Field("max_per_device_batch", "int", "plan", 1024, "", endpoints=(), limits=PLAN_LIMITS["max_per_device_batch"],

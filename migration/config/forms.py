@@ -175,17 +175,19 @@ def model_dimensions(**raw: Any) -> dict[str, Any]:
     return model
 
 
-def plan_request(*values: Any, registered_only: bool = True, **named: Any) -> PlanRequest:
+def plan_request(*values: Any, registered_only: bool = True, extra_model: dict[str, Any] | None = None,
+                 **named: Any) -> PlanRequest:
     """A validated PlanRequest from the plan fields' raw values (`FIELDS`' "plan" fields, positionally in
     their order or by name; a field not given takes its default). The form's conventions: an int's 0
     where it has a meaning (per-core batch 0 is global batch / the TPU's cores, accumulation 0 lets the
     planner choose, a dimension 0 keeps the preset's) and "auto" choices become the planner's to make.
     With `registered_only` (the app) the workload must be a registered one: the app never imports a
-    module named in a request. Raises ConfigError naming the first bad field, including settings that
-    contradict each other."""
+    module named in a request. `extra_model`: config fields the form has no field for (the command line's
+    --dim), checked by the workload with the rest. Raises ConfigError naming the first bad field, including
+    settings that contradict each other."""
     raw = raw_values(PLAN_FIELDS, values, named)
     kwargs: dict[str, Any] = {}
-    model: dict[str, Any] = {}
+    model: dict[str, Any] = dict(extra_model or {})
     named_slices = 1
     for f in PLAN_FIELDS:
         value = raw[f.name]

@@ -164,6 +164,7 @@ PLAN_LIMITS: dict[str, tuple[float, float]] = {
     "train_tokens": (1e6, 1e16),  # tokens (or examples) the comparison's time and cost are for: 1M to 10 quadrillion
     "source_slices": (1, 64),  # TPU slices of the source job, joined by the data-centre network (multislice)
     "source_tensor": (1, 256),  # tensor parallelism inside a slice of the source job (ici_tensor_parallelism)
+    "source_expert": (1, 256),  # expert parallelism inside a slice of the source job (ici_expert_parallelism)
     "memory_fraction": (0.05, 1.0),
     "safety_margin": (0.0, 0.5),
     "max_per_device_batch": (1, 65536),

@@ -15,7 +15,7 @@ from typing import Any
 
 from migration.common import ConfigError, one_of, shown
 from migration.config.distributed import check_distributed
-from migration.config.layouts import parse_layout
+from migration.config.layouts import Layout, parse_layout
 from migration.config.limits import (
     LIMITS,
     MATMUL_PRECISIONS,
@@ -319,6 +319,7 @@ class PlanRequest:
     # Tensor parallelism inside each slice (MaxText's ici_tensor_parallelism): weights and the residual
     # stream's embedding split over this many devices, the state sharded (FSDP) over the rest.
     source_tensor: int = 1
+    source_expert: int = 1  # expert parallelism inside each slice of the TPU job (MoE models)
     prices: dict[str, float] = dataclasses.field(default_factory=dict)
     tpu_step_ms: float | None = None
     # fp8 allowed (it changes numerics): the planner takes fp8 / mxfp8 where the target has the units and the
@@ -394,27 +395,49 @@ def _check_range(obj: Any, field: str, limits: dict[str, tuple[float, float]], i
         raise ConfigError(field, f"must be {kind} from {bounds}; got {shown(value)}")
 
 
-def _check_tensor_split(obj: Any, tensor: int) -> None:
+def _check_model_split(obj: Any, lay: Any, per_node: int, field: str = "sharding") -> None:
+    """The tensor split needs weights the workload splits; the expert split a mixture-of-experts model whose
+    routed experts it divides, computed by capacity dispatch (the dropless grouped products run whole)."""
     # reason: workloads import JAX (not its backend); kept out of this module's import
     from workloads import resolve_workload
 
-    if tensor > 1 and not resolve_workload(obj.workload).tensor_parallel:
-        raise ConfigError("sharding", f"{obj.workload} names no weights to split: tensor parallelism (+tp) "
-                                      "applies to the transformer and llama families")
+    workload = resolve_workload(obj.workload)
+    if lay.tensor > 1 and not workload.tensor_parallel:
+        raise ConfigError(field, f"{obj.workload} names no weights to split: tensor parallelism (+tp) "
+                                      "applies to the transformer, llama and moe families")
+    if lay.expert == 1:
+        return
+    model_cfg = check_model(obj)
+    experts = workload.routed_experts(model_cfg)
+    if not experts:
+        raise ConfigError(field, f"+ep{lay.expert}: {obj.workload} has no routed experts; expert parallelism "
+                                      "applies to a mixture-of-experts model (workload moe)")
+    if experts % lay.expert:
+        fits = [e for e in range(2, lay.expert) if experts % e == 0]
+        hint = f"; e.g. +ep{fits[-1]}" if fits else ""
+        raise ConfigError(field, f"+ep{lay.expert}: the expert split must divide the {experts} routed experts"
+                                      f"{hint}")
+    if getattr(model_cfg, "dispatch", "") == "dropless":
+        raise ConfigError(field, f"+ep{lay.expert}: expert parallelism needs dispatch capacity (tokens sent to "
+                                      "their experts' GPUs in fixed-size buffers); the dropless grouped products "
+                                      "run on every GPU's whole expert set: set the model's dispatch to capacity "
+                                      "or drop +ep")
 
 
 def check_run_layout(cfg: Any) -> None:
     """A run's layout over its devices: those of one process form a node (a multi-process job's
     processes are its nodes)."""
     lay = parse_layout(cfg.sharding)
-    _check_tensor_split(cfg, lay.tensor)
+    per_node = cfg.devices // cfg.num_processes if isinstance(cfg.devices, int) and isinstance(
+        cfg.num_processes, int) and cfg.num_processes >= 1 else 8
+    _check_model_split(cfg, lay, max(1, per_node))
     if isinstance(cfg.devices, int) and isinstance(cfg.num_processes, int) and cfg.num_processes >= 1:
         lay.check(cfg.devices, max(1, cfg.devices // cfg.num_processes))
 
 
 def check_plan_layout(req: "PlanRequest") -> None:
     lay = parse_layout(req.sharding)
-    _check_tensor_split(req, lay.tensor)
+    _check_model_split(req, lay, req.domain)
     lay.check(req.gpus, req.domain)
 
 
@@ -484,6 +507,7 @@ def validate_plan_request(req: PlanRequest) -> PlanRequest:
     _check_range(req, "train_tokens", PLAN_LIMITS, integer=False)
     _check_range(req, "source_slices", PLAN_LIMITS, integer=True)
     _check_range(req, "source_tensor", PLAN_LIMITS, integer=True)
+    _check_range(req, "source_expert", PLAN_LIMITS, integer=True)
     if req.tpu_step_ms is not None:
         _check_range(req, "tpu_step_ms", LIMITS, integer=False)
     if not isinstance(req.prices, dict):
@@ -513,6 +537,12 @@ def _check_plan_consistency(req: PlanRequest, cores: int) -> None:
     if t > 1 and (t & (t - 1) or per_slice % t):
         raise ConfigError("source_tensor", f"tensor parallelism inside a slice needs a power of two that divides the "
                                            f"slice's {per_slice} devices ({req.source}); got {t}")
+    e = req.source_expert
+    if e > 1 and (per_slice % (e * t)):
+        raise ConfigError("source_expert", f"expert parallelism inside a slice: {e} x the tensor split ({t}) must "
+                                           f"divide the slice's {per_slice} devices ({req.source}); got {e}")
+    if e > 1:
+        _check_model_split(req, Layout("fsdp", 0, 1, e), per_slice, field="source_expert")
     if t > 1 and req.source_sharding == "replicated":
         raise ConfigError("source_tensor", f"{t} with source_sharding replicated: tensor parallelism on the TPU side "
                                            "is planned with the state sharded (fsdp or auto)")

@@ -250,9 +250,12 @@ def mesh_of(layout: str, gpus: int, per_node: int, nodes: int) -> dict[str, Any]
     """What the plan file and the deployment snippet say of the layout: the mesh's axes and sizes, the
     specs of the state and the batch, and how the job launches."""
     lay = parse_layout(layout)
-    axes = lay.axes(gpus) if lay.kind == "hybrid" or lay.tensor > 1 else {"data": gpus}
+    axes = lay.axes(gpus) if lay.kind == "hybrid" or lay.inner > 1 else {"data": gpus}
     state_axis = "fsdp" if "fsdp" in axes else "data"
     batch = [a for a in axes if a != "tensor"]
+    expert_note = ("; routed experts split over 'expert' (their expert axis), the other weights over 'fsdp' x "
+                   "'expert'; tokens dispatched to their experts by all-to-all" if lay.shards_state() else
+                   "; routed experts split over 'expert' (their expert axis); tokens dispatched by all-to-all")
     return {
         "layout": layout, "axes": axes, "describe": lay.describe(gpus, per_node),
         "mesh": f"jax.make_mesh({tuple(axes.values())}, {tuple(axes)})",
@@ -260,7 +263,7 @@ def mesh_of(layout: str, gpus: int, per_node: int, nodes: int) -> dict[str, Any]
         "state_spec": ("P() (whole on every GPU)" if not lay.shards_state() else
                        f"each array's largest dimension divisible by {axes.get(state_axis, gpus)} over {state_axis!r}")
                       + ("; block weights split over 'tensor' (q, kv, up: outputs; out, down: inputs)"
-                         if lay.tensor > 1 else ""),
+                         if lay.tensor > 1 else "") + (expert_note if lay.expert > 1 else ""),
         "maxtext": maxtext_parallelism(lay, gpus, per_node),
         "launch": (f"{nodes} processes, one per node, each calling jax.distributed.initialize() first; devices in "
                    "node order, so the innermost mesh axes stay inside a node" if nodes > 1 else
@@ -270,15 +273,21 @@ def mesh_of(layout: str, gpus: int, per_node: int, nodes: int) -> dict[str, Any]
 
 
 def maxtext_parallelism(lay: Any, gpus: int, per_node: int) -> dict[str, int]:
-    """The layout in MaxText's settings: ici_* inside a node, dcn_* across nodes."""
+    """The layout in MaxText's settings: ici_* inside a node, dcn_* across nodes (expert parallelism wider
+    than a node: ici_expert_parallelism the node's share, dcn_expert_parallelism the nodes)."""
     nodes = max(1, gpus // per_node)
-    inside = per_node // lay.tensor
+    ici_e = min(lay.expert, max(1, per_node // lay.tensor))
+    dcn_e = lay.expert // ici_e
+    expert = {"ici_expert_parallelism": ici_e, "dcn_expert_parallelism": dcn_e} if lay.expert > 1 else {}
+    inside = max(1, per_node // (lay.tensor * ici_e))
     if lay.kind == "replicated":
-        return {"ici_data_parallelism": inside, "dcn_data_parallelism": nodes, "ici_tensor_parallelism": lay.tensor}
+        return {"ici_data_parallelism": inside, "dcn_data_parallelism": nodes // dcn_e, **expert,
+                "ici_tensor_parallelism": lay.tensor}
     if lay.kind == "fsdp":
-        return {"ici_fsdp_parallelism": inside, "dcn_fsdp_parallelism": nodes, "ici_tensor_parallelism": lay.tensor}
+        return {"ici_fsdp_parallelism": inside, "dcn_fsdp_parallelism": nodes // dcn_e, **expert,
+                "ici_tensor_parallelism": lay.tensor}
     group_nodes = max(1, lay.group // per_node)
-    return {"ici_fsdp_parallelism": min(lay.group, per_node) // lay.tensor,
+    return {"ici_fsdp_parallelism": max(1, min(lay.group, per_node) // (lay.tensor * ici_e)),
             "ici_data_parallelism": max(1, per_node // lay.group),
-            "dcn_fsdp_parallelism": group_nodes, "dcn_data_parallelism": nodes // group_nodes,
-            "ici_tensor_parallelism": lay.tensor}
+            "dcn_fsdp_parallelism": max(1, group_nodes // dcn_e), "dcn_data_parallelism": nodes // group_nodes,
+            **expert, "ici_tensor_parallelism": lay.tensor}

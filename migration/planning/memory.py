@@ -398,9 +398,13 @@ class MemoryPredictor:
 
     def estimate_memory(self, precision: str, remat: str, batch: int, accum: int, sharding: str) -> dict[str, int]:
         p = get_workload(self.req.workload).param_count(self._model_cfg())
-        share = parse_layout(sharding).state_shards(self.req.gpus)
         return {"peak_bytes": self.estimate(precision, remat, batch, accum, sharding),
-                "state_bytes": int(12 * p / share)}
+                "state_bytes": int(12 * p * self.state_fraction(sharding))}
+
+    def state_fraction(self, sharding: str) -> float:
+        """The share of the state one GPU holds under `sharding` (routed experts split by an expert axis)."""
+        w, cfg = get_workload(self.req.workload), self._model_cfg()
+        return parse_layout(sharding).state_fraction(self.req.gpus, w.routed_expert_params(cfg) / w.param_count(cfg))
 
     def _model_cfg(self) -> Any:
         return get_workload(self.req.workload).config(self.req.preset, self.model)
@@ -412,8 +416,7 @@ class MemoryPredictor:
         w = get_workload(self.req.workload)
         cfg = self._model_cfg()
         p = w.param_count(cfg)
-        share = parse_layout(sharding).state_shards(self.req.gpus)
-        state = (STATE_BYTES_PER_PARAM * p + (4 * p if accum > 1 else 0)) / share
+        state = (STATE_BYTES_PER_PARAM * p + (4 * p if accum > 1 else 0)) * self.state_fraction(sharding)
         prof = w.activation_profile(cfg)
         elem = 4 if precision == "fp32" else 2
         on_device = (() if remat.startswith("offload") else
@@ -442,7 +445,9 @@ class MemoryPredictor:
         blocks = w.activation_profile(cfg).n_blocks
         per_block = block_params(w, cfg)
         outside = max(0, w.param_count(cfg) - blocks * per_block)
-        return elem * ((blocks if remat == "none" else min(2, blocks)) * per_block + outside) / lay.tensor
+        experts = w.routed_expert_params(cfg) / w.param_count(cfg)  # split by the expert axis, not gathered over it
+        return elem * ((blocks if remat == "none" else min(2, blocks)) * per_block + outside) / lay.tensor \
+            * (1.0 - experts + experts / lay.expert)
 
     def lower_bound(self, precision: str, remat: str, batch: int, sharding: str = "replicated") -> int:
         """Bytes per device the step needs at the least: the float32 parameters and AdamW moments
@@ -454,7 +459,6 @@ class MemoryPredictor:
         impossible, so a candidate above the budget by this bound alone is never compiled."""
         w = get_workload(self.req.workload)
         cfg = self._model_cfg()
-        share = parse_layout(sharding).state_shards(self.req.gpus)
         prof = w.activation_profile(cfg)
         elem = 4 if precision == "fp32" else 2
         offloaded_input = remat.startswith(CUSTOM_REMAT) and parse_custom_remat(remat).get(
@@ -464,4 +468,4 @@ class MemoryPredictor:
             activations = prof.n_blocks * per_block
         else:  # blocks of different sizes: only one block's input is certain
             activations = 0 if offloaded_input else prof.block_input
-        return int(12 * w.param_count(cfg) / share + batch * activations * elem)
+        return int(12 * w.param_count(cfg) * self.state_fraction(sharding) + batch * activations * elem)

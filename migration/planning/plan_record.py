@@ -150,8 +150,8 @@ def infeasible_plan(p: Planner, max_batch: dict[Key, int], ranked: list[Choice],
         tried = ", ".join(key_name(p, k) for k in max_batch) or policy
         why = (f"does not fit even at batch 1 with remat {policy} (policies tried: {tried}), because the step "
                f"needs {fmt_gib(floor)} per GPU against a budget of {{budget}}")
-    shards = parse_layout(mode).state_shards(req.gpus)
-    state_bytes = STATE_BYTES_PER_PARAM * p.params / shards
+    shards = round(1 / p.predictor.state_fraction(mode))
+    state_bytes = STATE_BYTES_PER_PARAM * p.params * p.predictor.state_fraction(mode)
     budget_text = (f"{fmt_gib(budget)} ({req.memory_fraction:.0%} of {fmt_gib(p.target.device_memory_bytes)} "
                    f"minus a {req.safety_margin:.0%} margin)")
     message = (why.format(budget=budget_text) + "; parameters, "
@@ -238,7 +238,8 @@ def state_per_gpu(p: Planner, chosen: Choice) -> dict[str, Any]:
     """Bytes of the state per GPU: the compiled step's state arguments (parameters and AdamW's two
     moments) against 12 bytes per parameter over the GPUs holding a share, and with the
     gradients (4 bytes per parameter, same share) against the usual 16 bytes per parameter."""
-    share = parse_layout(chosen.sharding).state_shards(p.req.gpus)
+    share = 1 / p.predictor.state_fraction(chosen.sharding)  # GPUs a parameter's bytes are shared by, on average
+    share = round(share) if abs(share - round(share)) < 1e-6 else round(share, 2)
     compiled = p.predictor.state_bytes.get((*full_key(chosen), p.precision))
     arithmetic = STATE_BYTES_PER_PARAM * p.params / share
     with_grads = None if compiled is None else compiled + 4 * p.params / share
@@ -258,7 +259,11 @@ def source_job(p: Planner) -> dict[str, Any]:
     sharding = source_sharding(req, p.params)
     per_chip = state / (src.devices if sharding == "fsdp" else 1)
     across = "" if req.source_slices == 1 else f", data parallel across its {req.source_slices} slices"
+    split = [f"{n} over {v} chips ({k})" for n, v, k in (("tensor parallelism", req.source_tensor, "ici_tensor_parallelism"),
+                                                         ("expert parallelism", req.source_expert, "ici_expert_parallelism"))
+             if v > 1]
     why = (f"given: {sharding}{across}" if req.source_sharding else
+           f"given: {' and '.join(split)}, with the state sharded over the slice{across}" if split else
            "replicated under pmap: the state fits one chip" + across if sharding == "replicated" else
            f"the state ({fmt_gib(state)}) exceeds one chip's {fmt_gib(src.hbm_bytes_per_device)}: it must have been "
            f"sharded over the slice's {src.devices} devices{across}")

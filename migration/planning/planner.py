@@ -172,7 +172,8 @@ class Planner:
         link = target.link_bytes_per_s * cal.link if target.link_bytes_per_s else None
         links = target.links
         comm = Communication(self.params, req.gpus, elem, link, req.domain,
-                             links.intra if links else None, links.network if links else None)
+                             links.intra if links else None, links.network if links else None,
+                             w.routed_expert_params(cfg), w.dispatch_bytes_per_example(cfg, elem))
         prof = w.activation_profile(cfg)
         offloaded = prof.n_blocks * sum(prof.named.get(n, 0.0) for n in REMAT_NAMED["offload_dot_except_mlp"]) * elem
         peak = target.peak_flops(self.precision)
@@ -239,10 +240,32 @@ class Planner:
         self.replicated_note = None if state <= budget else (
             f"replicated, the float32 parameters, gradients and AdamW state need {fmt_gib(state)} on every GPU "
             f"({self.params:,} parameters x 16 bytes), more than the {fmt_gib(budget)} budget")
+        modes += self.expert_modes(modes)
         if len(modes) == 1:
             return modes, (f"{self.replicated_note}; sharded over {req.gpus} GPUs they need "
                            f"{fmt_gib(state / req.gpus)} each")
         return modes, None
+
+    def expert_modes(self, modes: list[str]) -> list[str]:
+        """Expert-parallel twins of the sharded layouts for a mixture-of-experts model with capacity dispatch:
+        its routed experts split over the most GPUs of a link domain (a node, or an NVL72 rack) that divide
+        them (MaxText's ici_expert_parallelism), the tokens sent to them by all-to-all inside the domain."""
+        w = get_workload(self.req.workload)
+        cfg = w.config(self.req.preset, self.predictor.model)
+        experts = w.routed_experts(cfg)
+        if not experts or getattr(cfg, "dispatch", "") != "capacity" or self.req.gpus == 1:
+            return []
+        e = max((n for n in range(2, min(self.per_node, self.req.gpus) + 1)
+                 if experts % n == 0 and self.req.gpus % n == 0), default=1)
+        if e == 1:
+            return []
+        out = []
+        for m in modes:
+            try:
+                out.append(parse_layout(f"{m}+ep{e}").check(self.req.gpus, self.per_node).name)
+            except ConfigError:
+                continue
+        return [m for m in out if not m.startswith("replicated")]
 
     def tensor_modes(self) -> list[str]:
         """Tensor-parallel layouts for a model whose layers fit no other way: FSDP over the groups, the

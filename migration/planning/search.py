@@ -200,6 +200,12 @@ class Communication:
     split divides the bytes of the weights each GPU gathers (its activations' all-reduces are left
     to the compiled program).
 
+    Expert parallelism (+epE) splits the routed experts' weights over the expert axis, so FSDP gathers
+    each GPU's 1/E of them over its FSDP group (strided by E x T), and the other weights over the FSDP
+    group times the expert axis; each MoE layer sends its token slots to their experts' GPUs and back
+    (two all-to-alls in the forward pass, two in the backward, two more where remat recomputes the
+    forward), a share (E-1)/E of `dispatch_bytes_per_example` per example, over the expert group.
+
     Links: inside a node `intra_bytes_per_s`; across nodes one ring per GPU of the group in a node,
     each over that GPU's network share (`network_bytes_per_s`); without them, every collective over
     `link_bytes_per_s` (the slowest link of the whole target)."""
@@ -211,55 +217,87 @@ class Communication:
     per_node: int = 0  # GPUs per node (0: all in one node)
     intra_bytes_per_s: float | None = None
     network_bytes_per_s: float | None = None
+    expert_params: int = 0  # of param_count, the routed experts' (split by an expert axis)
+    dispatch_bytes_per_example: float = 0.0  # one forward pass's dispatch and combine (workloads' hook)
 
-    def parts(self, sharding: str, remat: str = "full") -> list[tuple[float, int]]:
-        """(bytes per GPU per micro-batch, GPUs in the collective's group) of each collective."""
+    def parts(self, sharding: str, remat: str = "full") -> list[tuple[float, int, int]]:
+        """(bytes per GPU per micro-batch, GPUs of the collectives' rings running at once, consecutive
+        GPUs those lie in) of each ring collective."""
         if self.devices == 1:
             return []
         lay = parse_layout(sharding)
         axes = lay.axes(self.devices)
-        weights = self.param_count / lay.tensor
+        t, e, fsdp, data = lay.tensor, lay.expert, axes["fsdp"], axes["data"]
+        experts = self.expert_params if e > 1 else 0
+        others = (self.param_count - experts) / t  # per GPU after the tensor split
+        mine = experts / (t * e)  # this GPU's routed experts
         share = lambda n: (n - 1) / n
+        transfers = 2 if remat == "none" else 3
+        group = fsdp * lay.inner  # the GPUs sharing one copy of the state
         out = []
-        if lay.shards_state() and axes["fsdp"] > 1:
-            transfers = 2 if remat == "none" else 3
-            out.append((transfers * share(axes["fsdp"]) * weights * self.compute_bytes, axes["fsdp"] * lay.tensor))
-        if axes["data"] > 1:
-            if lay.shards_state():  # each group's gradient shard, all-reduced across the groups
-                out.append((2 * share(axes["data"]) * weights / axes["fsdp"] * self.compute_bytes, axes["data"]))
-            else:
-                out.append((2 * share(axes["data"]) * weights * 4, self.devices))
+        if lay.shards_state():
+            if fsdp * e > 1 and others:
+                out.append((transfers * share(fsdp * e) * others * self.compute_bytes, group, group))
+            if fsdp > 1 and mine:
+                out.append((transfers * share(fsdp) * mine * self.compute_bytes, group, group))
+            if data > 1:  # each group's gradient shard, all-reduced across the groups
+                local = (others + mine * e) / (fsdp * e)
+                out.append((2 * share(data) * local * self.compute_bytes, data, self.devices))
+        else:
+            if data * e > 1 and others:
+                out.append((2 * share(data * e) * others * 4, self.devices, self.devices))
+            if data > 1 and mine:
+                out.append((2 * share(data) * mine * 4, data, self.devices))
         return out
 
-    def bytes_per_micro_batch(self, sharding: str, remat: str = "full") -> float:
+    def all_to_all_bytes(self, sharding: str, remat: str = "full", batch: int = 1) -> float:
+        """Bytes a GPU sends per micro-batch of `batch` examples to the other GPUs of its expert group."""
+        e = parse_layout(sharding).expert
+        if e == 1 or not self.dispatch_bytes_per_example:
+            return 0.0
+        return (2 if remat == "none" else 3) * (e - 1) / e * self.dispatch_bytes_per_example * batch
+
+    def all_to_all_seconds(self, sharding: str, remat: str = "full", batch: int = 1) -> float:
+        """The dispatch and combine over the expert group: inside a node at the node's link; across n nodes
+        the share (n-1)/n of each GPU's bytes that leaves its node over its own network share, at the same
+        time as the rest inside the node."""
+        moved = self.all_to_all_bytes(sharding, remat, batch)
+        if not moved or not self.link_bytes_per_s:
+            return 0.0
+        lay = parse_layout(sharding)
+        per_node = self.per_node or self.devices
+        nodes = max(1, lay.inner // per_node) if self.devices > per_node else 1
+        inside = self.intra_bytes_per_s or self.link_bytes_per_s
+        if nodes == 1:
+            return moved / inside
+        out = (nodes - 1) / nodes
+        return max(moved * (1 - out) / inside, moved * out / (self.network_bytes_per_s or self.link_bytes_per_s))
+
+    def bytes_per_micro_batch(self, sharding: str, remat: str = "full", batch: int = 1) -> float:
         """FSDP gathers the weights again for the backward pass unless the policy keeps the forward's
         gathered copies (`none` keeps every residual): two transfers then, else three."""
-        return sum(b for b, _ in self.parts(sharding, remat))
+        return sum(b for b, _, _ in self.parts(sharding, remat)) + self.all_to_all_bytes(sharding, remat, batch)
 
-    def link(self, group: int, sharding: str) -> float | None:
-        """Bytes/s per GPU of a collective over `group` GPUs of the layout: consecutive GPUs for FSDP's
-        group, one GPU in every group for the data axis of a hybrid layout."""
+    def link(self, group: int, span: int) -> float | None:
+        """Bytes/s per GPU of ring collectives over `group` GPUs lying in `span` consecutive GPUs (the
+        whole group for FSDP's, all the GPUs for the data axis of a hybrid layout): spread over as few
+        nodes as that allows."""
         per_node = self.per_node or self.devices
         if self.intra_bytes_per_s is None or self.devices <= per_node:
             return self.link_bytes_per_s
-        lay = parse_layout(sharding)
-        consecutive = group == lay.axes(self.devices)["fsdp"] * lay.tensor or group == self.devices
-        if consecutive:
-            nodes = max(1, group // per_node)
-            in_node = min(group, per_node)
-        else:  # strided across the groups: spread over the nodes, as few per node as the layout allows
-            nodes = min(group, self.devices // per_node)
-            in_node = max(1, group // nodes)
+        nodes = min(group, max(1, span // per_node))
+        in_node = max(1, group // nodes)
         if nodes <= 1:
             return self.intra_bytes_per_s
         return min(self.intra_bytes_per_s, (self.network_bytes_per_s or self.link_bytes_per_s or 0) * in_node) \
             if self.network_bytes_per_s else self.link_bytes_per_s
 
-    def seconds(self, sharding: str, accumulation: int, remat: str = "full") -> float:
+    def seconds(self, sharding: str, accumulation: int, remat: str = "full", batch: int = 1) -> float:
         if not self.link_bytes_per_s:
             return 0.0
-        return accumulation * sum(b / (self.link(g, sharding) or self.link_bytes_per_s)
-                                  for b, g in self.parts(sharding, remat))
+        return accumulation * (sum(b / (self.link(g, span) or self.link_bytes_per_s)
+                                   for b, g, span in self.parts(sharding, remat))
+                               + self.all_to_all_seconds(sharding, remat, batch))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -308,11 +346,12 @@ class StepCostModel:
             return 0.0
         lay = parse_layout(sharding)
         p, e = comm.param_count, comm.compute_bytes
-        shards = lay.state_shards(comm.devices)
-        local = p / shards
-        gathered = p / lay.tensor if lay.shards_state() and shards > 1 else 0.0
+        experts = comm.expert_params / p if lay.expert > 1 else 0.0  # routed experts, split by the expert axis
+        whole = p / lay.tensor * (1.0 - experts + experts / lay.expert)  # a GPU's weights, gathered
+        local = p * lay.state_fraction(comm.devices, experts)
+        gathered = whole if lay.shards_state() and lay.state_shards(comm.devices) > 1 else 0.0
         passes = 2 if remat == "none" else 3
-        moved = local * (4 + e) + local * 8 + 2 * gathered * e * passes + p / lay.tensor * e
+        moved = local * (4 + e) + local * 8 + 2 * gathered * e * passes + whole * e
         return moved / self.hbm_bytes_per_s
 
     def offload_seconds(self, remat: str, examples: int) -> float:
@@ -321,13 +360,13 @@ class StepCostModel:
             return 0.0
         return 2 * examples * self.offload_bytes_per_example / self.host_link_bytes_per_s
 
-    def comm_seconds(self, sharding: str, accumulation: int, remat: str = "full") -> float:
-        return self.communication.seconds(sharding, accumulation, remat) if self.communication and self.peak_flops \
-            else 0.0
+    def comm_seconds(self, sharding: str, accumulation: int, remat: str = "full", batch: int = 1) -> float:
+        return self.communication.seconds(sharding, accumulation, remat, batch) \
+            if self.communication and self.peak_flops else 0.0
 
     def step_seconds(self, remat: str, batch: int, accumulation: int, sharding: str = "replicated") -> float:
         return max(self.compute_seconds(remat, batch, accumulation, sharding),
-                   self.comm_seconds(sharding, accumulation, remat),
+                   self.comm_seconds(sharding, accumulation, remat, batch),
                    self.offload_seconds(remat, batch * accumulation))
 
     def best_possible(self, remat: str, examples_per_device: int, sharding: str = "replicated",
@@ -339,7 +378,7 @@ class StepCostModel:
         micro = math.ceil(examples_per_device / largest)
         compute = (self.flops_per_example * examples_per_device * self.recompute[remat]
                    / ((self.peak_flops or 1.0) * self.fill(largest))) + micro * self.micro_step_seconds(sharding, remat)
-        return max(compute, self.comm_seconds(sharding, micro, remat),
+        return max(compute, self.comm_seconds(sharding, micro, remat, largest),
                    self.offload_seconds(remat, examples_per_device))
 
 
@@ -361,7 +400,8 @@ class Choice:
                 "predicted_step_s": self.step_cost if model.peak_flops else None,
                 "compute_s": model.compute_seconds(self.remat, self.per_device_batch, self.accumulation_steps,
                                                    self.sharding) if model.peak_flops else None,
-                "communication_s": model.comm_seconds(self.sharding, self.accumulation_steps, self.remat)
+                "communication_s": model.comm_seconds(self.sharding, self.accumulation_steps, self.remat,
+                                                      self.per_device_batch)
                 if model.peak_flops else None,
                 "relative_cost": self.step_cost}
 

@@ -39,7 +39,7 @@ def source_sharding(req: PlanRequest, params: int) -> str:
     """How the TPU job held its state: as given, else replicated (pmap) when 16 bytes per parameter
     fit 90% of a chip's HBM, else sharded over the slice."""
     hbm = TPU_SPECS[req.source].hbm_bytes_per_device
-    if req.source_tensor > 1:  # tensor parallelism on the TPU side comes with the state sharded (MaxText's way)
+    if req.source_tensor > 1 or req.source_expert > 1:  # model parallelism on the TPU side: state sharded (MaxText)
         return "fsdp"
     return req.source_sharding or ("replicated" if STATE_BYTES_PER_PARAM * params <= 0.9 * hbm else "fsdp")
 
@@ -109,13 +109,15 @@ def tpu_topology(source: TpuSpec, slices: int = 1) -> Any:
                                         **{**source.compile_options, "num_slices": slices})
 
 
-def source_layout(sharding: str, source: TpuSpec, slices: int, across_slices: bool = False, tensor: int = 1) -> str:
+def source_layout(sharding: str, source: TpuSpec, slices: int, across_slices: bool = False, tensor: int = 1,
+                  expert: int = 1) -> str:
     """The TPU job's layout: its state replicated, or sharded over its slice (FSDP; over several slices,
     FSDP inside each and data parallelism across them, MaxText's default for multislice, or with
     `across_slices` FSDP over every slice's devices, MaxText's dcn_fsdp_parallelism); with `tensor`, each
-    block's weights split over that many devices of a slice (MaxText's ici_tensor_parallelism)."""
+    block's weights split over that many devices of a slice (MaxText's ici_tensor_parallelism); with `expert`,
+    the routed experts over that many (ici_expert_parallelism)."""
     base = f"hybrid:{source.devices}" if sharding == "fsdp" and slices > 1 and not across_slices else sharding
-    return base + (f"+tp{tensor}" if tensor > 1 else "")
+    return base + (f"+ep{expert}" if expert > 1 else "") + (f"+tp{tensor}" if tensor > 1 else "")
 
 
 def tpu_links(source: TpuSpec, slices: int) -> Links | float | None:
@@ -369,7 +371,7 @@ def stated_setup(req: PlanRequest) -> TpuSetup:
     w = get_workload(req.workload)
     sharding = source_sharding(req, w.param_count(w.config(req.preset, req.model)))
     return TpuSetup(source_layout(sharding, TPU_SPECS[req.source], req.source_slices, req.source_dcn_fsdp,
-                                  req.source_tensor),
+                                  req.source_tensor, req.source_expert),
                     req.tpu_remat, req.source_per_core_batch, 1)
 
 

@@ -39,7 +39,7 @@ from flax import nnx
 from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
-from migration.config.layouts import parse_layout
+from migration.config.layouts import EXPERT_AXIS, TENSOR_AXIS, parse_layout
 from migration.config.requests import RunConfig
 from migration.step.fp8 import apply_fp8
 from migration.step.policies import (
@@ -55,7 +55,7 @@ from workloads import get_workload
 from workloads.base import Batch, Workload
 
 DATA_AXIS = "data"
-FSDP_AXIS, TENSOR_AXIS = "fsdp", "tensor"
+FSDP_AXIS = "fsdp"
 
 
 class TrainState(NamedTuple):
@@ -128,8 +128,12 @@ class TrainProgram:
         outside the blocks (an embedding, a head) are sharded along whichever axis the device count
         divides, and without the constraint XLA may carry that split into the activations and run
         every example on every GPU (a GPT with a 50,304-word vocabulary on 256 GPUs did). Under
-        tensor parallelism the gathered weights keep their tensor split."""
+        tensor parallelism the gathered weights keep their tensor split; under expert parallelism the
+        routed experts keep their expert split, and the block runs with the mesh as its ambient one (the
+        workload's dispatch places its tokens on the expert axis: workloads/moe.py `expert_split`)."""
         remat = self.remat.block_wrap()
+        if mesh is not None and EXPERT_AXIS in mesh.axis_names:
+            remat = _in_mesh(remat, mesh)
         if not parse_layout(self.sharding).shards_state() or mesh is None or not self.workload.gathers_in_blocks:
             return remat
         dtype = self.precision.compute_dtype
@@ -257,6 +261,16 @@ class TrainProgram:
         return step
 
 
+def _in_mesh(wrap, mesh: Mesh):
+    """`wrap` with each wrapped call traced under `mesh` as the ambient (abstract) mesh."""
+    def wrapped(fn):
+        def call(*args, **kwargs):
+            with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+                return fn(*args, **kwargs)
+        return wrap(call)
+    return wrapped
+
+
 # -- sharding and jit ---------------------------------------------------------------------------
 
 
@@ -268,36 +282,39 @@ def make_data_mesh(devices: list[Any]) -> Mesh:
 
 def make_mesh(devices: list[Any], layout: str = "replicated") -> Mesh:
     """The mesh of a layout (migration/config/layouts.py) over `devices`, numbered node by node:
-    replicated and plain FSDP on one "data" axis (`make_data_mesh`); hybrid sharding and tensor
-    parallelism on ("data", "fsdp", "tensor"), the innermost axes inside a node."""
+    replicated and plain FSDP on one "data" axis (`make_data_mesh`); hybrid sharding, expert and tensor
+    parallelism on ("data", "fsdp", ["expert",] "tensor"), the innermost axes inside a node."""
     lay = parse_layout(layout)
-    if lay.kind != "hybrid" and lay.tensor == 1:
+    if lay.kind != "hybrid" and lay.inner == 1:
         return make_data_mesh(devices)
     sizes = lay.axes(len(devices))
+    auto = (AxisType.Auto,) * len(sizes)
     try:
-        return jax.make_mesh(tuple(sizes.values()), tuple(sizes), axis_types=(AxisType.Auto,) * 3, devices=devices)
+        return jax.make_mesh(tuple(sizes.values()), tuple(sizes), axis_types=auto, devices=devices)
     except NotImplementedError:  # an axis that is no product of whole physical axes (16 over a TPU's 8 x 8 x 8)
         grid = mesh_utils.create_device_mesh(tuple(sizes.values()), devices, allow_split_physical_axes=True)
-        return Mesh(grid, tuple(sizes), axis_types=(AxisType.Auto,) * 3)
+        return Mesh(grid, tuple(sizes), axis_types=auto)
 
 
 def make_multislice_mesh(devices: list[Any], layout: str, slices: int) -> Mesh:
     """`make_mesh` over TPU slices joined by the data-centre network (multislice), ordered slice by slice
     (each slice's devices in its own ICI order): a hybrid layout's FSDP groups are the slices, with data
     parallelism across them (MaxText's dcn_data_parallelism); plain FSDP shards over every slice's devices
-    (dcn_fsdp_parallelism); a tensor split stays inside a slice."""
+    (dcn_fsdp_parallelism); expert and tensor splits stay inside a slice."""
     if slices == 1:
         return make_mesh(devices, layout)
     per_slice = len(devices) // slices
     lay = parse_layout(layout)
-    if lay.kind == "hybrid" or lay.tensor > 1:
-        across = (slices, 1, 1) if lay.kind == "hybrid" else (1, slices, 1)
-        inside = (1, per_slice // lay.tensor, lay.tensor) if lay.kind != "replicated" else (per_slice // lay.tensor, 1,
-                                                                                              lay.tensor)
-        if lay.kind == "replicated":
-            across = (slices, 1, 1)
-        grid = mesh_utils.create_hybrid_device_mesh(inside, across, devices, allow_split_physical_axes=True)
-        return Mesh(grid, (DATA_AXIS, FSDP_AXIS, TENSOR_AXIS), axis_types=(AxisType.Auto,) * 3)
+    if lay.kind == "hybrid" or lay.inner > 1:
+        names = tuple(lay.axes(len(devices)))
+        inner = {a: n for a, n in lay.axes(len(devices)).items() if a in (EXPERT_AXIS, TENSOR_AXIS)}
+        outer = per_slice // lay.inner
+        inside = {DATA_AXIS: outer if lay.kind == "replicated" else 1,
+                  FSDP_AXIS: 1 if lay.kind == "replicated" else outer, **inner}
+        across = {a: 1 for a in names} | ({FSDP_AXIS: slices} if lay.kind == "fsdp" else {DATA_AXIS: slices})
+        grid = mesh_utils.create_hybrid_device_mesh(tuple(inside[a] for a in names), tuple(across[a] for a in names),
+                                                    devices, allow_split_physical_axes=True)
+        return Mesh(grid, names, axis_types=(AxisType.Auto,) * len(names))
     grid = mesh_utils.create_hybrid_device_mesh((per_slice,), (slices,), devices)
     return Mesh(grid, (DATA_AXIS,), axis_types=(AxisType.Auto,))
 
@@ -337,30 +354,46 @@ def fsdp_spec(shape: tuple[int, ...], devices: int, axis: str = DATA_AXIS, taken
 
 
 def tensor_split(workload: Workload, mesh: Mesh) -> Callable[..., P]:
-    """`(path, shape) -> PartitionSpec` of a parameter's (or its optimizer moment's) tensor-parallel
-    split over the mesh's tensor axis: the workload's `tensor_parallel_spec`, by the names on the
-    path; P() on a mesh without a tensor axis."""
-    shards = mesh.shape.get(TENSOR_AXIS, 1)
+    """`(path, shape) -> PartitionSpec` of a parameter's (or its optimizer moment's) model-parallel
+    split: the workload's `tensor_parallel_spec` over the mesh's tensor axis, and its
+    `expert_parallel_spec` over the expert axis, by the names on the path; P() on a mesh without
+    either axis."""
+    shards, experts = mesh.shape.get(TENSOR_AXIS, 1), mesh.shape.get(EXPERT_AXIS, 1)
 
     def spec(path: Any, shape: tuple[int, ...]) -> P:
-        if shards == 1:
+        if shards == 1 and experts == 1:
             return P()
         names = tuple(n for n in (str(getattr(k, "key", getattr(k, "name", k))) for k in path) if n != "value")
-        return workload.tensor_parallel_spec(names, tuple(shape), shards, TENSOR_AXIS)
+        shape = tuple(shape)
+        split = [None] * len(shape)
+        if shards > 1:
+            tensor = tuple(workload.tensor_parallel_spec(names, shape, shards, TENSOR_AXIS))
+            split[:len(tensor)] = tensor
+        if experts > 1:
+            for dim, axis in enumerate(workload.expert_parallel_spec(names, shape, experts, EXPERT_AXIS)):
+                if axis is not None and split[dim] is None:
+                    split[dim] = axis
+        return P(*split) if any(a is not None for a in split) else P()
 
     return spec
 
 
 def state_shardings(program: TrainProgram, mesh: Mesh) -> TrainState:
     """A NamedSharding per state array: replicated, FSDP over the FSDP axis (`fsdp_spec`), and the
-    tensor split of each weight where the layout has one."""
+    tensor and expert splits of each weight where the layout has them. With an expert axis, a weight
+    that is no routed expert's is sharded over it too (FSDP over fsdp x expert, as MaxText's
+    ``ici_expert_parallelism`` does); a routed expert's, already split by it, over the FSDP axis alone."""
     shapes = jax.eval_shape(program.init_state)
     lay = parse_layout(program.sharding)
-    tensor = tensor_split(program.workload, mesh)
+    split = tensor_split(program.workload, mesh)
     n = mesh.shape[fsdp_axis(mesh)] if lay.shards_state() else 1
+    experts = mesh.shape.get(EXPERT_AXIS, 1)
 
     def place(path: Any, s: Any) -> NamedSharding:
-        taken = tensor(path, s.shape)
+        taken = split(path, s.shape)
+        if experts > 1 and lay.shards_state() and EXPERT_AXIS not in tuple(taken):
+            axes = tuple(a for a in (fsdp_axis(mesh), EXPERT_AXIS) if mesh.shape[a] > 1)
+            return NamedSharding(mesh, fsdp_spec(s.shape, n * experts, axes if len(axes) > 1 else axes[0], taken))
         return NamedSharding(mesh, fsdp_spec(s.shape, n, fsdp_axis(mesh), taken) if n > 1 else taken)
 
     return jax.tree_util.tree_map_with_path(place, shapes)
