@@ -3,6 +3,7 @@ presets, one-line refusals of bad dimensions (API and CLI), one compiled block b
 depth, and the CLI's dimension flags reaching the plan."""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -189,6 +190,39 @@ def test_cli_refuses_kv_heads_that_do_not_divide_the_heads_in_one_line():
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in proc.stderr + proc.stdout, proc.stderr
     assert "n_kv_heads" in lines[0] and "got 3" in lines[0]
+
+
+@pytest.mark.parametrize("dims,says", [
+    (["n_experts=2000"], "n_experts"),
+    (["top_k=9"], "top_k"),
+    (["capacity_factor=0"], "capacity_factor"),
+    (["dispatch=sorted"], "dispatch"),
+    (["__class__=x"], "__class__"),
+    (["n_experts"], "--dim takes NAME=VALUE"),
+    (["n_experts=" + "9" * 200], "--dim takes NAME=VALUE"),
+])
+def test_dim_values_are_data_checked_by_the_workload_in_one_line(dims, says):
+    """--dim NAME=VALUE reaches only the workload's config (never a flag, a path or code): an unknown name,
+    a value out of range or of the wrong kind is one line naming the field."""
+    from migration.cli.commands import plan_request as plan_request_from_args
+
+    args = build_parser().parse_args(["plan", "--workload", "moe", "--preset", "tiny", "--no-tpu-compile",
+                                      *[x for d in dims for x in ("--dim", d)]])
+    with pytest.raises(ConfigError, match=re.escape(says)) as info:
+        plan_request_from_args(args)
+    assert "\n" not in str(info.value)
+
+
+def test_dim_values_reach_the_plan_request():
+    from migration.cli.commands import plan_request as plan_request_from_args
+
+    args = build_parser().parse_args(["plan", "--workload", "moe", "--preset", "tiny", "--no-tpu-compile", "--dim",
+                                      "dispatch=capacity", "--dim", "capacity_factor=1.5", "--dim", "n_experts=8",
+                                      "--sharding", "fsdp+ep4", "--gpus", "8"])
+    req = plan_request_from_args(args)
+    assert {k: req.model.get(k) for k in ("dispatch", "capacity_factor", "n_experts")} == \
+        {"dispatch": "capacity", "capacity_factor": 1.5, "n_experts": 8}
+    assert req.sharding == "fsdp+ep4"
 
 
 # -- scanned layers: one block body whatever the depth ---------------------------------------------
