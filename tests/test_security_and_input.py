@@ -153,6 +153,8 @@ CONFIG_UPLOADS = {
     "wrong-type.yml": "model_name: llama2-7b\nper_device_batch_size: four\n",
     "big.json": "{" + " " * 70_000 + "}",
     "tensor-3.yml": "model_name: llama2-7b\nici_tensor_parallelism: 3\n",
+    "expert-3.yml": "model_name: mixtral-8x7b\nsparse_matmul: false\ncapacity_factor: 1.25\nici_expert_parallelism: 3\n",
+    "moe-top-k-huge.yml": "decoder_block: mixtral\nnum_experts: 8\nnum_experts_per_tok: 1000000\n",
     "tensor-huge.yml": "model_name: llama2-7b\nici_tensor_parallelism: 99999999\n",
 }
 
@@ -298,6 +300,10 @@ BAD = [
     Bad("plan-config-too-big", "/plan", {"config_file": Upload("big.json")}, "config_file", "over 64 KiB"),
     Bad("plan-config-tensor-not-dividing", "/plan", {"config_file": Upload("tensor-3.yml")}, "source_tensor",
         "a power of two that divides the slice's"),
+    Bad("plan-config-expert-not-dividing", "/plan", {"config_file": Upload("expert-3.yml")}, "source_expert",
+        "must divide the slice's"),
+    Bad("plan-config-moe-top-k-huge", "/plan", {"config_file": Upload("moe-top-k-huge.yml")}, "config_file",
+        "num_experts_per_tok: expected an integer from 1 to 64"),
     Bad("plan-config-tensor-huge", "/plan", {"config_file": Upload("tensor-huge.yml")}, "config_file",
         "ici_tensor_parallelism: expected an integer from 1 to 4096"),
     Bad("run-config-moe", "/run", {"config_file": Upload("moe.json")}, "config_file", "mixture-of-experts"),

@@ -20,9 +20,12 @@ from workloads.config_keys import DEFAULT_SEQ, ConfigFileError, Imported, Reader
 
 MODERN = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "gemma3")
 GPT2 = ("gpt2",)
-# Mixture-of-experts families (planned once experts are an axis of the plan).
-MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "llama4", "llama4_text", "dbrx",
-             "olmoe", "jamba", "phimoe", "granitemoe", "gpt_oss", "glm4_moe", "ernie4_5_moe", "minimax")
+# Mixture-of-experts families read as the `moe` workload (the preset whose layout each starts from), and those
+# not planned here.
+MOE_READ = {"mixtral": "mixtral-8x7b", "qwen3_moe": "qwen3-30b-a3b", "deepseek_v2": "deepseek-v2-lite",
+            "deepseek_v3": "deepseek-v3"}
+MOE_TYPES = ("qwen2_moe", "llama4", "llama4_text", "dbrx", "olmoe", "jamba", "phimoe", "granitemoe", "gpt_oss",
+             "glm4_moe", "ernie4_5_moe", "minimax")
 MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
 # Keys that bear on neither memory nor step time (token ids, versions, initialisation, dropout at 0).
 NO_BEARING = frozenset({
@@ -34,6 +37,7 @@ NO_BEARING = frozenset({
     "n_ctx", "output_attentions", "output_hidden_states", "return_dict", "is_decoder", "image_token_index",
     "boi_token_index", "eoi_token_index", "mm_tokens_per_image", "initializer_factor", "rope_local_base_freq",
     "cache_implementation", "use_bidirectional_attention", "layer_types", "sliding_window_pattern",
+    "output_router_logits", "ep_size", "seq_aux",
 })
 
 
@@ -42,10 +46,12 @@ def read_hf(data: Mapping[str, Any]) -> Imported:
     model_type = r.str("model_type", "")
     if not model_type:
         raise ConfigFileError("config.json has no model_type: give the config.json of a Hugging Face model")
+    if model_type in MOE_READ:
+        return _modern(r, model_type, [])
     _refuse_experts(data, model_type)
     if model_type in MOE_TYPES:
-        raise ConfigFileError(f"config.json model_type={model_type}: a mixture-of-experts model; this product "
-                              "plans dense decoders so far")
+        raise ConfigFileError(f"config.json model_type={model_type}: a mixture-of-experts family not read here; the "
+                              f"mixture-of-experts families read are {', '.join(MOE_READ)}")
     if model_type in GPT2:
         return _gpt2(r)
     if model_type not in MODERN:
@@ -74,7 +80,7 @@ def _refuse_experts(data: Mapping[str, Any], model_type: str) -> None:
         value = data.get(key)
         if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 1:
             raise ConfigFileError(f"config.json {key}={short(value)}: a mixture-of-experts model ({model_type}); "
-                                  "this product plans dense decoders so far")
+                                  f"the mixture-of-experts families read here are {', '.join(MOE_READ)}")
 
 
 def _activation(r: Reader, family: str) -> str:
@@ -94,7 +100,7 @@ def _modern(r: Reader, model_type: str, notes: list[str]) -> Imported:
     ff, vocab = r.int("intermediate_size"), r.int("vocab_size")
     gemma = model_type.startswith("gemma")
     # transformers' defaults: Gemma's heads are 256 wide, Qwen3's 128, the others d_model / heads
-    head = r.int("head_dim", 256 if gemma else 128 if model_type == "qwen3" else
+    head = r.int("head_dim", 256 if gemma else 128 if model_type in ("qwen3", "qwen3_moe") else
                  (d // heads if d % heads == 0 else None), hi=1024)
     context = r.int("max_position_embeddings", DEFAULT_SEQ, hi=1_048_576)
     seq = min(context, DEFAULT_SEQ)
@@ -119,8 +125,11 @@ def _modern(r: Reader, model_type: str, notes: list[str]) -> Imported:
         notes.append("Gemma scales embeddings by sqrt(hidden_size) and norms by (1 + weight): no bearing on memory "
                      "or step time")
     _attention_notes(r, seq, notes)
-    family = "llama"
-    imported = Imported("Hugging Face config.json", model_type, family, "8b", model, {}, tuple(notes), missing)
+    family, preset = "llama", "8b"
+    if model_type in MOE_READ:
+        model.update(_experts(r, model_type, notes))
+        family, preset = "moe", MOE_READ[model_type]
+    imported = Imported("Hugging Face config.json", model_type, family, preset, model, {}, tuple(notes), missing)
     return _with_unused(imported, r, r.data)
 
 
@@ -136,7 +145,7 @@ def _missing(r: Reader, model_type: str, model: dict[str, Any], head: int, notes
     if r.bool("mlp_bias", False):
         missing += layers * (2 * ff + d)
         parts.append(f"MLP biases ({layers * (2 * ff + d):,})")
-    if model_type in ("qwen3", "gemma3_text"):
+    if model_type in ("qwen3", "qwen3_moe", "gemma3_text"):
         missing += layers * 2 * head
         parts.append(f"query and key norms ({layers * 2 * head:,})")
     if model_type in ("gemma2", "gemma3_text"):
@@ -146,6 +155,55 @@ def _missing(r: Reader, model_type: str, model: dict[str, Any], head: int, notes
         notes.append(f"{model_type} has {missing:,} parameters the decoder here does not: {'; '.join(parts)}; "
                      "planned without them")
     return missing
+
+
+def _experts(r: Reader, model_type: str, notes: list[str]) -> dict[str, Any]:
+    """The `moe` workload's fields from a mixture-of-experts family's keys (transformers' config classes):
+    routed experts, top-k, their width, shared experts, the dense layers first, the router (softmax or sigmoid,
+    renormalised or not, scaled), its load-balancing coefficient, and DeepSeek's multi-head latent attention.
+    Hugging Face's implementations compute every routed slot (dropless)."""
+    deepseek = model_type.startswith("deepseek")
+    experts = r.int("n_routed_experts" if deepseek else "num_local_experts" if model_type == "mixtral" else
+                    "num_experts", hi=1024)
+    out: dict[str, Any] = {"n_experts": experts, "top_k": r.int("num_experts_per_tok", hi=64), "dispatch": "dropless"}
+    if model_type == "mixtral":
+        out.update(expert_d_ff=r.int("intermediate_size"), router_topk_norm=True,
+                   aux_loss=r.number("router_aux_loss_coef", 0.02, lo=0, hi=10))
+        return out
+    out["expert_d_ff"] = r.int("moe_intermediate_size")
+    if model_type == "qwen3_moe":
+        dense = r.raw("mlp_only_layers") or []
+        step = r.int("decoder_sparse_step", 1, hi=64)
+        if dense or step != 1:
+            raise ConfigFileError(f"config.json mlp_only_layers={short(dense)} decoder_sparse_step={step}: the MoE "
+                                  "decoder here has its dense layers first and MoE every n-th after them")
+        out.update(router_topk_norm=r.bool("norm_topk_prob", True),
+                   aux_loss=r.number("router_aux_loss_coef", 0.001, lo=0, hi=10))
+        return out
+    score = r.str("scoring_func", "softmax")
+    if score not in ("softmax", "sigmoid"):
+        raise ConfigFileError(f"config.json scoring_func={score!r}: the router here scores by softmax or sigmoid")
+    method = r.str("topk_method", "greedy")
+    if method != "greedy":
+        groups = {k: r.raw(k) for k in ("n_group", "topk_group") if r.has(k)}
+        notes.append(f"topk_method={method} {short(groups)}: routed as a plain top-k over every expert (the same "
+                     "FLOPs; the group limit only narrows which experts a token may reach)")
+    if r.has("num_nextn_predict_layers") and r.int("num_nextn_predict_layers", lo=0, hi=64):
+        notes.append(f"num_nextn_predict_layers={r.int('num_nextn_predict_layers', lo=0, hi=64)}: the multi-token "
+                     "prediction module is not part of the planned model (its parameters and FLOPs left out)")
+    if r.has("quantization_config"):
+        notes.append(f"quantization_config={short(r.raw('quantization_config'))}: the checkpoint's stored format; "
+                     "training is planned at the plan's precision with float32 master weights")
+    out.update(n_shared_experts=r.int("n_shared_experts", 0, lo=0, hi=64),
+               first_dense=r.int("first_k_dense_replace", 0, lo=0), moe_period=r.int("moe_layer_freq", 1, hi=64),
+               router_score=score, router_scale=r.number("routed_scaling_factor", 1.0, lo=0.001, hi=1000),
+               router_topk_norm=r.bool("norm_topk_prob", False),
+               aux_loss=r.number("aux_loss_alpha", 0.001, lo=0, hi=10),
+               attention_type="mla", q_lora_rank=r.int("q_lora_rank", 0, lo=0) if r.raw("q_lora_rank") else 0,
+               kv_lora_rank=r.int("kv_lora_rank"), qk_nope_head_dim=r.int("qk_nope_head_dim"),
+               qk_rope_head_dim=r.int("qk_rope_head_dim"), v_head_dim=r.int("v_head_dim"), head_size=0,
+               attention="xla")
+    return out
 
 
 def _attention_notes(r: Reader, seq: int, notes: list[str]) -> None:

@@ -11,8 +11,14 @@ The TPU job: `per_device_batch_size` per chip (times the slice's chips, `gradien
 and the slices, the global batch), `max_target_length` (the sequence), `dtype` (the TPU's precision),
 `ici_fsdp_parallelism` / `ici_data_parallelism` (state sharded or replicated over the slice) and
 `dcn_data_parallelism` / `num_slices` (data parallelism across slices), `ici_tensor_parallelism` (tensor
-parallelism inside a slice, beside the FSDP). Tensor parallelism across slices, sequence, context, pipeline
-and expert parallelism on the TPU are not planned here: such a key is an error naming it.
+parallelism inside a slice, beside the FSDP), `ici_expert_parallelism` (a mixture-of-experts model's experts
+split inside a slice). Tensor and expert parallelism across slices, sequence, context and pipeline
+parallelism on the TPU are not planned here: such a key is an error naming it.
+
+A mixture-of-experts model (`num_experts` > 1, decoder_block mixtral, deepseek, qwen3_moe or llama4) is the
+`moe` workload: experts, top-k, `base_moe_mlp_dim`, shared experts, the first dense layers, the MoE layer
+step, the router's score, scale and normalisation, the load-balancing weight, `sparse_matmul` /
+`capacity_factor` (dropless or capacity dispatch) and multi-head latent attention's ranks.
 """
 
 from __future__ import annotations
@@ -40,6 +46,12 @@ BASE = {
     "num_slices": -1, "scan_layers": True, "attention": "autoselected", "quantization": "", "use_qk_norm": False,
     "attention_bias": False, "use_post_attn_norm": False, "use_post_ffw_norm": False, "sliding_window_size": 0,
     "trainable_position_size": -1,
+    # mixture-of-experts keys (base.yml's defaults)
+    "num_experts_per_tok": 1, "base_moe_mlp_dim": -1, "shared_experts": 0, "first_num_dense_layers": 0,
+    "interleave_moe_layer_step": 1, "sparse_matmul": True, "megablox": True, "capacity_factor": -1.0,
+    "load_balance_loss_weight": 0.0, "norm_topk_prob": False, "routed_scaling_factor": 1.0, "routed_score_func": "",
+    "routed_bias": False, "attention_type": "global", "q_lora_rank": 0, "kv_lora_rank": 512, "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64, "v_head_dim": 128, "ici_expert_parallelism": 1,
 }
 MARKERS = ("model_name", "base_emb_dim", "base_num_decoder_layers", "base_num_query_heads", "base_num_kv_heads",
            "base_mlp_dim", "per_device_batch_size", "max_target_length", "remat_policy", "decoder_block",
@@ -47,11 +59,14 @@ MARKERS = ("model_name", "base_emb_dim", "base_num_decoder_layers", "base_num_qu
            "dcn_data_parallelism", "logits_via_embedding", "mlp_activations")
 KNOWN_KEYS = frozenset(MARKERS)
 MODERN_BLOCKS = ("llama2", "mistral", "gemma", "gemma2", "gemma3", "qwen2", "qwen3")
+# MaxText's mixture-of-experts decoder blocks planned here, and the `moe` preset whose layout each starts from.
+MOE_BLOCKS = {"mixtral": "mixtral-8x7b", "deepseek": "deepseek-v3", "qwen3_moe": "qwen3-30b-a3b",
+              "llama4": "llama4-scout"}
 GPT_BLOCKS = ("gpt3",)
 # Parallelism over the slice or across slices that the TPU side here does not plan (>1 is an error).
 UNPLANNED_PARALLELISM = tuple(f"{net}_{axis}_parallelism" for net in ("ici", "dcn") for axis in (
     "fsdp_transpose", "sequence", "context", "context_autoregressive", "tensor", "tensor_sequence", "pipeline",
-    "expert", "autoregressive", "diloco", "context_usp_ulysses") if (net, axis) != ("ici", "tensor"))
+    "expert", "autoregressive", "diloco", "context_usp_ulysses") if (net, axis) not in (("ici", "tensor"), ("ici", "expert")))
 # Keys with no bearing on memory or step time (training loop, data, logging, checkpoints, optimizer constants).
 NO_BEARING_PREFIXES = ("dataset_", "tokenizer_", "eval_", "log", "checkpoint", "enable_", "adam_", "learning_rate",
                        "warmup", "cosine", "profiler", "run_name", "base_output_directory", "steps", "hf_", "grain_",
@@ -84,11 +99,18 @@ def read_maxtext(data: Mapping[str, Any]) -> Imported:
     r.used.add("model_name")
     _refuse(r)
     block = r.str("decoder_block")
-    if block not in MODERN_BLOCKS + GPT_BLOCKS:
+    experts = r.int("num_experts", lo=0, hi=100_000)
+    if experts > 1 and block not in MOE_BLOCKS:
+        raise ConfigFileError(f"{r.where} num_experts={experts} with decoder_block={block!r}: the mixture-of-experts "
+                              f"blocks planned here are {', '.join(MOE_BLOCKS)}")
+    if experts <= 1 and block not in MODERN_BLOCKS + GPT_BLOCKS:
         raise ConfigFileError(f"{r.where} decoder_block={block!r}: the families planned here are "
-                              f"{', '.join(MODERN_BLOCKS + GPT_BLOCKS)}")
+                              f"{', '.join(MODERN_BLOCKS + GPT_BLOCKS)} (and, with num_experts, {', '.join(MOE_BLOCKS)})")
     model = _dimensions(r, block, notes)
     workload, preset = ("transformer", "gpt2-small") if block in GPT_BLOCKS else ("llama", "8b")
+    if experts > 1:
+        model.update(_moe_dimensions(r, block, experts, model, notes))
+        workload, preset = "moe", MOE_BLOCKS[block]
     missing = _missing(r, block, model, notes)
     window = r.int("sliding_window_size", lo=0, hi=10**8)
     if window:
@@ -148,6 +170,50 @@ def _dimensions(r: Reader, block: str, notes: list[str]) -> dict[str, Any]:
     return model
 
 
+def _moe_dimensions(r: Reader, block: str, experts: int, model: dict[str, Any], notes: list[str]) -> dict[str, Any]:
+    """The `moe` workload's fields from MaxText's mixture-of-experts keys (MaxText's layers/moe.py semantics:
+    `sparse_matmul` computes every slot by grouped products, else `capacity_factor` > 0 drops past each
+    expert's capacity and <= 0 computes every expert on every token)."""
+    _, _, mlp_scale, _ = _scales(r.int("global_parameter_scale", hi=2**20))
+    moe_dim = r.int("base_moe_mlp_dim", lo=-1)
+    score = r.str("routed_score_func") or "softmax"
+    if score not in ("softmax", "sigmoid"):
+        raise ConfigFileError(f"{r.where} routed_score_func={score!r}: the router here scores by softmax or sigmoid")
+    out: dict[str, Any] = {
+        "n_experts": experts, "top_k": r.int("num_experts_per_tok", lo=1, hi=64),
+        "expert_d_ff": moe_dim * mlp_scale if moe_dim > 0 else 0, "n_shared_experts": r.int("shared_experts", lo=0),
+        "first_dense": r.int("first_num_dense_layers", lo=0), "moe_period": r.int("interleave_moe_layer_step", lo=1),
+        "router_score": score, "router_scale": r.number("routed_scaling_factor", lo=0.001, hi=1000),
+        # Mixtral's weights are the softmax of the k chosen logits (renormalised); DeepSeek's sigmoid scores are
+        # renormalised over the k; Qwen3 says so with norm_topk_prob; Llama 4's top-1 sigmoid is not
+        "router_topk_norm": block == "mixtral" or r.bool("norm_topk_prob") or (block == "deepseek" and score == "sigmoid"),
+        "aux_loss": r.number("load_balance_loss_weight", lo=0, hi=10),
+    }
+    cf = r.number("capacity_factor", lo=-1e6, hi=64)
+    if r.bool("sparse_matmul"):
+        out["dispatch"] = "dropless"
+        if cf > 0:
+            notes.append(f"capacity_factor={cf:g} with sparse_matmul: planned dropless (every slot computed by "
+                         "grouped products)")
+    else:
+        out["dispatch"] = "capacity"
+        out["capacity_factor"] = cf if cf > 0 else experts / out["top_k"]
+        if cf <= 0:
+            notes.append(f"sparse_matmul=false without a capacity_factor: MaxText computes every expert on every "
+                         f"token; planned as capacity dispatch at {experts / out['top_k']:g} (nothing dropped)")
+    attention = r.str("attention_type")
+    if attention == "mla":
+        out.update(attention_type="mla", q_lora_rank=r.int("q_lora_rank", lo=0), kv_lora_rank=r.int("kv_lora_rank"),
+                   qk_nope_head_dim=r.int("qk_nope_head_dim"), qk_rope_head_dim=r.int("qk_rope_head_dim"),
+                   v_head_dim=r.int("v_head_dim"), head_size=0, attention="xla")
+    elif attention not in ("global", "full"):
+        notes.append(f"attention_type={attention}: planned as full causal attention over the sequence")
+    if r.bool("routed_bias"):
+        notes.append("routed_bias=true (DeepSeek's auxiliary-loss-free balancing bias): planned without the "
+                     f"router's bias ({experts} values a MoE layer) and its update")
+    return out
+
+
 # MaxText's mlp_activations as the decoder's MLP: one activation is a plain MLP, an activation and
 # "linear" a gated one (the gate's activation times the linear up projection).
 MAXTEXT_MLPS = {("gelu",): "gelu", ("relu",): "relu", ("squared_relu",): "squared_relu", ("silu", "linear"): "swiglu",
@@ -193,10 +259,6 @@ def _missing(r: Reader, block: str, model: dict[str, Any], notes: list[str]) -> 
 
 def _refuse(r: Reader) -> None:
     """Errors for keys that change the answer and are not planned here."""
-    experts = r.int("num_experts", lo=0, hi=100_000)
-    if experts > 1:
-        raise ConfigFileError(f"{r.where} num_experts={experts}: a mixture-of-experts model; this product plans dense "
-                              "decoders so far")
     quant = r.str("quantization")
     if quant:
         raise ConfigFileError(f"{r.where} quantization={quant!r}: quantized training is not planned here")
@@ -205,8 +267,8 @@ def _refuse(r: Reader) -> None:
             value = r.int(key, lo=-1, hi=100_000)
             if value not in (1, 0):
                 raise ConfigFileError(f"{r.where} {key}={value}: the TPU side is planned with data and FSDP "
-                                      "parallelism (ici/dcn data and fsdp) and tensor parallelism inside a slice "
-                                      "(ici_tensor_parallelism) only")
+                                      "parallelism (ici/dcn data and fsdp), tensor and expert parallelism inside a "
+                                      "slice (ici_tensor_parallelism, ici_expert_parallelism) only")
 
 
 def _tpu_settings(r: Reader, notes: list[str]) -> dict[str, Any]:
@@ -232,7 +294,8 @@ def _tpu_settings(r: Reader, notes: list[str]) -> dict[str, Any]:
             "slices": slices, "source_precision": precision,
             "source_sharding": "fsdp" if fsdp != 1 or dcn_fsdp not in (1, 0) else "replicated",
             "source_remat": remat, "source_dcn_fsdp": slices > 1 and dcn_fsdp not in (1, 0),
-            "source_tensor": r.int("ici_tensor_parallelism", lo=1, hi=4096), "data_parallelism": data}
+            "source_tensor": r.int("ici_tensor_parallelism", lo=1, hi=4096),
+            "source_expert": r.int("ici_expert_parallelism", lo=1, hi=4096), "data_parallelism": data}
 
 
 # MaxText's remat policies (layers.decoders) and the tensors its `custom` policy places (each device, offload or

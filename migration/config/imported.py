@@ -103,6 +103,10 @@ def with_imported(req: PlanRequest, imported: Imported, given: Collection[str],
             changes["source_tensor"] = s["source_tensor"]
             notes.append(f"ici_tensor_parallelism={s['source_tensor']}: the TPU side is compiled with tensor "
                          f"parallelism over {s['source_tensor']} chips of each slice and FSDP over the rest")
+        if "source_expert" not in given and s.get("source_expert", 1) > 1:
+            changes["source_expert"] = s["source_expert"]
+            notes.append(f"ici_expert_parallelism={s['source_expert']}: the TPU side is compiled with the routed "
+                         f"experts split over {s['source_expert']} chips of each slice and FSDP over the rest")
         if "source_remat" not in given:
             remat = s["source_remat"]
             changes["source_remat"] = maxtext_custom(remat) if isinstance(remat, dict) else check_remat_name(
