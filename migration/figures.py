@@ -27,7 +27,8 @@ def _fmt_rate(unit: str):
 
 
 FORMATS = {"bytes": fmt_bytes, "s": fmt_seconds, "fraction": fmt_percent, "count": fmt_number,
-           "samples/s": _fmt_rate("samples/s"), "tokens/s": _fmt_rate("tokens/s"), "loss": fmt_loss}
+           "samples/s": _fmt_rate("samples/s"), "tokens/s": _fmt_rate("tokens/s"), "loss": fmt_loss,
+           "x even": lambda x: f"{x:.2f}x an even share"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,6 +100,11 @@ def run_figures(r: RunReport, budget_bytes: int | None = None, budget_of: str = 
     figures += [Figure("compile_time", "compile time", r.compile_s, "s", MEASURED, on),
                 Figure("recompilations", "compiles after the first step", r.recompilations, "count", MEASURED, on,
                        "jax.monitoring")]
+    if r.router_dropped_mean is not None:
+        figures += [Figure("router_dropped", "MoE token slots dropped, mean", r.router_dropped_mean, "fraction", MEASURED,
+                           on, f"largest step {fmt_percent(r.router_dropped_max)}; the router's capacity dispatch"),
+                    Figure("router_load", "MoE busiest expert's slots, mean", r.router_load_mean, "x even", MEASURED, on,
+                           f"largest step {r.router_load_max:.2f}x")]
     if r.loss_last is not None:
         figures.append(Figure("loss_last", f"loss after {len(r.losses)} steps", r.loss_last, "loss", MEASURED, on,
                               f"first step {fmt_loss(r.loss_first)}"))

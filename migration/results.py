@@ -94,6 +94,12 @@ class RunReport(JsonExport):
     loss_last: float | None = None
     skipped_steps: int | None = None
     final_loss_scale: float | None = None
+    # a mixture-of-experts run's router over the timed steps (None for other models): the share of token slots
+    # dropped past the experts' capacity, and the busiest expert's slots over an even share (1: evenly spread)
+    router_dropped_mean: float | None = None
+    router_dropped_max: float | None = None
+    router_load_mean: float | None = None
+    router_load_max: float | None = None
     losses: list[float] = dataclasses.field(default_factory=list)
     step_ms: list[float] = dataclasses.field(default_factory=list)
     env: dict[str, str] = dataclasses.field(default_factory=dict)

@@ -284,7 +284,31 @@ CASES = [
     ("pmap", NOT_CHECKED, lambda w: Evidence(w["plan"], w["run"]), "was not run"),
     ("pmap", NOT_CHECKED, lambda w: Evidence(w["plan"], w["run"], pmap_run=dataclasses.replace(
         w["run"], status="failed", failure_kind="oom", losses=[])), "pmap step failed"),
+    # the mixture-of-experts items (tests/test_moe_checklist.py grades them from real MoE runs)
+    ("moe_dropped", NA, lambda w: Evidence(w["plan"], w["run"]), "not a mixture-of-experts model"),
+    ("moe_dropped", NA, lambda w: Evidence(moe(w["plan"], dispatch="dropless")), "dropless dispatch"),
+    ("moe_dropped", NOT_CHECKED, lambda w: Evidence(moe(w["plan"])), "no run measured"),
+    ("moe_dropped", PASS, lambda w: Evidence(moe(w["plan"]), routed(on_gpu(w["run"]), 0.004)), "0.40% of token slots"),
+    ("moe_dropped", WARN, lambda w: Evidence(moe(w["plan"]), routed(w["run"], 0.004)), "CPU backend"),
+    ("moe_dropped", FAIL, lambda w: Evidence(moe(w["plan"]), routed(on_gpu(w["run"]), 0.2)), "20.00% of token slots"),
+    ("moe_all_to_all", NA, lambda w: Evidence(moe(w["plan"], sharding="fsdp")), "no expert parallelism"),
+    ("moe_all_to_all", NOT_CHECKED, lambda w: Evidence(moe(w["plan"])), "no run"),
+    ("moe_all_to_all", PASS, lambda w: Evidence(moe(w["plan"]), routed(on_gpu(w["run"]), 0.0)), "ran that expert split"),
+    ("moe_all_to_all", WARN, lambda w: Evidence(moe(w["plan"]), routed(w["run"], 0.0)), "CPU backend"),
 ]
+
+
+def moe(plan, dispatch="capacity", sharding="fsdp+ep2"):
+    """The world's plan as a tiny capacity-dispatch MoE plan over 2 GPUs of a node with expert parallelism."""
+    return dataclasses.replace(plan, workload="moe", preset="tiny", model={"dispatch": dispatch}, sharding=sharding,
+                               gpus=2, gpus_per_node=8, domain_gpus=8)
+
+
+def routed(r, dropped):
+    """The world's run as a 2-device fsdp+ep2 MoE run whose router dropped `dropped` of its slots."""
+    return dataclasses.replace(r, workload="moe", preset="tiny", devices=2, device_count=2, sharding="fsdp+ep2",
+                               config={**r.config, "model": {"dispatch": "capacity"}}, router_dropped_mean=dropped,
+                               router_dropped_max=dropped, router_load_mean=1.2, router_load_max=1.4)
 
 
 @pytest.mark.parametrize("item,status,build,phrase", CASES, ids=[f"{c[0]}-{c[1]}-{i}" for i, c in enumerate(CASES)])

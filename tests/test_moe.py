@@ -64,9 +64,13 @@ def _reference(layer: _Experts, x: jax.Array) -> np.ndarray:
 def test_dropless_experts_compute_every_tokens_k_experts():
     cfg, layer = _experts()
     x = jax.random.normal(jax.random.key(0), (2, 16, cfg.d_model))
-    y, balance, dropped = layer(x)
+    y, routing = layer(x)
     np.testing.assert_allclose(np.asarray(y), _reference(layer, x), rtol=2e-4, atol=2e-5)
-    assert float(dropped) == 0.0 and 0.5 < float(balance) < 4.0  # 1 when perfectly spread
+    assert float(routing.dropped) == 0.0 and 0.5 < float(routing.balance) < 4.0  # 1 when perfectly spread
+    # the busiest expert's slots over an even share, as counted from the router's choices
+    experts = np.asarray(layer.route(x.reshape(-1, cfg.d_model))[0]).reshape(-1)
+    counts = np.bincount(experts, minlength=cfg.n_experts)
+    assert float(routing.load) == pytest.approx(counts.max() / counts.mean()) and float(routing.load) >= 1.0
 
 
 def test_capacity_dispatch_drops_only_past_each_experts_slots_in_token_order():
@@ -75,12 +79,12 @@ def test_capacity_dispatch_drops_only_past_each_experts_slots_in_token_order():
     the one a slot-by-slot count gives."""
     cfg, layer = _experts(dispatch="capacity", capacity_factor=4.0)  # C = T x k: nothing can be dropped
     x = jax.random.normal(jax.random.key(1), (2, 16, cfg.d_model))
-    y, _, dropped = layer(x)
+    y, routing = layer(x)
     np.testing.assert_allclose(np.asarray(y), _reference(layer, x), rtol=2e-4, atol=2e-5)
-    assert float(dropped) == 0.0
+    assert float(routing.dropped) == 0.0
 
     cfg, layer = _experts(dispatch="capacity", capacity_factor=0.5)
-    _, _, dropped = layer(x)
+    dropped = layer(x)[1].dropped
     experts = np.asarray(layer.route(x.reshape(-1, cfg.d_model))[0]).reshape(2, 16 * cfg.top_k)
     capacity = int(np.ceil(0.5 * 16 * cfg.top_k / cfg.n_experts))
     kept = sum(min(np.sum(row == e), capacity) for row in experts for e in range(cfg.n_experts))

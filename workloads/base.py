@@ -216,6 +216,11 @@ class Workload(abc.ABC):
     def loss(self, model: nnx.Module, batch: Batch) -> jax.Array:
         """Scalar float32 training loss (mean over the batch)."""
 
+    def loss_and_metrics(self, model: nnx.Module, batch: Batch) -> tuple[jax.Array, dict[str, jax.Array]]:
+        """The loss and float32 scalars the step reports beside it (a mixture-of-experts router's dropped
+        share and load); none unless a workload says."""
+        return self.loss(model, batch), {}
+
     # -- what the program says (defaults; a workload may override each with an analytic count) ----
     def facts(self, cfg: Any) -> "ModelFacts":
         """Parameters, FLOPs, activations and names read from the traced loss (cached per config)."""

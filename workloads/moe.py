@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, final
+from typing import Any, NamedTuple, final
 
 import jax
 import jax.numpy as jnp
@@ -212,9 +212,23 @@ def _attention_any_v(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
     return jnp.einsum("bhqs,bshd->bqhd", probs, v, preferred_element_type=jnp.float32).astype(v.dtype)
 
 
+class Routing(NamedTuple):
+    """What a MoE layer's router did with a batch (float32 scalars): its load-balancing loss, the share of
+    token slots dropped past the experts' capacity, and the busiest expert's slots over an even share (1:
+    perfectly spread; n_experts: every slot to one expert)."""
+
+    balance: jax.Array
+    dropped: jax.Array
+    load: jax.Array
+
+    @staticmethod
+    def none() -> "Routing":
+        zero = jnp.zeros((), jnp.float32)
+        return Routing(zero, zero, zero)
+
+
 class _Experts(nnx.Module):
-    """The routed experts of one MoE layer and their router. Returns the layer's output and its
-    load-balancing loss and dropped share (both float32 scalars)."""
+    """The routed experts of one MoE layer and their router. Returns the layer's output and its `Routing`."""
 
     def __init__(self, cfg: MoeConfig, *, dtype, rngs: nnx.Rngs):
         e, d, f = cfg.n_experts, cfg.d_model, cfg.expert_width
@@ -240,7 +254,7 @@ class _Experts(nnx.Module):
         balance = cfg.n_experts * jnp.sum(share * jnp.mean(probs, axis=0))
         return experts.astype(jnp.int32), weights, balance
 
-    def __call__(self, x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:  # (B, T, D)
+    def __call__(self, x: jax.Array) -> tuple[jax.Array, Routing]:  # (B, T, D)
         b, t, d = x.shape
         flat = x.reshape(b * t, d)
         experts, weights, balance = self.route(flat)
@@ -249,7 +263,9 @@ class _Experts(nnx.Module):
             y, dropped = self._dropless(flat, experts, weights, up, down), jnp.zeros((), jnp.float32)
         else:
             y, dropped = self._capacity(flat, experts, weights, up, down, t)
-        return checkpoint_name(y.reshape(b, t, d), "mlp_out"), balance, dropped
+        slots = jnp.bincount(experts.reshape(-1), length=self.cfg.n_experts).astype(jnp.float32)
+        load = jax.lax.stop_gradient(jnp.max(slots) / jnp.mean(slots))
+        return checkpoint_name(y.reshape(b, t, d), "mlp_out"), Routing(balance, jax.lax.stop_gradient(dropped), load)
 
     def _hidden(self, h: jax.Array) -> jax.Array:
         act = ACTIVATION[self.cfg.mlp]
@@ -310,14 +326,14 @@ class _MoeBlock(nnx.Module):
             self.shared = Mlp(shared, dtype=dtype, rngs=rngs)
         self.has_shared = bool(cfg.n_shared_experts)
 
-    def __call__(self, x: jax.Array, rope) -> tuple[jax.Array, jax.Array, jax.Array]:  # (B, T, D)
+    def __call__(self, x: jax.Array, rope) -> tuple[jax.Array, Routing]:  # (B, T, D)
         x = checkpoint_name(x, "decoder_layer_input")
         x = x + self.attn(self.norm1(x), rope)
         h = self.norm2(x)
-        y, balance, dropped = self.experts(h)
+        y, routing = self.experts(h)
         if self.has_shared:
             y = y + self.shared(h)
-        return x + y, balance, dropped
+        return x + y, routing
 
 
 class _DenseBlock(Block):
@@ -331,9 +347,8 @@ class _DenseBlock(Block):
         self.norm2 = norm_layer(cfg, dtype=dtype, rngs=rngs)
         self.mlp = Mlp(cfg, dtype=dtype, rngs=rngs)
 
-    def __call__(self, x: jax.Array, rope) -> tuple[jax.Array, jax.Array, jax.Array]:
-        zero = jnp.zeros((), jnp.float32)
-        return super().__call__(x, rope), zero, zero
+    def __call__(self, x: jax.Array, rope) -> tuple[jax.Array, Routing]:
+        return super().__call__(x, rope), Routing.none()
 
 
 def _stack(n: int, make, rngs: nnx.Rngs) -> nnx.Module:
@@ -371,9 +386,9 @@ class MoeDecoder(Decoder):
     def hidden(self, tokens: jax.Array) -> jax.Array:
         return self.hidden_and_router(tokens)[0]
 
-    def hidden_and_router(self, tokens: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-        """(B, T) int32 -> the final hidden states (B, T, D), and over the MoE layers the mean
-        load-balancing loss and the mean share of token slots dropped."""
+    def hidden_and_router(self, tokens: jax.Array) -> tuple[jax.Array, Routing]:
+        """(B, T) int32 -> the final hidden states (B, T, D), and the `Routing` of the MoE layers (each figure
+        their mean)."""
         cfg = self.cfg
         x = self.embed(tokens)
         # MLA rotates qk_rope_head_dim of each head (DeepSeek's rope tables are that wide)
@@ -384,8 +399,8 @@ class MoeDecoder(Decoder):
             graphdef, layers = nnx.split(stack)
 
             def layer(x, params):
-                y, balance, dropped = call(nnx.merge(graphdef, params), residual(x, cfg), rope)
-                return residual(y, cfg), (balance, dropped)
+                y, routing = call(nnx.merge(graphdef, params), residual(x, cfg), rope)
+                return residual(y, cfg), routing
 
             return jax.lax.scan(layer, x, layers)
 
@@ -399,17 +414,17 @@ class MoeDecoder(Decoder):
             if between is not None:
                 graphdef = between[0]
                 for i in range(cfg.moe_period - 1):
-                    x, _, _ = self.dense_call(nnx.merge(graphdef, jax.tree.map(lambda a: a[i], dense_params)),  # noqa: B023
-                                              residual(x, cfg), rope)
-            y, balance, dropped = self.moe_call(nnx.merge(moe_graph, moe_params), residual(x, cfg), rope)
-            return residual(y, cfg), (balance, dropped)
+                    x, _ = self.dense_call(nnx.merge(graphdef, jax.tree.map(lambda a: a[i], dense_params)),  # noqa: B023
+                                           residual(x, cfg), rope)
+            y, routing = self.moe_call(nnx.merge(moe_graph, moe_params), residual(x, cfg), rope)
+            return residual(y, cfg), routing
 
         dense_by_group = None
         if between is not None:
             dense_by_group = jax.tree.map(lambda a: a.reshape(cfg.n_moe_layers, cfg.moe_period - 1, *a.shape[1:]),
                                           between[1])
-        x, (balance, dropped) = jax.lax.scan(group, x, (moe_layers, dense_by_group))
-        return self.norm_f(x), jnp.mean(balance), jnp.mean(dropped)
+        x, routing = jax.lax.scan(group, x, (moe_layers, dense_by_group))
+        return self.norm_f(x), Routing(*(jnp.mean(v) for v in routing))
 
     def extend(self, *args, **kwargs):
         raise NotImplementedError("serving an MoE model is planned from its analytic figures, not this decode path")
@@ -534,9 +549,15 @@ class MoeWorkload(DecoderWorkload):
         return {}
 
     def loss(self, model: MoeDecoder, batch) -> jax.Array:
+        return self.loss_and_metrics(model, batch)[0]
+
+    def loss_and_metrics(self, model: MoeDecoder, batch) -> tuple[jax.Array, dict[str, jax.Array]]:
+        """The task's loss plus the load-balancing loss, and what the router did: the share of slots dropped
+        and the busiest expert's load over an even share (each the mean over the MoE layers)."""
         tokens = batch["tokens"]
-        hidden, balance, _ = model.hidden_and_router(tokens[:, :-1])
-        return chunked_cross_entropy(hidden, model.project, tokens[:, 1:]) + model.cfg.aux_loss * balance
+        hidden, routing = model.hidden_and_router(tokens[:, :-1])
+        loss = chunked_cross_entropy(hidden, model.project, tokens[:, 1:]) + model.cfg.aux_loss * routing.balance
+        return loss, {"router_dropped": routing.dropped, "router_load": routing.load}
 
     # -- analytic counts ---------------------------------------------------------------------------
     def _attention_params(self, cfg: MoeConfig) -> int:

@@ -30,6 +30,7 @@ from migration.figures import tpu_samples_per_s
 from migration.hardware import gpu_spec_for_device_kind
 from migration.grading import environment
 from migration.grading.scaling import loss_tolerance, max_loss_rel_diff
+from migration.config.layouts import parse_layout
 from migration.config.limits import FP8_PRECISIONS
 from migration.results import Plan, RunReport
 
@@ -38,6 +39,9 @@ NUMERICS_TOLERANCE = 0.05  # final loss within 5% of the fp32 reference over the
 FP8_TOLERANCE = 0.02  # an fp8 run's final loss within 2% of the bf16 run's over the same steps
 SCALING_EFFICIENCY = 0.8  # per-device throughput at N devices against 1, for a pass
 BENCHMARK_RATIO = 0.9  # migrated throughput against the user's measured TPU job, for a pass
+# The share of token slots a capacity-dispatch MoE run may drop for a pass: GShard and Switch report
+# training at about 1% dropped with a capacity factor of 1.25 to 2 once the router has learnt to spread.
+MOE_DROPPED_BOUND = 0.01
 PMAP_RULES = ("PMAP001", "PMAP002", "PMAP003")
 API_RULES = ("TPU001", *PMAP_RULES, "REMOVED001", "REMOVED002", "TOPO001", "GCS001")
 SHAPE_RULES = ("SHAPE001", "TRACE001")
@@ -519,6 +523,71 @@ class ItemSpec:
     grade: Callable[[Any], Grade]  # of an Evidence (or the serving checklist's ServingEvidence)
 
 
+def _moe_model(ev: Evidence) -> Any | None:
+    """The planned mixture-of-experts model's config (None for another workload)."""
+    if ev.plan.workload != "moe":
+        return None
+    # reason: the workloads import JAX; only a mixture-of-experts plan's grading needs its config
+    from workloads import WORKLOADS
+
+    model = (ev.run.config.get("model") if ev.run is not None and ev.run.config else None) or ev.plan.model
+    try:
+        return WORKLOADS["moe"].config(ev.plan.preset, {k: v for k, v in model.items()})
+    except Exception:  # noqa: BLE001 - a config the workload refuses grades as not checked
+        return None
+
+
+def grade_moe_dropped(ev: Evidence) -> Grade:
+    if ev.plan.workload != "moe":
+        return NA, "not a mixture-of-experts model", "none"
+    cfg = _moe_model(ev)
+    if cfg is None:
+        return NOT_CHECKED, "the planned model's config could not be read", "plan the model again"
+    if cfg.dispatch == "dropless":
+        return NA, "dropless dispatch: every token slot is computed (grouped products), none dropped", "none"
+    if not ev.ran or ev.run.router_dropped_mean is None:
+        return NOT_CHECKED, f"capacity dispatch at a factor of {cfg.capacity_factor:g}: no run measured the share of " \
+                            "token slots dropped", "run the plan (the run records the router's dropped share and load)"
+    r = ev.run
+    measured = (f"{r.router_dropped_mean:.2%} of token slots dropped on average over the timed steps (largest "
+                f"{r.router_dropped_max:.2%}; bound {MOE_DROPPED_BOUND:.0%}), the busiest expert at "
+                f"{r.router_load_mean:.2f}x an even share (capacity factor {cfg.capacity_factor:g}); {where(r)}")
+    if r.router_dropped_mean > MOE_DROPPED_BOUND:
+        return FAIL, measured, ("raise capacity_factor (each step drops the slots past it), keep the load-balancing "
+                                "loss on, or compute the experts dropless")
+    if not ev.on_target(r):
+        return WARN, f"{measured}; {_elsewhere(ev, r)}", f"confirm on {ev.plan.target_name} with your data"
+    return PASS, measured, "none"
+
+
+def grade_moe_all_to_all(ev: Evidence) -> Grade:
+    if ev.plan.workload != "moe":
+        return NA, "not a mixture-of-experts model", "none"
+    lay = parse_layout(ev.plan.sharding)
+    if lay.expert == 1:
+        return NA, f"{ev.plan.sharding}: no expert parallelism, so no all-to-all (each GPU computes every expert " \
+                   "its tokens need)", "none"
+    domain = ev.plan.domain_gpus or ev.plan.gpus_per_node
+    inside = lay.inner <= domain
+    planned = (f"{ev.plan.sharding}: experts over {lay.expert} GPUs"
+               + (f" ({lay.inner} with the tensor split), " if lay.tensor > 1 else ", ")
+               + (f"inside a link domain of {domain}" if inside else f"wider than a link domain of {domain}: the "
+                  "all-to-all crosses the network"))
+    if not inside:
+        return WARN, planned, f"keep E x T within {domain} GPUs (ici_expert_parallelism inside a node), or accept the " \
+                              "network all-to-all the plan prices"
+    if not ev.ran:
+        return NOT_CHECKED, f"{planned}; no run", "run the plan"
+    r = ev.run
+    if parse_layout(r.sharding).expert != lay.expert or device_count(r) < lay.inner:
+        return WARN, f"{planned}; the run used {r.sharding} on {device_count(r)} device(s), not the plan's expert " \
+                     "split", f"run the plan's layout on {lay.inner} GPUs of one node"
+    measured = f"{planned}; the run ran that expert split on {device_count(r)} devices; {where(r)}"
+    if not ev.on_target(r):
+        return WARN, f"{measured}; {_elsewhere(ev, r)}", f"confirm on {ev.plan.target_name}"
+    return PASS, measured, "none"
+
+
 ITEMS: dict[str, ItemSpec] = {
     # The guide's eight items
     "profile": ItemSpec("Profile for memory and compute bottlenecks", (PASS, WARN, NOT_CHECKED), grade_profile),
@@ -536,6 +605,11 @@ ITEMS: dict[str, ItemSpec] = {
     "numerics": ItemSpec("Numerics of the chosen precision against fp32", (PASS, WARN, FAIL, NA, NOT_CHECKED),
                          grade_numerics),
     "pmap": ItemSpec("pmap replaced by jit with shardings, same results", (PASS, WARN, FAIL, NOT_CHECKED), grade_pmap),
+    # A mixture-of-experts migration's
+    "moe_dropped": ItemSpec("MoE token slots dropped under the bound", (PASS, WARN, FAIL, NA, NOT_CHECKED),
+                            grade_moe_dropped),
+    "moe_all_to_all": ItemSpec("Expert-parallel all-to-all inside the NVLink domain", (PASS, WARN, NA, NOT_CHECKED),
+                               grade_moe_all_to_all),
 }
 
 

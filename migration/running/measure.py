@@ -108,6 +108,7 @@ class _Timed:
     skipped: int
     last_metrics: dict[str, Any]
     recompilations: int
+    router: list[tuple[float, float]] = dataclasses.field(default_factory=list)  # MoE: (dropped share, load)
 
 
 def measured_run(cfg: RunConfig, emit: Emit) -> None:
@@ -262,8 +263,12 @@ def _record_step(emit: Emit, timed: _Timed, index: int, values: dict[str, Any]) 
     timed.losses.append(loss)
     timed.skipped += int(skipped)
     timed.last_metrics = values
+    router = {}
+    if "router_dropped" in values:  # a mixture-of-experts model: what its router did this step
+        timed.router.append((float(values["router_dropped"]), float(values["router_load"])))
+        router = {"router_dropped": timed.router[-1][0], "router_load": timed.router[-1][1]}
     emit("step", index=index, loss=loss, step_ms=timed.step_s[-1] * 1e3, grad_norm=float(values["grad_norm"]),
-         loss_scale=float(values["loss_scale"]), skipped=skipped)
+         loss_scale=float(values["loss_scale"]), skipped=skipped, **router)
 
 
 def _profile(cfg: RunConfig, emit: Emit, step: Any, state: Any, pool: list[Any]) -> dict[str, Any] | None:
@@ -315,4 +320,16 @@ def _figures(cfg: RunConfig, program: TrainProgram, platform: str, devices: list
         recompilations=timed.recompilations,
         skipped_steps=timed.skipped,
         final_loss_scale=float(timed.last_metrics["loss_scale"]) if cfg.precision == "fp16" else None,
+        **_router_figures(timed.router[cfg.warmup_steps:]),
     )
+
+
+def _router_figures(router: list[tuple[float, float]]) -> dict[str, Any]:
+    """A mixture-of-experts run's router over the timed steps: the mean and the largest share of token slots
+    dropped past the experts' capacity, and the mean and largest load of the busiest expert over an even
+    share (each step's figure the mean over the model's MoE layers)."""
+    if not router:
+        return {}
+    dropped, load = [d for d, _ in router], [x for _, x in router]
+    return {"router_dropped_mean": statistics.fmean(dropped), "router_dropped_max": max(dropped),
+            "router_load_mean": statistics.fmean(load), "router_load_max": max(load)}

@@ -189,7 +189,8 @@ class TrainProgram:
 
     # -- the step ----------------------------------------------------------------------------
     def grad_fn(self, mesh: Mesh | None = None):
-        """`(params, model_state, micro_batch, scale) -> (grads of scale*loss, loss, model_state)`."""
+        """`(params, model_state, micro_batch, scale) -> (grads of scale*loss, loss, model_state, metrics)`:
+        metrics the workload reports beside its loss (`Workload.loss_and_metrics`; none for most)."""
         graphdef, workload = self.graphdef(mesh), self.workload
 
         # A kernel XLA cannot partition (TPU's splash attention) runs in shard_map over the step's mesh,
@@ -201,15 +202,15 @@ class TrainProgram:
                 # copy=True: fresh Variables at this trace level, so BatchNorm may update its stats
                 model = nnx.merge(graphdef, p, model_state, copy=True)
                 if not in_mesh:
-                    loss = workload.loss(model, micro)
+                    loss, metrics = workload.loss_and_metrics(model, micro)
                 else:
                     with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
-                        loss = workload.loss(model, micro)
+                        loss, metrics = workload.loss_and_metrics(model, micro)
                 _, _, new_model_state = nnx.split(model, nnx.Param, ...)
-                return loss * scale, (loss, new_model_state)
+                return loss * scale, (loss, new_model_state, metrics)
 
-            grads, (loss, new_model_state) = jax.grad(scaled_loss, has_aux=True)(params)
-            return grads, loss, new_model_state
+            grads, (loss, new_model_state, metrics) = jax.grad(scaled_loss, has_aux=True)(params)
+            return grads, loss, new_model_state, metrics
 
         return micro_step
 
@@ -228,25 +229,27 @@ class TrainProgram:
             scale = state.loss_scale.scale if scaler else 1.0
             if accum == 1:
                 micro = jax.tree.map(lambda x: x[0], batch)
-                grads, loss, model_state = micro_step(state.params, state.model_state, micro, scale)
+                grads, loss, model_state, extra = micro_step(state.params, state.model_state, micro, scale)
             else:
                 def body(carry, micro):
                     grad_sum, loss_sum, ms = carry
-                    g, l, ms = micro_step(state.params, ms, micro, scale)
-                    return (jax.tree.map(jnp.add, grad_sum, g), loss_sum + l, ms), None
+                    g, l, ms, extra = micro_step(state.params, ms, micro, scale)
+                    return (jax.tree.map(jnp.add, grad_sum, g), loss_sum + l, ms), extra
 
                 zeros = jax.tree.map(jnp.zeros_like, state.params)
                 init = (zeros, jnp.zeros((), jnp.float32), state.model_state)
-                (grad_sum, loss_sum, model_state), _ = jax.lax.scan(body, init, batch)
+                (grad_sum, loss_sum, model_state), extras = jax.lax.scan(body, init, batch)
                 grads = jax.tree.map(lambda g: g / accum, grad_sum)
                 loss = loss_sum / accum
+                extra = jax.tree.map(lambda v: jnp.mean(v, axis=0), extras)
             if axis_name is not None:
-                grads, loss, model_state = pmean_over_devices((grads, loss, model_state), axis_name)
+                grads, loss, model_state, extra = pmean_over_devices((grads, loss, model_state, extra), axis_name)
             if scaler:
                 grads = jax.tree.map(lambda g: g / scale, grads)
             updates, opt_state = tx.update(grads, state.opt_state, state.params)
             params = optax.apply_updates(state.params, updates)
-            metrics = {"loss": loss, "grad_norm": optax.global_norm(grads), "loss_scale": jnp.asarray(scale, jnp.float32)}
+            metrics = {"loss": loss, "grad_norm": optax.global_norm(grads), "loss_scale": jnp.asarray(scale, jnp.float32),
+                       **extra}
             loss_scale = None
             if scaler:
                 finite = all_finite(grads)

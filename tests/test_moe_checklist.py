@@ -1,0 +1,82 @@
+"""A mixture-of-experts run measures what its router did (the share of token slots dropped past the experts'
+capacity, the busiest expert's load), and the checklist's MoE items grade from it: dropped slots under the
+bound, the expert-parallel all-to-all inside the link domain. A real deviceless plan for H100s and real CPU
+runs of it (4 CPU devices, the plan's fsdp+ep4); a pass only as if the same run had been measured on the
+target (`on_gpu`), never from the CPU figures or the plan alone."""
+
+import dataclasses
+
+import pytest
+
+from migration.config.requests import PlanRequest, RunConfig
+from migration.grading import checklist
+from migration.grading.checklist import FAIL, NA, NOT_CHECKED, PASS, WARN, Evidence
+from migration.planning.planner import plan_migration
+from migration.running.runner import run
+from tests.conftest import reused
+
+H100 = "NVIDIA H100 80GB HBM3"  # the device kind of the h100-sxm catalog entry
+ROOMY = {"dispatch": "capacity", "capacity_factor": 4.0}  # C = T x k / E x 4: room for every slot of tiny's 4 experts
+TIGHT = {"dispatch": "capacity", "capacity_factor": 0.5}
+
+
+def make_world(tmp):
+    plan = plan_migration(PlanRequest(workload="moe", preset="tiny", model=ROOMY, target="h100-sxm", gpus=4,
+                                      sharding="fsdp+ep4", global_batch=16, compile_for_tpu=False),
+                          lambda *a, **k: None)
+    assert plan.ok and plan.sharding == "fsdp+ep4", plan.message
+    base = RunConfig(workload="moe", preset="tiny", model=ROOMY, per_device_batch=plan.per_device_batch,
+                     accumulation_steps=plan.accumulation_steps, devices=4, sharding="fsdp+ep4", steps=6,
+                     warmup_steps=1)
+    roomy, tight = run(base), run(dataclasses.replace(base, model=TIGHT))
+    for r in (roomy, tight):
+        assert r.ok, r.message + r.stderr_tail
+    return {"plan": plan, "roomy": roomy, "tight": tight}
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    return reused("moe_checklist_world", make_world, tmp_path_factory)
+
+
+def on_gpu(r):
+    return dataclasses.replace(r, backend="gpu", device_kind=H100)
+
+
+def grade(item, **evidence):
+    return checklist.ITEMS[item].grade(Evidence(**evidence))
+
+
+def test_a_run_records_its_routers_dropped_share_and_load(world):
+    roomy, tight = world["roomy"], world["tight"]
+    assert roomy.router_dropped_mean == 0.0 and roomy.router_dropped_max == 0.0  # room for every slot
+    assert 0.05 < tight.router_dropped_mean <= tight.router_dropped_max < 1.0
+    for r in (roomy, tight):
+        assert 1.0 <= r.router_load_mean <= r.router_load_max <= 4.0  # 1: even; 4: every slot to one of 4 experts
+
+
+def test_dropped_slots_grade_from_the_run_against_the_bound(world):
+    plan, roomy, tight = world["plan"], world["roomy"], world["tight"]
+    status, evidence, _ = grade("moe_dropped", plan=plan, run=roomy)
+    assert status == WARN and "0.00% of token slots dropped" in evidence and "CPU backend" in evidence
+    assert grade("moe_dropped", plan=plan, run=on_gpu(roomy))[0] == PASS
+    status, evidence, action = grade("moe_dropped", plan=plan, run=on_gpu(tight))
+    assert status == FAIL and f"{tight.router_dropped_mean:.2%}" in evidence and "capacity_factor" in action
+    assert grade("moe_dropped", plan=plan)[0] == NOT_CHECKED
+    dropless = dataclasses.replace(plan, model={})
+    assert grade("moe_dropped", plan=dropless)[0] == NA
+    assert grade("moe_dropped", plan=dataclasses.replace(plan, workload="transformer"))[0] == NA
+
+
+def test_the_all_to_all_grades_from_the_layout_the_run_kept(world):
+    plan, roomy = world["plan"], world["roomy"]
+    status, evidence, _ = grade("moe_all_to_all", plan=plan, run=roomy)
+    assert status == WARN and "fsdp+ep4" in evidence and "CPU backend" in evidence
+    assert grade("moe_all_to_all", plan=plan, run=on_gpu(roomy))[0] == PASS
+    assert grade("moe_all_to_all", plan=plan)[0] == NOT_CHECKED
+    other = dataclasses.replace(on_gpu(roomy), sharding="fsdp")
+    assert grade("moe_all_to_all", plan=plan, run=other)[0] == WARN
+    wide = dataclasses.replace(plan, sharding="fsdp+ep16", gpus=32, nodes=4, gpus_per_node=8, domain_gpus=8)
+    status, evidence, _ = grade("moe_all_to_all", plan=wide, run=on_gpu(roomy))
+    assert status == WARN and "crosses the network" in evidence
+    assert grade("moe_all_to_all", plan=dataclasses.replace(plan, sharding="fsdp"))[0] == NA
