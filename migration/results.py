@@ -100,6 +100,9 @@ class RunReport(JsonExport):
     router_dropped_max: float | None = None
     router_load_mean: float | None = None
     router_load_max: float | None = None
+    # ... and its compiled step's matrix-product FLOPs per device against the model's (migration/running/measure.py)
+    compiled_matmul_flops: float | None = None
+    model_flops_per_device_step: float | None = None
     losses: list[float] = dataclasses.field(default_factory=list)
     step_ms: list[float] = dataclasses.field(default_factory=list)
     env: dict[str, str] = dataclasses.field(default_factory=dict)

@@ -291,6 +291,11 @@ CASES = [
     ("moe_dropped", PASS, lambda w: Evidence(moe(w["plan"]), routed(on_gpu(w["run"]), 0.004)), "0.40% of token slots"),
     ("moe_dropped", WARN, lambda w: Evidence(moe(w["plan"]), routed(w["run"], 0.004)), "CPU backend"),
     ("moe_dropped", FAIL, lambda w: Evidence(moe(w["plan"]), routed(on_gpu(w["run"]), 0.2)), "20.00% of token slots"),
+    ("moe_grouped_gemm", NA, lambda w: Evidence(w["plan"], w["run"]), "not a mixture-of-experts model"),
+    ("moe_grouped_gemm", NOT_CHECKED, lambda w: Evidence(moe(w["plan"])), "no run read"),
+    ("moe_grouped_gemm", PASS, lambda w: Evidence(moe(w["plan"]), products(on_gpu(w["run"]), 1.3)), "1.30x the model"),
+    ("moe_grouped_gemm", FAIL, lambda w: Evidence(moe(w["plan"]), products(on_gpu(w["run"]), 1.9)), "dense products"),
+    ("moe_grouped_gemm", WARN, lambda w: Evidence(moe(w["plan"]), products(w["run"], 1.9)), "made a dense loop"),
     ("moe_all_to_all", NA, lambda w: Evidence(moe(w["plan"], sharding="fsdp")), "no expert parallelism"),
     ("moe_all_to_all", NOT_CHECKED, lambda w: Evidence(moe(w["plan"])), "no run"),
     ("moe_all_to_all", PASS, lambda w: Evidence(moe(w["plan"]), routed(on_gpu(w["run"]), 0.0)), "ran that expert split"),
@@ -302,6 +307,12 @@ def moe(plan, dispatch="capacity", sharding="fsdp+ep2"):
     """The world's plan as a tiny capacity-dispatch MoE plan over 2 GPUs of a node with expert parallelism."""
     return dataclasses.replace(plan, workload="moe", preset="tiny", model={"dispatch": dispatch}, sharding=sharding,
                                gpus=2, gpus_per_node=8, domain_gpus=8)
+
+
+def products(r, ratio):
+    """The world's run as the MoE run whose compiled step's matrix products are `ratio` x the model's FLOPs."""
+    return dataclasses.replace(routed(r, 0.0), compiled_matmul_flops=ratio * 1e9, model_flops_per_device_step=1e9,
+                               remat="none")
 
 
 def routed(r, dropped):

@@ -68,6 +68,31 @@ def test_dropped_slots_grade_from_the_run_against_the_bound(world):
     assert grade("moe_dropped", plan=dataclasses.replace(plan, workload="transformer"))[0] == NA
 
 
+def test_a_dense_loop_over_the_experts_is_told_from_grouped_products_by_the_compiled_step(world):
+    """The CPU compiler lowers the dropless path's ragged_dot as a loop over the experts, each multiplying every
+    routed slot: its compiled products are what a loop costs (1 + the routed share x (n_experts - 1)), exactly;
+    the capacity path's are what grouped products and the one-hot dispatch cost. Measured on the CPU, each warns
+    (another compiler than the target's), saying which it saw."""
+    from migration.grading.checklist import moe_product_ratios
+    from workloads import WORKLOADS
+
+    plan, roomy = world["plan"], world["roomy"]
+    ratio = roomy.compiled_matmul_flops / roomy.model_flops_per_device_step
+    grouped, loop = moe_product_ratios(WORKLOADS["moe"].config("tiny", ROOMY), roomy.remat)
+    assert abs(ratio - grouped) < 0.1 * grouped < abs(ratio - loop)
+    status, evidence, _ = grade("moe_grouped_gemm", plan=plan, run=roomy)
+    assert status == WARN and "dense loop" not in evidence.split(";")[-1] and f"{ratio:.2f}x" in evidence
+    assert grade("moe_grouped_gemm", plan=plan, run=on_gpu(roomy))[0] == PASS
+    dropless = run(RunConfig(workload="moe", preset="tiny", per_device_batch=2, steps=2, warmup_steps=0))
+    assert dropless.ok, dropless.message
+    loop = moe_product_ratios(WORKLOADS["moe"].config("tiny"), "none")[1]
+    assert dropless.compiled_matmul_flops / dropless.model_flops_per_device_step == pytest.approx(loop, rel=0.02)
+    dropless_plan = dataclasses.replace(plan, model={})
+    status, evidence, _ = grade("moe_grouped_gemm", plan=dropless_plan, run=dropless)
+    assert status == WARN and "this compiler made a dense loop" in evidence
+    assert grade("moe_grouped_gemm", plan=dropless_plan, run=on_gpu(dropless))[0] == FAIL
+
+
 def test_the_all_to_all_grades_from_the_layout_the_run_kept(world):
     plan, roomy = world["plan"], world["roomy"]
     status, evidence, _ = grade("moe_all_to_all", plan=plan, run=roomy)

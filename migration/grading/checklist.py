@@ -32,6 +32,7 @@ from migration.grading import environment
 from migration.grading.scaling import loss_tolerance, max_loss_rel_diff
 from migration.config.layouts import parse_layout
 from migration.config.limits import FP8_PRECISIONS
+from migration.planning.search import recompute_factors
 from migration.results import Plan, RunReport
 
 PASS, WARN, FAIL, NA, NOT_CHECKED = "pass", "warn", "fail", "n/a", "not checked"
@@ -560,6 +561,54 @@ def grade_moe_dropped(ev: Evidence) -> Grade:
     return PASS, measured, "none"
 
 
+def moe_product_ratios(cfg: Any, remat: str) -> tuple[float, float]:
+    """(grouped, loop): the compiled matrix-product FLOPs over the model's FLOPs (with the policy's recompute)
+    that grouped products give (dropless: the model's; capacity: the routed experts' share times the capacity
+    factor, plus the one-hot dispatch and combine products), and that a loop of dense products of every routed
+    slot by every expert gives (the routed share times n_experts)."""
+    # reason: the workloads import JAX; only a mixture-of-experts plan's grading needs them
+    from workloads import WORKLOADS
+
+    w = WORKLOADS["moe"]
+    step = w.flops_per_example(cfg)
+    share = 6.0 * cfg.seq_len * w.routed_expert_params(cfg) * cfg.top_k / cfg.n_experts / step  # routed experts'
+    factors = recompute_factors(w.forward_flops_by_part(cfg), step)
+    recompute = factors.get(remat, factors["full"])
+    grouped = 1.0
+    if cfg.dispatch == "capacity":
+        slots = cfg.n_experts * max(1, math.ceil(cfg.capacity_factor * cfg.seq_len * cfg.top_k / cfg.n_experts))
+        one_hot = cfg.n_moe_layers * 3 * 2 * (2.0 * cfg.seq_len * slots * cfg.d_model)  # dispatch, combine; fwd+bwd
+        grouped += share * (slots / (cfg.seq_len * cfg.top_k) - 1.0) + one_hot / step
+    return recompute * grouped, recompute * (1.0 + share * (cfg.n_experts - 1.0))
+
+
+def grade_moe_grouped_gemm(ev: Evidence) -> Grade:
+    if ev.plan.workload != "moe":
+        return NA, "not a mixture-of-experts model", "none"
+    cfg = _moe_model(ev)
+    if cfg is None:
+        return NOT_CHECKED, "the planned model's config could not be read", "plan the model again"
+    r = ev.run
+    if not ev.ran or not r.compiled_matmul_flops or not r.model_flops_per_device_step:
+        return NOT_CHECKED, "no run read its compiled step's matrix products", \
+            "run the plan (the run reads the compiled step's matrix-product FLOPs against the model's)"
+    grouped, loop = moe_product_ratios(cfg, r.remat)
+    ratio = r.compiled_matmul_flops / r.model_flops_per_device_step
+    measured = (f"the compiled step's matrix products are {ratio:.2f}x the model's FLOPs ({cfg.dispatch} dispatch, "
+                f"remat {r.remat}: grouped products would give about {grouped:.2f}x, a dense loop over the "
+                f"{cfg.n_experts} experts about {loop:.2f}x); {where(r)}")
+    looped = loop > 1.1 * grouped and ratio >= (grouped + loop) / 2
+    fix = ("use capacity dispatch, or a grouped-GEMM kernel (MaxText's megablox / Tokamax GMM on TPU, cuDNN or "
+           "Transformer Engine grouped GEMMs on GPU)")
+    if not ev.on_target(r):
+        return WARN, f"{measured}; {_elsewhere(ev, r)}" + (": this compiler made a dense loop of them" if looped else
+                                                           ""), f"confirm on {ev.plan.target_name} (its compiler " \
+                                                                "lowers the expert products its own way)"
+    if looped:
+        return FAIL, f"{measured}: the experts compiled as dense products of every slot by every expert", fix
+    return PASS, measured, "none"
+
+
 def grade_moe_all_to_all(ev: Evidence) -> Grade:
     if ev.plan.workload != "moe":
         return NA, "not a mixture-of-experts model", "none"
@@ -608,6 +657,8 @@ ITEMS: dict[str, ItemSpec] = {
     # A mixture-of-experts migration's
     "moe_dropped": ItemSpec("MoE token slots dropped under the bound", (PASS, WARN, FAIL, NA, NOT_CHECKED),
                             grade_moe_dropped),
+    "moe_grouped_gemm": ItemSpec("MoE experts as grouped products, not a dense loop over experts",
+                                 (PASS, WARN, FAIL, NA, NOT_CHECKED), grade_moe_grouped_gemm),
     "moe_all_to_all": ItemSpec("Expert-parallel all-to-all inside the NVLink domain", (PASS, WARN, NA, NOT_CHECKED),
                                grade_moe_all_to_all),
 }

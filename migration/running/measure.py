@@ -48,6 +48,7 @@ from migration.hardware import (
 )
 from migration.running.profiling import summarise_trace
 from migration.planning.compiled import compiled_peak_bytes
+from migration.planning.hlo_cost import read_program
 from migration.step.train import StepParts, TrainProgram, replicate_per_device, step_parts
 from migration.running.worker_env import jax_env_in_effect
 
@@ -127,7 +128,7 @@ def measured_run(cfg: RunConfig, emit: Emit) -> None:
         compile_s = time.perf_counter() - t0
     predicted = compiled_peak_bytes(compiled)
     emit("compiled", compile_s=compile_s, predicted_peak_bytes=predicted, data_pool_batches=len(pool),
-         data_pool_bytes=sum(x.nbytes for x in jax.tree.leaves(pool)))
+         data_pool_bytes=sum(x.nbytes for x in jax.tree.leaves(pool)), **_expert_products(program, compiled))
     state, timed = _timed_loop(cfg, emit, parts, state, pool, predicted, compiles)
     saved = _save_checkpoint(cfg, emit, program, state, platform, devices)
     profile = _profile(cfg, emit, step, state, pool)
@@ -322,6 +323,20 @@ def _figures(cfg: RunConfig, program: TrainProgram, platform: str, devices: list
         final_loss_scale=float(timed.last_metrics["loss_scale"]) if cfg.precision == "fp16" else None,
         **_router_figures(timed.router[cfg.warmup_steps:]),
     )
+
+
+def _expert_products(program: TrainProgram, compiled: Any) -> dict[str, Any]:
+    """For a mixture-of-experts model: the matrix-product FLOPs of the compiled step per device, read from its
+    program as the planner reads a target's (migration/planning/hlo_cost.py), beside the model's own FLOPs per
+    device and step; a compiler that turns the experts into a loop of dense products over every row shows
+    n_experts / top_k times the experts' FLOPs there."""
+    workload, cfg = program.workload, program.model_cfg
+    if not workload.routed_experts(cfg):
+        return {}
+    kernels = read_program(compiled.as_text())
+    return {"compiled_matmul_flops": sum(k.flops for k in kernels if k.kind in ("matmul", "attention")),
+            "model_flops_per_device_step": workload.flops_per_example(cfg) * program.per_device_batch
+            * program.accumulation_steps}
 
 
 def _router_figures(router: list[tuple[float, float]]) -> dict[str, Any]:
