@@ -46,7 +46,7 @@ def loss_and_grads(cfg: RunConfig):
     state = init_state_on(program, mesh)
     micro = jax.tree.map(lambda x: x[0], program.make_batch(0))
     grad = jax.jit(program.grad_fn())
-    grads, loss, _ = grad(state.params, state.model_state, micro, jnp.ones((), jnp.float32))
+    grads, loss, _, _ = grad(state.params, state.model_state, micro, jnp.ones((), jnp.float32))
     return float(loss), jax.device_get(grads)
 
 
@@ -114,7 +114,7 @@ def test_batchnorm_statistics_are_global_across_devices_not_per_device():
     micro = jax.tree.map(lambda x: x[0], program.make_batch(0))
     grad = jax.jit(program.grad_fn())
     one = jnp.ones((), jnp.float32)
-    global_grads, _, _ = grad(state.params, state.model_state, micro, one)
+    global_grads, _, _, _ = grad(state.params, state.model_state, micro, one)
     shards = [grad(state.params, state.model_state, jax.tree.map(lambda x: x[i * 2:(i + 1) * 2], micro), one)[0]
               for i in range(4)]
     per_device_grads = jax.tree.map(lambda *g: sum(g) / 4, *shards)
