@@ -73,7 +73,7 @@ def test_a_dense_loop_over_the_experts_is_told_from_grouped_products_by_the_comp
     routed slot: its compiled products are what a loop costs (1 + the routed share x (n_experts - 1)), exactly;
     the capacity path's are what grouped products and the one-hot dispatch cost. Measured on the CPU, each warns
     (another compiler than the target's), saying which it saw."""
-    from migration.grading.checklist import moe_product_ratios
+    from migration.grading.moe import moe_product_ratios
     from workloads import WORKLOADS
 
     plan, roomy = world["plan"], world["roomy"]

@@ -145,7 +145,7 @@ DEFAULTS = {**FORM, **RUN_OPTIONS, "label": "", "save_checkpoint": "", "restore_
 NOT_A_PLAN = object()  # replaced by an uploaded JSON file that is not a plan
 # configs uploaded in place of the form's model: file name -> content (replaced by the uploaded file)
 CONFIG_UPLOADS = {
-    "moe.json": '{"model_type": "mixtral", "num_local_experts": 8, "hidden_size": 4096}',
+    "moe.json": '{"model_type": "dbrx", "d_model": 6144, "ffn_config": {"moe_num_experts": 16}}',
     "bomb.yml": "a: &a [x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]\nc: [*b, *b, *b, *b]\n"
                 "model_name: llama2-7b\n",
     "tag.yml": "model_name: !!python/object/apply:os.system [touch /tmp/pwned]\n",
@@ -290,7 +290,7 @@ BAD = [
     Bad("run-label-200-chars", "/run", {"label": "y" * 200}, "label", "at most 80 characters"),
     Bad("run-plan-file-not-a-plan", "/run", {"plan_file": NOT_A_PLAN}, "plan_file",
         "python -m migration plan --json"),
-    Bad("plan-config-moe", "/plan", {"config_file": Upload("moe.json")}, "config_file", "num_local_experts=8"),
+    Bad("plan-config-moe", "/plan", {"config_file": Upload("moe.json")}, "config_file", "model_type=dbrx"),
     Bad("plan-config-yaml-alias-bomb", "/plan", {"config_file": Upload("bomb.yml")}, "config_file", "alias"),
     Bad("plan-config-python-tag", "/plan", {"config_file": Upload("tag.yml")}, "config_file", "neither JSON nor YAML"),
     Bad("plan-config-neither-format", "/plan", {"config_file": Upload("notes.yml")}, "config_file",

@@ -20,114 +20,32 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from migration.codecheck import CodeCheck
 from migration.common import fmt_bytes, fmt_count, fmt_loss, write_csv
 from migration.figures import tpu_samples_per_s
-from migration.hardware import gpu_spec_for_device_kind
 from migration.grading import environment
 from migration.grading.scaling import loss_tolerance, max_loss_rel_diff
-from migration.config.layouts import parse_layout
 from migration.config.limits import FP8_PRECISIONS
-from migration.planning.search import recompute_factors
-from migration.results import Plan, RunReport
+from migration.grading.evidence import (FAIL, NA, NOT_CHECKED, PASS, WARN, ChecklistItem, Evidence, Grade, ItemSpec,
+                                        device_count, elsewhere, where)
+from migration.grading.moe import grade_moe_all_to_all, grade_moe_dropped, grade_moe_grouped_gemm
+from migration.results import RunReport
 
-PASS, WARN, FAIL, NA, NOT_CHECKED = "pass", "warn", "fail", "n/a", "not checked"
 NUMERICS_TOLERANCE = 0.05  # final loss within 5% of the fp32 reference over the same steps
 FP8_TOLERANCE = 0.02  # an fp8 run's final loss within 2% of the bf16 run's over the same steps
 SCALING_EFFICIENCY = 0.8  # per-device throughput at N devices against 1, for a pass
 BENCHMARK_RATIO = 0.9  # migrated throughput against the user's measured TPU job, for a pass
-# The share of token slots a capacity-dispatch MoE run may drop for a pass: GShard and Switch report
-# training at about 1% dropped with a capacity factor of 1.25 to 2 once the router has learnt to spread.
-MOE_DROPPED_BOUND = 0.01
 PMAP_RULES = ("PMAP001", "PMAP002", "PMAP003")
 API_RULES = ("TPU001", *PMAP_RULES, "REMOVED001", "REMOVED002", "TOPO001", "GCS001")
 SHAPE_RULES = ("SHAPE001", "TRACE001")
 MONITOR_HINT = "read memory_stats() (peak_bytes_in_use, bytes_limit) and NVML utilisation in the training job"
 
 
-@dataclasses.dataclass(frozen=True)
-class ChecklistItem:
-    id: str
-    item: str
-    status: str
-    evidence: str
-    action: str
-
-
-@dataclasses.dataclass(frozen=True)
-class Evidence:
-    """What the checklist is graded from.
-
-    `run` is the migrated run as it actually ran; `ran_plan` the plan for the machine it ran on
-    when that differs from `plan` (a plan made for another GPU, re-fitted or checked here)."""
-
-    plan: Plan
-    run: RunReport | None = None
-    ran_plan: Plan | None = None
-    code: CodeCheck | None = None
-    fp32_reference: RunReport | None = None
-    bf16_reference: RunReport | None = None  # an fp8 run's: the same config in bf16
-    tpu_style_run: RunReport | None = None
-    pmap_run: RunReport | None = None  # the TPU-era pmap step on the same config, devices and data
-    scaling_runs: tuple[RunReport, ...] = ()
-    tpu_step_ms: float | None = None  # the user's measured TPU step time at the requested global batch
-
-    def __post_init__(self) -> None:
-        if self.code is not None and self.code.role == "serving":  # a server's code says nothing of the training job
-            object.__setattr__(self, "code", None)
-
-    @property
-    def ran(self) -> bool:
-        return self.run is not None and self.run.ok
-
-    @property
-    def budget_plan(self) -> Plan:
-        """The plan whose budget applies to the run: the one for the machine it ran on."""
-        return self.ran_plan or self.plan
-
-    def on_target(self, r: RunReport | None) -> bool:
-        """Whether `r` ran on the plan's target GPU (same catalog entry, or the planned local GPU)."""
-        if r is None or r.backend != "gpu" or not r.device_kind:
-            return False
-        if self.plan.target == "local":
-            return self.plan.planned_device_kind == r.device_kind
-        spec = gpu_spec_for_device_kind(r.device_kind)
-        return spec is not None and spec.key == self.plan.target
-
-    def findings(self, rules: tuple[str, ...]) -> list:
-        """The findings of these rules that the check kept (a check from the app keeps the first ones)."""
-        return [f for f in (self.code.findings if self.code else ()) if f.rule in rules]
-
-    def finding_count(self, rules: tuple[str, ...], severity: str | None = None) -> int:
-        """How many findings of these rules the check made, kept or only counted."""
-        return self.code.count(rules, severity) if self.code else 0
-
-
-Grade = tuple[str, str, str]  # status, evidence, action
-
-
 def _finite(value: object) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value)
-
-
-def device_count(r: RunReport) -> int:
-    """The devices a run measured: as the run reported them, else as it was configured."""
-    return r.device_count or r.devices
-
-
-def where(r: RunReport) -> str:
-    return f"measured on {r.device_kind} x{device_count(r)} ({r.backend} backend), JAX {r.jax_version}"
-
-
-def _elsewhere(ev: Evidence, r: RunReport) -> str:
-    """Why a measurement is not the target's, for a warn."""
-    if r.backend != "gpu":
-        return f"measured on the CPU backend ({r.device_kind}), not on {ev.plan.target_name}"
-    return f"measured on {r.device_kind}, not on the target {ev.plan.target_name}"
 
 
 def _lines(findings: list, total: int = 0) -> str:
@@ -168,7 +86,7 @@ def grade_profile(ev: Evidence) -> Grade:
     text = f"{p['steps']} step(s) traced ({p['path']}); time by op: {top}; {where(r)}"
     if ev.on_target(r):
         return PASS, text, "open the trace in Perfetto (ui.perfetto.dev) or XProf; attack the largest ops first"
-    return WARN, f"{text}; {_elsewhere(ev, r)}: bottlenecks on the GPU differ", \
+    return WARN, f"{text}; {elsewhere(ev, r)}: bottlenecks on the GPU differ", \
         f"capture the profile on {ev.plan.target_name}"
 
 
@@ -201,7 +119,7 @@ def grade_batch(ev: Evidence) -> Grade:
         refit = (r.per_device_batch, r.accumulation_steps) != (plan.per_device_batch, plan.accumulation_steps)
         measured = (f"; the run here ({r.per_device_batch} per device x {r.accumulation_steps}, "
                     f"{'re-fitted to this machine' if refit else 'as planned'}) peaked at "
-                    f"{fmt_bytes(r.peak_memory_bytes)} ({r.peak_memory_source}); {_elsewhere(ev, r)}")
+                    f"{fmt_bytes(r.peak_memory_bytes)} ({r.peak_memory_source}); {elsewhere(ev, r)}")
     elif r is not None:
         measured = f"; the run {r.status} ({r.failure_kind}: {r.message[:160]})"
     else:
@@ -264,7 +182,7 @@ def grade_scaling(ev: Evidence) -> Grade:
     off = [r for r in runs if not ev.on_target(r)]
     if off:
         shared = ": XLA's CPU devices share the host's cores" if off[0].backend != "gpu" else ""
-        return WARN, f"{text}; {_elsewhere(ev, off[0])}{shared}", \
+        return WARN, f"{text}; {elsewhere(ev, off[0])}{shared}", \
             f"measure on {plan.gpus} x {plan.target_name}"
     efficiency = per_device[counts[-1]] / per_device[counts[0]]
     text += f"; efficiency {efficiency:.0%} from {counts[0]} to {counts[-1]}"
@@ -302,7 +220,7 @@ def grade_benchmark(ev: Evidence) -> Grade:
     text = (f"{migrated} vs your {plan.source_name} job {fmt_count(tpu_rate, 'samples/s')} ({measured_ms:g} ms per step at a "
             f"global batch of {plan.requested_global_batch}, as you measured it): {ratio:.2f}x{here}")
     if not ev.on_target(r):
-        return WARN, f"{text}; {_elsewhere(ev, r)}", f"run the plan on {plan.gpus} x {plan.target_name}"
+        return WARN, f"{text}; {elsewhere(ev, r)}", f"run the plan on {plan.gpus} x {plan.target_name}"
     if device_count(r) < plan.gpus:
         return WARN, (f"{text}; measured on {device_count(r)} of the plan's {plan.gpus} GPUs: at linear scaling "
                       f"{ratio * plan.gpus / device_count(r):.2f}x, an ESTIMATE"), \
@@ -405,7 +323,7 @@ def grade_recompilation(ev: Evidence) -> Grade:
         return WARN, f"{measured}; your code: {_lines(found)}", "drop or pad the last batch; use lax.cond for traced branches"
     clean = f"{measured}; {_code_scope(ev.code)}: no varying batch shapes or traced Python branches"
     if not ev.on_target(r):
-        return WARN, f"{clean}; {_elsewhere(ev, r)}", f"confirm on {ev.plan.target_name}"
+        return WARN, f"{clean}; {elsewhere(ev, r)}", f"confirm on {ev.plan.target_name}"
     return PASS, clean, "none"
 
 
@@ -438,7 +356,7 @@ def grade_numerics(ev: Evidence) -> Grade:
     if rel > NUMERICS_TOLERANCE:
         return WARN, text, "check loss scaling or use bf16; compare over more steps"
     if not ev.on_target(r):
-        return WARN, f"{text}; {_elsewhere(ev, r)}: GPU kernels round differently", \
+        return WARN, f"{text}; {elsewhere(ev, r)}: GPU kernels round differently", \
             f"repeat the comparison on {ev.plan.target_name}"
     return _unless_code_says(ev, (PASS, text, "none"), "BF16OPT001",
                              "your code keeps optimizer state or accumulators in 16 bits, which this run does not",
@@ -477,7 +395,7 @@ def _grade_fp8(ev: Evidence) -> Grade:
     if rel > FP8_TOLERANCE:
         return WARN, text, "compare over more steps; if the gap grows, use bf16"
     if not ev.on_target(r):
-        return WARN, f"{text}; {_elsewhere(ev, r)}: the GPU's fp8 kernels round differently", \
+        return WARN, f"{text}; {elsewhere(ev, r)}: the GPU's fp8 kernels round differently", \
             f"repeat the comparison on {ev.plan.target_name}"
     return PASS, text, "none"
 
@@ -513,128 +431,8 @@ def grade_pmap(ev: Evidence) -> Grade:
         return WARN, f"{text}; this compares the tool's two steps: {unchecked} for pmap-era calls", CHECK_CODE
     text += f"; {_code_scope(ev.code)}: no pmap-era calls"
     if not (ev.on_target(r) and ev.on_target(before)):
-        return WARN, f"{text}; {_elsewhere(ev, r)}", f"compare the two steps' throughput on {ev.plan.target_name}"
+        return WARN, f"{text}; {elsewhere(ev, r)}", f"compare the two steps' throughput on {ev.plan.target_name}"
     return PASS, text, "retire the pmap step; keep jit with NamedSharding"
-
-
-@dataclasses.dataclass(frozen=True)
-class ItemSpec:
-    title: str
-    statuses: tuple[str, ...]  # every status the function can return
-    grade: Callable[[Any], Grade]  # of an Evidence (or the serving checklist's ServingEvidence)
-
-
-def _moe_model(ev: Evidence) -> Any | None:
-    """The planned mixture-of-experts model's config (None for another workload)."""
-    if ev.plan.workload != "moe":
-        return None
-    # reason: the workloads import JAX; only a mixture-of-experts plan's grading needs its config
-    from workloads import WORKLOADS
-
-    model = (ev.run.config.get("model") if ev.run is not None and ev.run.config else None) or ev.plan.model
-    try:
-        return WORKLOADS["moe"].config(ev.plan.preset, {k: v for k, v in model.items()})
-    except Exception:  # noqa: BLE001 - a config the workload refuses grades as not checked
-        return None
-
-
-def grade_moe_dropped(ev: Evidence) -> Grade:
-    if ev.plan.workload != "moe":
-        return NA, "not a mixture-of-experts model", "none"
-    cfg = _moe_model(ev)
-    if cfg is None:
-        return NOT_CHECKED, "the planned model's config could not be read", "plan the model again"
-    if cfg.dispatch == "dropless":
-        return NA, "dropless dispatch: every token slot is computed (grouped products), none dropped", "none"
-    if not ev.ran or ev.run.router_dropped_mean is None:
-        return NOT_CHECKED, f"capacity dispatch at a factor of {cfg.capacity_factor:g}: no run measured the share of " \
-                            "token slots dropped", "run the plan (the run records the router's dropped share and load)"
-    r = ev.run
-    measured = (f"{r.router_dropped_mean:.2%} of token slots dropped on average over the timed steps (largest "
-                f"{r.router_dropped_max:.2%}; bound {MOE_DROPPED_BOUND:.0%}), the busiest expert at "
-                f"{r.router_load_mean:.2f}x an even share (capacity factor {cfg.capacity_factor:g}); {where(r)}")
-    if r.router_dropped_mean > MOE_DROPPED_BOUND:
-        return FAIL, measured, ("raise capacity_factor (each step drops the slots past it), keep the load-balancing "
-                                "loss on, or compute the experts dropless")
-    if not ev.on_target(r):
-        return WARN, f"{measured}; {_elsewhere(ev, r)}", f"confirm on {ev.plan.target_name} with your data"
-    return PASS, measured, "none"
-
-
-def moe_product_ratios(cfg: Any, remat: str) -> tuple[float, float]:
-    """(grouped, loop): the compiled matrix-product FLOPs over the model's FLOPs (with the policy's recompute)
-    that grouped products give (dropless: the model's; capacity: the routed experts' share times the capacity
-    factor, plus the one-hot dispatch and combine products), and that a loop of dense products of every routed
-    slot by every expert gives (the routed share times n_experts)."""
-    # reason: the workloads import JAX; only a mixture-of-experts plan's grading needs them
-    from workloads import WORKLOADS
-
-    w = WORKLOADS["moe"]
-    step = w.flops_per_example(cfg)
-    share = 6.0 * cfg.seq_len * w.routed_expert_params(cfg) * cfg.top_k / cfg.n_experts / step  # routed experts'
-    factors = recompute_factors(w.forward_flops_by_part(cfg), step)
-    recompute = factors.get(remat, factors["full"])
-    grouped = 1.0
-    if cfg.dispatch == "capacity":
-        slots = cfg.n_experts * max(1, math.ceil(cfg.capacity_factor * cfg.seq_len * cfg.top_k / cfg.n_experts))
-        one_hot = cfg.n_moe_layers * 3 * 2 * (2.0 * cfg.seq_len * slots * cfg.d_model)  # dispatch, combine; fwd+bwd
-        grouped += share * (slots / (cfg.seq_len * cfg.top_k) - 1.0) + one_hot / step
-    return recompute * grouped, recompute * (1.0 + share * (cfg.n_experts - 1.0))
-
-
-def grade_moe_grouped_gemm(ev: Evidence) -> Grade:
-    if ev.plan.workload != "moe":
-        return NA, "not a mixture-of-experts model", "none"
-    cfg = _moe_model(ev)
-    if cfg is None:
-        return NOT_CHECKED, "the planned model's config could not be read", "plan the model again"
-    r = ev.run
-    if not ev.ran or not r.compiled_matmul_flops or not r.model_flops_per_device_step:
-        return NOT_CHECKED, "no run read its compiled step's matrix products", \
-            "run the plan (the run reads the compiled step's matrix-product FLOPs against the model's)"
-    grouped, loop = moe_product_ratios(cfg, r.remat)
-    ratio = r.compiled_matmul_flops / r.model_flops_per_device_step
-    measured = (f"the compiled step's matrix products are {ratio:.2f}x the model's FLOPs ({cfg.dispatch} dispatch, "
-                f"remat {r.remat}: grouped products would give about {grouped:.2f}x, a dense loop over the "
-                f"{cfg.n_experts} experts about {loop:.2f}x); {where(r)}")
-    looped = loop > 1.1 * grouped and ratio >= (grouped + loop) / 2
-    fix = ("use capacity dispatch, or a grouped-GEMM kernel (MaxText's megablox / Tokamax GMM on TPU, cuDNN or "
-           "Transformer Engine grouped GEMMs on GPU)")
-    if not ev.on_target(r):
-        return WARN, f"{measured}; {_elsewhere(ev, r)}" + (": this compiler made a dense loop of them" if looped else
-                                                           ""), f"confirm on {ev.plan.target_name} (its compiler " \
-                                                                "lowers the expert products its own way)"
-    if looped:
-        return FAIL, f"{measured}: the experts compiled as dense products of every slot by every expert", fix
-    return PASS, measured, "none"
-
-
-def grade_moe_all_to_all(ev: Evidence) -> Grade:
-    if ev.plan.workload != "moe":
-        return NA, "not a mixture-of-experts model", "none"
-    lay = parse_layout(ev.plan.sharding)
-    if lay.expert == 1:
-        return NA, f"{ev.plan.sharding}: no expert parallelism, so no all-to-all (each GPU computes every expert " \
-                   "its tokens need)", "none"
-    domain = ev.plan.domain_gpus or ev.plan.gpus_per_node
-    inside = lay.inner <= domain
-    planned = (f"{ev.plan.sharding}: experts over {lay.expert} GPUs"
-               + (f" ({lay.inner} with the tensor split), " if lay.tensor > 1 else ", ")
-               + (f"inside a link domain of {domain}" if inside else f"wider than a link domain of {domain}: the "
-                  "all-to-all crosses the network"))
-    if not inside:
-        return WARN, planned, f"keep E x T within {domain} GPUs (ici_expert_parallelism inside a node), or accept the " \
-                              "network all-to-all the plan prices"
-    if not ev.ran:
-        return NOT_CHECKED, f"{planned}; no run", "run the plan"
-    r = ev.run
-    if parse_layout(r.sharding).expert != lay.expert or device_count(r) < lay.inner:
-        return WARN, f"{planned}; the run used {r.sharding} on {device_count(r)} device(s), not the plan's expert " \
-                     "split", f"run the plan's layout on {lay.inner} GPUs of one node"
-    measured = f"{planned}; the run ran that expert split on {device_count(r)} devices; {where(r)}"
-    if not ev.on_target(r):
-        return WARN, f"{measured}; {_elsewhere(ev, r)}", f"confirm on {ev.plan.target_name}"
-    return PASS, measured, "none"
 
 
 ITEMS: dict[str, ItemSpec] = {
