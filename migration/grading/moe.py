@@ -17,26 +17,25 @@ from migration.planning.search import recompute_factors
 MOE_DROPPED_BOUND = 0.01
 
 
-def moe_model(ev: Evidence) -> Any | None:
-    """The planned mixture-of-experts model's config (None for another workload)."""
+def moe_model(ev: Evidence) -> tuple[Any, Grade | None]:
+    """The planned mixture-of-experts model's config (the run's dimensions where it ran), or the grade of an
+    item that cannot use one: n/a for another workload, not checked for a config the workload refuses."""
     if ev.plan.workload != "moe":
-        return None
+        return None, (NA, "not a mixture-of-experts model", "none")
     # reason: the workloads import JAX; only a mixture-of-experts plan's grading needs its config
     from workloads import WORKLOADS
 
     model = (ev.run.config.get("model") if ev.run is not None and ev.run.config else None) or ev.plan.model
     try:
-        return WORKLOADS["moe"].config(ev.plan.preset, {k: v for k, v in model.items()})
-    except Exception:  # noqa: BLE001 - a config the workload refuses grades as not checked
-        return None
+        return WORKLOADS["moe"].config(ev.plan.preset, dict(model)), None
+    except ValueError:  # the workload's ModelConfigError and WorkloadError
+        return None, (NOT_CHECKED, "the planned model's config could not be read", "plan the model again")
 
 
 def grade_moe_dropped(ev: Evidence) -> Grade:
-    if ev.plan.workload != "moe":
-        return NA, "not a mixture-of-experts model", "none"
-    cfg = moe_model(ev)
-    if cfg is None:
-        return NOT_CHECKED, "the planned model's config could not be read", "plan the model again"
+    cfg, ungraded = moe_model(ev)
+    if ungraded:
+        return ungraded
     if cfg.dispatch == "dropless":
         return NA, "dropless dispatch: every token slot is computed (grouped products), none dropped", "none"
     if not ev.ran or ev.run.router_dropped_mean is None:
@@ -76,11 +75,9 @@ def moe_product_ratios(cfg: Any, remat: str) -> tuple[float, float]:
 
 
 def grade_moe_grouped_gemm(ev: Evidence) -> Grade:
-    if ev.plan.workload != "moe":
-        return NA, "not a mixture-of-experts model", "none"
-    cfg = moe_model(ev)
-    if cfg is None:
-        return NOT_CHECKED, "the planned model's config could not be read", "plan the model again"
+    cfg, ungraded = moe_model(ev)
+    if ungraded:
+        return ungraded
     r = ev.run
     if not ev.ran or not r.compiled_matmul_flops or not r.model_flops_per_device_step:
         return NOT_CHECKED, "no run read its compiled step's matrix products", \
