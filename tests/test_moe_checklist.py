@@ -51,8 +51,26 @@ def test_a_run_records_its_routers_dropped_share_and_load(world):
     roomy, tight = world["roomy"], world["tight"]
     assert roomy.router_dropped_mean == 0.0 and roomy.router_dropped_max == 0.0  # room for every slot
     assert 0.05 < tight.router_dropped_mean <= tight.router_dropped_max < 1.0
-    for r in (roomy, tight):
-        assert 1.0 <= r.router_load_mean <= r.router_load_max <= 4.0  # 1: even; 4: every slot to one of 4 experts
+
+
+@pytest.mark.parametrize("model", [TIGHT, ROOMY], ids=["tight", "roomy"])
+def test_the_runs_router_figures_are_the_routers_own_count_on_its_first_batch(model):
+    """A one-step run's figures (out of the compiled step, through the run's events into its report) against the
+    model itself on the same parameters and batch, in-process: the dropped share the capacity dispatch computes
+    and the busiest expert's load (tests/test_moe.py checks a layer's load against its router's counted top-k
+    choices)."""
+    from migration.step.train import TrainProgram
+
+    cfg = RunConfig(workload="moe", preset="tiny", model=model, per_device_batch=4, steps=1, warmup_steps=0)
+    report = run(cfg)
+    assert report.ok, report.message + report.stderr_tail
+    program = TrainProgram.from_config(cfg)
+    decoder = program.build_model(program.seed)
+    tokens = program.make_batch(0)["tokens"][0]
+    _, routing = decoder.hidden_and_router(tokens[:, :-1])
+    assert report.router_dropped_mean == pytest.approx(float(routing.dropped), abs=1e-6)
+    assert report.router_load_mean == pytest.approx(float(routing.load), rel=1e-6)
+    assert report.router_load_mean == report.router_load_max and report.router_load_mean > 1.0  # one step
 
 
 def test_dropped_slots_grade_from_the_run_against_the_bound(world):
