@@ -223,6 +223,41 @@ def test_splash_attention_on_a_tpu_counts_its_kernels_products_under_the_causal_
     assert (k.kind, k.flops) == ("attention", 2.0 * products * (2 * 4 * 128 * 64) * 128 / 2)
 
 
+def test_a_tpu_grouped_product_counts_each_row_once_forward_and_for_the_weights_gradient():
+    """A dropless MoE layer's `ragged_dot` as libtpu compiles it (cut from a v5p compile of the tiny MoE):
+    forward, its Mosaic kernel multiplies rows [512, 64] by 8 groups' [64, 256] weights, each row by its own
+    group's: 2 x 512 x 256 x 64 = 16,777,216 FLOPs. The weights' gradient is one convolution over both inputs
+    masked per group (pred [8, 512]) into [8, 64, 256]: its shape is 8 x that, its work a grouped GEMM's,
+    16,777,216 too."""
+    text = """HloModule step
+
+%select_fusion (kernel: bf16[512,256], activations: bf16[512,64], output_mask: pred[8,512]) -> bf16[8,64,256] {
+  %activations = bf16[512,64]{1,0} parameter(1)
+  %output_mask = pred[8,512]{1,0} parameter(2)
+  %a = bf16[8,512,64]{2,1,0} broadcast(%activations), dimensions={1,2}
+  %kernel = bf16[512,256]{1,0} parameter(0)
+  %k = bf16[8,512,256]{2,1,0} broadcast(%kernel), dimensions={1,2}
+  ROOT %conv = bf16[8,64,256]{2,1,0} convolution(%a, %k), window={size=8 stride=7 lhs_dilate=8}, dim_labels=0fb_0io->0bf
+}
+
+ENTRY %main (x: bf16[512,64], w: bf16[8,64,256], sizes: s32[8], dy: bf16[512,256], mask: pred[8,512]) -> f32[] {
+  %x = bf16[512,64]{1,0} parameter(0)
+  %w = bf16[8,64,256]{2,1,0} parameter(1)
+  %sizes = s32[8]{0} parameter(2)
+  %dy = bf16[512,256]{1,0} parameter(3)
+  %mask = pred[8,512]{1,0} parameter(4)
+  %ragged-dot-none = bf16[512,256]{1,0} custom-call(%sizes, %x, %w), custom_call_target="tpu_custom_call", metadata={op_name="jit(step)/shard_map/ragged_dot_general/ragged-dot-none"}
+  %ragged-dot-metadata = s32[8]{0} custom-call(%sizes), custom_call_target="tpu_custom_call", metadata={op_name="ragged-dot-metadata"}
+  %grad = bf16[8,64,256]{2,1,0} fusion(%dy, %x, %mask), kind=kOutput, calls=%select_fusion
+  ROOT %r = f32[] constant(0)
+}
+"""
+    k = kernels(text)
+    assert (k["ragged-dot-none"].kind, k["ragged-dot-none"].flops) == ("matmul", 2 * 512 * 256 * 64)
+    assert (k["ragged-dot-metadata"].kind, k["ragged-dot-metadata"].flops) == ("memory", 0.0)
+    assert (k["grad"].kind, k["grad"].flops) == ("convolution", 2 * 512 * 256 * 64)
+
+
 def test_another_tpu_kernel_or_custom_call_is_memory_traffic_only():
     text = program("  %q = bf16[2,4,128,64]{3,2,1,0} parameter(0)\n"
                    '  %other = bf16[2,4,128,64]{3,2,1,0} custom-call(%q), custom_call_target="tpu_custom_call"\n'

@@ -276,7 +276,22 @@ class _Experts(nnx.Module):
 
     def _dropless(self, x: jax.Array, experts: jax.Array, weights: jax.Array, up: jax.Array,
                   down: jax.Array) -> jax.Array:
-        """Every slot computed: the N x k slots sorted by expert, two grouped products over them."""
+        """Every slot computed: on each device, its own tokens' N x k slots sorted by expert and two grouped
+        products over them with the whole experts (gathered by the layout). A grouped product is a kernel
+        XLA's partitioner cannot split (on a sharded batch it would gather every device's rows and compute
+        them all everywhere), so it runs in shard_map over the ambient mesh (set by the step: migration/step/
+        train.py), each device's rows split over every axis of the mesh, the tensor axis too."""
+        mesh = jax.sharding.get_abstract_mesh()
+        axes = () if mesh.empty else tuple(a for a in mesh.axis_names if mesh.shape[a] > 1)
+        if not axes or x.shape[0] % math.prod(mesh.shape[a] for a in axes):
+            return self._grouped(x, experts, weights, up, down)
+        rows, whole = jax.sharding.PartitionSpec(axes), jax.sharding.PartitionSpec()
+        return jax.shard_map(self._grouped, mesh=mesh, in_specs=(rows, rows, rows, whole, whole), out_specs=rows,
+                             check_vma=False)(x, experts, weights, up, down)
+
+    def _grouped(self, x: jax.Array, experts: jax.Array, weights: jax.Array, up: jax.Array,
+                 down: jax.Array) -> jax.Array:
+        """The slots of the rows `x` sorted by expert and computed by two grouped products."""
         n, k = experts.shape
         slots = experts.reshape(-1)
         order = jnp.argsort(slots)

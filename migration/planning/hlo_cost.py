@@ -332,6 +332,7 @@ class ProgramReader:
                 if index is not None and index < len(read):
                     read[index] = 0.0
         flops, units, kind = 0.0, [], "memory"
+        groups = _masked_groups(body, root)
         for i in body:
             if i.opcode == "dot":
                 f, u = self._dot(i, inner)
@@ -341,7 +342,7 @@ class ProgramReader:
                 flops += self._convolution(i, [inner.get(o, "") for o in i.operands])
                 kind = "convolution"
                 units.append(self._unit(inner.get(i.operands[0], i.shape)))
-        return flops, (units[0] if units else None), kind, read, written
+        return flops / groups, (units[0] if units else None), kind, read, written
 
     def _custom_call(self, ins: Instruction, shapes: dict[str, str], written: float):
         target = re.search(r'custom_call_target="([^"]+)"', ins.attrs)
@@ -364,6 +365,8 @@ class ProgramReader:
                 "convolution", written
         if target == "tpu_custom_call" and ins.name.startswith("splash_mha"):
             return self._splash(ins, operands), self._unit(ins.shape), "attention", written
+        if target == "tpu_custom_call" and re.search(r'op_name="[^"]*ragged-dot-none', ins.attrs):
+            return self._grouped_gemm(ins, operands), self._unit(ins.shape), "matmul", written
         return 0.0, None, "memory", written
 
     # -- FLOPs -----------------------------------------------------------------------------
@@ -402,6 +405,17 @@ class ProgramReader:
         if config.get("mask_type") == "CAUSAL":
             forward /= 2
         return forward * (BACKWARD_ATTENTION if backward else 1.0)
+
+    @staticmethod
+    def _grouped_gemm(ins: Instruction, operands: list[str]) -> float:
+        """libtpu's grouped product (its Mosaic kernel for `ragged_dot`): rows (M, K) by the groups' weights
+        (G, K, N) into (M, N), each row multiplied by its own group's weights only: 2 x M x K x N."""
+        out = arrays(ins.shape)
+        if not out or len(out[0][1]) != 2:
+            return 0.0
+        m, n = out[0][1]
+        lhs = next((dims for s in operands for _, dims in arrays(s)[:1] if len(dims) == 2 and dims[0] == m), None)
+        return 2.0 * m * n * lhs[1] if lhs else 0.0
 
     def _splash(self, ins: Instruction, operands: list[str]) -> float:
         """TPU splash attention (a Pallas kernel, causal: the blocks above the diagonal are skipped), from its
@@ -599,3 +613,18 @@ def unpack(rows: list[list[Any]]) -> list[Kernel]:
     return [Kernel(f"{kind}#{i}", kind, flops * count, size * count, unit, count, group, asynchronous,
                    row[7] if len(row) > 7 else 1)
             for i, row in enumerate(rows) for (kind, flops, size, unit, count, group, asynchronous) in [row[:7]]]
+
+
+def _masked_groups(body: list[Instruction], root: Instruction | None) -> int:
+    """G where the fusion is libtpu's form of a grouped product's transpose (a `ragged_dot`'s weight gradient):
+    both inputs masked per group by a pred (G, M) parameter and one convolution over all G x M rows into the
+    groups' (G, K, N). Each row belongs to one group, so the work is a grouped GEMM's, 1/G of the product's
+    shape; 1 for every other fusion."""
+    if root is None or root.opcode != "convolution":
+        return 1
+    out = arrays(root.shape)
+    masks = [dims for i in body if i.opcode == "parameter" for dtype, dims in arrays(i.shape)[:1]
+             if dtype == "pred" and len(dims) == 2]
+    if out and len(out[0][1]) == 3 and any(dims[0] == out[0][1][0] > 1 for dims in masks):
+        return out[0][1][0]
+    return 1

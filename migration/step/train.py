@@ -193,9 +193,11 @@ class TrainProgram:
         metrics the workload reports beside its loss (`Workload.loss_and_metrics`; none for most)."""
         graphdef, workload = self.graphdef(mesh), self.workload
 
-        # A kernel XLA cannot partition (TPU's splash attention) runs in shard_map over the step's mesh,
-        # which the model reads from the context (only then set: every other program stays as it was).
-        in_mesh = mesh is not None and getattr(self.model_cfg, "attention", "") == "splash"
+        # A kernel XLA cannot partition (TPU's splash attention, an MoE layer's grouped products) runs in
+        # shard_map over the step's mesh, which the model reads from the context (only then set: every other
+        # program stays as it was).
+        in_mesh = mesh is not None and (getattr(self.model_cfg, "attention", "") == "splash"
+                                        or getattr(self.model_cfg, "dispatch", "") == "dropless")
 
         def micro_step(params, model_state, micro: Batch, scale):
             def scaled_loss(p):
