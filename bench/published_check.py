@@ -17,6 +17,7 @@ apart, never used to choose a constant.
     python bench/published_check.py --only ID  # one entry
     python bench/published_check.py --picked   # also plan each entry as a user would and score the picked plan
     python bench/published_check.py --tpu      # the TPU side against bench/published_tpu.json (tpu_published.py)
+    python bench/published_check.py --moe      # mixture-of-experts rows, GPU and TPU (moe_published.py)
 
 Compiles take 5-60 s each on two cores (the first run); later runs read them from the cache.
 """
@@ -128,6 +129,10 @@ UNROLLED = {"pax-gpt126m-64xa100-bf16", "pax-gpt126m-64xh100-tebf16"}
 def run_config(entry: dict):
     from migration.config.requests import RunConfig
 
+    if "moe" in entry:  # a mixture-of-experts entry (bench/published_moe.json)
+        from bench.moe_published import gpu_config
+
+        return gpu_config(entry)
     remat, attention, sharding, _ = MAPPING[entry["id"]]
     m = entry["model"]
     swiglu = m["mlp"] == "swiglu"
@@ -369,6 +374,10 @@ def picked_table(entries: list[dict]) -> tuple[list[list[str]], list[str]]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if "--moe" in argv:  # mixture-of-experts rows, GPU and TPU (bench/moe_published.py)
+        from bench import moe_published
+
+        return moe_published.main([a for a in argv if a != "--moe"])
     if "--tpu" in argv:  # the TPU side against published TPU measurements (bench/tpu_published.py)
         from bench import tpu_published
 

@@ -119,12 +119,16 @@ def layout_for(entry: dict) -> str:
 
     axes = parallelism(entry)
     return source_layout("fsdp", spec_for(entry), entry["slices"], axes.get("dcn_fsdp_parallelism", 1) > 1,
-                         max(1, axes.get("ici_tensor_parallelism", 1)))
+                         max(1, axes.get("ici_tensor_parallelism", 1)), max(1, axes.get("ici_expert_parallelism", 1)))
 
 
 def run_config(entry: dict):
     from migration.config.requests import RunConfig
 
+    if "moe" in entry:  # a mixture-of-experts entry (bench/published_moe.json)
+        from bench.moe_published import tpu_config
+
+        return tpu_config(entry)
     m = entry["model"]
     gated = m["mlp"] in ("swiglu", "geglu")
     modern = gated or m["mlp"] in ("relu", "squared_relu")  # MaxText's decoders: RMSNorm, rotary, no biases
