@@ -95,6 +95,8 @@ def score(entry: dict, cache: dict) -> dict:
     neither the published setup nor the product's fitting answer compiles)."""
     published = entry["measured"]["step_time_s"]
     if entry["side"] == "gpu":
+        if not tpu_published.COMPILE and published_check.program_cache_key(entry) not in cache:
+            raise tpu_published.NotCompiled(entry["id"])
         kernels = published_check.kernels_for(entry, cache)
         spec = GPU_SPECS[entry["gpu"]]
         p = steptime.predict(kernels, spec, Links.of(spec.key, entry["nodes"]), steptime.CALIBRATION)
@@ -122,7 +124,10 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="bench/published_check.py --moe")
     parser.add_argument("--only", help="entry ids, comma-separated")
     parser.add_argument("--json", metavar="PATH")
+    parser.add_argument("--cached-only", action="store_true",
+                        help="score only the rows whose programs are in the cache (the others listed as not compiled)")
     args = parser.parse_args(argv)
+    tpu_published.COMPILE = not args.cached_only
     everything = [e for e in entries() if not args.only or e["id"] in args.only.split(",")]
     cache = read_json(cache_dir() / "published_programs.json", {})
     columns = ["entry", "split", "hardware", "global / per device", "layout, experts, routing", "setup",
@@ -134,6 +139,9 @@ def main(argv: list[str]) -> int:
         except tpu_published.CompileError as exc:
             skipped[e["id"]] = str(exc)
             print(f"{e['id']}: not scored ({exc})", flush=True)
+            continue
+        except tpu_published.NotCompiled:
+            skipped[e["id"]] = "not compiled in this run (--cached-only)"
             continue
         p = s["prediction"]
         rows.append([e["id"], e["split"], s["where"], f"{e['global_batch']}/{s['cfg'].per_device_batch}x"

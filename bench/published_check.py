@@ -148,7 +148,7 @@ def run_config(entry: dict):
                      precision=entry["precision"], remat=remat, sharding=sharding)
 
 
-def _key(entry: dict) -> str:
+def program_cache_key(entry: dict) -> str:
     from migration.planning.compile_cache import code_fingerprint, package_versions
 
     cfg = run_config(entry)
@@ -242,7 +242,7 @@ def write_fixture(entry: dict, folder: Path = FIXTURES) -> float:
 
 
 def kernels_for(entry: dict, cache: dict) -> list[Kernel]:
-    key = _key(entry)
+    key = program_cache_key(entry)
     if key not in cache:
         kernels, seconds = compile_kernels(entry)
         cache[key] = [dataclasses.asdict(k) for k in kernels]
