@@ -102,6 +102,35 @@ def test_the_tpu_side_runs_splash_attention_and_the_reader_counts_its_products()
     assert attention_flops["xla"] == 0 and peaks["splash"] < peaks["xla"]
 
 
+def test_multi_head_latent_attention_on_the_tpu_side_runs_splash_with_its_values_padded():
+    """DeepSeek's attention (queries and keys 128 + 64 wide, values 64 here) on a TPU slice: splash's kernels
+    with the values padded to the queries' width, so the scores are never stored, where XLA's attention holds
+    each layer's (B, H, T, T) scores in float32; its products counted as for any splash attention."""
+    from migration.config.requests import RunConfig
+    from migration.planning.hlo_cost import read_program
+    from migration.planning.source import tpu_model
+    from migration.step.train import TrainProgram, abstract_batch, abstract_state, jit_step, make_mesh
+
+    dims = {"n_layers": 2, "first_dense": 1, "d_model": 256, "n_heads": 4, "n_kv_heads": 4, "vocab_size": 1024,
+            "seq_len": 512, "n_experts": 8, "top_k": 2, "expert_d_ff": 128, "d_ff": 512, "kv_lora_rank": 64,
+            "q_lora_rank": 0, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 64}
+    req = PlanRequest(workload="moe", preset="deepseek-v2-lite", model=dims, source="tpu-v5p-8", global_batch=8)
+    assert tpu_model(req)["attention"] == "splash"
+    topo = tpu_topology(TPU_SPECS["tpu-v5p-8"])
+    peaks, attention_flops = {}, {}
+    for attention in ("splash", "xla"):
+        cfg = RunConfig(workload="moe", preset="deepseek-v2-lite", model={**dims, "attention": attention},
+                        per_device_batch=2, devices=4, precision="bf16", remat="none", sharding="fsdp")
+        program = TrainProgram.from_config(cfg)
+        mesh = make_mesh(topo.devices, "fsdp")
+        compiled = jit_step(program, mesh).lower(abstract_state(program, mesh), abstract_batch(program, mesh)).compile()
+        peaks[attention] = compiled.memory_analysis().temp_size_in_bytes
+        attention_flops[attention] = sum(k.flops for k in read_program(compiled.as_text()) if k.kind == "attention")
+    # 2 layers x 9 products of 2 x B x H x T^2 x Dh (Dh 192: the padded values too), half of them masked
+    assert attention_flops["splash"] == pytest.approx(2 * 9 * 2 * 2 * 4 * 512**2 * 192 / 2)
+    assert attention_flops["xla"] == 0 and peaks["splash"] < peaks["xla"]
+
+
 def test_a_run_here_refuses_the_tpu_kernel_and_a_gpu_plan_takes_cudnns_for_it():
     from migration.common import ConfigError
     from migration.config.requests import RunConfig, validate

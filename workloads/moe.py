@@ -47,6 +47,7 @@ from workloads.transformer import (
     residual,
     rope_tables,
     rotate,
+    splash_attention,
     Decoder,
     TransformerConfig,
     check_config,
@@ -150,9 +151,10 @@ def check_moe_config(cfg: MoeConfig) -> MoeConfig:
     if cfg.attention_type == "mla":
         if cfg.qk_rope_head_dim % 2:
             raise ModelConfigError("qk_rope_head_dim", f"must be even (rotary pairs); got {cfg.qk_rope_head_dim}")
-        if cfg.attention not in ("xla",):
-            raise ModelConfigError("attention", f"multi-head latent attention runs as XLA's attention here (its "
-                                                f"query and value heads differ in width); got {cfg.attention!r}")
+        if cfg.attention not in ("xla", "splash"):
+            raise ModelConfigError("attention", f"multi-head latent attention runs as XLA's attention, or on a TPU "
+                                                f"slice as splash (its values padded to the queries' width); got "
+                                                f"{cfg.attention!r}")
     return cfg
 
 
@@ -180,7 +182,7 @@ class _LatentAttention(nnx.Module):
         self.kv_norm = nnx.RMSNorm(self.rank, epsilon=cfg.norm_eps, dtype=dtype, param_dtype=jnp.float32, rngs=rngs)
         self.kv = linear(plain, self.rank, h * (self.nope + self.v_dim), dtype=dtype, rngs=rngs)
         self.out = linear(plain, h * self.v_dim, d, dtype=dtype, rngs=rngs, init=out_init)
-        self.n_heads, self.lora_q = h, bool(cfg.q_lora_rank)
+        self.n_heads, self.lora_q, self.implementation = h, bool(cfg.q_lora_rank), cfg.attention
 
     def __call__(self, x: jax.Array, rope: tuple[jax.Array, jax.Array]) -> jax.Array:  # (B, T, D)
         b, t, _ = x.shape
@@ -195,7 +197,12 @@ class _LatentAttention(nnx.Module):
         k_nope, v = kv[..., :self.nope], kv[..., self.nope:]
         q = jnp.concatenate([q_nope, q_rope], axis=-1)
         k = jnp.concatenate([k_nope, k_rope], axis=-1)
-        y = checkpoint_name(_attention_any_v(q, k, v).reshape(b, t, -1), "attention_out")
+        if self.implementation == "splash":  # the kernel takes one head width: values padded, the padding cut
+            padded = jnp.pad(v, ((0, 0), (0, 0), (0, 0), (0, q.shape[-1] - self.v_dim)))
+            y = splash_attention(q, k, padded)[..., :self.v_dim]
+        else:
+            y = _attention_any_v(q, k, v)
+        y = checkpoint_name(y.reshape(b, t, -1), "attention_out")
         return checkpoint_name(self.out(y), "attention_proj")
 
 

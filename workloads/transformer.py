@@ -213,7 +213,7 @@ class Attention(nnx.Module):
         if self.implementation == "xla" and q.dtype == jnp.float16:
             return causal_attention(q, k, v)  # the CPU backend rejects jax.nn's fp16 version (float32 accumulation)
         if self.implementation == "splash":
-            return _splash_attention(q, k, v)
+            return splash_attention(q, k, v)
         # K < H heads are taken as they are (grouped-query attention)
         return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=self.implementation)
 
@@ -256,7 +256,7 @@ def _as_gemm(layer: Any, x: jax.Array, shards: int = 1) -> jax.Array:
     return layer(jnp.concatenate([x, jnp.zeros_like(x)], axis=1))[:, :1]
 
 
-def _splash_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
     """Causal attention by Pallas' splash kernel for TPUs (block-sparse flash attention: masked blocks
     skipped, the scores never stored), as MaxText runs it: queries scaled first, grouped key and value
     heads repeated, one kernel per sequence, inside `shard_map` over the mesh the step set (a custom call
