@@ -40,7 +40,7 @@ def model_fields(entry: dict) -> dict:
     """The run's model as overrides of its preset: its sequence, attention kernel and dispatch."""
     moe = entry["moe"]
     kernel = "splash" if entry["side"] == "tpu" else "cudnn"
-    if entry["model"]["attention_type"] == "mla":  # its query and value heads differ in width: XLA's attention
+    if entry["model"]["attention_type"] == "mla" and entry["side"] == "gpu":  # cuDNN's takes one head width
         kernel = "xla"
     model = {"seq_len": entry["model"]["seq_len"], "dispatch": moe["dispatch"], "attention": kernel}
     if moe["dispatch"] == "capacity":
