@@ -57,7 +57,7 @@ from workloads.transformer import (
 DISPATCHES = ("dropless", "capacity")
 # The mesh axis of expert parallelism, as migration/config/layouts.py names it (outside the batch's
 # data and FSDP axes, inside which the tensor split comes).
-EXPERT_AXIS = "expert"
+EXPERT_AXIS, TENSOR_AXIS = "expert", "tensor"
 ROUTER_SCORES = ("softmax", "sigmoid")
 MOE_ATTENTIONS = ("gqa", "mla")
 # Bounds of the MoE dimensions a user may give (beside the decoder's, transformer.DIM_LIMITS).
@@ -284,29 +284,50 @@ class _Experts(nnx.Module):
     def _dropless(self, x: jax.Array, experts: jax.Array, weights: jax.Array, up: jax.Array,
                   down: jax.Array) -> jax.Array:
         """Every slot computed: on each device, its own tokens' N x k slots sorted by expert and two grouped
-        products over them with the whole experts (gathered by the layout). A grouped product is a kernel
-        XLA's partitioner cannot split (on a sharded batch it would gather every device's rows and compute
-        them all everywhere), so it runs in shard_map over the ambient mesh (set by the step: migration/step/
-        train.py), each device's rows split over every axis of the mesh, the tensor axis too."""
+        products over them. A grouped product is a kernel XLA's partitioner cannot split (on a sharded batch
+        it would gather every device's rows and compute them all everywhere), so it runs in shard_map over the
+        ambient mesh (set by the step: migration/step/train.py), the rows split over every axis but the
+        tensor one. The experts come gathered by the layout, each kept split over a tensor axis by its hidden
+        units (Megatron's split: the gate's and the up projection's columns, the down projection's rows; the
+        partial outputs summed over the axis)."""
         mesh = jax.sharding.get_abstract_mesh()
         axes = () if mesh.empty else tuple(a for a in mesh.axis_names if mesh.shape[a] > 1)
-        if not axes or x.shape[0] % math.prod(mesh.shape[a] for a in axes):
+        tensor = TENSOR_AXIS if TENSOR_AXIS in axes else None
+        batch = tuple(a for a in axes if a != TENSOR_AXIS)
+        if not axes or x.shape[0] % math.prod(mesh.shape[a] for a in batch):
             return self._grouped(x, experts, weights, up, down)
-        rows, whole = jax.sharding.PartitionSpec(axes), jax.sharding.PartitionSpec()
-        return jax.shard_map(self._grouped, mesh=mesh, in_specs=(rows, rows, rows, whole, whole), out_specs=rows,
-                             check_vma=False)(x, experts, weights, up, down)
+        P = jax.sharding.PartitionSpec  # noqa: N806
+        rows = P(batch or None)
+        if tensor is None:
+            return jax.shard_map(self._grouped, mesh=mesh, in_specs=(rows, rows, rows, P(), P()), out_specs=rows,
+                                 check_vma=False)(x, experts, weights, up, down)
+        width = down.shape[-2]
+        parts = (up[..., :width], up[..., width:]) if self.cfg.gated else up  # the gate's and the up's columns
 
-    def _grouped(self, x: jax.Array, experts: jax.Array, weights: jax.Array, up: jax.Array,
+        def local(x, experts, weights, parts, down):
+            return jax.lax.psum(self._grouped(x, experts, weights, parts, down), TENSOR_AXIS)
+
+        by_column = P(None, None, TENSOR_AXIS)
+        return jax.shard_map(local, mesh=mesh, out_specs=rows, check_vma=False, in_specs=(
+            rows, rows, rows, (by_column, by_column) if self.cfg.gated else by_column, P(None, TENSOR_AXIS, None)))(
+            x, experts, weights, parts, down)
+
+    def _grouped(self, x: jax.Array, experts: jax.Array, weights: jax.Array, up: jax.Array | tuple[jax.Array, ...],
                  down: jax.Array) -> jax.Array:
-        """The slots of the rows `x` sorted by expert and computed by two grouped products."""
+        """The slots of the rows `x` sorted by expert and computed by grouped products (`up` the fused
+        projection, or the gate's and the up projection's columns apart)."""
         n, k = experts.shape
         slots = experts.reshape(-1)
         order = jnp.argsort(slots)
         token = order // k
         sizes = jnp.bincount(slots, length=self.cfg.n_experts).astype(jnp.int32)
         rows = jnp.take(x, token, axis=0).astype(self.dtype)  # (N k, D), by expert
-        h = checkpoint_name(jax.lax.ragged_dot(rows, up, sizes), "mlp_hidden")
-        y = jax.lax.ragged_dot(self._hidden(h), down, sizes)  # (N k, D)
+        if isinstance(up, tuple):
+            gate, lin = (checkpoint_name(jax.lax.ragged_dot(rows, w, sizes), "mlp_hidden") for w in up)
+            hidden = ACTIVATION[self.cfg.mlp](gate) * lin
+        else:
+            hidden = self._hidden(checkpoint_name(jax.lax.ragged_dot(rows, up, sizes), "mlp_hidden"))
+        y = jax.lax.ragged_dot(hidden, down, sizes)  # (N k, D)
         y = y * weights.reshape(-1)[order][:, None].astype(y.dtype)
         return jnp.zeros_like(x, dtype=y.dtype).at[token].add(y)
 
