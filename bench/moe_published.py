@@ -152,8 +152,7 @@ def main(argv: list[str]) -> int:
               f"({p.exposed_communication_s:.3f}s exposed)", flush=True)
     notes = summary(rows, scored)
     if skipped:
-        notes.append(f"Not scored ({len(skipped)} of {len(everything)}): "
-                     + "; ".join(f"{k}: {v}" for k, v in skipped.items()) + ".")
+        notes.append(tpu_published.skipped_note(skipped, len(everything)))
     notes.append("Calibrations as the dense rows fixed them (GPU: steptime.CALIBRATION, TPU: steptime.TPU_CALIBRATION); "
                  "no constant fitted on these rows.")
     for n in notes:

@@ -371,6 +371,11 @@ def program_for(entry: dict) -> tuple[list[Kernel], Any, str]:
 SPLITS = ("tune", "held-out", "held-out-new")
 
 
+def skipped_note(skipped: dict[str, str], total: int) -> str:
+    """The record's note of the entries not scored, each with why."""
+    return f"Not scored ({len(skipped)} of {total}): " + "; ".join(f"{k}: {v}" for k, v in skipped.items()) + "."
+
+
 def main(argv: list[str]) -> int:
     import argparse
 
@@ -438,8 +443,7 @@ def main(argv: list[str]) -> int:
             notes.append(f"{split} entries without the {len(errors) - len(sure)} marked low-confidence when gathered "
                          f"({', '.join(sorted(low & {r[0] for r in rows}))}): median error "
                          f"{statistics.median(sure):.1f}%, worst {max(sure):.1f}% ({len(sure)} scored).")
-    notes.append(f"Not scored ({len(skipped)} of {len(everything)}): " + "; ".join(
-        f"{eid}: {reason}" for eid, reason in skipped.items()) + ".")
+    notes.append(skipped_note(skipped, len(everything)))
     for n in notes:
         print(n)
     record.write(args.json, "published_tpu_check", [record.table(
