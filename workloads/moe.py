@@ -33,6 +33,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
+from workloads import moe_counts
 from workloads.base import ActivationProfile, BlockWrap, ModelConfigError, chunked_cross_entropy
 from workloads.decoders import DecoderWorkload
 from workloads.transformer import (
@@ -602,40 +603,12 @@ class MoeWorkload(DecoderWorkload):
         loss = chunked_cross_entropy(hidden, model.project, tokens[:, 1:]) + model.cfg.aux_loss * routing.balance
         return loss, {"router_dropped": routing.dropped, "router_load": routing.load}
 
-    # -- analytic counts ---------------------------------------------------------------------------
-    def _attention_params(self, cfg: MoeConfig) -> int:
-        d, h = cfg.d_model, cfg.n_heads
-        if cfg.attention_type == "mla":
-            qk = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
-            q = (d * cfg.q_lora_rank + cfg.q_lora_rank + cfg.q_lora_rank * h * qk) if cfg.q_lora_rank else d * h * qk
-            kv = (d * (cfg.kv_lora_rank + cfg.qk_rope_head_dim) + cfg.kv_lora_rank
-                  + cfg.kv_lora_rank * h * (cfg.qk_nope_head_dim + cfg.v_head_dim))
-            return q + kv + h * cfg.v_head_dim * d
-        kv = cfg.n_kv_heads * cfg.head_dim
-        return d * cfg.q_width + d * 2 * kv + cfg.q_width * d
-
-    def _mlp_params(self, cfg: MoeConfig, width: int) -> int:
-        return (3 if cfg.gated else 2) * cfg.d_model * width
-
-    def _counts(self, cfg: MoeConfig) -> tuple[int, int]:
-        """(total, active per token) parameters."""
-        d = cfg.d_model
-        norms = 2 * d
-        attn = self._attention_params(cfg)
-        dense = attn + norms + self._mlp_params(cfg, cfg.d_ff)
-        shared = self._mlp_params(cfg, cfg.n_shared_experts * cfg.expert_width) if cfg.n_shared_experts else 0
-        expert = self._mlp_params(cfg, cfg.expert_width)
-        moe_common = attn + norms + shared + d * cfg.n_experts
-        embeddings = cfg.vocab_size * d * (1 if cfg.tied_embeddings else 2) + d
-        total = embeddings + cfg.n_dense_layers * dense + cfg.n_moe_layers * (moe_common + cfg.n_experts * expert)
-        active = embeddings + cfg.n_dense_layers * dense + cfg.n_moe_layers * (moe_common + cfg.top_k * expert)
-        return total, active
-
+    # -- analytic counts (workloads/moe_counts.py) ---------------------------------------------------
     def param_count(self, cfg: MoeConfig) -> int:
-        return self._counts(cfg)[0]
+        return moe_counts.parameter_counts(cfg)[0]
 
     def routed_expert_params(self, cfg: MoeConfig) -> int:
-        return cfg.n_moe_layers * cfg.n_experts * self._mlp_params(cfg, cfg.expert_width)
+        return cfg.n_moe_layers * cfg.n_experts * moe_counts.mlp_params(cfg, cfg.expert_width)
 
     def dispatch_bytes_per_example(self, cfg: MoeConfig, elem: int) -> float:
         """The dispatch and the combine of every MoE layer: the sequence's token slots (k each, capacity_factor
@@ -645,22 +618,10 @@ class MoeWorkload(DecoderWorkload):
 
     def active_param_count(self, cfg: MoeConfig) -> int:
         """Parameters a token passes through: every dense weight, the shared experts and k routed ones."""
-        return self._counts(cfg)[1]
+        return moe_counts.parameter_counts(cfg)[1]
 
     def forward_flops_by_part(self, cfg: MoeConfig) -> dict[str, float]:
-        t, d = cfg.seq_len, cfg.d_model
-        n = cfg.n_layers
-        attn_params = self._attention_params(cfg)
-        qk = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim if cfg.attention_type == "mla" else cfg.head_dim
-        v = cfg.v_head_dim if cfg.attention_type == "mla" else cfg.head_dim
-        dense_mlp = self._mlp_params(cfg, cfg.d_ff)
-        expert = self._mlp_params(cfg, cfg.expert_width)
-        shared = self._mlp_params(cfg, cfg.n_shared_experts * cfg.expert_width) if cfg.n_shared_experts else 0
-        proj = cfg.attention_width * d
-        return {"qkv": n * 2 * t * (attn_params - proj), "attention": n * 2 * t * t * cfg.n_heads * (qk + v),
-                "attention_proj": n * 2 * t * proj,
-                "mlp": 2 * t * (cfg.n_dense_layers * dense_mlp + cfg.n_moe_layers * (shared + cfg.top_k * expert)),
-                "router": cfg.n_moe_layers * 2 * t * d * cfg.n_experts}
+        return moe_counts.forward_flops_by_part(cfg)
 
     def flops_per_example(self, cfg: MoeConfig) -> float:
         """6 x the matmul parameters a token passes (active), the output projection, and the attention
