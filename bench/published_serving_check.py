@@ -60,6 +60,11 @@ def plannable(entry: dict[str, Any]) -> str | None:
 
 def request_of(entry: dict[str, Any]) -> dict[str, Any]:
     m = entry["model"]
+    if m.get("workload"):  # a family's preset at its published dimensions (the mixture-of-experts rows)
+        return {"workload": m["workload"], "preset": m["preset"], "model": {}, "target": entry["gpu"],
+                "gpus": entry["gpus"], "precision": entry["precision"], "prompt_len": entry["input_len"],
+                "gen_len": entry["output_len"], "batches": [entry["concurrency"]] if entry["concurrency"] else [],
+                "kv_cache": "fp8" if entry.get("kv_cache") == "fp8" else "auto"}
     model = {"n_layers": m["n_layers"], "d_model": m["d_model"], "n_heads": m["n_heads"], "n_kv_heads": m["n_kv_heads"],
              "d_ff": m["d_ff"], "vocab_size": m["vocab_size"], "tied_embeddings": m["tied_embeddings"],
              "context": max(131072, entry["input_len"] + entry["output_len"])}

@@ -325,3 +325,17 @@ def mix_text(classes: list[Any]) -> str:
     if len(classes) == 1:
         return f"prompt {classes[0][1]:,}, generation {classes[0][2]:,} tokens"
     return "mix " + ", ".join(f"{share:.0%} {prompt:,}:{gen:,}" for share, prompt, gen in classes)
+
+
+def experts_text(plan: dict[str, Any]) -> str:
+    """A serving plan's mixture-of-experts summary in words, or "" for a dense model."""
+    moe = plan.get("mixture_of_experts")
+    if not moe:
+        return ""
+    rows = plan.get("rows") or []
+    touched = ", ".join(f"{r['experts_touched']:.1f} at {r['batch']:,}" for r in rows if r.get("experts_touched"))
+    return (f"Mixture of experts: {moe['param_count'] / 1e9:.1f}B parameters, {moe['active_param_count'] / 1e9:.1f}B "
+            f"active a token; {moe['experts']} routed experts (top {moe['top_k']}) in {moe['moe_layers']} layers, "
+            f"{moe['layout']} ({moe['experts_per_gpu']} a GPU, {moe['routed_bytes_per_gpu_held'] / 1e9:.1f} GB of "
+            f"them per GPU); attention {moe['attention']}. A decode step reads the experts its tokens touch "
+            f"(expected, even routing: {touched} running sequences); the routed experts are priced {moe['priced']}.")

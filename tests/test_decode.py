@@ -18,7 +18,7 @@ import pytest
 from flax import nnx
 
 from workloads.base import no_wrap
-from workloads.decoding import cache_shape, empty_cache
+from workloads.decoding import cache_shapes, empty_cache
 from workloads.decoders import LLAMA, WORKLOAD
 from workloads.transformer import Decoder
 
@@ -80,7 +80,7 @@ def test_prefill_then_decode_gives_the_full_forward_logits_at_every_position(fam
         step, cache = extend(tokens[:, i:i + 1], jnp.full((2,), i, jnp.int32), cache)
         errors.append(close(step[:, 0], full[:, i], dtype))
     assert max(errors) <= TOLERANCE[dtype], errors
-    assert len(cache["k"]) == cfg.n_layers and cache["k"][0].shape == cache_shape(cfg, 2, 24, dtype)
+    assert len(cache["k"]) == cfg.n_layers and cache["k"][0].shape == cache_shapes(cfg, 2, 24, dtype)[0]
     assert cache["k"][0].shape[1] == cfg.n_kv_heads and cache["k"][0].dtype == dtype  # grouped heads once
 
 
@@ -146,5 +146,5 @@ def test_the_cache_layout_is_the_one_its_attention_reads_in_place():
     assert kv_cache.cache_layout("cudnn", jnp.float8_e4m3fn) == kv_cache.HEADS_FIRST  # fp8: XLA's products
     assert kv_cache.cache_layout("xla", jnp.bfloat16) == kv_cache.HEADS_FIRST
     cfg = dataclasses.replace(FAMILIES["llama-tied"], attention="cudnn")
-    assert cache_shape(cfg, 3, 40, jnp.bfloat16) == (3, 40, cfg.n_kv_heads, cfg.head_dim)
-    assert cache_shape(FAMILIES["llama-tied"], 3, 40, jnp.bfloat16) == (3, cfg.n_kv_heads, 40, cfg.head_dim)
+    assert cache_shapes(cfg, 3, 40, jnp.bfloat16)[0] == (3, 40, cfg.n_kv_heads, cfg.head_dim)
+    assert cache_shapes(FAMILIES["llama-tied"], 3, 40, jnp.bfloat16)[0] == (3, cfg.n_kv_heads, 40, cfg.head_dim)

@@ -23,7 +23,7 @@ import pandas as pd
 from gradio.components import Component
 
 from migration.codecheck import CodeCheck
-from migration.common import ConfigError, fmt_bytes, fmt_count, fmt_number, fmt_seconds, mix_text, model_name, private_dir, write_csv
+from migration.common import ConfigError, fmt_bytes, fmt_count, fmt_number, fmt_seconds, experts_text, mix_text, model_name, private_dir, write_csv
 from migration.config import forms
 from migration.config.fields import FIELD
 from migration.config.serving import (CHUNK, CHUNK_LIMITS, DECODER_WORKLOADS, KV_CACHES, MEMORY_FRACTION,
@@ -343,7 +343,9 @@ def plan_headline(plan: dict[str, Any]) -> str:
     largest, budget = plan.get("largest_batch"), fmt_bytes(plan.get("budget_bytes"))
     limits = plan.get("concurrency_limits") or {}
     if not largest:
-        fits = f"nothing fits in the budget of {budget}, not even one sequence"
+        fewest = plan.get("fewest_gpus_for_weights") or 0
+        fits = (f"nothing fits in the budget of {budget}, not even one sequence; the weights alone need at least "
+                f"{fewest} GPUs of this kind{' (more than one node of 8: not planned here)' if fewest > 8 else ''}")
     else:
         bound = {"kv_cache": "the KV cache's pages", "token_budget": "the step's token budget",
                  "search_limit": "the planner's limit"}.get(plan.get("bound_by"), plan.get("bound_by"))
@@ -358,7 +360,8 @@ def plan_headline(plan: dict[str, Any]) -> str:
             f"{plan.get('attention')} attention: {fits}. Engine modelled: {plan.get('engine')}. Predicted from the "
             "programs compiled for the GPU without it (a prefill chunk, the decode step at each concurrency), not "
             "measured. TTFT: a prompt's chunks in the budget the decode tokens leave, no queue; TPOT: one engine step; "
-            "the bandwidth limit: the weights read and the cached tokens read once, which no decode step beats." + split)
+            "the bandwidth limit: the weights read and the cached tokens read once, which no decode step beats." + split
+            + (" " + experts_text(plan) if plan.get("mixture_of_experts") else ""))
 
 
 def plan_frame(plan: dict[str, Any]) -> pd.DataFrame:

@@ -14,7 +14,9 @@ from flax import nnx
 from workloads import kv_cache
 from workloads.base import no_wrap
 from workloads.kv_cache import SERVING_DTYPES
-from workloads.transformer import Decoder, TransformerConfig
+from workloads.mla import LatentAttention
+from workloads.moe import MoeConfig, MoeDecoder
+from workloads.transformer import Attention, Decoder, Mlp, TransformerConfig
 
 
 class Int8Linear(nnx.Module):
@@ -48,10 +50,15 @@ def quantize_kernel(kernel: jax.Array) -> tuple[jax.Array, jax.Array]:
 
 def quantize_int8(model: Decoder) -> Decoder:
     """`model` with every Linear (attention and MLP projections of every layer, and the output head
-    when it is not tied to the embedding) replaced by an Int8Linear of its weights, in place. The
-    embedding and the norms stay in floating point: a tied head reads the embedding as it is."""
+    when it is not tied to the embedding) replaced by an Int8Linear of its weights, and an MoE model's
+    routed experts held as int8 with their columns' scales, in place. The embedding, the norms and the
+    router stay in floating point: a tied head reads the embedding as it is."""
     for path, module in list(nnx.iter_modules(model)):
-        if isinstance(module, nnx.Linear):
+        if hasattr(module, "scales") and hasattr(module, "router"):  # an MoE layer's routed experts
+            (up, up_scale), (down, down_scale) = (quantize_kernel(w[...]) for w in (module.up, module.down))
+            module.up, module.down = nnx.Param(up), nnx.Param(down)
+            module.scales = (nnx.Param(up_scale), nnx.Param(down_scale))
+        elif isinstance(module, nnx.Linear):
             kernel, scale = quantize_kernel(module.kernel[...])
             bias = module.bias[...] if module.bias is not None else None
             parent = model
@@ -63,22 +70,28 @@ def quantize_int8(model: Decoder) -> Decoder:
 
 def shard_fused(model: Decoder, shards: int) -> Decoder:
     """`model` laid out for `shards`-way tensor parallelism, in place: the columns of the fused
-    projections (keys and values; gate and up) reordered so that each of `shards` contiguous blocks
-    holds both halves of one shard's heads or hidden units, which `_fused_halves` then reads. The
-    function computed is unchanged."""
+    projections (keys and values of grouped-query attention; gate and up of gated MLPs, an MoE model's
+    dense layers and shared experts among them) reordered so that each of `shards` contiguous blocks
+    holds both halves of one shard's heads or hidden units, which `fused_halves` then reads. The
+    function computed is unchanged. MLA's projections hold whole heads in contiguous columns already."""
     if shards == 1:
         return model
-    fused = [model.blocks.attn.kv] + ([model.blocks.mlp.up] if model.blocks.mlp.gated else [])
-    for linear in fused:
+    for _, module in list(nnx.iter_modules(model)):
+        if isinstance(module, Attention):
+            linear = module.kv
+        elif isinstance(module, Mlp) and module.gated:
+            linear = module.up
+        else:
+            if isinstance(module, LatentAttention):
+                module.shards = shards  # nothing fused to reorder: whole heads in contiguous columns
+            continue
         for name in ("kernel", "bias", "scale"):
             var = getattr(linear, name, None)
             if var is not None:
                 x = var[...]
                 *lead, width = x.shape
                 var[...] = jnp.swapaxes(x.reshape(*lead, 2, shards, width // (2 * shards)), -3, -2).reshape(x.shape)
-    model.blocks.attn.shards = shards
-    if model.blocks.mlp.gated:
-        model.blocks.mlp.shards = shards
+        module.shards = shards
     return model
 
 
@@ -89,7 +102,7 @@ def serving_decoder(cfg: TransformerConfig, precision: str, rngs: nnx.Rngs, stat
     the rest in bf16; with `shards` > 1, laid out for tensor parallelism (shard_fused). `state`, when
     given, replaces the fresh parameters first (a checkpoint's)."""
     dtype = SERVING_DTYPES[precision]
-    model = Decoder(cfg, dtype=dtype, block_wrap=no_wrap, rngs=rngs)
+    model = (MoeDecoder if isinstance(cfg, MoeConfig) else Decoder)(cfg, dtype=dtype, block_wrap=no_wrap, rngs=rngs)
     if state is not None:
         nnx.update(model, state)
     if precision == "int8":
@@ -100,13 +113,24 @@ def serving_decoder(cfg: TransformerConfig, precision: str, rngs: nnx.Rngs, stat
     return model
 
 
-def cache_shape(cfg: TransformerConfig, batch: int, max_len: int, dtype: Any) -> tuple[int, ...]:
-    """The shape of one layer's keys (or values) in a `dtype` cache (kv_cache.cache_layout)."""
+def cache_shapes(cfg: TransformerConfig, batch: int, max_len: int, dtype: Any) -> tuple[tuple[int, ...], ...]:
+    """The shapes of one layer's two cache arrays in a `dtype` cache: keys and values
+    (kv_cache.cache_layout), or for MLA the normed latents and the rotated key parts (workloads/mla.py),
+    positions first with one head for all."""
+    if getattr(cfg, "attention_type", "gqa") == "mla":
+        return ((batch, max_len, 1, cfg.kv_lora_rank), (batch, max_len, 1, cfg.qk_rope_head_dim))
     layout = kv_cache.cache_layout(cfg.attention, dtype)
-    return kv_cache.layer_shape(layout, batch, cfg.n_kv_heads, max_len, cfg.head_dim)
+    return (kv_cache.layer_shape(layout, batch, cfg.n_kv_heads, max_len, cfg.head_dim),) * 2
+
+
+def cache_layout_of(cfg: TransformerConfig, dtype: Any) -> tuple[str, ...]:
+    """The axes of one layer's cache arrays (MLA's: positions first, one head)."""
+    if getattr(cfg, "attention_type", "gqa") == "mla":
+        return kv_cache.POSITIONS_FIRST
+    return kv_cache.cache_layout(cfg.attention, dtype)
 
 
 def empty_cache(cfg: TransformerConfig, batch: int, max_len: int, dtype) -> dict[str, list[jax.Array]]:
-    """The KV cache as `Decoder.extend` takes it: {"k": [n_layers arrays], "v": [...]}, zeros."""
-    shape = cache_shape(cfg, batch, max_len, dtype)
-    return {name: [jnp.zeros(shape, dtype) for _ in range(cfg.n_layers)] for name in ("k", "v")}
+    """The cache as `extend` takes it: {"k": [n_layers arrays], "v": [...]}, zeros."""
+    shapes = cache_shapes(cfg, batch, max_len, dtype)
+    return {name: [jnp.zeros(shape, dtype) for _ in range(cfg.n_layers)] for name, shape in zip(("k", "v"), shapes)}

@@ -34,6 +34,7 @@ from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
 from workloads import moe_counts
+from workloads.mla import LatentAttention
 from workloads.base import ActivationProfile, BlockWrap, ModelConfigError, chunked_cross_entropy
 from workloads.decoders import DecoderWorkload
 from workloads.transformer import (
@@ -41,14 +42,12 @@ from workloads.transformer import (
     Block,
     Attention,
     Mlp,
-    causal_attention,
     fused_halves,
     linear,
     norm_layer,
     residual,
+    rope_at,
     rope_tables,
-    rotate,
-    splash_attention,
     Decoder,
     TransformerConfig,
     check_config,
@@ -159,67 +158,6 @@ def check_moe_config(cfg: MoeConfig) -> MoeConfig:
     return cfg
 
 
-class _LatentAttention(nnx.Module):
-    """Multi-head latent attention (DeepSeek-V2/V3): queries directly or through a compressed width
-    (q_lora_rank), keys and values through a compressed vector of kv_lora_rank (normed), expanded per head;
-    each head's query and key carry qk_rope_head_dim rotated dimensions beside qk_nope_head_dim others, the
-    key's rotated part one for all heads. The training forward expands the compressed keys and values."""
-
-    def __init__(self, cfg: MoeConfig, *, dtype, rngs: nnx.Rngs):
-        d, h = cfg.d_model, cfg.n_heads
-        self.nope, self.rope_dim, self.v_dim, self.rank = (cfg.qk_nope_head_dim, cfg.qk_rope_head_dim,
-                                                           cfg.v_head_dim, cfg.kv_lora_rank)
-        qk = self.nope + self.rope_dim
-        out_init = nnx.initializers.normal(stddev=0.02 / math.sqrt(2 * cfg.n_layers))
-        plain = dataclasses.replace(cfg, bias=False)
-        if cfg.q_lora_rank:
-            self.q_a = linear(plain, d, cfg.q_lora_rank, dtype=dtype, rngs=rngs)
-            self.q_norm = nnx.RMSNorm(cfg.q_lora_rank, epsilon=cfg.norm_eps, dtype=dtype, param_dtype=jnp.float32,
-                                      rngs=rngs)
-            self.q = linear(plain, cfg.q_lora_rank, h * qk, dtype=dtype, rngs=rngs)
-        else:
-            self.q = linear(plain, d, h * qk, dtype=dtype, rngs=rngs)
-        self.kv_a = linear(plain, d, self.rank + self.rope_dim, dtype=dtype, rngs=rngs)
-        self.kv_norm = nnx.RMSNorm(self.rank, epsilon=cfg.norm_eps, dtype=dtype, param_dtype=jnp.float32, rngs=rngs)
-        self.kv = linear(plain, self.rank, h * (self.nope + self.v_dim), dtype=dtype, rngs=rngs)
-        self.out = linear(plain, h * self.v_dim, d, dtype=dtype, rngs=rngs, init=out_init)
-        self.n_heads, self.lora_q, self.implementation = h, bool(cfg.q_lora_rank), cfg.attention
-
-    def __call__(self, x: jax.Array, rope: tuple[jax.Array, jax.Array]) -> jax.Array:  # (B, T, D)
-        b, t, _ = x.shape
-        h = self.n_heads
-        q_in = self.q_norm(self.q_a(x)) if self.lora_q else x
-        q = checkpoint_name(self.q(q_in), "query_proj").reshape(b, t, h, -1)
-        q_nope, q_rope = q[..., :self.nope], rotate(q[..., self.nope:], *rope)
-        compressed = self.kv_a(x)
-        c, k_rope = compressed[..., :self.rank], compressed[..., self.rank:].reshape(b, t, 1, -1)
-        k_rope = jnp.broadcast_to(rotate(k_rope, *rope), (b, t, h, self.rope_dim))
-        kv = checkpoint_name(self.kv(self.kv_norm(c)), "kv_proj").reshape(b, t, h, -1)
-        k_nope, v = kv[..., :self.nope], kv[..., self.nope:]
-        q = jnp.concatenate([q_nope, q_rope], axis=-1)
-        k = jnp.concatenate([k_nope, k_rope], axis=-1)
-        if self.implementation == "splash":  # the kernel takes one head width: values padded, the padding cut
-            padded = jnp.pad(v, ((0, 0), (0, 0), (0, 0), (0, q.shape[-1] - self.v_dim)))
-            y = splash_attention(q, k, padded)[..., :self.v_dim]
-        else:
-            y = _attention_any_v(q, k, v)
-        y = checkpoint_name(y.reshape(b, t, -1), "attention_out")
-        return checkpoint_name(self.out(y), "attention_proj")
-
-
-def _attention_any_v(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
-    """Causal attention whose values may be narrower than queries and keys (MLA): (B, T, H, Dqk) x 2 and
-    (B, T, H, Dv) -> (B, T, H, Dv), products accumulated and the softmax taken in float32."""
-    if q.shape[-1] == v.shape[-1]:
-        return causal_attention(q, k, v)
-    t, dh = q.shape[1], q.shape[-1]
-    q = (q * (1.0 / math.sqrt(dh))).astype(k.dtype)
-    scores = jnp.einsum("bqhd,bshd->bhqs", q, k, preferred_element_type=jnp.float32)
-    scores = jnp.where(jnp.tril(jnp.ones((t, t), dtype=bool)), scores, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    return jnp.einsum("bhqs,bshd->bqhd", probs, v, preferred_element_type=jnp.float32).astype(v.dtype)
-
-
 class Routing(NamedTuple):
     """What a MoE layer's router did with a batch (float32 scalars): its load-balancing loss, the share of
     token slots dropped past the experts' capacity, and the busiest expert's slots over an even share (1:
@@ -246,6 +184,14 @@ class _Experts(nnx.Module):
         self.up = nnx.Param(init(rngs.params(), (e, d, (2 if cfg.gated else 1) * f), jnp.float32))
         self.down = nnx.Param(out_init(rngs.params(), (e, f, d), jnp.float32))
         self.cfg, self.dtype = cfg, dtype
+        self.scales = nnx.data(None)  # int8 weights' per-column scales (up, down): workloads/decoding.py quantize_int8
+
+    def weights(self) -> tuple[jax.Array, jax.Array]:
+        """The up and down projections in the compute dtype (int8 ones scaled back by their columns)."""
+        up, down = self.up[...].astype(self.dtype), self.down[...].astype(self.dtype)
+        if self.scales is not None:
+            up, down = (w * s[...].astype(self.dtype)[..., None, :] for w, s in zip((up, down), self.scales))
+        return up, down
 
     def route(self, x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
         """Each token's k experts (N, k) int32, their weights (N, k) float32, and the load-balancing loss."""
@@ -266,7 +212,7 @@ class _Experts(nnx.Module):
         b, t, d = x.shape
         flat = x.reshape(b * t, d)
         experts, weights, balance = self.route(flat)
-        up, down = self.up[...].astype(self.dtype), self.down[...].astype(self.dtype)
+        up, down = self.weights()
         if self.cfg.dispatch == "dropless":
             y, dropped = self._dropless(flat, experts, weights, up, down), jnp.zeros((), jnp.float32)
         else:
@@ -274,6 +220,16 @@ class _Experts(nnx.Module):
         slots = jnp.bincount(experts.reshape(-1), length=self.cfg.n_experts).astype(jnp.float32)
         load = jax.lax.stop_gradient(jnp.max(slots) / jnp.mean(slots))
         return checkpoint_name(y.reshape(b, t, d), "mlp_out"), Routing(balance, jax.lax.stop_gradient(dropped), load)
+
+    def serve(self, x: jax.Array, apart: bool = False) -> jax.Array:  # (B, S, D)
+        """The layer's output as a server computes it: every slot (dropless, whatever the training's
+        dispatch), by grouped products; with `apart`, none (the serving planner prices them apart)."""
+        if apart:
+            return jnp.zeros_like(x)
+        b, s, d = x.shape
+        flat = x.reshape(b * s, d)
+        experts, weights, _ = self.route(flat)
+        return self._grouped(flat, experts, weights, *self.weights()).reshape(b, s, d).astype(x.dtype)
 
     def _hidden(self, h: jax.Array) -> jax.Array:
         act = ACTIVATION[self.cfg.mlp]
@@ -361,7 +317,7 @@ class _Experts(nnx.Module):
 class _MoeBlock(nnx.Module):
     def __init__(self, cfg: MoeConfig, *, dtype, rngs: nnx.Rngs):
         self.norm1 = norm_layer(cfg, dtype=dtype, rngs=rngs)
-        self.attn = (_LatentAttention(cfg, dtype=dtype, rngs=rngs) if cfg.attention_type == "mla"
+        self.attn = (LatentAttention(cfg, dtype=dtype, rngs=rngs) if cfg.attention_type == "mla"
                      else Attention(cfg, dtype=dtype, rngs=rngs))
         self.norm2 = norm_layer(cfg, dtype=dtype, rngs=rngs)
         self.experts = _Experts(cfg, dtype=dtype, rngs=rngs)
@@ -379,6 +335,14 @@ class _MoeBlock(nnx.Module):
             y = y + self.shared(h)
         return x + y, routing
 
+    def extend(self, x: jax.Array, rope, start: jax.Array, cache, prefill: bool = False, apart: bool = False):
+        """The decode path (Block.extend's), the routed experts as a server computes them (_Experts.serve)."""
+        y, cache = self.attn.extend(self.norm1(x), rope, start, cache, prefill)
+        x = x + y
+        h = self.norm2(x)
+        y = self.experts.serve(h, apart)
+        return x + (y + self.shared(h) if self.has_shared else y), cache
+
 
 class _DenseBlock(Block):
     """A dense layer of an MoE model (its attention as the model's): the dense decoder's block, returning
@@ -386,7 +350,7 @@ class _DenseBlock(Block):
 
     def __init__(self, cfg: MoeConfig, *, dtype, rngs: nnx.Rngs):  # noqa: super-init-not-called
         self.norm1 = norm_layer(cfg, dtype=dtype, rngs=rngs)
-        self.attn = (_LatentAttention(cfg, dtype=dtype, rngs=rngs) if cfg.attention_type == "mla"
+        self.attn = (LatentAttention(cfg, dtype=dtype, rngs=rngs) if cfg.attention_type == "mla"
                      else Attention(cfg, dtype=dtype, rngs=rngs))
         self.norm2 = norm_layer(cfg, dtype=dtype, rngs=rngs)
         self.mlp = Mlp(cfg, dtype=dtype, rngs=rngs)
@@ -407,6 +371,8 @@ def _stack(n: int, make, rngs: nnx.Rngs) -> nnx.Module:
 class MoeDecoder(Decoder):
     """The MoE decoder: embeddings and output as the dense decoder's; the first dense layers as one scan,
     then a scan over groups of moe_period layers (moe_period - 1 dense, then one MoE)."""
+
+    routed_apart = False  # the decode path leaves the routed experts' products out (MoeDecoder.extend)
 
     def __init__(self, cfg: MoeConfig, *, dtype, block_wrap: BlockWrap, rngs: nnx.Rngs):
         self.cfg = cfg
@@ -470,8 +436,41 @@ class MoeDecoder(Decoder):
         x, routing = jax.lax.scan(group, x, (moe_layers, dense_by_group))
         return self.norm_f(x), Routing(*(jnp.mean(v) for v in routing))
 
-    def extend(self, *args, **kwargs):
-        raise NotImplementedError("serving an MoE model is planned from its analytic figures, not this decode path")
+    def layers(self) -> list[tuple[Any, bool]]:
+        """Every layer's module with its parameters, in the model's order, and whether it is MoE."""
+        cfg, out = self.cfg, []
+        unstack = lambda stack, i: nnx.merge(graphs[id(stack)], jax.tree.map(lambda a: a[i], params[id(stack)]))  # noqa: E731
+        stacks = [self.blocks] + ([self.dense] if cfg.first_dense else []) + ([self.between] if cfg.moe_period > 1 else [])
+        graphs, params = {}, {}
+        for stack in stacks:
+            graphs[id(stack)], params[id(stack)] = nnx.split(stack)
+        for i in range(cfg.first_dense):
+            out.append((unstack(self.dense, i), False))
+        for g in range(cfg.n_moe_layers):
+            for j in range(cfg.moe_period - 1):
+                out.append((unstack(self.between, g * (cfg.moe_period - 1) + j), False))
+            out.append((unstack(self.blocks, g), True))
+        return out
+
+    def extend(self, tokens: jax.Array, start: jax.Array, cache: dict[str, list[jax.Array]],
+               last: jax.Array | None = None, prefill: bool = False) -> tuple[jax.Array, dict[str, list[jax.Array]]]:
+        """The decode path (Decoder.extend's contract), one cache entry a layer in the model's order: keys and
+        values for grouped-query attention, the compressed latents and rotated key parts for MLA
+        (workloads/mla.py). The routed experts compute every slot (dropless, as a server does); with
+        `routed_apart` set, none (the serving planner prices them apart: planning/serving.py)."""
+        cfg = self.cfg
+        positions = start[:, None] + jnp.arange(tokens.shape[1], dtype=start.dtype)[None]  # (B, S)
+        rotated = dataclasses.replace(cfg, head_size=cfg.qk_rope_head_dim) if cfg.attention_type == "mla" else cfg
+        rope = rope_at(rotated, positions)
+        x = self.embed(tokens)
+        k, v = list(cache["k"]), list(cache["v"])
+        for i, (layer, is_moe) in enumerate(self.layers()):
+            more = {"apart": self.routed_apart} if is_moe else {}
+            x, (k[i], v[i]) = layer.extend(x, rope, start, (k[i], v[i]), prefill, **more)
+        x = self.norm_f(x)
+        if last is not None:
+            x = jnp.take_along_axis(x, (last - start)[:, None, None], axis=1)
+        return self.project(x), {"k": k, "v": v}
 
 
 def _moe(vocab: int, seq: int, d: int, layers: int, heads: int, kv_heads: int, d_ff: int, experts: int, k: int,

@@ -48,7 +48,7 @@ CHECKPOINT_NAMES = ("query_proj", "kv_proj", "attention_out", "attention_proj", 
 # it supports (the planner picks XLA attention otherwise).
 CUDNN_HEAD_DIM_MAX = 128
 # XLA's GPU compiler turns a one-row product whose operands are smaller than this (elements) into a multiply
-# and a reduction (xla/backends/gpu/transforms/dot_strength_reduction.cc, its threshold): see _as_gemm
+# and a reduction (xla/backends/gpu/transforms/dot_strength_reduction.cc, its threshold): see as_gemm
 STRENGTH_REDUCED_BELOW = 10_000_000
 
 # Bounds of each dimension a user may give (CLI, app, API): validation and help text read them.
@@ -227,19 +227,19 @@ class Attention(nnx.Module):
         `prefill` (every row starts at 0) the tokens attend among themselves, with the training
         forward's attention (fused where it is), not over the whole cache."""
         b, s, _ = x.shape
-        q = _as_gemm(self.q, x, self.shards).reshape(b, s, self.n_heads, -1)
+        q = as_gemm(self.q, x, self.shards).reshape(b, s, self.n_heads, -1)
         k, v = (h.reshape(b, s, self.n_kv_heads, -1) for h in
-                fused_halves(_as_gemm(self.kv, x, self.shards), self.shards))
+                fused_halves(as_gemm(self.kv, x, self.shards), self.shards))
         if rope is not None:
             q, k = rotate(q, *rope), rotate(k, *rope)
         layout = kv_cache.cache_layout(self.implementation, cache[0].dtype)
         cache_k, cache_v = (kv_cache.write(c, x, start, layout) for c, x in zip(cache, (k, v)))
         y = (self._causal(q, k, v) if prefill
              else kv_cache.cached_attention(q, cache_k, cache_v, start, layout, self.implementation))
-        return _as_gemm(self.out, y.reshape(b, s, -1), self.shards), (cache_k, cache_v)
+        return as_gemm(self.out, y.reshape(b, s, -1), self.shards), (cache_k, cache_v)
 
 
-def _as_gemm(layer: Any, x: jax.Array, shards: int = 1) -> jax.Array:
+def as_gemm(layer: Any, x: jax.Array, shards: int = 1) -> jax.Array:
     """`layer(x)` (a Linear, or Int8Linear) over two rows where `x` (B, S, D) has one and the product
     would not stay a GEMM.
 
@@ -315,7 +315,7 @@ def rope_tables(cfg: TransformerConfig, seq_len: int) -> tuple[jax.Array, jax.Ar
     return jnp.cos(angles), jnp.sin(angles)
 
 
-def _rope_at(cfg: TransformerConfig, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
+def rope_at(cfg: TransformerConfig, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
     """cos and sin of the rotary angles at `positions` (B, T) int: (B, T, Dh/2) in float32."""
     angles = positions.astype(jnp.float32)[..., None] * rope_frequencies(cfg)
     return jnp.cos(angles), jnp.sin(angles)
@@ -364,13 +364,13 @@ class Mlp(nnx.Module):
         self.up = linear(cfg, cfg.d_model, (2 if self.gated else 1) * cfg.d_ff, dtype=dtype, rngs=rngs)
         self.down = linear(cfg, cfg.d_ff, cfg.d_model, dtype=dtype, rngs=rngs, init=out_init)
 
-    def __call__(self, x: jax.Array) -> jax.Array:  # (B, T, D); one row: a decode step's (_as_gemm)
-        h = checkpoint_name(_as_gemm(self.up, x, self.shards), "mlp_hidden")
+    def __call__(self, x: jax.Array) -> jax.Array:  # (B, T, D); one row: a decode step's (as_gemm)
+        h = checkpoint_name(as_gemm(self.up, x, self.shards), "mlp_hidden")
         act = ACTIVATION[self.activation]
         if self.gated:
             gate, up = fused_halves(h, self.shards)
-            return checkpoint_name(_as_gemm(self.down, act(gate) * up, self.shards), "mlp_out")
-        return checkpoint_name(_as_gemm(self.down, act(h), self.shards), "mlp_out")
+            return checkpoint_name(as_gemm(self.down, act(gate) * up, self.shards), "mlp_out")
+        return checkpoint_name(as_gemm(self.down, act(h), self.shards), "mlp_out")
 
 
 class Block(nnx.Module):
@@ -464,7 +464,7 @@ class Decoder(nnx.Module):
         if cfg.positions == "learned":
             x = x + self.positions(positions)
         else:
-            rope = _rope_at(cfg, positions)
+            rope = rope_at(cfg, positions)
         graphdef, layers = nnx.split(self.blocks)
         k, v = list(cache["k"]), list(cache["v"])
         for i in range(cfg.n_layers):  # each layer's cache its own array, written in place and read where it lies
@@ -499,12 +499,14 @@ def tensor_parallel_spec(path: tuple[str, ...], shape: tuple[int, ...], shards: 
     return P(*[axis if i == split else None for i in range(len(shape))])
 
 
-def tensor_parallel_shardings(state: Any, mesh: jax.sharding.Mesh, axis: str = "model") -> Any:
-    """NamedShardings for a model's state (nnx.split's) over `mesh`'s `axis` (tensor_parallel_spec)."""
+def tensor_parallel_shardings(state: Any, mesh: jax.sharding.Mesh, axis: str = "model", spec: Any = None) -> Any:
+    """NamedShardings for a model's state (nnx.split's) over `mesh`'s `axis` (`spec`, by default
+    tensor_parallel_spec)."""
     shards = mesh.shape[axis]
+    spec = spec or tensor_parallel_spec
 
     def sharding(path, x):
         names = tuple(str(k.key) for k in path if isinstance(k, jax.tree_util.DictKey))
-        return jax.sharding.NamedSharding(mesh, tensor_parallel_spec(names, tuple(x.shape), shards, axis))
+        return jax.sharding.NamedSharding(mesh, spec(names, tuple(x.shape), shards, axis))
 
     return jax.tree_util.tree_map_with_path(sharding, state)

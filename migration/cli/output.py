@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from migration.common import fmt_bytes, fmt_seconds, mix_text, model_name
+from migration.common import experts_text, fmt_bytes, fmt_seconds, mix_text, model_name
 from migration.figures import plan_figures, run_figures
 from migration.planning.compare import headline, price_sources, shown_rows
 from migration.results import memory_provenance, write_csv as write_report_csv
@@ -255,6 +255,8 @@ def print_serve_plan(plan: dict[str, Any]) -> None:
     if gpus > 1:
         print(f"Tensor-parallel over {gpus} GPUs ({plan['link']}): memory, KV cache and limit per GPU; "
               f"collectives in TTFT and TPOT")
+    if plan.get("mixture_of_experts"):
+        print(experts_text(plan))
     print("Predicted from programs compiled for the GPU without it (a prefill chunk of "
           f"{plan['chunk_tokens']:,} tokens, the decode step at each concurrency): not a measurement")
     print(f"{'running':>7} {'weights GB':>10} {'KV GB':>7} {'peak GB':>8} {'fits':>5} {'TTFT ms':>8} {'TPOT ms':>8} "
@@ -268,7 +270,9 @@ def print_serve_plan(plan: dict[str, Any]) -> None:
     largest, budget = plan["largest_batch"], plan["budget_bytes"] / 1e9
     limits = plan["concurrency_limits"]
     if not largest:
-        print(f"nothing fits in {budget:.1f} GB, not even one sequence")
+        fewest = plan.get("fewest_gpus_for_weights", 0)
+        print(f"nothing fits in {budget:.1f} GB, not even one sequence; the weights alone need at least {fewest} "
+              f"GPUs of this kind{' (more than one node of 8: not planned here)' if fewest > 8 else ''}")
     else:
         bound = {"kv_cache": "the KV cache's pages", "token_budget": f"the {req['chunk']:,}-token step budget",
                  "search_limit": "the planner's limit"}.get(plan["bound_by"], plan["bound_by"])

@@ -274,14 +274,16 @@ SERVING_CODE_HELP = ("your serving code, read (never run) by the code check for 
 
 
 def add_serve_plan_flags(sp: argparse.ArgumentParser) -> None:
-    sp.add_argument("--workload", choices=DECODER_WORKLOADS, help="a decoder family (default llama)")
+    sp.add_argument("--workload", choices=DECODER_WORKLOADS, help="a decoder family (default llama; moe: the "
+                                                                  "mixture-of-experts decoder)")
     sp.add_argument("--preset", help="its size preset (llama: tiny, 1b, 3b, 8b; transformer: tiny, small, gpt2-small "
-                                     "... gpt2-xl); needed unless --checkpoint names the model")
+                                     "... gpt2-xl; moe: tiny, mixtral-8x7b, deepseek-v3, qwen3-30b-a3b, ...); needed "
+                                     "unless --checkpoint names the model")
     sp.add_argument("--checkpoint", type=folder, default="", metavar="DIR",
                     help="plan the model of this training checkpoint (written by run --save-checkpoint)")
     add_field_flags(sp, "plan", MODEL_FIELDS)  # the training form's model dimensions
     sp.add_argument("--target", default="h100-sxm", metavar="GPU", help=f"the GPU: {', '.join(GPU_SPECS)}")
-    sp.add_argument("--gpus", default=1, metavar="N", help="GPUs of one node the model is split over (tensor parallelism; 1 to 8, dividing its heads and MLP width)")
+    sp.add_argument("--gpus", default=1, metavar="N", help="GPUs of one node the model is split over (tensor parallelism; 1 to 8, dividing its heads and MLP width; an MoE model's routed experts split whole where their number divides)")
     sp.add_argument("--precision", default="bf16", choices=SERVE_PRECISIONS, help="weights, cache and compute")
     sp.add_argument("--kv-cache", dest="kv_cache", default="auto", choices=KV_CACHES,
                     help="the KV cache's storage: auto (the precision's dtype) or fp8 (e4m3, unit scale: half of "

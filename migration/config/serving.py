@@ -18,7 +18,7 @@ from migration.hardware import GPU_SPECS
 SERVE_PRECISIONS = ("bf16", "fp16", "fp32", "int8")  # int8: weight-only, bf16 compute and cache
 # The KV cache's storage: "auto" in the compute dtype; "fp8" in e4m3 (half of bf16's bytes: twice the sequences
 # in the same memory), written with a unit scale and read back into the compute dtype for attention
-DECODER_WORKLOADS = ("transformer", "llama")  # the families with a decode path (Decoder.extend)
+DECODER_WORKLOADS = ("transformer", "llama", "moe")  # the families with a decode path (Decoder.extend)
 SERVE_LIMITS = {"prompt_len": (1, 131072), "gen_len": (1, 131072), "batch": (1, 4096), "gpus": (1, 8)}  # gpus: one node's
 KV_CACHES = ("auto", "fp8")
 MAX_BATCHES = 16  # batch sizes listed in one request
@@ -160,6 +160,28 @@ def serving_checkpoint(path: Any, workload: Any, preset: Any) -> CheckpointMeta:
     return meta
 
 
+def tensor_split(cfg: Any) -> dict[str, int]:
+    """What tensor parallelism divides among the GPUs: heads, kv heads (not MLA's one compressed head) and the
+    MLPs' widths (an MoE model's dense layers and shared experts; its routed experts split whole where their
+    number divides, else by width)."""
+    split = {"attention heads": cfg.n_heads}
+    if getattr(cfg, "attention_type", "gqa") != "mla":
+        split["kv heads"] = cfg.n_kv_heads
+    if not hasattr(cfg, "n_experts") or cfg.n_dense_layers:
+        split["MLP width (d_ff)"] = cfg.d_ff
+    if getattr(cfg, "n_shared_experts", 0):
+        split["shared experts' width"] = cfg.n_shared_experts * cfg.expert_width
+    return split
+
+
+def uneven_splits(cfg: Any, gpus: int) -> list[str]:
+    """What of the model does not divide among `gpus` GPUs (tensor_split; routed experts neither by number nor width)."""
+    uneven = [f"{what} {n}" for what, n in tensor_split(cfg).items() if n % gpus]
+    if hasattr(cfg, "n_experts") and cfg.n_experts % gpus and cfg.expert_width % gpus:
+        uneven.append(f"routed experts {cfg.n_experts} (and their width {cfg.expert_width})")
+    return uneven
+
+
 def serve_request(*, workload: Any, preset: Any, target: Any, prompt_len: Any = None, gen_len: Any = None,
                   precision: Any = "bf16", model: dict[str, Any] | None = None, batches: Any = (), gpus: Any = 1,
                   memory_fraction: Any = MEMORY_FRACTION, checkpoint: Any = "", kv_cache: Any = "auto",
@@ -182,12 +204,12 @@ def serve_request(*, workload: Any, preset: Any, target: Any, prompt_len: Any = 
     gpus = whole(gpus, "gpus", *SERVE_LIMITS["gpus"])
     fraction = number(memory_fraction, "memory_fraction", 0.05, 1.0)
     cfg = model_config(workload, preset, dict(model or {}))
-    split = {"attention heads": cfg.n_heads, "kv heads": cfg.n_kv_heads, "MLP width (d_ff)": cfg.d_ff}
-    uneven = [f"{what} {n}" for what, n in split.items() if n % gpus]
+    uneven = uneven_splits(cfg, gpus)
     if uneven:
+        fitting = [str(g) for g in range(1, SERVE_LIMITS["gpus"][1] + 1) if not uneven_splits(cfg, g)]
         raise ConfigError("gpus", f"tensor parallelism over {gpus} GPUs divides the model's heads and hidden units "
                                   f"among them; {', '.join(uneven)} do not divide by {gpus} (GPU counts that do: "
-                                  f"{', '.join(str(g) for g in range(1, SERVE_LIMITS['gpus'][1] + 1) if not any(n % g for n in split.values()))})")
+                                  f"{', '.join(fitting)})")
     total = max(p + g for _, p, g in classes) if classes else lengths["prompt_len"] + lengths["gen_len"]
     if total > cfg.max_context:
         what = (f"the mix's longest request, {total:,} tokens," if classes else

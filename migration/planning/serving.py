@@ -42,8 +42,11 @@ from migration.planning.hlo_cost import unpack
 from migration.planning.memory import deviceless_devices
 from migration.planning.steptime import CALIBRATION, predict
 from workloads import get_workload
-from workloads.kv_cache import cache_dtype, cache_layout
-from workloads.decoding import cache_shape, serving_decoder
+from workloads.kv_cache import SERVING_DTYPES, cache_dtype
+from migration.planning.routed_experts import (routed_kernels, routed_summary, routed_workspace_bytes,
+                                                touched_experts)
+from workloads.decoding import cache_layout_of, cache_shapes, serving_decoder
+from workloads.moe import MoeConfig, moe_expert_parallel_spec, moe_tensor_parallel_spec
 from workloads.transformer import CUDNN_HEAD_DIM_MAX, TransformerConfig, tensor_parallel_shardings
 
 MODEL_AXIS = "model"
@@ -52,8 +55,20 @@ MAX_BATCH = SERVE_LIMITS["batch"][1]
 
 
 def kv_cache_bytes(cfg: TransformerConfig, batch: int, tokens: int, itemsize: int) -> int:
-    """Keys and values of every layer: 2 x layers x kv heads x head size x tokens x batch x bytes."""
+    """Keys and values of every layer: 2 x layers x kv heads x head size x tokens x batch x bytes; MLA's
+    compressed cache: layers x (latent + rotated key part) x tokens x batch x bytes (one copy for all heads)."""
+    if is_latent(cfg):
+        return cfg.n_layers * (cfg.kv_lora_rank + cfg.qk_rope_head_dim) * tokens * batch * itemsize
     return 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * tokens * batch * itemsize
+
+
+def is_moe(cfg: TransformerConfig) -> bool:
+    return isinstance(cfg, MoeConfig)
+
+
+def is_latent(cfg: TransformerConfig) -> bool:
+    """Multi-head latent attention: one compressed cache entry a position for all heads (workloads/mla.py)."""
+    return is_moe(cfg) and cfg.attention_type == "mla"
 
 
 def serving_config(req: ServeRequest, spec: GpuSpec) -> TransformerConfig:
@@ -62,7 +77,7 @@ def serving_config(req: ServeRequest, spec: GpuSpec) -> TransformerConfig:
     the target runs it (compute capability 8.0+, bf16 or fp16, head size a multiple of 8 up to 128)."""
     cfg = get_workload(req.workload).config(req.preset, req.model)  # a checked request (config/serving.py)
     fused = (spec.compute_capability >= (8, 0) and req.precision in ("bf16", "fp16", "int8") and cfg.head_dim % 8 == 0
-             and cfg.head_dim <= CUDNN_HEAD_DIM_MAX and "attention" not in req.model)
+             and cfg.head_dim <= CUDNN_HEAD_DIM_MAX and "attention" not in req.model and not is_latent(cfg))
     return dataclasses.replace(cfg, attention="cudnn" if fused else cfg.attention)
 
 
@@ -71,19 +86,40 @@ def serving_mesh(devices: list[Any]) -> jax.sharding.Mesh:
     return jax.sharding.Mesh(np.array(devices), (MODEL_AXIS,))
 
 
-def cache_sharding(mesh: jax.sharding.Mesh, layout: tuple[str, ...]) -> jax.sharding.NamedSharding:
+def cache_sharding(mesh: jax.sharding.Mesh, layout: tuple[str, ...], shape: tuple[int, ...] | None = None
+                   ) -> jax.sharding.NamedSharding:
     """A layer's KV cache split on its kv-head axis (kv_cache.cache_layout), as the keys and values
-    projections are."""
-    axes = [MODEL_AXIS if a == "kv_head" else None for a in layout]
+    projections are; whole on every GPU where that axis does not divide (MLA's one compressed head)."""
+    heads = shape[layout.index("kv_head")] if shape is not None else mesh.shape[MODEL_AXIS]
+    split = heads % mesh.shape[MODEL_AXIS] == 0
+    axes = [MODEL_AXIS if a == "kv_head" and split else None for a in layout]
     return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*axes))
+
+
+def serving_spec(path: tuple[str, ...], shape: tuple[int, ...], shards: int, axis: str) -> jax.sharding.PartitionSpec:
+    """A served MoE model's split over one node's GPUs: the routed experts whole among them where their number
+    divides (expert parallelism), else by their hidden units; everything else as the dense decoder's."""
+    if len(path) > 1 and path[-2:] == ("experts", "scales"):  # int8 experts' column scales (..., E, out)
+        path, shape = (*path[:-1], "down"), (*shape, 1)  # split, or not, with their experts
+        split = moe_expert_parallel_spec(path, shape, shards, axis)
+        return jax.sharding.PartitionSpec(*split[:-1]) if any(split) else jax.sharding.PartitionSpec()
+    split = moe_expert_parallel_spec(path, shape, shards, axis)
+    return split if any(split) else moe_tensor_parallel_spec(path, shape, shards, axis)
 
 
 def _abstract_state(cfg: TransformerConfig, precision: str, mesh: jax.sharding.Mesh) -> tuple[Any, Any]:
     """The model's graph and its state as abstract arrays placed over `mesh`, as a server holds them
     (serving_decoder, laid out for the mesh's GPUs)."""
     shards = mesh.shape[MODEL_AXIS]
-    graphdef, state = nnx.split(nnx.eval_shape(lambda: serving_decoder(cfg, precision, nnx.Rngs(0), shards=shards)))
-    placed = tensor_parallel_shardings(state, mesh, MODEL_AXIS)
+
+    def build():
+        model = serving_decoder(cfg, precision, nnx.Rngs(0), shards=shards)
+        if is_moe(cfg):
+            model.routed_apart = True  # priced apart (planning/routed_experts.py); their weights stay held
+        return model
+
+    graphdef, state = nnx.split(nnx.eval_shape(build))
+    placed = tensor_parallel_shardings(state, mesh, MODEL_AXIS, serving_spec if is_moe(cfg) else None)
     return graphdef, jax.tree.map(lambda s, where: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=where),
                                   state, placed)
 
@@ -106,8 +142,18 @@ def model_state(cfg: TransformerConfig, precision: str, mesh: jax.sharding.Mesh)
     them (`weights_bytes`) and those a decode step reads whole (`weights_read_bytes`)."""
     graphdef, state = _abstract_state(cfg, precision, mesh)
     weights = _bytes_per_device(jax.tree.leaves(state))
-    return {"graphdef": graphdef, "state": state, "weights_bytes": weights,
-            "weights_read_bytes": weights - _gathered_bytes(cfg, state)}
+    routed = _routed_bytes(cfg, state)
+    return {"graphdef": graphdef, "state": state, "weights_bytes": weights, "routed_bytes": routed,
+            "weights_read_bytes": weights - _gathered_bytes(cfg, state) - routed}
+
+
+def _routed_bytes(cfg: TransformerConfig, state: Any) -> int:
+    """One GPU's bytes of an MoE model's routed experts (their weights and int8 scales, not the router):
+    a decode step reads only those of the experts its tokens touch (planning/routed_experts.py)."""
+    if not is_moe(cfg):
+        return 0
+    experts = state["blocks"]["experts"]
+    return _bytes_per_device(jax.tree.leaves({k: v for k, v in experts.items() if k != "router"}))
 
 
 def lower_program(cfg: TransformerConfig, precision: str, model: dict[str, Any], mesh: jax.sharding.Mesh,
@@ -118,9 +164,11 @@ def lower_program(cfg: TransformerConfig, precision: str, model: dict[str, Any],
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     dtype = cache_dtype(precision, kv_cache)
     graphdef = model["graphdef"]
-    split = cache_sharding(mesh, cache_layout(cfg.attention, dtype))
-    layer = jax.ShapeDtypeStruct(cache_shape(cfg, batch, cache_len, dtype), dtype, sharding=split)
-    cache = {"k": [layer] * cfg.n_layers, "v": [layer] * cfg.n_layers}
+    layout = cache_layout_of(cfg, dtype)
+    shapes = cache_shapes(cfg, batch, cache_len, dtype)
+    splits = [cache_sharding(mesh, layout, shape) for shape in shapes]
+    cache = {name: [jax.ShapeDtypeStruct(shape, dtype, sharding=where)] * cfg.n_layers
+             for name, shape, where in zip(("k", "v"), shapes, splits)}
     ints = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=replicated)  # noqa: E731
 
     def prefill(st, tokens, last, cache):
@@ -129,16 +177,17 @@ def lower_program(cfg: TransformerConfig, precision: str, model: dict[str, Any],
     def decode(st, token, start, cache):
         return nnx.merge(graphdef, st).extend(token, start, cache)
 
-    out = (replicated, {"k": [split] * cfg.n_layers, "v": [split] * cfg.n_layers})  # logits whole on every GPU
+    out = (replicated, {"k": [splits[0]] * cfg.n_layers, "v": [splits[1]] * cfg.n_layers})  # logits whole on every GPU
     fn, width = (prefill, tokens) if kind == "prefill" else (decode, 1)
     return jax.jit(fn, donate_argnums=3, out_shardings=out).lower(
         model["state"], ints(batch, width), ints(batch), cache)
 
 
-def program_figures(found: dict[str, Any], spec: GpuSpec, link_bytes_per_s: float | None) -> dict[str, Any]:
-    """One GPU's figures of a compiled program (compiled.serving_figures): peak, donated and workspace bytes,
-    predicted seconds (its collectives over `link_bytes_per_s`)."""
-    kernels = unpack(found["kernels"])
+def program_figures(found: dict[str, Any], spec: GpuSpec, link_bytes_per_s: float | None,
+                    more: tuple[Any, ...] = ()) -> dict[str, Any]:
+    """One GPU's figures of a compiled program (compiled.serving_figures), with the kernels `more` priced
+    apart from it: peak, donated and workspace bytes, predicted seconds (its collectives over `link_bytes_per_s`)."""
+    kernels = unpack(found["kernels"]) + list(more)
     timing = predict(kernels, spec, link_bytes_per_s)
     return {"peak_bytes": found["peak_bytes"], "donated_bytes": found["donated_bytes"],
             "temp_bytes": found["temp_bytes"], "seconds": timing.seconds, "flops": timing.flops,
@@ -147,12 +196,13 @@ def program_figures(found: dict[str, Any], spec: GpuSpec, link_bytes_per_s: floa
 
 
 def kv_bytes_per_token(cfg: TransformerConfig, precision: str, kv_cache: str, gpus: int) -> float:
-    """One GPU's bytes of one position's keys and values (kv heads divide among the GPUs)."""
-    return kv_cache_bytes(cfg, 1, 1, jnp.dtype(cache_dtype(precision, kv_cache)).itemsize) / gpus
+    """One GPU's bytes of one position's keys and values (kv heads divide among the GPUs; MLA's compressed
+    cache, one head for all, is whole on each)."""
+    return kv_cache_bytes(cfg, 1, 1, jnp.dtype(cache_dtype(precision, kv_cache)).itemsize) / (1 if is_latent(cfg) else gpus)
 
 
 # The code that shapes a serving program beyond the workloads' (their decode path is in COMPILE_SOURCES).
-SERVING_SOURCES = ("migration/planning/serving.py", "migration/config/serving.py")
+SERVING_SOURCES = ("migration/planning/serving.py", "migration/config/serving.py", "migration/planning/routed_experts.py")
 
 
 class _Planner:
@@ -172,6 +222,24 @@ class _Planner:
         self.cache_hits = 0  # programs whose figures the cache of compiled figures served
         self.cache = CompileCache()
         self.decodes: dict[int, dict[str, Any]] = {}
+        self.act_bytes = jnp.dtype(SERVING_DTYPES[req.precision]).itemsize
+        self.unit = "bf16" if req.precision == "int8" else req.precision
+
+    def routed(self, tokens: int) -> tuple[Any, ...]:
+        """The routed experts' kernels at `tokens` tokens a step, priced apart (planning/routed_experts.py)."""
+        if not is_moe(self.cfg):
+            return ()
+        weight = 1 if self.req.precision == "int8" else self.act_bytes
+        return tuple(routed_kernels(self.cfg, tokens, self.req.gpus, weight, self.act_bytes, self.unit))
+
+    def routed_workspace(self, tokens: int) -> float:
+        return routed_workspace_bytes(self.cfg, tokens, self.req.gpus, self.act_bytes) if is_moe(self.cfg) else 0.0
+
+    def routed_read_bytes(self, n: int) -> float:
+        """One GPU's bytes of the routed experts a decode step of `n` sequences reads: those touched."""
+        if not is_moe(self.cfg):
+            return 0.0
+        return self.model["routed_bytes"] * touched_experts(self.cfg.n_experts, self.cfg.top_k, n) / self.cfg.n_experts
 
     def figures_of(self, kind: str, batch: int, tokens: int, cache_len: int) -> dict[str, Any]:
         """A serving program's figures, compiled once (a compile for the target kept in the cache of
@@ -190,7 +258,7 @@ class _Planner:
                                           serving_figures, "compiled-serving", self.cache),
                      "where": "compiled-serving"}
             self.cache.put(key, found)
-        return program_figures(found, self.spec, self.link)
+        return program_figures(found, self.spec, self.link, self.routed(batch * (tokens if kind == "prefill" else 1)))
 
     def chunk(self) -> dict[str, Any]:
         """The prefill chunk's program: its tokens, time, peak and workspace (beyond weights and its cache)."""
@@ -198,14 +266,14 @@ class _Planner:
         fig = self.figures_of("prefill", 1, tokens, tokens)
         fig["tokens"] = tokens
         fig["workspace_bytes"] = max(0, (fig["peak_bytes"] or 0) - self.model["weights_bytes"]
-                                     - tokens * self.per_token)
+                                     - tokens * self.per_token) + self.routed_workspace(tokens)
         return fig
 
     def decode(self, n: int) -> dict[str, Any]:
         if n not in self.decodes:
             fig = self.figures_of("decode", n, 1, self.context)
             fig["workspace_bytes"] = max(0, (fig["peak_bytes"] or 0) - self.model["weights_bytes"]
-                                         - n * self.context * self.per_token)
+                                         - n * self.context * self.per_token) + self.routed_workspace(n)
             self.decodes[n] = fig
         return self.decodes[n]
 
@@ -222,7 +290,8 @@ class _Planner:
         """Per finished request, the seconds its prompt's chunks spend attending to its earlier chunks
         (a prompt longer than a chunk; arithmetic on the attention FLOPs at the calibrated efficiency)."""
         cfg, req = self.cfg, self.req
-        flops = sum(share * chunked_attention_flops(prompt, req.chunk, cfg.n_layers, cfg.n_heads, cfg.head_dim)
+        width = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim if is_latent(cfg) else cfg.head_dim
+        flops = sum(share * chunked_attention_flops(prompt, req.chunk, cfg.n_layers, cfg.n_heads, width)
                     for share, prompt, _ in req.classes) / req.gpus
         unit = "bf16" if req.precision == "int8" else req.precision
         return flops / ((self.spec.peak_flops(unit) or self.spec.peak_flops("fp32")) * CALIBRATION.attention)
@@ -233,13 +302,16 @@ def serve_row(planner: _Planner, n: int, chunk: dict[str, Any]) -> dict[str, Any
     req, model, spec = planner.req, planner.model, planner.spec
     decode = planner.decode(n)
     read = n * planner.context * planner.per_token  # what a step reads of the cache
-    needed = model["weights_read_bytes"] + read
+    routed = planner.routed_read_bytes(n)
+    needed = model["weights_read_bytes"] + routed + read
     limit = needed / spec.bandwidth_bytes_per_s  # no decode step beats reading it once
     state = steady_state(n, decode["seconds"], chunk["seconds"] / chunk["tokens"], planner.long_prompt_s(),
                          planner.figures, req.chunk)
     peak = planner.peak(n, chunk)
     return {"batch": n, "gpus": req.gpus, "weights_bytes": model["weights_bytes"],
-            "weights_read_bytes": model["weights_read_bytes"], "kv_cache_bytes": planner.held_bytes(n),
+            "weights_read_bytes": model["weights_read_bytes"] + routed, "routed_bytes_read": routed,
+            "experts_touched": (touched_experts(planner.cfg.n_experts, planner.cfg.top_k, n)
+                                if is_moe(planner.cfg) else None), "kv_cache_bytes": planner.held_bytes(n),
             "kv_cache_bytes_read": read, "kv_cache_bytes_compiled": decode["donated_bytes"],
             "decode_context": planner.context, "prefill_peak_bytes": chunk["peak_bytes"],
             "decode_peak_bytes": decode["peak_bytes"], "predicted_peak_bytes": peak, "budget_bytes": planner.budget,
@@ -289,4 +361,20 @@ def serve_plan(req: ServeRequest) -> dict[str, Any]:
             "kv_bytes_per_token": planner.per_token, "tokens_held_per_sequence": planner.figures.tokens_held,
             "decode_context": planner.context, "prompt_per_output": planner.figures.prompt_per_output,
             "mix": [list(c) for c in req.classes], "search_limit": MAX_BATCH,
-            "compiled_batches": planner.compiles, "cached_programs": planner.cache_hits, "rows": rows}
+            "compiled_batches": planner.compiles, "cached_programs": planner.cache_hits, "rows": rows,
+            # the weights alone, split evenly, against each GPU's budget: fewer GPUs cannot hold the model
+            "fewest_gpus_for_weights": math.ceil(planner.model["weights_bytes"] * req.gpus / planner.budget),
+            "mixture_of_experts": moe_summary(planner)}
+
+
+def moe_summary(planner: _Planner) -> dict[str, Any] | None:
+    """An MoE model's serving figures beside the rows: its counts, its attention's cache, its experts' layout."""
+    cfg, req = planner.cfg, planner.req
+    if not is_moe(cfg):
+        return None
+    workload = get_workload(req.workload)
+    weight = 1 if req.precision == "int8" else planner.act_bytes
+    return {"param_count": workload.param_count(cfg), "active_param_count": workload.active_param_count(cfg),
+            "attention": ("multi-head latent: a compressed cache of latent + rotated key part a position, whole "
+                          "on every GPU" if is_latent(cfg) else "grouped-query: keys and values split on kv heads"),
+            **routed_summary(cfg, req.gpus, weight), "routed_bytes_per_gpu_held": planner.model["routed_bytes"]}

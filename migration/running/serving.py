@@ -32,7 +32,7 @@ from migration.config.serving import ServeRunRequest
 from migration.running.checkpoint import restore_params
 from workloads import get_workload
 from workloads.kv_cache import cache_dtype
-from workloads.decoding import cache_shape, empty_cache, serving_decoder
+from workloads.decoding import cache_shapes, empty_cache, serving_decoder
 from workloads.transformer import TransformerConfig
 
 MIN_BUCKET = 16
@@ -50,8 +50,8 @@ def memory_floor(req: ServeRunRequest) -> tuple[int, int]:
     at its longest prompt and generation), in bytes. Arithmetic: nothing is allocated."""
     cfg = get_workload(req.workload).config(req.preset, req.model)
     dtype = cache_dtype(req.precision, req.kv_cache)
-    shape = cache_shape(cfg, max(req.batches), req.prompt_range[1] + req.gen_range[1], dtype)
-    cache = 2 * cfg.n_layers * math.prod(shape) * jnp.dtype(dtype).itemsize
+    shapes = cache_shapes(cfg, max(req.batches), req.prompt_range[1] + req.gen_range[1], dtype)
+    cache = cfg.n_layers * sum(math.prod(shape) for shape in shapes) * jnp.dtype(dtype).itemsize
     return get_workload(req.workload).param_count(cfg) * WEIGHT_BYTES[req.precision], cache
 
 
