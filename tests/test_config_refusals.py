@@ -500,7 +500,7 @@ def test_a_served_model_is_a_decoder_familys_preset_at_a_serving_precision():
     assert decoder_choices("llama", "8b", "int8") == ("llama", "8b", "int8")
     assert decoder_choices("transformer", "gpt2-xl", "fp16") == ("transformer", "gpt2-xl", "fp16")
     assert str(refusal(decoder_choices, "mlp", "tiny", "bf16")) == (
-        "workload: mlp has no decode path; serving is for the decoder families (transformer, llama)")
+        "workload: mlp has no decode path; serving is for the decoder families (transformer, llama, moe)")
     assert refusal(decoder_choices, "cnn", "tiny", "bf16").field == "workload"
     assert refusal(decoder_choices, "bert", "tiny", "bf16").field == "workload"
     assert str(refusal(decoder_choices, "llama", "gpt2-small", "bf16")) == (
@@ -551,7 +551,7 @@ def test_a_serving_plan_takes_the_ends_of_each_range(change):
     (dict(memory_fraction=math.nan), "memory_fraction: must be a number from 0.05 to 1; got nan"),
     (dict(memory_fraction="90%"), "memory_fraction: must be a number from 0.05 to 1; got '90%'"),
     (dict(precision="int4"), "precision: must be one of bf16, fp16, fp32, int8; got 'int4'"),
-    (dict(workload="mlp"), "workload: mlp has no decode path; serving is for the decoder families (transformer, llama)"),
+    (dict(workload="mlp"), "workload: mlp has no decode path; serving is for the decoder families (transformer, llama, moe)"),
     (dict(gpus=4), "gpus: tensor parallelism over 4 GPUs divides the model's heads and hidden units among them; kv "
                    "heads 2 do not divide by 4 (GPU counts that do: 1, 2)"),
     (dict(gpus=3), "gpus: tensor parallelism over 3 GPUs divides the model's heads and hidden units among them; "
@@ -661,7 +661,7 @@ def test_a_serving_run_takes_the_ends_of_each_range(change, field, value):
     (dict(temperature=math.inf), "temperature: must be a number from 0 to 10; got inf"),
     (dict(temperature="hot"), "temperature: must be a number from 0 to 10; got 'hot'"),
     (dict(precision="int4"), "precision: must be one of bf16, fp16, fp32, int8; got 'int4'"),
-    (dict(workload="mlp"), "workload: mlp has no decode path; serving is for the decoder families (transformer, llama)"),
+    (dict(workload="mlp"), "workload: mlp has no decode path; serving is for the decoder families (transformer, llama, moe)"),
     (dict(preset="gpt2-small"), "preset: must be one of tiny, 1b, 3b, 8b; got 'gpt2-small'"),
 ])
 def test_a_bad_serving_run_value_is_refused_naming_the_field_and_what_is_allowed(change, message):
@@ -744,7 +744,7 @@ def test_a_folder_without_a_readable_decoder_checkpoint_is_refused(saved, tmp_pa
     cases = [(str(tmp_path / "missing"), "no such folder"), (str(tmp_path), "is not a checkpoint folder"),
              (str(tmp_path / "broken"), "is not a readable checkpoint description"),
              (saved["mlp"], "the checkpoint is of mlp/tiny, which has no decode path; serving is for the decoder "
-                            "families (transformer, llama)")]
+                            "families (transformer, llama, moe)")]
     for path, words in cases:
         for call in (lambda: serving_checkpoint(path, None, None),
                      lambda: serve_request(workload=None, preset=None, target="l4", prompt_len=1, gen_len=1,
