@@ -65,7 +65,7 @@ def gpu_config(entry: dict):
 
     return RunConfig(workload="moe", preset=entry["model"]["preset"], model=model_fields(entry),
                      per_device_batch=entry["per_device_batch"], devices=entry["gpus"], precision=entry["precision"],
-                     remat=tpu_published.remat_of(entry), sharding=gpu_layout(entry))
+                     remat=tpu_published.remat_of(entry), sharding=gpu_layout(entry), mu_dtype=mu_dtype(entry))
 
 
 def tpu_config(entry: dict):
@@ -79,7 +79,14 @@ def tpu_config(entry: dict):
         model["residual_over_tensor"] = True
     return RunConfig(workload="moe", preset=entry["model"]["preset"], model=model,
                      per_device_batch=entry["per_device_batch"], devices=spec.devices * entry["slices"],
-                     precision=entry["precision"], remat=tpu_published.remat_of(entry), sharding=layout)
+                     precision=entry["precision"], remat=tpu_published.remat_of(entry), sharding=layout,
+                     mu_dtype=mu_dtype(entry))
+
+
+def mu_dtype(entry: dict) -> str:
+    """AdamW's first moment as the recipe keeps it: its mu_dtype, or MaxText's default, the weight_dtype (the
+    weights themselves are compiled here in float32 either way)."""
+    return entry.get("mu_dtype", "float32")
 
 
 def setup_text(entry: dict, cfg) -> str:
@@ -87,7 +94,8 @@ def setup_text(entry: dict, cfg) -> str:
     moe = entry["moe"]
     routing = (f"capacity factor {moe['capacity_factor']:g} (dropping)" if moe["dispatch"] == "capacity"
                else "dropless")
-    return f"{cfg.sharding}, EP {moe['expert_parallelism']}, {routing}"
+    return f"{cfg.sharding}, EP {moe['expert_parallelism']}, {routing}" + (
+        f", AdamW mu {cfg.mu_dtype}" if cfg.mu_dtype != "float32" else "")
 
 
 def score(entry: dict, cache: dict) -> dict:

@@ -289,6 +289,7 @@ class Plan(JsonExport):
     # cost to train, the GPUs that match the TPU job's throughput, which TPU step to trust
     comparison: dict[str, Any] = dataclasses.field(default_factory=dict)
     source_slices: int = 1  # slices of `source` the TPU job ran on (multislice)
+    mu_dtype: str = "float32"  # AdamW's first moment, as the TPU job keeps it (PlanRequest.mu_dtype)
 
     @property
     def measured_tpu_step_ms(self) -> float | None:

@@ -32,12 +32,12 @@ def test_the_form_parameters_keep_their_names_and_order(api):
     assert [p["parameter_name"] for p in api["/plan"]["parameters"]] == [*FORM, "label", "network_gbps", "attention",
                                                                             "layer_loop", "train_tokens", "prices",
                                                                             "source_slices", "tpu_step_ms",
-                                                                            "allow_fp8", "config_file"]
+                                                                            "allow_fp8", "mu_dtype", "config_file"]
     assert [p["parameter_name"] for p in api["/run"]["parameters"]] == [
         "plan_file", "steps", "learning_rate", "compare_tpu", "profile", "fp32_reference", "pmap_before", "scaling",
         *FORM, "label", "save_checkpoint", "restore_checkpoint", "seed", "network_gbps",
         "attention", "layer_loop", "train_tokens", "prices", "source_slices", "tpu_step_ms",
-        "allow_fp8", "config_file"]  # new fields, then the uploads that are not fields, go last
+        "allow_fp8", "mu_dtype", "config_file"]  # new fields, then the uploads that are not fields, go last
     assert [p["parameter_name"] for p in api["/autotune"]["parameters"]] == ["plan_file", "top", "timed_steps", "label"]
     assert [p["parameter_name"] for p in api["/serve_plan"]["parameters"]] == [
         "workload", "preset", "target", "precision", "prompt_len", "gen_len", "batches", "memory_fraction", "label",

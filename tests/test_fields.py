@@ -77,15 +77,15 @@ def test_the_endpoints_take_their_fields_in_table_order_with_the_new_ones_last()
     """API callers pass the fields positionally, so an endpoint's fields keep their order and a new
     field goes at the end: /run's parameters as they were, then `seed`."""
     assert [f.name for f in fields_of("plan")][:3] == ["workload", "preset", "source"]
-    assert [f.name for f in fields_of("plan")][-9:] == ["label", "network_gbps", "attention", "layer_loop",
-                                                        "train_tokens", "prices", "source_slices", "tpu_step_ms",
-                                                        "allow_fp8"]
+    assert [f.name for f in fields_of("plan")][-10:] == ["label", "network_gbps", "attention", "layer_loop",
+                                                         "train_tokens", "prices", "source_slices", "tpu_step_ms",
+                                                         "allow_fp8", "mu_dtype"]
     run = [f.name for f in fields_of("run")]
     assert run[:7] == ["steps", "learning_rate", "compare_tpu", "profile", "fp32_reference", "pmap_before", "scaling"]
     # tpu_step_ms moved to the end when the plan took it too (the TPU job's measured step: the plan checks its
     # prediction against it)
-    assert run[-12:] == ["label", "save_checkpoint", "restore_checkpoint", "seed", "network_gbps", "attention",
-                         "layer_loop", "train_tokens", "prices", "source_slices", "tpu_step_ms", "allow_fp8"]
+    assert run[-13:] == ["label", "save_checkpoint", "restore_checkpoint", "seed", "network_gbps", "attention",
+                         "layer_loop", "train_tokens", "prices", "source_slices", "tpu_step_ms", "allow_fp8", "mu_dtype"]
     assert [f.name for f in fields_of("autotune")] == ["top", "timed_steps", "label"]
 
 

@@ -7,7 +7,8 @@ import dataclasses
 import pytest
 
 from migration.config.requests import PlanRequest
-from migration.planning.memory import MUST_KEEP, STATE_BYTES_PER_PARAM, MemoryPredictor
+from migration.config.limits import state_bytes_per_param
+from migration.planning.memory import MUST_KEEP, MemoryPredictor
 from workloads import WORKLOADS, get_workload
 
 P = 120_576  # the tiny transformer's parameters; the planner's per-block figure is P over its 2 blocks, 60,288
@@ -25,7 +26,7 @@ def test_the_inputs_are_the_tiny_transformers():
     w = get_workload("transformer")
     cfg = w.config("tiny", {})
     prof = w.activation_profile(cfg)
-    assert w.param_count(cfg) == P and STATE_BYTES_PER_PARAM == 16
+    assert w.param_count(cfg) == P and state_bytes_per_param() == 16
     assert (prof.per_block, prof.block_input, prof.n_blocks, prof.head_fp32, prof.named) == (
         PER_BLOCK, BLOCK_INPUT, BLOCKS, HEAD_FP32, NAMED)
 

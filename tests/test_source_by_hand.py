@@ -8,7 +8,7 @@ import pytest
 from migration.config.requests import PlanRequest
 from migration.hardware import TPU_SPECS, Links
 from migration.planning import steptime
-from migration.planning.memory import STATE_BYTES_PER_PARAM
+from migration.config.limits import state_bytes_per_param
 from migration.planning.source import source_layout, source_sharding, tpu_links, tpu_model, tpu_step_method
 
 
@@ -26,7 +26,7 @@ def request(source: str = "tpu-v5e-8", **kw) -> PlanRequest:
     ("tpu7x-8", 5_798_205_849),
 ])
 def test_a_job_is_replicated_while_its_state_fits_ninety_percent_of_a_device(source, edge):
-    assert STATE_BYTES_PER_PARAM == 16  # fp32 weights, gradients and two Adam moments
+    assert state_bytes_per_param() == 16  # fp32 weights, gradients and two Adam moments
     assert source_sharding(request(source), edge) == "replicated"
     assert source_sharding(request(source), edge + 1) == "fsdp"
 

@@ -41,7 +41,7 @@ BASE = {
     "base_mlp_dim": 7168, "base_num_decoder_layers": 16, "head_dim": 128, "mlp_activations": ["silu", "linear"],
     "vocab_size": 32000, "logits_via_embedding": False, "decoder_block": "llama2", "normalization_layer_epsilon": 1e-5,
     "rope_max_timescale": 10000, "max_target_length": 2048, "per_device_batch_size": 12.0, "remat_policy": "full",
-    "dtype": "bfloat16", "weight_dtype": "float32", "ici_fsdp_parallelism": -1, "ici_data_parallelism": 1, "ici_tensor_parallelism": 1,
+    "dtype": "bfloat16", "weight_dtype": "float32", "mu_dtype": "", "ici_fsdp_parallelism": -1, "ici_data_parallelism": 1, "ici_tensor_parallelism": 1,
     "dcn_data_parallelism": -1, "dcn_fsdp_parallelism": 1, "num_experts": 1, "gradient_accumulation_steps": 1,
     "num_slices": -1, "scan_layers": True, "attention": "autoselected", "quantization": "", "use_qk_norm": False,
     "attention_bias": False, "use_post_attn_norm": False, "use_post_ffw_norm": False, "sliding_window_size": 0,
@@ -280,6 +280,10 @@ def _tpu_settings(r: Reader, notes: list[str]) -> dict[str, Any]:
     weights = r.str("weight_dtype")
     if weights != "float32":
         notes.append(f"weight_dtype={weights}: the plan keeps float32 master weights (and counts their memory)")
+    mu = r.str("mu_dtype") or weights  # MaxText: AdamW's first moment in weight_dtype unless mu_dtype is set
+    if mu not in ("float32", "bfloat16"):
+        notes.append(f"mu_dtype={mu}: AdamW's first moment is planned in float32 (float32 or bfloat16 are planned)")
+        mu = "float32"
     fsdp, data = r.int("ici_fsdp_parallelism", lo=-1), r.int("ici_data_parallelism", lo=-1)
     dcn_fsdp = r.int("dcn_fsdp_parallelism", lo=-1)
     num_slices = r.int("num_slices", lo=-1)
@@ -295,7 +299,8 @@ def _tpu_settings(r: Reader, notes: list[str]) -> dict[str, Any]:
             "source_sharding": "fsdp" if fsdp != 1 or dcn_fsdp not in (1, 0) else "replicated",
             "source_remat": remat, "source_dcn_fsdp": slices > 1 and dcn_fsdp not in (1, 0),
             "source_tensor": r.int("ici_tensor_parallelism", lo=1, hi=4096),
-            "source_expert": r.int("ici_expert_parallelism", lo=1, hi=4096), "data_parallelism": data}
+            "source_expert": r.int("ici_expert_parallelism", lo=1, hi=4096), "data_parallelism": data,
+            "mu_dtype": mu}
 
 
 # MaxText's remat policies (layers.decoders) and the tensors its `custom` policy places (each device, offload or
@@ -326,7 +331,7 @@ def _remat(r: Reader, notes: list[str]) -> str | dict[str, str]:
 
 def _with_unused(imported: Imported, r: Reader, stated: Mapping[str, Any]) -> Imported:
     unused = [k for k in stated if k not in r.used]
-    quiet = sorted(k for k in unused if k.startswith(NO_BEARING_PREFIXES) or k in ("opt_type", "mu_dtype",
+    quiet = sorted(k for k in unused if k.startswith(NO_BEARING_PREFIXES) or k in ("opt_type",
                                                                                   "gradient_clipping_threshold", "base_config"))
     rest = sorted(k for k in unused if k not in quiet)
     notes = list(imported.notes)

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from migration.common import experts_text, fmt_bytes, fmt_seconds, mix_text, model_name
+from migration.config.limits import state_bytes_per_param
 from migration.figures import plan_figures, run_figures
 from migration.planning.compare import headline, price_sources, shown_rows
 from migration.results import memory_provenance, write_csv as write_report_csv
@@ -115,9 +116,11 @@ def print_plan(plan: Any) -> None:
         print(f"largest batch per remat policy searched ({mode} state): " + ", ".join(f"{k} {v}" for k, v in found.items()))
     st = plan.state
     if st.get("state_with_gradients_bytes_per_gpu") is not None:
-        print(f"state per GPU: {fmt_bytes(st['compiled_state_bytes_per_gpu'])} compiled (parameters + AdamW moments; "
-              f"arithmetic 12 B/param / {st['shared_by']} = {fmt_bytes(st['arithmetic_state_bytes_per_gpu'])}); with "
-              f"gradients {fmt_bytes(st['state_with_gradients_bytes_per_gpu'])} against 16 B/param / {st['shared_by']} = "
+        per_param = state_bytes_per_param(st.get("mu_dtype", "float32"))
+        print(f"state per GPU: {fmt_bytes(st['compiled_state_bytes_per_gpu'])} compiled (parameters + AdamW moments"
+              f"{', the first in bfloat16' if per_param == 14 else ''}; arithmetic {per_param - 4} B/param / "
+              f"{st['shared_by']} = {fmt_bytes(st['arithmetic_state_bytes_per_gpu'])}); with gradients "
+              f"{fmt_bytes(st['state_with_gradients_bytes_per_gpu'])} against {per_param} B/param / {st['shared_by']} = "
               f"{fmt_bytes(st['arithmetic_bytes_per_gpu'])} ({st['difference']:+.2%})")
     print_ranked(plan)
     print(f"the TPU-style setup on this target: {plan.tpu_setup_on_target.get('summary', 'n/a')}")

@@ -21,7 +21,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any, Literal
 
-from migration.config.limits import GRANULARITIES, LIMITS, PLAN_LIMITS, PRECISIONS, REMAT_NAMES, SHARDINGS
+from migration.config.limits import GRANULARITIES, LIMITS, MOMENT_DTYPES, PLAN_LIMITS, PRECISIONS, REMAT_NAMES, SHARDINGS
 from migration.hardware import GPU_SPECS, TPU_SPECS
 
 # "layout": a layout name (migration/config/layouts.py) or auto; `choices` are suggestions, not a list.
@@ -250,6 +250,11 @@ FIELDS: tuple[Field, ...] = (
           help="let the planner choose fp8 Linear products (per-tensor on Ada and Hopper, MXFP8 on Blackwell) "
                "where the target has fp8 units and its compiled step is faster than bf16's; off by default, "
                "since fp8 changes the numerics (run with --fp32-reference to compare the losses)"),
+    Field("mu_dtype", "choice", "plan", "float32", "AdamW first moment (your job's mu_dtype)", "choices", MODEL, MODEL,
+          choices=MOMENT_DTYPES, flag="mu-dtype",
+          help="the dtype of AdamW's first moment in your TPU job, kept by the plan and the run (optax's and "
+               "MaxText's mu_dtype): float32 (the default: 16 bytes of state a parameter) or bfloat16 (14 bytes; "
+               "MaxText's large mixture-of-experts recipes set it)"),
 )
 FIELD = {f.name: f for f in FIELDS}
 

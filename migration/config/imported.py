@@ -115,6 +115,10 @@ def with_imported(req: PlanRequest, imported: Imported, given: Collection[str],
                     else remat)
             notes.append(f"remat_policy={said}: the TPU side is compiled with this product's {changes['source_remat']}"
                          + ("" if changes["source_remat"] == remat else " (the same activations kept)"))
+        if "mu_dtype" not in given and s.get("mu_dtype", "float32") != "float32":
+            changes["mu_dtype"] = s["mu_dtype"]
+            notes.append(f"AdamW's first moment in {s['mu_dtype']} (mu_dtype, or weight_dtype where it is unset): "
+                         "kept in the plan, 14 bytes of state a parameter against 16")
     notes.extend(imported.notes)
     changes["config_notes"] = tuple(notes)
     return validate_plan_request(dataclasses.replace(req, **changes))

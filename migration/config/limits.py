@@ -129,6 +129,19 @@ STEP_STYLES: tuple[str, ...] = get_args(StepStyle)
 MatmulPrecision = Literal["default", "highest"]
 MATMUL_PRECISIONS: tuple[str, ...] = get_args(MatmulPrecision)
 
+# The dtype of AdamW's first moment (optax's and MaxText's `mu_dtype`): float32 by default; bfloat16 saves 2
+# bytes a parameter (MaxText's large MoE recipes set it). The second moment stays float32 in both.
+MomentDtype = Literal["float32", "bfloat16"]
+MOMENT_DTYPES: tuple[str, ...] = get_args(MomentDtype)
+MOMENT_BYTES = {"float32": 4, "bfloat16": 2}
+
+
+def state_bytes_per_param(mu_dtype: str = "float32", gradients: bool = True) -> int:
+    """Bytes a parameter of the training state holds, all live during the update: the float32 parameter
+    (4), AdamW's first moment in `mu_dtype` and its second in float32 (4), and with `gradients` the float32
+    gradient (4): 16, or 14 with a bfloat16 first moment."""
+    return 4 + MOMENT_BYTES[mu_dtype] + 4 + (4 if gradients else 0)
+
 PRECISIONS: tuple[str, ...] = get_args(Precision)
 REMAT_NAMES: tuple[str, ...] = get_args(RematName)
 PLATFORMS: tuple[str, ...] = get_args(Platform)

@@ -19,6 +19,7 @@ from migration.config.layouts import Layout, parse_layout
 from migration.config.limits import (
     LIMITS,
     MATMUL_PRECISIONS,
+    MOMENT_DTYPES,
     PLATFORMS,
     PRECISIONS,
     FP8_PRECISIONS,
@@ -30,6 +31,7 @@ from migration.config.limits import (
     PLAN_LIMITS,
     Granularity,
     MatmulPrecision,
+    MomentDtype,
     Platform,
     Precision,
     RematName,
@@ -87,17 +89,27 @@ class RunConfig:
     # the state in `restore_checkpoint` and writes its state after its last step to `save_checkpoint`.
     save_checkpoint: str = ""
     restore_checkpoint: str = ""
+    mu_dtype: MomentDtype = "float32"  # AdamW's first moment (optax's and MaxText's mu_dtype)
 
     @property
     def global_batch(self) -> int:
         return self.per_device_batch * self.devices * self.accumulation_steps
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return without_defaults(dataclasses.asdict(self), LATER_DEFAULTS)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "RunConfig":
         return validate(_construct(cls, data))
+
+
+# Fields added after configurations were first stored and keyed: left out of `to_dict` at their default, so
+# a configuration that does not use them keeps the key (a cache's, a record's) it had before they existed.
+LATER_DEFAULTS: dict[str, Any] = {"mu_dtype": "float32"}
+
+
+def without_defaults(data: dict[str, Any], later: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in data.items() if not (k in later and v == later[k])}
 
 
 def _construct(cls: type, data: dict[str, Any]) -> Any:
@@ -206,6 +218,7 @@ def validate(cfg: RunConfig) -> RunConfig:
     check_precision_platform(cfg, cfg.platform)
     check_remat_name("remat", cfg.remat)
     _check_choice(cfg, "matmul_precision", MATMUL_PRECISIONS)
+    _check_choice(cfg, "mu_dtype", MOMENT_DTYPES)
     check_remat_applies(cfg)
     check_run_layout(cfg)
     _check_choice(cfg, "step_style", STEP_STYLES)
@@ -330,6 +343,9 @@ class PlanRequest:
     # A config file the model and TPU job came from (migration/config/imported.py): what it is, then each
     # key it read and did not model, with what the plan does instead; the plan lists them.
     config_notes: tuple[str, ...] = ()
+    # AdamW's first moment, in the TPU job and kept in the plan (MaxText's mu_dtype): a numerics choice the
+    # migration leaves as the job made it; bfloat16 holds 14 bytes a parameter of state against 16.
+    mu_dtype: MomentDtype = "float32"
 
     @property
     def node_gpus(self) -> int:
@@ -377,7 +393,7 @@ class PlanRequest:
         return self.per_core_batch or max(1, self.global_batch // self.source_devices)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return without_defaults(dataclasses.asdict(self), LATER_DEFAULTS)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "PlanRequest":
@@ -484,6 +500,7 @@ def validate_plan_request(req: PlanRequest) -> PlanRequest:
     for field in ("memory_fraction", "safety_margin", "timeout_s", "silence_timeout_s", "network_gbps"):
         _check_range(req, field, PLAN_LIMITS, integer=False)
     _check_choice(req, "source_precision", ("bf16", "fp32"))
+    _check_choice(req, "mu_dtype", MOMENT_DTYPES)
     source_remat = check_remat_name("source_remat", req.source_remat, maxtext=True)
     # reason: workloads import JAX (not its backend); kept out of this module's import
     from workloads import resolve_workload

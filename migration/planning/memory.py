@@ -46,12 +46,11 @@ from migration.planning.compiled import figures_of_program, train_step_figures
 from migration.planning.hlo_cost import Kernel, unpack
 from migration.planning.search import ROWS_PER_SM_TO_FILL
 from migration.config.layouts import parse_layout
+from migration.config.limits import state_bytes_per_param
 from migration.step.train import TrainProgram, abstract_batch, abstract_state, jit_step, make_mesh
 from workloads import get_workload
 
 Emit = Callable[..., None]
-# float32 parameters, gradients and AdamW's two moments, all live during the update
-STATE_BYTES_PER_PARAM = 16
 # Named activations each policy keeps for the backward pass, at the least: without remat, the q, k,
 # v projections (attention's backward reads them), the attention output (the projection's weight
 # gradient) and the MLP's hidden layer (its activation's backward); the dots policies keep the
@@ -294,7 +293,8 @@ class MemoryPredictor:
     def _key(self, precision: str, remat: str, batch: int, accum: int, sharding: str) -> str:
         return cache_key(workload_fingerprint(get_workload(self.req.workload)), self.method, self.target_id,
                          self.req.workload, self.req.preset, sorted(self.model.items()), precision, remat, batch,
-                         accum, self.req.gpus, sharding, os.environ.get("XLA_FLAGS", ""))
+                         accum, self.req.gpus, sharding, os.environ.get("XLA_FLAGS", ""),
+                         *(() if self.req.mu_dtype == "float32" else (self.req.mu_dtype,)))
 
     # -- prediction ------------------------------------------------------------------------
     def predict(self, precision: str, remat: str, batch: int, accum: int = 1, record: bool = True,
@@ -383,7 +383,7 @@ class MemoryPredictor:
     def _compile(self, precision: str, remat: str, batch: int, accum: int, sharding: str) -> dict[str, int | None]:
         cfg = RunConfig(workload=self.req.workload, preset=self.req.preset, model=self.model, per_device_batch=batch,
                         devices=self.req.gpus, precision=precision, remat=remat, accumulation_steps=accum,
-                        sharding=sharding)
+                        sharding=sharding, mu_dtype=self.req.mu_dtype)
         self.compiles += 1
         try:
             mesh = make_mesh(self.devices, sharding)
@@ -399,7 +399,11 @@ class MemoryPredictor:
     def estimate_memory(self, precision: str, remat: str, batch: int, accum: int, sharding: str) -> dict[str, int]:
         p = get_workload(self.req.workload).param_count(self._model_cfg())
         return {"peak_bytes": self.estimate(precision, remat, batch, accum, sharding),
-                "state_bytes": int(12 * p * self.state_fraction(sharding))}
+                "state_bytes": int(self.state_per_param(gradients=False) * p * self.state_fraction(sharding))}
+
+    def state_per_param(self, gradients: bool = True) -> int:
+        """The request's state bytes a parameter (`state_bytes_per_param` at its mu_dtype)."""
+        return state_bytes_per_param(self.req.mu_dtype, gradients)
 
     def state_fraction(self, sharding: str) -> float:
         """The share of the state one GPU holds under `sharding` (routed experts split by an expert axis)."""
@@ -410,13 +414,13 @@ class MemoryPredictor:
         return get_workload(self.req.workload).config(self.req.preset, self.model)
 
     def estimate(self, precision: str, remat: str, batch: int, accum: int = 1, sharding: str = "replicated") -> int:
-        """Parameters, gradients and AdamW state in float32 (16 bytes per parameter, a 1/gpus share
+        """Parameters, gradients and AdamW state (16 bytes per parameter, 14 with a bfloat16 first moment, a 1/gpus share
         of them under FSDP), a gradient accumulator when accumulating, and activations by
         precision and remat policy."""
         w = get_workload(self.req.workload)
         cfg = self._model_cfg()
         p = w.param_count(cfg)
-        state = (STATE_BYTES_PER_PARAM * p + (4 * p if accum > 1 else 0)) * self.state_fraction(sharding)
+        state = (self.state_per_param() * p + (4 * p if accum > 1 else 0)) * self.state_fraction(sharding)
         prof = w.activation_profile(cfg)
         elem = 4 if precision == "fp32" else 2
         on_device = (() if remat.startswith("offload") else
@@ -451,7 +455,7 @@ class MemoryPredictor:
 
     def lower_bound(self, precision: str, remat: str, batch: int, sharding: str = "replicated") -> int:
         """Bytes per device the step needs at the least: the float32 parameters and AdamW moments
-        (12 bytes per parameter, a share under FSDP: live whatever XLA fuses; gradients may be fed
+        (12 bytes per parameter, 10 with a bfloat16 first moment, a share under FSDP: live whatever XLA fuses; gradients may be fed
         straight into the update, so they are not counted), and per example the activations the
         policy must keep for the backward pass: every block's input, and where a model names its
         activations, those the backward pass reads and the policy cannot recompute (MUST_KEEP).
@@ -468,4 +472,5 @@ class MemoryPredictor:
             activations = prof.n_blocks * per_block
         else:  # blocks of different sizes: only one block's input is certain
             activations = 0 if offloaded_input else prof.block_input
-        return int(12 * w.param_count(cfg) * self.state_fraction(sharding) + batch * activations * elem)
+        return int(self.state_per_param(gradients=False) * w.param_count(cfg) * self.state_fraction(sharding)
+                   + batch * activations * elem)

@@ -16,14 +16,14 @@ import jax
 
 from migration.common import fmt_gib, fmt_seconds
 from migration.config.layouts import parse_layout
-from migration.config.limits import FP8_PRECISIONS, LIMITS
+from migration.config.limits import FP8_PRECISIONS, LIMITS, state_bytes_per_param
 from migration.config.requests import PlanRequest
 from migration.hardware import MATMUL_UNITS, TPU_SPECS, fp32_matmul_precision, matmul_unit
 from migration.planning import steptime
 from migration.planning.capability import planned_model
 from migration.planning.compare import compare
 from migration.planning.deployment import block_params, mesh_of, plan_environment
-from migration.planning.memory import STATE_BYTES_PER_PARAM, CompileFailed, MemoryPredictor, Target
+from migration.planning.memory import CompileFailed, MemoryPredictor, Target
 from migration.planning.ranking import full_key
 from migration.planning.search import RECOMPUTE_NOTE, Choice, describe_choice, rule_of_thumb_batch
 from migration.planning.source import source_sharding, tpu_setup_on_target
@@ -151,11 +151,12 @@ def infeasible_plan(p: Planner, max_batch: dict[Key, int], ranked: list[Choice],
         why = (f"does not fit even at batch 1 with remat {policy} (policies tried: {tried}), because the step "
                f"needs {fmt_gib(floor)} per GPU against a budget of {{budget}}")
     shards = round(1 / p.predictor.state_fraction(mode))
-    state_bytes = STATE_BYTES_PER_PARAM * p.params * p.predictor.state_fraction(mode)
+    per_param = p.predictor.state_per_param()
+    state_bytes = per_param * p.params * p.predictor.state_fraction(mode)
     budget_text = (f"{fmt_gib(budget)} ({req.memory_fraction:.0%} of {fmt_gib(p.target.device_memory_bytes)} "
                    f"minus a {req.safety_margin:.0%} margin)")
     message = (why.format(budget=budget_text) + "; parameters, "
-               f"gradients and AdamW state alone take {fmt_gib(state_bytes)} per GPU ({p.params:,} parameters x 16 "
+               f"gradients and AdamW state alone take {fmt_gib(state_bytes)} per GPU ({p.params:,} parameters x {per_param} "
                f"bytes{f' / {shards} GPUs ({mode})' if shards > 1 else ''}). "
                "What would help: " + "; ".join(what_would_help(req, mode)) + ".")
     p.emit("infeasible", message=message)
@@ -179,7 +180,8 @@ def what_would_help(req: PlanRequest, mode: str) -> list[str]:
     elif req.sharding == "replicated":
         helps.append("sharding the state over the GPUs (leave sharding to the planner, or FSDP)")
     else:
-        helps.append("several GPUs with the state sharded over them (FSDP: 16 bytes per parameter / GPUs)")
+        helps.append(f"several GPUs with the state sharded over them (FSDP: "
+                     f"{state_bytes_per_param(req.mu_dtype)} bytes per parameter / GPUs)")
     return helps
 
 
@@ -194,7 +196,7 @@ def common_fields(p: Planner, max_batch: dict[Key, int], ranked: list[Choice], r
     w = get_workload(req.workload)
     return dict(
         workload=req.workload, preset=req.preset, source=req.source, source_name=source.named(req.source_slices),
-        source_devices=req.source_devices, source_slices=req.source_slices,
+        source_devices=req.source_devices, source_slices=req.source_slices, mu_dtype=req.mu_dtype,
         source_per_core_batch=req.source_per_core_batch,
         source_precision=req.source_precision, target=req.target, target_name=t.name, gpus=req.gpus,
         memory_fraction=req.memory_fraction, safety_margin=req.safety_margin, budget_bytes=t.budget_bytes,
@@ -236,26 +238,29 @@ def matmul_precision_notes(target: Target, precision: str) -> dict[str, str]:
 
 def state_per_gpu(p: Planner, chosen: Choice) -> dict[str, Any]:
     """Bytes of the state per GPU: the compiled step's state arguments (parameters and AdamW's two
-    moments) against 12 bytes per parameter over the GPUs holding a share, and with the
-    gradients (4 bytes per parameter, same share) against the usual 16 bytes per parameter."""
+    moments) against 12 bytes per parameter (10 with a bfloat16 first moment) over the GPUs holding a
+    share, and with the gradients (4 bytes per parameter, same share) against 16 (14) bytes per parameter."""
     share = 1 / p.predictor.state_fraction(chosen.sharding)  # GPUs a parameter's bytes are shared by, on average
     share = round(share) if abs(share - round(share)) < 1e-6 else round(share, 2)
     compiled = p.predictor.state_bytes.get((*full_key(chosen), p.precision))
-    arithmetic = STATE_BYTES_PER_PARAM * p.params / share
+    per_param = p.predictor.state_per_param()
+    arithmetic = per_param * p.params / share
     with_grads = None if compiled is None else compiled + 4 * p.params / share
     return {"sharding": chosen.sharding, "shared_by": share, "param_count": p.params,
-            "compiled_state_bytes_per_gpu": compiled, "arithmetic_state_bytes_per_gpu": 12 * p.params / share,
+            "compiled_state_bytes_per_gpu": compiled, "arithmetic_state_bytes_per_gpu": (per_param - 4) * p.params / share,
             "state_with_gradients_bytes_per_gpu": with_grads, "arithmetic_bytes_per_gpu": arithmetic,
             "difference": None if with_grads is None else round(with_grads / arithmetic - 1, 4),
             "how": f"compiled arguments of the step ({p.predictor.method}) plus float32 gradients "
-                   f"(4 bytes x {p.params:,} / {share}), against 16 bytes x {p.params:,} / {share}"}
+                   f"(4 bytes x {p.params:,} / {share}), against {per_param} bytes x {p.params:,} / {share}"
+                   + ("" if p.req.mu_dtype == "float32" else " (AdamW's first moment in bfloat16: mu_dtype)"),
+            "mu_dtype": p.req.mu_dtype}
 
 
 def source_job(p: Planner) -> dict[str, Any]:
     """How the TPU job held its state on the source slice."""
     req = p.req
     src = TPU_SPECS[req.source]
-    state = STATE_BYTES_PER_PARAM * p.params
+    state = p.predictor.state_per_param() * p.params
     sharding = source_sharding(req, p.params)
     per_chip = state / (src.devices if sharding == "fsdp" else 1)
     across = "" if req.source_slices == 1 else f", data parallel across its {req.source_slices} slices"

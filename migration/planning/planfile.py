@@ -21,7 +21,7 @@ from typing import Any, Union
 
 from migration.common import ConfigError, shown
 from migration.config.layouts import parse_layout
-from migration.config.limits import LIMITS, PRECISIONS, REMAT_NAMES
+from migration.config.limits import LIMITS, MOMENT_DTYPES, PRECISIONS, REMAT_NAMES
 from migration.config.requests import PlanRequest, check_model, validate_plan_request
 from migration.planning.deployment import environment_of, one_line
 from migration.hardware import GPU_SPECS, TPU_SPECS
@@ -169,7 +169,7 @@ def checked_plan(data: Any, where: str = "plan") -> Plan:
     if plan.target != "local" and plan.target not in GPU_SPECS:
         raise ConfigError("plan.target", f"must be local or one of {', '.join(GPU_SPECS)}; got {_shown(plan.target)}")
     parse_layout(plan.sharding, "plan.sharding")
-    for field, allowed in (("precision", PRECISIONS), ("remat", REMAT_NAMES)):
+    for field, allowed in (("precision", PRECISIONS), ("remat", REMAT_NAMES), ("mu_dtype", MOMENT_DTYPES)):
         if getattr(plan, field) not in allowed:
             raise ConfigError(f"plan.{field}", f"must be one of {', '.join(allowed)}; got {_shown(getattr(plan, field))}")
     check_model(plan)
@@ -179,7 +179,8 @@ def checked_plan(data: Any, where: str = "plan") -> Plan:
         workload=plan.workload, preset=plan.preset, source=plan.source, global_batch=plan.requested_global_batch,
         target=plan.target, gpus=plan.gpus, gpus_per_node=plan.gpus_per_node,
         memory_fraction=plan.memory_fraction, safety_margin=plan.safety_margin, model=model,
-        precision=plan.precision, remat=plan.remat, sharding=plan.sharding, source_slices=plan.source_slices))
+        precision=plan.precision, remat=plan.remat, sharding=plan.sharding, source_slices=plan.source_slices,
+        mu_dtype=plan.mu_dtype))
     _check_step_time(plan)
     if plan.nodes != max(1, -(-plan.gpus // plan.gpus_per_node)):
         raise ConfigError("plan.nodes", f"must be GPUs over GPUs per node ({plan.gpus} / {plan.gpus_per_node}); "

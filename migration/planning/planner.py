@@ -29,7 +29,7 @@ from migration.config.requests import PlanRequest, check_fp8_target, remat_appli
 from migration.hardware import host_link_bandwidth
 from migration.planning import plan_record, steptime
 from migration.planning.capability import fp8_recipe, planned_model
-from migration.planning.memory import STATE_BYTES_PER_PARAM, CompileFailed, MemoryPredictor, Target, resolve_target
+from migration.planning.memory import CompileFailed, MemoryPredictor, Target, resolve_target
 from migration.planning.ranking import COMPILED_TOP_K, PRUNE_MARGIN, Ranking, full_key
 from migration.planning.source import SourceCompile
 from migration.planning.search import (
@@ -228,7 +228,8 @@ class Planner:
             return [req.sharding], f"override: {req.sharding} ({lay.describe(req.gpus, self.per_node)})"
         if req.gpus == 1:
             return ["replicated"], "one GPU: nothing to shard over (FSDP over one device is the same program)"
-        state = STATE_BYTES_PER_PARAM * self.params
+        per_param = self.predictor.state_per_param()
+        state = per_param * self.params
         modes = ["replicated"] if state <= budget else []
         modes.append("fsdp")
         if req.nodes > 1:
@@ -239,7 +240,7 @@ class Planner:
                 modes.append(f"hybrid:{group}")
         self.replicated_note = None if state <= budget else (
             f"replicated, the float32 parameters, gradients and AdamW state need {fmt_gib(state)} on every GPU "
-            f"({self.params:,} parameters x 16 bytes), more than the {fmt_gib(budget)} budget")
+            f"({self.params:,} parameters x {per_param} bytes), more than the {fmt_gib(budget)} budget")
         modes += self.expert_modes(modes)
         if len(modes) == 1:
             return modes, (f"{self.replicated_note}; sharded over {req.gpus} GPUs they need "

@@ -17,7 +17,7 @@ from jax.experimental import topologies
 
 from migration.common import first_line, fmt_gib, fmt_seconds, is_oom
 from migration.config.layouts import parse_layout
-from migration.config.limits import custom_remat, remat_named
+from migration.config.limits import custom_remat, remat_named, state_bytes_per_param
 from migration.config.requests import PlanRequest, RunConfig
 from migration.hardware import TPU_SPECS, Links, TpuSpec
 from migration.planning import steptime
@@ -25,7 +25,6 @@ from migration.planning.compare import tpu_needs_bytes
 from migration.planning.compile_cache import CompileCache, cache_key, workload_fingerprint
 from migration.planning.hlo_cost import unpack
 from migration.planning.memory import (
-    STATE_BYTES_PER_PARAM,
     CompileFailed,
     MemoryPredictor,
     compile_memory,
@@ -36,12 +35,13 @@ from workloads import get_workload
 
 
 def source_sharding(req: PlanRequest, params: int) -> str:
-    """How the TPU job held its state: as given, else replicated (pmap) when 16 bytes per parameter
-    fit 90% of a chip's HBM, else sharded over the slice."""
+    """How the TPU job held its state: as given, else replicated (pmap) when its state (16 bytes per
+    parameter, 14 with a bfloat16 first moment) fits 90% of a chip's HBM, else sharded over the slice."""
     hbm = TPU_SPECS[req.source].hbm_bytes_per_device
     if req.source_tensor > 1 or req.source_expert > 1:  # model parallelism on the TPU side: state sharded (MaxText)
         return "fsdp"
-    return req.source_sharding or ("replicated" if STATE_BYTES_PER_PARAM * params <= 0.9 * hbm else "fsdp")
+    return req.source_sharding or ("replicated" if state_bytes_per_param(req.mu_dtype) * params <= 0.9 * hbm
+                                   else "fsdp")
 
 
 def tpu_setup_on_target(req: PlanRequest, predictor: MemoryPredictor, budget: int, sharding: str) -> dict[str, Any]:
@@ -204,9 +204,10 @@ def compile_for_source_tpu(req: PlanRequest) -> dict[str, Any]:
            "device_kind": topo.devices[0].device_kind, "topology": source.topology, "stated": stated.describe(),
            "tried": []}
     # float32 parameters and AdamW's two moments, sharded over every device: no remat or batch makes it less
-    floor = 12 * w.param_count(w.config(req.preset, req.model)) / req.source_devices
+    floor = state_bytes_per_param(req.mu_dtype, gradients=False) * w.param_count(w.config(req.preset, req.model)) \
+        / req.source_devices
     if floor > source.hbm_bytes_per_device:
-        out["tried"].append(f"none: the float32 parameters and AdamW moments alone need {fmt_gib(floor)} per device "
+        out["tried"].append(f"none: the parameters and AdamW moments alone need {fmt_gib(floor)} per device "
                             f"sharded over all {req.source_devices} devices, more than its HBM; a larger slice is "
                             "the change that fits")
         return out
@@ -379,7 +380,7 @@ def setup_config(req: PlanRequest, setup: TpuSetup) -> RunConfig:
     """The run configuration the TPU side compiles for one setup."""
     return RunConfig(workload=req.workload, preset=req.preset, model=tpu_model(req), per_device_batch=setup.batch,
                      devices=req.source_devices, precision=req.source_precision, remat=setup.remat,
-                     accumulation_steps=setup.accumulation, sharding=setup.layout)
+                     accumulation_steps=setup.accumulation, sharding=setup.layout, mu_dtype=req.mu_dtype)
 
 
 def compile_setup(req: PlanRequest, topo: Any, setup: TpuSetup) -> dict[str, Any]:

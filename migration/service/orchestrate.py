@@ -241,7 +241,7 @@ def config_as_planned(p: Plan, base: RunConfig) -> RunConfig:
     return validate(dataclasses.replace(
         base, workload=p.workload, preset=p.preset, model=dict(p.model), per_device_batch=p.per_device_batch,
         accumulation_steps=p.accumulation_steps, precision=p.precision, remat=p.remat, devices=p.gpus,
-        sharding=p.sharding, xla_flags=" ".join(f for f in (base.xla_flags, planned_flags) if f)))
+        sharding=p.sharding, mu_dtype=p.mu_dtype, xla_flags=" ".join(f for f in (base.xla_flags, planned_flags) if f)))
 
 
 def _consistent_per_core(saved: Plan) -> int | None:

@@ -81,6 +81,7 @@ class TrainProgram:
     seed: int
     loss_scale: DynamicLossScale = DynamicLossScale()
     sharding: str = "replicated"  # a SHARDINGS key
+    mu_dtype: str = "float32"  # AdamW's first moment (RunConfig.mu_dtype)
 
     @classmethod
     def from_config(cls, cfg: RunConfig, *, loss_scale: DynamicLossScale | None = None) -> "TrainProgram":
@@ -89,6 +90,7 @@ class TrainProgram:
             workload=workload,
             model_cfg=workload.config(cfg.preset, cfg.model),
             sharding=cfg.sharding,
+            mu_dtype=cfg.mu_dtype,
             precision=PRECISION_POLICIES[cfg.precision],
             remat=remat_policy(cfg.remat),
             per_device_batch=cfg.per_device_batch,
@@ -155,7 +157,10 @@ class TrainProgram:
 
     @property
     def optimizer(self) -> optax.GradientTransformation:
-        return optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(self.learning_rate, weight_decay=1e-4))
+        """Global-norm clipping, then AdamW; its first moment in `mu_dtype` (None: the parameters' float32)."""
+        mu = None if self.mu_dtype == "float32" else jnp.dtype(self.mu_dtype)
+        return optax.chain(optax.clip_by_global_norm(1.0),
+                           optax.adamw(self.learning_rate, weight_decay=1e-4, mu_dtype=mu))
 
     def graphdef(self, mesh: Mesh | None = None) -> Any:
         graphdef, _, _ = nnx.split(nnx.eval_shape(lambda: self.build_model(0, mesh)), nnx.Param, ...)
