@@ -300,7 +300,19 @@ CASES = [
     ("moe_all_to_all", NOT_CHECKED, lambda w: Evidence(moe(w["plan"])), "no run"),
     ("moe_all_to_all", PASS, lambda w: Evidence(moe(w["plan"]), routed(on_gpu(w["run"]), 0.0)), "ran that expert split"),
     ("moe_all_to_all", WARN, lambda w: Evidence(moe(w["plan"]), routed(w["run"], 0.0)), "CPU backend"),
+    # the router's type, from the user's code only (this product's float32 router is no evidence)
+    ("moe_router_fp32", NA, lambda w: Evidence(w["plan"], code=code(ROUTER_FP32)), "not a mixture-of-experts"),
+    ("moe_router_fp32", NOT_CHECKED, lambda w: Evidence(moe(w["plan"]), routed(on_gpu(w["run"]), 0.0)),
+     "was not checked"),
+    ("moe_router_fp32", NOT_CHECKED, lambda w: Evidence(moe(w["plan"]), code=code(CLEAN)), "no router found"),
+    ("moe_router_fp32", PASS, lambda w: Evidence(moe(w["plan"]), code=code(ROUTER_FP32)), "softmax train.py:"),
+    ("moe_router_fp32", FAIL, lambda w: Evidence(moe(w["plan"]), code=code(ROUTER_BF16)), "ROUTER001"),
+    ("moe_router_fp32", WARN, lambda w: Evidence(moe(w["plan"]), code=code(ROUTER_UNSAID)), "does not say"),
 ]
+ROUTER = CLEAN + "\ndef route(x, router_w):\n    router_logits = x @ router_w\n    return jax.nn.softmax({})\n"
+ROUTER_FP32 = ROUTER.format("router_logits.astype(jnp.float32)")
+ROUTER_BF16 = ROUTER.format("router_logits.astype(jnp.bfloat16)")
+ROUTER_UNSAID = ROUTER.format("router_logits")
 
 
 def moe(plan, dispatch="capacity", sharding="fsdp+ep2"):

@@ -58,6 +58,10 @@ CORPUS = {
                 "import jax\njax.config.update('jax_enable_x64', False)\n"),
     "ATTN001": ("import jax\ndef attend(q, k, v):\n    return jax.nn.softmax(q @ k.T) @ v\n",
                 "import jax\ndef attend(q, k, v):\n    return jax.nn.dot_product_attention(q, k, v, implementation='cudnn')\n"),
+    "ROUTER001": ("import jax\nimport jax.numpy as jnp\ndef route(x, router_w):\n"
+                  "    return jax.nn.softmax((x @ router_w).astype(jnp.bfloat16))\n",
+                  "import jax\nimport jax.numpy as jnp\ndef route(x, router_w):\n"
+                  "    return jax.nn.softmax((x @ router_w).astype(jnp.float32))\n"),
     "IGNORE001": ("import jax\ndevs = jax.devices('tpu')  # migration: ignore[TPU001]\n",
                   "import jax\ndevs = jax.devices('tpu')  # migration: ignore[TPU001] only runs on the pod fleet\n"),
 }

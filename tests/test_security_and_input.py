@@ -129,10 +129,10 @@ RUN_OPTIONS = {"plan_file": None, "steps": 3, "learning_rate": 0.003, "compare_t
                "fp32_reference": False, "pmap_before": False, "scaling": False}
 INPUTS = {
     "/plan": [*FORM, "label", "network_gbps", "attention", "layer_loop", "train_tokens", "prices", "source_slices",
-              "tpu_step_ms", "allow_fp8", "config_file"],
+              "tpu_step_ms", "allow_fp8", "mu_dtype", "config_file"],
     "/run": [*RUN_OPTIONS, *FORM, "label", "save_checkpoint", "restore_checkpoint", "seed", "network_gbps",
              "attention", "layer_loop", "train_tokens", "prices", "source_slices", "tpu_step_ms", "allow_fp8",
-             "config_file"],
+             "mu_dtype", "config_file"],
     "/history": ["scope", "kind", "workload", "status"],  # workload: "transformer" is a valid filter too
     "/compare": ["ids", "scope"],
     "/export_csv": ["ids", "scope"],
@@ -141,7 +141,8 @@ INPUTS = {
 }
 DEFAULTS = {**FORM, **RUN_OPTIONS, "label": "", "save_checkpoint": "", "restore_checkpoint": "", "scope": "mine", "kind": "all", "status": "all", "ids": "1,2",
             "job_id": "1", "seed": 0, "tpu_step_ms": 0.0, "network_gbps": 0.0, "attention": "auto", "layer_loop": "scan",
-            "train_tokens": 1e12, "prices": "", "source_slices": 1, "allow_fp8": False, "config_file": None}
+            "train_tokens": 1e12, "prices": "", "source_slices": 1, "allow_fp8": False, "mu_dtype": "float32",
+            "config_file": None}
 NOT_A_PLAN = object()  # replaced by an uploaded JSON file that is not a plan
 # configs uploaded in place of the form's model: file name -> content (replaced by the uploaded file)
 CONFIG_UPLOADS = {
@@ -156,6 +157,12 @@ CONFIG_UPLOADS = {
     "expert-3.yml": "model_name: mixtral-8x7b\nsparse_matmul: false\ncapacity_factor: 1.25\nici_expert_parallelism: 3\n",
     "moe-top-k-huge.yml": "decoder_block: mixtral\nnum_experts: 8\nnum_experts_per_tok: 1000000\n",
     "tensor-huge.yml": "model_name: llama2-7b\nici_tensor_parallelism: 99999999\n",
+    # every dimension at its bound: 1,024 experts of 262,144 hidden units, top 64, 256 layers of 65,536
+    "moe-largest.json": json.dumps({
+        "model_type": "mixtral", "hidden_size": 65536, "intermediate_size": 262144, "num_hidden_layers": 256,
+        "num_attention_heads": 1024, "num_key_value_heads": 1024, "vocab_size": 1048576,
+        "max_position_embeddings": 131072, "num_local_experts": 1024, "num_experts_per_tok": 64,
+        "tie_word_embeddings": False, "hidden_act": "silu"}),
 }
 
 
@@ -245,6 +252,9 @@ BAD = [
         "per_core_batch", "use per_core_batch 16", extra=("16 cores",)),
     Bad("plan-tpu-step-negative", "/plan", {"tpu_step_ms": -5}, "tpu_step_ms", "number from 0 to"),
     Bad("plan-allow-fp8-text", "/plan", {"allow_fp8": "yes"}, "allow_fp8", "must be true or false"),
+    Bad("plan-mu-dtype-fp16", "/plan", {"mu_dtype": "float16"}, "mu_dtype", "float32, bfloat16"),
+    Bad("plan-mu-dtype-code", "/plan", {"mu_dtype": "__import__('os').system('id')"}, "mu_dtype", "float32, bfloat16"),
+    Bad("run-mu-dtype-path", "/run", {"mu_dtype": "../../../etc/passwd"}, "mu_dtype", "float32, bfloat16"),
     Bad("plan-fp8-without-fp8-units", "/plan", {"precision": "fp8", "target": "a100-80gb"}, "precision",
         "A100 SXM4 80GB has compute capability 8.0"),
     Bad("plan-mxfp8-on-hopper", "/plan", {"precision": "mxfp8", "target": "h100-sxm"}, "precision",
@@ -395,6 +405,24 @@ def test_server_keeps_serving_after_bad_input(server, client, entries_before_bad
     assert history["headers"][:4] == ["id", "created", "user", "label"]
     assert len(history["data"]) == entries_before_bad_input, "a refused input left a history entry"
     assert server.proc.poll() is None and server.workers() == []
+
+
+def test_the_largest_moe_a_config_may_describe_is_answered_without_compiling_it(server, client, uploads):
+    """A user's config at every MoE bound (13.5 quadrillion parameters) is a plan like any other: answered as
+    not feasible, from the state's arithmetic bound, in seconds (no program of that size is compiled), its
+    worker gone, and the server answering the next call."""
+    values = {**DEFAULTS, "source": "tpu-v5p-1024", "global_batch": 1024, "target": "h100-sxm", "gpus": 8,
+              "config_file": handle_file(str(uploads / "moe-largest.json"))}
+    t0 = time.monotonic()
+    outputs = client.predict(*[values[name] for name in INPUTS["/plan"]], api_name="/plan")
+    took = time.monotonic() - t0
+    markdown = str(value_of(outputs[5]))
+    assert "13,515,351,581,065,216 parameters" in markdown and "NOT FEASIBLE" in markdown.upper(), markdown[:2000]
+    assert "more GPUs" in markdown
+    assert took < 120, f"{took:.0f} s"
+    assert server.proc.poll() is None and server.workers() == []
+    rows = client.predict("mine", "all", "all", "all", api_name="/history")["data"]
+    assert any(str(cell).startswith("moe /") for row in rows for cell in row), rows  # recorded; still answering
 
 
 # -- B. the code check never runs its input ------------------------------------------------------

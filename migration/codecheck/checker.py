@@ -11,6 +11,7 @@ from migration.codecheck.attention_rules import AttentionRules
 from migration.codecheck.cloud_rules import CloudRules
 from migration.codecheck.context import Context
 from migration.codecheck.device_rules import DeviceRules
+from migration.codecheck.router_rules import RouterRules
 from migration.codecheck.family import RawFinding
 from migration.codecheck.settings_rules import SettingsRules
 from migration.codecheck.shape_rules import ShapeRules
@@ -18,7 +19,7 @@ from migration.codecheck.topology_rules import TopologyRules
 
 
 class Checker(ast.NodeVisitor):
-    """TPU001, PMAP001/002, REMOVED001/002, TRACE001, SHAPE001, BATCH001, FP16001, PREC001 and ATTN001, in the
+    """TPU001, PMAP001/002, REMOVED001/002, TRACE001, SHAPE001, BATCH001, FP16001, PREC001, ATTN001 and ROUTER001, in the
     order the nodes are visited (`found`)."""
 
     def __init__(self, ctx: Context):
@@ -30,6 +31,7 @@ class Checker(ast.NodeVisitor):
         self.cloud = CloudRules(ctx, self.found)
         self.topology = TopologyRules(ctx, self.found)
         self.attention = AttentionRules(ctx, self.found)
+        self.router = RouterRules(ctx, self.found)
 
     # the walk: NodeVisitor's, dispatching through a table by node type (the class's functions, not bound
     # methods: a checker holding its own methods would be a reference cycle) and over the cached children
@@ -113,6 +115,7 @@ class Checker(ast.NodeVisitor):
         self.cloud.call(node, name)
         self.topology.call(node, last)
         self.attention.call(node, name, last)
+        self.router.call(node, last)
         self.generic_visit(node)
 
     def visit_Subscript(self, node: ast.Subscript) -> None:

@@ -15,7 +15,7 @@ from migration.codecheck.checker import Checker
 from migration.codecheck.context import Context
 from migration.codecheck.env_rules import env_findings, env_writes
 from migration.codecheck.family import RawFinding
-from migration.codecheck.findings import CodeCheck, CodeCheckError, EnvSetting, Finding, MonitoringUse
+from migration.codecheck.findings import CodeCheck, CodeCheckError, EnvSetting, Finding, MonitoringUse, RouterSite
 from migration.codecheck.ignores import apply_ignores, read_ignores
 from migration.codecheck.inputs import read_source, refuse_unreadable
 from migration.codecheck.monitoring import monitoring_uses
@@ -35,6 +35,7 @@ class FileResult:
     env: list[EnvSetting]
     monitoring: list[MonitoringUse]
     uses_jax: bool = False
+    routers: list[RouterSite] = dataclasses.field(default_factory=list)
 
 
 def scope_findings(ctx: Context) -> list[RawFinding]:
@@ -143,7 +144,8 @@ def analyse_tree(tree: ast.Module, text: str, filename: str) -> FileResult:
     env = [EnvSetting(filename, w.node.lineno, w.name, w.value, not ctx.after_jax_import(w.node.lineno))
            for w in writes if w.name.startswith(ENV_PREFIXES)]
     monitoring = [MonitoringUse(filename, line, call, kind) for line, call, kind in monitoring_uses(ctx)]
-    return FileResult(sorted(kept, key=lambda f: (f.file, f.line, f.col, f.rule)), env, monitoring, ctx.uses_jax)
+    return FileResult(sorted(kept, key=lambda f: (f.file, f.line, f.col, f.rule)), env, monitoring, ctx.uses_jax,
+                      checker.router.sites)
 
 
 def check_source(text: str, filename: str = "<pasted>") -> list[Finding]:
@@ -158,7 +160,8 @@ def check_sources(sources: list[tuple[str, str]]) -> CodeCheck:
                      findings=tuple(f for _, r in results for f in r.findings),
                      env_settings=tuple(e for _, r in results for e in r.env),
                      monitoring=tuple(m for _, r in results for m in r.monitoring),
-                     jax_files=tuple(name for name, r in results if r.uses_jax))
+                     jax_files=tuple(name for name, r in results if r.uses_jax),
+                     routers=tuple(s for _, r in results for s in r.routers))
 
 
 def check_paths(paths: Iterable[str | Path]) -> CodeCheck:

@@ -41,6 +41,15 @@ class MonitoringUse:
 
 
 @dataclasses.dataclass(frozen=True)
+class RouterSite:
+    """One place where the code scores a mixture-of-experts router's experts (codecheck/router_rules.py)."""
+    file: str
+    line: int
+    call: str   # softmax, log_softmax, top_k, approx_max_k or sigmoid
+    dtype: str  # "float32" or "16-bit" as the code states it, or "not said"
+
+
+@dataclasses.dataclass(frozen=True)
 class CodeCheck:
     files: tuple[str, ...]
     findings: tuple[Finding, ...]
@@ -54,6 +63,7 @@ class CodeCheck:
     # what the code is, as its user said: "training" (the training checklist grades from it), "serving" (the
     # serving checklist does), or "" (not said: either may); neither checklist grades from the other kind
     role: str = ""
+    routers: tuple[RouterSite, ...] = ()  # where the code scores a router's experts, and in which type
 
     @property
     def total(self) -> int:
@@ -90,7 +100,8 @@ class CodeCheck:
                 "findings": [f.to_dict() for f in self.findings],
                 "env_settings": [dataclasses.asdict(e) for e in self.env_settings],
                 "monitoring": [dataclasses.asdict(m) for m in self.monitoring],
-                "omitted": [list(o) for o in self.omitted], "role": self.role}
+                "omitted": [list(o) for o in self.omitted], "role": self.role,
+                "routers": [dataclasses.asdict(r) for r in self.routers]}
 
     @classmethod
     def from_dict(cls, d) -> CodeCheck:
@@ -100,7 +111,8 @@ class CodeCheck:
                    monitoring=tuple(MonitoringUse(**m) for m in d.get("monitoring", ())),
                    jax_files=tuple(d.get("jax_files", ())),
                    omitted=tuple((str(r), str(s), int(n)) for r, s, n in d.get("omitted", ())),
-                   role=str(d.get("role") or ""))
+                   role=str(d.get("role") or ""),
+                   routers=tuple(RouterSite(**r) for r in d.get("routers", ())))
 
 
 class CodeCheckError(ValueError):

@@ -185,6 +185,24 @@ RULES: dict[str, Rule] = {r.id: r for r in [
                    "multiply float32 matrices in bf16 passes, GPUs of compute capability 8.0+ in TF32, so results "
                    "differ from the TPU run's.",
          example="import jax\njax.config.update(\"jax_default_matmul_precision\", \"bfloat16\")\n"),
+    Rule("ROUTER001", "warning", "a mixture-of-experts router scoring its experts in 16 bits",
+         replacement="cast the router's logits to float32 before its softmax, sigmoid or top-k "
+                     "(`jax.nn.softmax(router_logits.astype(jnp.float32))`), or compute the router's product in "
+                     "float32 (`dtype=jnp.float32`, `preferred_element_type=jnp.float32`)",
+         rationale="Finds a softmax, log-softmax, sigmoid or top-k over a router's logits (a name with `router` or "
+                   "`routing` in it, or `gate` / `gating` inside a function or class about experts) that the code "
+                   "itself puts in bfloat16 or float16: a cast or `dtype=` in the input, the input's last assignment "
+                   "in the same function, or the `dtype=` of the router layer the class builds. The router's "
+                   "probabilities pick each token's experts and weigh their outputs; in 16 bits close scores tie "
+                   "and small ones round away, so routing and the balance loss drift from float32's (MaxText, "
+                   "DeepSeek-V3 and Mixtral's reference code score in float32). Where the code says no type, nothing "
+                   "is reported; the migration checklist then says it could not tell.",
+         example="import jax\nimport jax.numpy as jnp\nfrom flax import linen as nn\n\n"
+                 "class MoeLayer(nn.Module):\n    num_experts: int = 8\n\n    @nn.compact\n"
+                 "    def __call__(self, x):\n"
+                 "        router_logits = nn.Dense(self.num_experts, dtype=jnp.bfloat16)(x)\n"
+                 "        weights, experts = jax.lax.top_k(jax.nn.softmax(router_logits), 2)\n"
+                 "        return weights, experts\n"),
     Rule("ATTN001", "info", "attention that stores the scores (XLA's)",
          replacement="jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation='cudnn') in bf16 or fp16 "
                      "(head size a multiple of 8 up to 128); plan with --attention xla to see what it saves",

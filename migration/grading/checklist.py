@@ -23,15 +23,14 @@ import math
 from pathlib import Path
 from typing import Any
 
-from migration.codecheck import CodeCheck
 from migration.common import fmt_bytes, fmt_count, fmt_loss, write_csv
 from migration.figures import tpu_samples_per_s
 from migration.grading import environment
 from migration.grading.scaling import loss_tolerance, max_loss_rel_diff
 from migration.config.limits import FP8_PRECISIONS
-from migration.grading.evidence import (FAIL, NA, NOT_CHECKED, PASS, WARN, ChecklistItem, Evidence, Grade, ItemSpec,
-                                        device_count, elsewhere, where)
-from migration.grading.moe import grade_moe_all_to_all, grade_moe_dropped, grade_moe_grouped_gemm
+from migration.grading.evidence import (CHECK_CODE, FAIL, NA, NO_CODE, NOT_CHECKED, PASS, WARN, ChecklistItem, Evidence,
+                                        Grade, ItemSpec, code_scope, device_count, elsewhere, where)
+from migration.grading.moe import grade_moe_all_to_all, grade_moe_dropped, grade_moe_grouped_gemm, grade_moe_router
 from migration.results import RunReport
 
 NUMERICS_TOLERANCE = 0.05  # final loss within 5% of the fp32 reference over the same steps
@@ -54,21 +53,13 @@ def _lines(findings: list, total: int = 0) -> str:
         (" …" if max(len(findings), total) > 8 else "")
 
 
-def _code_scope(code: CodeCheck) -> str:
-    return f"code check of {len(code.files)} file(s) ({', '.join(Path(f).name for f in code.files[:4])})"
-
-
-NO_CODE = "your training code was not checked"
-CHECK_CODE = "check your training script (Code check tab, or python -m migration check train.py) and grade again"
-
-
 def no_jax_code(ev: Evidence, measured: str = "") -> Grade | None:
     """`not checked` when there is no code check, or none of its files uses JAX (a file without JAX
     says nothing about a JAX job); None when the code check can grade."""
     if ev.code is None:
         return NOT_CHECKED, NO_CODE + measured, CHECK_CODE
     if not ev.code.jax_files:
-        return NOT_CHECKED, f"{_code_scope(ev.code)}: none of them uses JAX (no import of jax, flax, optax, ...)" \
+        return NOT_CHECKED, f"{code_scope(ev.code)}: none of them uses JAX (no import of jax, flax, optax, ...)" \
             + measured, "check the script that builds and runs your training step"
     return None
 
@@ -133,7 +124,7 @@ def grade_apis(ev: Evidence) -> Grade:
         return unchecked
     found = ev.findings(API_RULES)
     errors = [f for f in found if f.severity == "error"]
-    scope = _code_scope(ev.code)
+    scope = code_scope(ev.code)
     if errors:
         n = ev.finding_count(API_RULES, "error")
         return FAIL, f"{scope}: {n} TPU-only or removed API call(s): {_lines(errors, n)}", "apply each finding's replacement"
@@ -240,13 +231,13 @@ def grade_monitoring(ev: Evidence) -> Grade:
     traces = [u for u in ev.code.monitoring if u.kind == "trace"]
     if reads:
         listed = ", ".join(f"{u.call} {Path(u.file).name}:{u.line}" for u in reads[:6])
-        return PASS, f"{_code_scope(ev.code)}: your code reads device memory or utilisation: {listed}{measured}", \
+        return PASS, f"{code_scope(ev.code)}: your code reads device memory or utilisation: {listed}{measured}", \
             "keep it, and alert on bytes_in_use near bytes_limit"
     if traces:
         listed = ", ".join(f"{u.call} {Path(u.file).name}:{u.line}" for u in traces[:6])
-        return WARN, (f"{_code_scope(ev.code)}: your code captures profiler traces ({listed}) but reads no memory or "
+        return WARN, (f"{code_scope(ev.code)}: your code captures profiler traces ({listed}) but reads no memory or "
                       f"utilisation figure a job can watch{measured}"), MONITOR_HINT
-    return WARN, f"{_code_scope(ev.code)}: no memory_stats(), NVML or nvidia-smi reads found{measured}", MONITOR_HINT
+    return WARN, f"{code_scope(ev.code)}: no memory_stats(), NVML or nvidia-smi reads found{measured}", MONITOR_HINT
 
 
 def _env_findings(checks: list[environment.EnvCheck]) -> str:
@@ -268,7 +259,7 @@ def _env_grade(checks: list[environment.EnvCheck], scope: str, keep: str) -> Gra
 def grade_deployment(ev: Evidence) -> Grade:
     if ev.code is None:
         return NOT_CHECKED, NO_CODE, "download the deployment snippet and check your launcher with the code check"
-    scope = _code_scope(ev.code)
+    scope = code_scope(ev.code)
     late = ev.findings(("ENV001",))
     if late:
         return FAIL, f"{scope}: set after `import jax`, so JAX ignores them: {_lines(late)}", \
@@ -299,13 +290,13 @@ def grade_preallocation(ev: Evidence) -> Grade:
         return NOT_CHECKED, NO_CODE, CHECK_CODE
     settings = [s for s in ev.code.env_settings if s.name in environment.MEMORY_VARS]
     if not settings and not ev.code.jax_files:
-        return NOT_CHECKED, f"{_code_scope(ev.code)}: no JAX and no XLA_PYTHON_CLIENT_* settings in them", CHECK_CODE
+        return NOT_CHECKED, f"{code_scope(ev.code)}: no JAX and no XLA_PYTHON_CLIENT_* settings in them", CHECK_CODE
     late = [s for s in settings if not s.before_import]
     if late:
         return FAIL, "set after `import jax` (ignored): " + ", ".join(f"{s.name} line {s.line}" for s in late), \
             "move them before the first import of jax"
     checks = environment.compare(ev.plan, settings, environment.MEMORY_VARS)
-    return _env_grade(checks, _code_scope(ev.code), "keep preallocation off on a shared GPU")
+    return _env_grade(checks, code_scope(ev.code), "keep preallocation off on a shared GPU")
 
 
 def grade_recompilation(ev: Evidence) -> Grade:
@@ -316,12 +307,12 @@ def grade_recompilation(ev: Evidence) -> Grade:
     if r.recompilations:
         return FAIL, measured, "fix shapes or dtypes that change between steps (weak types, the last batch)"
     if ev.code is None or not ev.code.jax_files:
-        unchecked = NO_CODE if ev.code is None else f"{_code_scope(ev.code)}: none of them uses JAX, so"
+        unchecked = NO_CODE if ev.code is None else f"{code_scope(ev.code)}: none of them uses JAX, so"
         return WARN, f"{measured}; {unchecked} for shapes that change between steps", CHECK_CODE
     found = ev.findings(SHAPE_RULES)
     if found:
         return WARN, f"{measured}; your code: {_lines(found)}", "drop or pad the last batch; use lax.cond for traced branches"
-    clean = f"{measured}; {_code_scope(ev.code)}: no varying batch shapes or traced Python branches"
+    clean = f"{measured}; {code_scope(ev.code)}: no varying batch shapes or traced Python branches"
     if not ev.on_target(r):
         return WARN, f"{clean}; {elsewhere(ev, r)}", f"confirm on {ev.plan.target_name}"
     return PASS, clean, "none"
@@ -333,9 +324,9 @@ def grade_host_sync(ev: Evidence) -> Grade:
     found = ev.findings(("SYNC001",))
     if found:
         n = ev.finding_count(("SYNC001",))
-        return WARN, f"{_code_scope(ev.code)}: {n} host sync(s) in the step loop: {_lines(found, n)}", \
+        return WARN, f"{code_scope(ev.code)}: {n} host sync(s) in the step loop: {_lines(found, n)}", \
             "keep metrics on the device and fetch them every N steps"
-    return PASS, f"{_code_scope(ev.code)}: no host sync in the training loop", "none"
+    return PASS, f"{code_scope(ev.code)}: no host sync in the training loop", "none"
 
 
 def grade_numerics(ev: Evidence) -> Grade:
@@ -405,7 +396,7 @@ def grade_pmap(ev: Evidence) -> Grade:
     pmap_calls = ev.findings(PMAP_RULES)
     if pmap_calls:  # whatever the runs show, the user's own code still uses pmap
         n = ev.finding_count(PMAP_RULES)
-        return FAIL, f"{_code_scope(ev.code)}: your code still uses pmap: {_lines(pmap_calls, n)}", \
+        return FAIL, f"{code_scope(ev.code)}: your code still uses pmap: {_lines(pmap_calls, n)}", \
             "replace pmap and its collectives with jit over a Mesh with NamedSharding (each finding's replacement)"
     if before is None:
         return NOT_CHECKED, "the TPU-era pmap step was not run beside the migrated step", \
@@ -427,9 +418,9 @@ def grade_pmap(ev: Evidence) -> Grade:
     if worst > loss_tolerance(r.precision):
         return FAIL, text, "the migrated step does not compute what the pmap step did: compare their gradients"
     if ev.code is None or not ev.code.jax_files:
-        unchecked = NO_CODE if ev.code is None else f"{_code_scope(ev.code)} found no JAX in them"
+        unchecked = NO_CODE if ev.code is None else f"{code_scope(ev.code)} found no JAX in them"
         return WARN, f"{text}; this compares the tool's two steps: {unchecked} for pmap-era calls", CHECK_CODE
-    text += f"; {_code_scope(ev.code)}: no pmap-era calls"
+    text += f"; {code_scope(ev.code)}: no pmap-era calls"
     if not (ev.on_target(r) and ev.on_target(before)):
         return WARN, f"{text}; {elsewhere(ev, r)}", f"compare the two steps' throughput on {ev.plan.target_name}"
     return PASS, text, "retire the pmap step; keep jit with NamedSharding"
@@ -459,6 +450,8 @@ ITEMS: dict[str, ItemSpec] = {
                                  (PASS, WARN, FAIL, NA, NOT_CHECKED), grade_moe_grouped_gemm),
     "moe_all_to_all": ItemSpec("Expert-parallel all-to-all inside the NVLink domain", (PASS, WARN, NA, NOT_CHECKED),
                                grade_moe_all_to_all),
+    "moe_router_fp32": ItemSpec("MoE router's softmax and top-k in float32", (PASS, WARN, FAIL, NA, NOT_CHECKED),
+                                grade_moe_router),
 }
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from migration.codecheck import CodeCheck
@@ -70,6 +71,15 @@ class Evidence:
     def finding_count(self, rules: tuple[str, ...], severity: str | None = None) -> int:
         """How many findings of these rules the check made, kept or only counted."""
         return self.code.count(rules, severity) if self.code else 0
+
+
+NO_CODE = "your training code was not checked"
+CHECK_CODE = "check your training script (Code check tab, or python -m migration check train.py) and grade again"
+
+
+def code_scope(code: CodeCheck) -> str:
+    """"code check of 2 file(s) (train.py, model.py)": what a code-graded item read."""
+    return f"code check of {len(code.files)} file(s) ({', '.join(Path(f).name for f in code.files[:4])})"
 
 
 Grade = tuple[str, str, str]  # status, evidence, action

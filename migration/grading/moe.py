@@ -5,11 +5,12 @@ plan's target)."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 from migration.config.layouts import parse_layout
-from migration.grading.evidence import (FAIL, NA, NOT_CHECKED, PASS, WARN, Evidence, Grade, device_count, elsewhere,
-                                        where)
+from migration.grading.evidence import (CHECK_CODE, FAIL, NA, NO_CODE, NOT_CHECKED, PASS, WARN, Evidence, Grade,
+                                        code_scope, device_count, elsewhere, where)
 from migration.planning.search import recompute_factors
 
 # The share of token slots a capacity-dispatch MoE run may drop for a pass: GShard and Switch report
@@ -125,3 +126,28 @@ def grade_moe_all_to_all(ev: Evidence) -> Grade:
     if not ev.on_target(r):
         return WARN, f"{measured}; {elsewhere(ev, r)}", f"confirm on {ev.plan.target_name}"
     return PASS, measured, "none"
+
+
+def grade_moe_router(ev: Evidence) -> Grade:
+    """From the user's code (codecheck/router_rules.py's sites): a pass only where the code scores every router
+    it has in float32 by its own cast or dtype; this product's own MoE layer (float32 router) is no evidence."""
+    if ev.plan.workload != "moe":
+        return NA, "not a mixture-of-experts model", "none"
+    if ev.code is None:
+        return NOT_CHECKED, NO_CODE + " (the router's type is read from it)", CHECK_CODE
+    sites = ev.code.routers
+    places = lambda found: ", ".join(f"{s.call} {Path(s.file).name}:{s.line}" for s in found[:6]) + (  # noqa: E731
+        " …" if len(found) > 6 else "")
+    if not sites:
+        return NOT_CHECKED, f"{code_scope(ev.code)}: no router found (no softmax, sigmoid or top-k of a router's " \
+                            "logits)", "check the file that defines your MoE layer with the training script"
+    half = [s for s in sites if s.dtype == "16-bit"]
+    if half:
+        return FAIL, f"the router scores its experts in 16 bits: {places(half)} (ROUTER001)", \
+            "cast the router's logits to float32 before its softmax or top-k"
+    unsaid = [s for s in sites if s.dtype != "float32"]
+    if unsaid:
+        return WARN, f"the code does not say which type the router scores in: {places(unsaid)} (it is the logits' " \
+                     "type: bfloat16 where the layer computes in bfloat16)", \
+            "cast the router's logits to float32 before its softmax (jax.nn.softmax(logits.astype(jnp.float32)))"
+    return PASS, f"{code_scope(ev.code)}: every router site casts to float32 first: {places(sites)}", "none"
