@@ -180,17 +180,50 @@ TRAINED_LLAMA = RunConfig(workload="llama", preset="tiny", model={"tied_embeddin
                           devices=2, sharding="fsdp", steps=4, warmup_steps=1, precision="fp32", learning_rate=3e-3)
 
 
-@pytest.fixture(scope="module")
-def trained_llama_checkpoint(tmp_path_factory):
+def train_and_save(cfg: RunConfig, folder: Path):
+    """`cfg` trained its steps on this machine's first devices and saved as a checkpoint in `folder`; the state."""
     # reason: the checkpoint module imports Orbax, which only these tests need
     from migration.running import checkpoint
 
-    program = TrainProgram.from_config(TRAINED_LLAMA)
-    parts = step_parts(program, jax.devices()[: TRAINED_LLAMA.devices])
+    program = TrainProgram.from_config(cfg)
+    parts = step_parts(program, jax.devices()[: cfg.devices])
     state = parts.init_state()
-    for i in range(TRAINED_LLAMA.steps):
+    for i in range(cfg.steps):
         state, _ = parts.step(state, parts.make_batch(i))
+    checkpoint.save(folder, state, cfg, program, "cpu", jax.devices()[0].device_kind)
+    return state
+
+
+def served_and_greedy(cfg, params, model_cls, prompts: list[list[int]], gens: list[int]):
+    """(served, expected): the tokens a greedy server of the checkpoint's `params` gives for each prompt, and
+    those the training model (`model_cls`, built with other random weights, then given `params`) gives by its
+    own forward, the likeliest token each time."""
+    # reason: flax and the serving module are only these tests'
+    from flax import nnx
+
+    from migration.running.serving import Server
+    from workloads.base import no_wrap
+
+    model = model_cls(cfg, dtype=jax.numpy.float32, block_wrap=no_wrap, rngs=nnx.Rngs(123))
+    nnx.update(model, params)
+    server = Server(cfg, "fp32", batch=2, max_len=32, temperature=0.0, seed=123, state=params)
+    return server.serve(prompts, gens)["tokens"], greedy_continuations(model, prompts, gens)
+
+
+def greedy_continuations(model, prompts: list[list[int]], gens: list[int]) -> list[list[int]]:
+    """Each prompt continued `gen` tokens by the model's own forward, the likeliest token each time."""
+    out = []
+    for prompt, gen in zip(prompts, gens):
+        seq = list(prompt)
+        for _ in range(gen):
+            seq.append(int(jax.numpy.argmax(model(jax.numpy.asarray([seq]))[0, -1])))
+        out.append(seq[len(prompt):])
+    return out
+
+
+@pytest.fixture(scope="module")
+def trained_llama_checkpoint(tmp_path_factory):
     folder = tmp_path_factory.mktemp("ckpt") / "llama"
-    checkpoint.save(folder, state, TRAINED_LLAMA, program, "cpu", jax.devices()[0].device_kind)
+    train_and_save(TRAINED_LLAMA, folder)
     return folder
 

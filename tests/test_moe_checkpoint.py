@@ -11,14 +11,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
 
 from migration.config.requests import RunConfig
 from migration.config.serving import serve_request, serve_run_request
 from migration.running import checkpoint
-from migration.running.serving import Server, serve_run
-from migration.step.train import TrainProgram, make_mesh, step_parts
-from workloads.base import no_wrap
+from migration.running.serving import serve_run
+from migration.step.train import TrainProgram, make_mesh
+from tests.conftest import served_and_greedy, train_and_save
 from workloads.moe import MoeDecoder
 
 pytestmark = pytest.mark.slow  # trains and compiles a model; the quick loop has tests/test_moment_dtype.py
@@ -29,14 +28,8 @@ TRAINED_MOE = RunConfig(workload="moe", preset="tiny", per_device_batch=2, devic
 
 @pytest.fixture(scope="module")
 def trained_moe(tmp_path_factory):
-    program = TrainProgram.from_config(TRAINED_MOE)
-    parts = step_parts(program, jax.devices()[: TRAINED_MOE.devices])
-    state = parts.init_state()
-    for i in range(TRAINED_MOE.steps):
-        state, _ = parts.step(state, parts.make_batch(i))
     folder = tmp_path_factory.mktemp("ckpt") / "moe"
-    checkpoint.save(folder, state, TRAINED_MOE, program, "cpu", jax.devices()[0].device_kind)
-    return folder, state
+    return folder, train_and_save(TRAINED_MOE, folder)
 
 
 def first_moment(opt_state):
@@ -54,15 +47,8 @@ def test_served_tokens_are_the_trained_moe_models_greedy_continuations(trained_m
     folder, _ = trained_moe
     cfg, params, meta = checkpoint.restore_params(folder)
     assert meta.step == TRAINED_MOE.steps and meta.workload == "moe"
-    model = MoeDecoder(cfg, dtype=jnp.float32, block_wrap=no_wrap, rngs=nnx.Rngs(7))  # other random weights...
-    nnx.update(model, params)  # ...replaced by the checkpoint's
-    server = Server(cfg, "fp32", batch=2, max_len=32, temperature=0.0, seed=7, state=params)
-    prompts, gens = [[3, 1, 4, 1, 5], [9, 2, 6]], [5, 3]
-    for prompt, gen, got in zip(prompts, gens, server.serve(prompts, gens)["tokens"]):
-        seq = list(prompt)
-        for _ in range(gen):
-            seq.append(int(jnp.argmax(model(jnp.asarray([seq]))[0, -1])))
-        assert got == seq[len(prompt):]
+    served, expected = served_and_greedy(cfg, params, MoeDecoder, [[3, 1, 4, 1, 5], [9, 2, 6]], [5, 3])
+    assert served == expected
 
 
 def test_a_serving_run_of_the_trained_moe_checkpoint(trained_moe):

@@ -7,18 +7,16 @@ from __future__ import annotations
 import json
 import shutil
 
-import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
 
 from migration.cli.commands import main
 from migration.common import ConfigError
 from migration.config.requests import CHECKPOINT_META_FILE
 from migration.config.serving import serve_request, serve_run_request
 from migration.running.checkpoint import restore_params
-from migration.running.serving import Server, serve_run
-from workloads.base import no_wrap
+from migration.running.serving import serve_run
+from tests.conftest import served_and_greedy
 from workloads.transformer import Decoder
 
 
@@ -59,15 +57,8 @@ def test_a_checkpoint_without_a_decode_path_or_no_checkpoint_is_refused(trained_
 def test_served_tokens_are_the_trained_models_greedy_continuations(trained_llama_checkpoint):
     cfg, params, meta = restore_params(trained_llama_checkpoint)
     assert meta.step == 4 and not cfg.tied_embeddings
-    model = Decoder(cfg, dtype=jnp.float32, block_wrap=no_wrap, rngs=nnx.Rngs(123))  # other random weights...
-    nnx.update(model, params)  # ...replaced by the checkpoint's
-    server = Server(cfg, "fp32", batch=2, max_len=32, temperature=0.0, seed=123, state=params)
-    prompts, gens = [[3, 1, 4, 1, 5], [9, 2, 6]], [6, 4]
-    for prompt, gen, got in zip(prompts, gens, server.serve(prompts, gens)["tokens"]):
-        seq = list(prompt)
-        for _ in range(gen):
-            seq.append(int(jnp.argmax(model(jnp.asarray([seq]))[0, -1])))
-        assert got == seq[len(prompt):]
+    served, expected = served_and_greedy(cfg, params, Decoder, [[3, 1, 4, 1, 5], [9, 2, 6]], [6, 4])
+    assert served == expected
 
 
 def test_a_run_of_the_checkpoint_checks_int8_on_the_trained_weights(trained_llama_checkpoint):
