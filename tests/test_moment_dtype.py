@@ -125,3 +125,24 @@ def test_a_maxtext_config_gives_the_first_moment_as_maxtext_keeps_it():
                          read_config_bytes(b"model_name: llama2-7b\nmu_dtype: bfloat16\n", "x.yml"),
                          given={"source", "mu_dtype"})
     assert mine.mu_dtype == "float32"
+
+
+def test_a_published_maxtext_mixtral_config_is_read_as_maxtext_ran_it():
+    """Google's GPU recipe for Mixtral 8x7B on 256 H200 (MaxText of December 2024, kept as published): its
+    `decoder_block: mistral` with experts is MaxText's Mixtral of the time, its experts base_mlp_dim wide, its
+    first moment in its weight_dtype (bfloat16). Read by today's MaxText defaults its experts are dropless,
+    which cannot be split over ici_expert_parallelism 8: one line says what to set."""
+    path = ROOT / "tests/fixtures/configs/maxtext/gpurecipes-mixtral-8x7b-256gpus-a3u-bf16.yaml"
+    imported = read_config_bytes(path.read_bytes(), path.name)
+    with pytest.raises(ConfigError) as exc:
+        with_imported(PlanRequest(source="tpu-v5p-512"), imported, given={"source"})
+    assert exc.value.field == "source_expert" and "set the model's dispatch to capacity" in str(exc.value)
+    capacity = read_config_bytes(path.read_bytes() + b"\nsparse_matmul: false\n", path.name)
+    req = with_imported(PlanRequest(source="tpu-v5p-512"), capacity, given={"source"})
+    w = get_workload(req.workload)
+    cfg = w.config(req.preset, req.model)
+    assert (req.workload, req.preset, req.mu_dtype, req.source_expert) == ("moe", "mixtral-8x7b", "bfloat16", 8)
+    assert (cfg.expert_d_ff, cfg.n_experts, cfg.top_k, cfg.dispatch, cfg.capacity_factor) == (
+        14336, 8, 2, "capacity", 1.0)
+    assert w.param_count(cfg) == 46_702_792_704  # Mixtral 8x7B's published 46.7B
+    assert any("decoder_block=mistral" in n for n in req.config_notes)

@@ -100,6 +100,9 @@ def read_maxtext(data: Mapping[str, Any]) -> Imported:
     _refuse(r)
     block = r.str("decoder_block")
     experts = r.int("num_experts", lo=0, hi=100_000)
+    if experts > 1 and block == "mistral":  # MaxText's Mixtral configs before its mixtral block (2024)
+        notes.append("decoder_block=mistral with num_experts: MaxText's Mixtral of 2024, planned as its mixtral block")
+        block = "mixtral"
     if experts > 1 and block not in MOE_BLOCKS:
         raise ConfigFileError(f"{r.where} num_experts={experts} with decoder_block={block!r}: the mixture-of-experts "
                               f"blocks planned here are {', '.join(MOE_BLOCKS)}")
@@ -181,7 +184,8 @@ def _moe_dimensions(r: Reader, block: str, experts: int, model: dict[str, Any], 
         raise ConfigFileError(f"{r.where} routed_score_func={score!r}: the router here scores by softmax or sigmoid")
     out: dict[str, Any] = {
         "n_experts": experts, "top_k": r.int("num_experts_per_tok", lo=1, hi=64),
-        "expert_d_ff": moe_dim * mlp_scale if moe_dim > 0 else 0, "n_shared_experts": r.int("shared_experts", lo=0),
+        # base_moe_mlp_dim unset: MaxText's experts are base_mlp_dim wide (its Mixtral configs before the key)
+        "expert_d_ff": moe_dim * mlp_scale if moe_dim > 0 else model["d_ff"], "n_shared_experts": r.int("shared_experts", lo=0),
         "first_dense": r.int("first_num_dense_layers", lo=0), "moe_period": r.int("interleave_moe_layer_step", lo=1),
         "router_score": score, "router_scale": r.number("routed_scaling_factor", lo=0.001, hi=1000),
         # Mixtral's weights are the softmax of the k chosen logits (renormalised); DeepSeek's sigmoid scores are
