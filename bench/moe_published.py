@@ -94,8 +94,10 @@ def setup_text(entry: dict, cfg) -> str:
     moe = entry["moe"]
     routing = (f"capacity factor {moe['capacity_factor']:g} (dropping)" if moe["dispatch"] == "capacity"
                else "dropless")
+    flags = ", weight gathers as all-gathers (libtpu flag)" if tpu_published.PREFER_ALL_GATHER in entry.get(
+        "libtpu_flags", []) else ""
     return f"{cfg.sharding}, EP {moe['expert_parallelism']}, {routing}" + (
-        f", AdamW mu {cfg.mu_dtype}" if cfg.mu_dtype != "float32" else "")
+        f", AdamW mu {cfg.mu_dtype}" if cfg.mu_dtype != "float32" else "") + flags
 
 
 def score(entry: dict, cache: dict) -> dict:

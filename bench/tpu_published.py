@@ -43,6 +43,7 @@ from migration.common import cache_dir, first_line, read_json, write_json_atomic
 from migration.config.limits import check_remat_name, maxtext_custom  # noqa: E402
 from migration.hardware import TPU_SPECS, Links, TpuSpec  # noqa: E402
 from migration.planning import steptime  # noqa: E402
+from migration.planning.hlo_collectives import PREFER_ALL_GATHER  # noqa: E402
 from migration.planning.hlo_cost import Kernel  # noqa: E402
 
 PUBLISHED_TPU = Path(__file__).with_name("published_tpu.json")
@@ -303,6 +304,11 @@ def links_for(entry: dict) -> Links | float | None:
 
 
 def predict(entry: dict, kernels: list[Kernel], cal: steptime.Calibration) -> steptime.StepPrediction:
+    """The step time of the entry's program, compiled with libtpu's default flags; where the recipe runs with
+    `--xla_tpu_prefer_async_allgather_to_allreduce=true` (its `libtpu_flags`), the all-reduces that gather
+    weights are priced as the all-gathers that flag compiles them to."""
+    if PREFER_ALL_GATHER in entry.get("libtpu_flags", []):
+        kernels = steptime.as_all_gathers(kernels)
     return steptime.predict(kernels, spec_for(entry), links_for(entry), cal)
 
 

@@ -11,7 +11,8 @@ import pytest
 from migration.config.requests import PlanRequest
 from migration.hardware import Links
 from migration.planning import ranking
-from migration.planning.hlo_cost import first_group, pack, unpack, Kernel
+from migration.planning.hlo_collectives import first_group
+from migration.planning.hlo_cost import Kernel, pack, unpack
 from migration.planning.planner import plan_migration
 from migration.planning.steptime import collective_seconds
 

@@ -353,10 +353,10 @@ def test_a_collective_without_groups_is_a_group_of_one():
     ("dimensions={0}", []),
 ])
 def test_the_first_replica_group_in_each_form_xla_prints(attrs, group):
-    from migration.planning.hlo_cost import _group_size, first_group
+    from migration.planning.hlo_collectives import first_group, group_size
 
     assert first_group(attrs) == group
-    assert _group_size(attrs) == (2 if "pairs" in attrs else len(group) or 1)
+    assert group_size(attrs) == (2 if "pairs" in attrs else len(group) or 1)
 
 
 # -- the compile cache's rows -------------------------------------------------------------------------------

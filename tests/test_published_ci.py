@@ -10,9 +10,11 @@ configuration, the packages, the XLA flags, the model and step code): when the k
 the program is compiled again in a separate process (the bench's environment), which is slower but checks the
 same thing. `python bench/published_check.py --write-fixtures` stores this checkout's."""
 
+import gzip
 import importlib
 import json
 import os
+import re
 import subprocess
 import sys
 import warnings
@@ -139,3 +141,31 @@ def test_a_published_tpu_step_is_predicted_as_the_bench_records_it(entry_id, tmp
     assert abs(100 * error - recorded[entry_id]) <= 0.051, (
         f"{entry_id}: the error is now {error:+.2%}, bench/results records {recorded[entry_id]:+.1f}%: rerun "
         "`python bench/published_check.py --tpu --json bench/results/published_tpu_check.json`")
+
+
+def test_a_published_tpu_row_times_weight_gathers_as_all_gathers_only_where_its_recipe_runs_libtpus_flag():
+    """Llama 3.1 70B on 64 TPU7x chips runs libtpu's default flags: its stored program's weight gathers
+    (all-reduces of shards written into zeros) are timed as all-reduces. The same program for a recipe that
+    runs --xla_tpu_prefer_async_allgather_to_allreduce=true sends each gather's bytes once round the ring, not
+    twice. Each entry that states the flag is a TPU7x recipe whose pinned run_recipe.sh its notes cite."""
+    from migration.planning.hlo_collectives import ALL_REDUCE_GATHER, PREFER_ALL_GATHER
+
+    tpu = _import_tpu_bench()
+    entry = next(e for e in tpu.entries() if e["id"] == "tpurecipes-tpu7x-llama3.1-70b-64chips-bf16")
+    assert "libtpu_flags" not in entry
+    text = gzip.decompress((tpu.FIXTURES / f"{entry['id']}.hlo.gz").read_bytes()).decode()
+    kernels = tpu.read_kernels(entry, text)
+    cal, links = steptime.TPU_CALIBRATION, tpu.links_for(entry)
+    gathers = [k for k in kernels if k.kind == ALL_REDUCE_GATHER]
+    assert gathers and not any(k.kind == "all-gather" for k in kernels)
+    plain = tpu.predict(entry, kernels, cal)
+    flagged = tpu.predict({**entry, "libtpu_flags": [PREFER_ALL_GATHER]}, kernels, cal)
+    halved = sum(steptime.collective_seconds(k, links, cal) - cal.collective_s * k.count for k in gathers) / 2
+    assert plain.communication_s - flagged.communication_s == pytest.approx(halved, rel=1e-9)
+    assert flagged.compute_s == plain.compute_s
+    stating = [e for e in tpu.entries() + _import_bench("bench.moe_published").entries() if e.get("libtpu_flags")]
+    assert {e["id"] for e in stating} >= {"tpurecipes-tpu7x-deepseek3-671b-128chips-bf16",
+                                          "tpurecipes-tpu7x-llama3.1-405b-256chips-bf16"}
+    for e in stating:
+        assert e["libtpu_flags"] == [PREFER_ALL_GATHER] and e["tpu"] == "tpu7x", e["id"]
+        assert "/run_recipe.sh" in e["notes"] and re.search(r"/blob/[0-9a-f]{40}/", e["notes"]), e["id"]

@@ -4,13 +4,14 @@ for a TPU slice and for a GPU target. Where libtpu cannot load, the plan says so
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from migration.config.requests import PlanRequest
+from migration.config.requests import PlanRequest, validate_plan_request
 from migration.hardware import TPU_SPECS
 from migration.planning.source import compile_for_source_tpu, tpu_topology
 
@@ -43,6 +44,27 @@ def test_one_process_compiles_the_model_for_a_tpu_slice_and_a_gpu_target():
     assert src["predicted_step_s"] > 0 and "from the compiled TPU program" in src["step_method"]
     flops = float(src["step_method"].split(" TFLOP per device")[0].rsplit(" ", 1)[1].replace(",", "")) * 1e12
     assert src["predicted_step_s"] >= flops / TPU_SPECS["tpu-v4-8"].peak_flops("bf16")
+
+
+@pytest.mark.slow
+def test_a_tpu_job_run_with_libtpus_all_gather_flag_has_its_weight_gathers_timed_as_all_gathers():
+    """libtpu's default flags compile FSDP's weight gathers on TPU7x as all-reduces of each shard written into
+    zeros; `--tpu-prefer-all-gather` (the job runs --xla_tpu_prefer_async_allgather_to_allreduce=true) times
+    the same program's gathers as all-gathers, half the bytes, and the step says which it did."""
+    base = dict(workload="llama", preset="tiny", model={"d_model": 512, "n_heads": 4, "n_kv_heads": 4, "d_ff": 2048},
+                source="tpu7x-8", global_batch=64, target="h100-sxm", source_sharding="fsdp")
+    default = compile_for_source_tpu(validate_plan_request(PlanRequest(**base)))
+    flagged = compile_for_source_tpu(validate_plan_request(PlanRequest(**base, source_all_gathers=True)))
+    assert default["status"] == flagged["status"] == "ok", (default, flagged)
+    assert default["peak_bytes_per_chip"] == flagged["peak_bytes_per_chip"]  # one program, timed two ways
+    gathered = re.search(r"; ([\d.,]+ [KMG]iB) a device a step of weight gathers compiled as all-reduces, timed as "
+                         r"compiled", default["step_method"])
+    assert gathered, default["step_method"]
+    assert f"; {gathered.group(1)} a device a step of weight gathers compiled as all-reduces, timed as the " \
+           "all-gathers --xla_tpu_prefer_async_allgather_to_allreduce=true compiles them to" in flagged["step_method"]
+    assert flagged["predicted_step_s"] < default["predicted_step_s"]
+    assert PlanRequest(**base).to_dict() == {k: v for k, v in PlanRequest(**base, source_all_gathers=True).to_dict()
+                                             .items() if k != "source_all_gathers"}
 
 
 def test_the_tpu_compiler_says_when_the_stated_setup_exceeds_the_chips_hbm():

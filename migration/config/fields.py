@@ -201,6 +201,10 @@ FIELDS: tuple[Field, ...] = (
           help="expert parallelism inside each slice of the TPU job (MaxText's ici_expert_parallelism; a "
                "mixture-of-experts model with capacity dispatch): the routed experts split over this many chips, "
                "their tokens sent by all-to-all; it must divide the experts and the slice's devices; 1: none"),
+    Field("source_all_gathers", "bool", "plan", False, "", endpoints=(), flag="tpu-prefer-all-gather",
+          help="the TPU job runs libtpu with --xla_tpu_prefer_async_allgather_to_allreduce=true (Google's TPU7x "
+               "recipes for DeepSeek-V3 and Llama 3.1 405B do): the weight gathers the default flags compile as "
+               "all-reduces are timed as the all-gathers that flag makes them, half the bytes"),
     Field("safety_margin", "float", "plan", 0.1, "", endpoints=(), limits=PLAN_LIMITS["safety_margin"],
           help="share of that budget kept free"),
     Field("max_per_device_batch", "int", "plan", 1024, "", endpoints=(), limits=PLAN_LIMITS["max_per_device_batch"],

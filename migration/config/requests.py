@@ -105,7 +105,7 @@ class RunConfig:
 
 # Fields added after configurations were first stored and keyed: left out of `to_dict` at their default, so
 # a configuration that does not use them keeps the key (a cache's, a record's) it had before they existed.
-LATER_DEFAULTS: dict[str, Any] = {"mu_dtype": "float32"}
+LATER_DEFAULTS: dict[str, Any] = {"mu_dtype": "float32", "source_all_gathers": False}
 
 
 def without_defaults(data: dict[str, Any], later: dict[str, Any]) -> dict[str, Any]:
@@ -333,6 +333,9 @@ class PlanRequest:
     # stream's embedding split over this many devices, the state sharded (FSDP) over the rest.
     source_tensor: int = 1
     source_expert: int = 1  # expert parallelism inside each slice of the TPU job (MoE models)
+    # The TPU job runs libtpu with --xla_tpu_prefer_async_allgather_to_allreduce=true: its weight gathers, which
+    # the default flags compile as all-reduces, are timed as the all-gathers that flag makes them.
+    source_all_gathers: bool = False
     prices: dict[str, float] = dataclasses.field(default_factory=dict)
     tpu_step_ms: float | None = None
     # fp8 allowed (it changes numerics): the planner takes fp8 / mxfp8 where the target has the units and the
@@ -518,7 +521,7 @@ def validate_plan_request(req: PlanRequest) -> PlanRequest:
         check_remat_applies(req)
     if req.accumulation_steps is not None:
         _check_range(req, "accumulation_steps", LIMITS, integer=True)
-    for flag in ("allow_fp8", "source_dcn_fsdp"):
+    for flag in ("allow_fp8", "source_dcn_fsdp", "source_all_gathers"):
         if not isinstance(getattr(req, flag), bool):
             raise ConfigError(flag, f"must be true or false; got {shown(getattr(req, flag))}")
     _check_range(req, "train_tokens", PLAN_LIMITS, integer=False)

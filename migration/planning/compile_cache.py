@@ -45,13 +45,14 @@ except ImportError:  # pragma: no cover - Windows
 # The code that shapes a compiled step and the figures kept of it: a change to any of it is another key.
 COMPILE_SOURCES = ("workloads/*.py", "migration/step/*.py", "migration/config/layouts.py",
                    "migration/config/requests.py", "migration/planning/memory.py", "migration/planning/compiled.py",
-                   "migration/planning/hlo_cost.py")
+                   "migration/planning/hlo_cost.py", "migration/planning/hlo_collectives.py")
 # Files those patterns match that never shape a compiled step: the readers of MaxText and Hugging Face
 # configs turn a file into a request (the model's dimensions, which are part of every key themselves).
 NOT_COMPILED = ("workloads/configs.py", "workloads/config_keys.py", "workloads/hf_config.py",
                 "workloads/maxtext_config.py")
 # The code that turns a compiled program into the figures kept of it (the keys by program, compiled.py).
-FIGURE_SOURCES = ("migration/planning/compiled.py", "migration/planning/hlo_cost.py")
+FIGURE_SOURCES = ("migration/planning/compiled.py", "migration/planning/hlo_cost.py",
+                  "migration/planning/hlo_collectives.py")
 PROGRAM_PREFIX = "program:"
 # The packages whose versions change a compile: JAX and its compiler, the CUDA plugin, the TPU compiler,
 # the model and optimizer libraries.

@@ -37,6 +37,8 @@ import math
 import re
 from typing import Any
 
+from migration.planning.hlo_collectives import ALL_REDUCE_GATHER, ShardAssembly, first_group, group_size
+
 DTYPE_BYTES = {"pred": 1, "s4": 0.5, "u4": 0.5, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "s32": 4, "u32": 4, "s64": 8,
                "u64": 8, "f16": 2, "bf16": 2, "f32": 4, "f64": 8, "c64": 8, "c128": 16,
                "f8e4m3fn": 1, "f8e5m2": 1, "f8e4m3fnuz": 1, "f8e5m2fnuz": 1, "f8e4m3": 1, "f8e3m4": 1,
@@ -153,6 +155,7 @@ class ProgramReader:
         self.fp32_unit = fp32_unit  # the unit fp32 products run on (the platform's default precision)
         self.per_node = per_node  # devices per node (None: one node)
         self.kernels: list[Kernel] = []
+        self.assembly: ShardAssembly | None = None  # built on the first all-reduce
 
     def read(self) -> list[Kernel]:
         self._walk(self.entry, 1.0, set())
@@ -185,13 +188,13 @@ class ProgramReader:
             elif op == "conditional":
                 self._walk_costliest(ins, times, seen)
             elif self._is_collective(ins):
-                self.kernels.append(self._collective(ins, shapes, times, asynchronous))
+                self.kernels.append(self._collective(ins, shapes, times, asynchronous, computation))
             else:
                 self.kernels.append(self._kernel(ins, shapes, times))
                 if op == "fusion":  # a TPU program's async collective fusion: a collective runs beside the kernel
                     body = self.computations.get(ins.attr("calls") or "", [])
                     inner = {i.name: i.shape for i in body}
-                    self.kernels += [self._collective(i, inner, times, asynchronous=True)
+                    self.kernels += [self._collective(i, inner, times, True, ins.attr("calls") or "")
                                      for i in body if self._is_collective(i)]
 
     def _trips(self, loop: Instruction, computation: str) -> int:
@@ -251,11 +254,16 @@ class ProgramReader:
         for branch in branches:
             sub = ProgramReader.__new__(ProgramReader)
             sub.computations, sub.entry, sub.fp32_unit, sub.kernels = self.computations, branch, self.fp32_unit, []
-            sub.per_node = self.per_node
+            sub.per_node, sub.assembly = self.per_node, self.assembly
             sub._walk(branch, times, seen)
             if sum(k.flops + k.bytes for k in sub.kernels) > sum(k.flops + k.bytes for k in best):
                 best = sub.kernels
         self.kernels += best
+
+    def _assembly(self) -> ShardAssembly:
+        if self.assembly is None:
+            self.assembly = ShardAssembly(self.computations)
+        return self.assembly
 
     @staticmethod
     def _is_collective(ins: Instruction) -> bool:
@@ -451,8 +459,11 @@ class ProgramReader:
         return 2.0 * out[out_l.index("b")] * rhs[rhs_l.index("o")] * rhs[rhs_l.index("i")] * taps
 
     # -- collectives -----------------------------------------------------------------------
-    def _collective(self, ins: Instruction, shapes: dict[str, str], times: float, asynchronous: bool = False) -> Kernel:
+    def _collective(self, ins: Instruction, shapes: dict[str, str], times: float, asynchronous: bool = False,
+                    computation: str = "") -> Kernel:
         kind = ins.opcode.removesuffix("-start")
+        if kind == "all-reduce" and self._assembly().gathers(computation, ins.operands):
+            kind = ALL_REDUCE_GATHER  # shards written into zeros and summed: an all-gather (hlo_collectives)
         operand_bytes = sum(nbytes(shapes.get(o, ""), in_hbm=False) for o in ins.operands)  # over the links
         result = ins.shape
         if ins.opcode.endswith("-start") and result.startswith("("):  # (operands, results[, scratch])
@@ -462,7 +473,7 @@ class ProgramReader:
         moved = nbytes(result, in_hbm=False) if kind == "all-gather" else operand_bytes
         members = first_group(ins.attrs)
         nodes = len({d // self.per_node for d in members}) if members and self.per_node else 1
-        return Kernel(ins.name, kind, 0.0, moved * times, None, times, group=_group_size(ins.attrs),
+        return Kernel(ins.name, kind, 0.0, moved * times, None, times, group=group_size(ins.attrs),
                       asynchronous=asynchronous or ins.opcode.endswith("-start"), nodes=nodes)
 
 
@@ -522,62 +533,6 @@ def _tuple_parts(text: str) -> list[str]:
     bounds = [-1, *commas, end]
     parts = [text[1:][a + 1:b] for a, b in zip(bounds, bounds[1:])]
     return [p.strip() for p in parts if p.strip()]
-
-
-def _group_size(attrs: str) -> int:
-    """Devices in each replica group: `mesh['a'=8,'b'=1] {'a'}`, `[G,S]<=[N]` or `{{0,1,...},...}`."""
-    mesh = re.search(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}", attrs)
-    if mesh:
-        sizes = {k: int(v) for k, v in re.findall(r"'([^']+)'=(\d+)", mesh.group(1))}
-        return math.prod(sizes.get(a, 1) for a in re.findall(r"'([^']+)'", mesh.group(2))) or 1
-    iota = re.search(r"replica_groups=\[(\d+),(\d+)\]<=", attrs)
-    if iota:
-        return int(iota.group(2))
-    listed = re.search(r"replica_groups=\{\{([0-9,]*)\}", attrs)
-    if listed:
-        return len([d for d in listed.group(1).split(",") if d]) or 1
-    pairs = re.search(r"source_target_pairs=\{([^}]*)\}", attrs)
-    return 2 if pairs else 1
-
-
-def first_group(attrs: str) -> list[int]:
-    """The device numbers of a collective's first replica group (its peers), in any of the forms
-    XLA prints: `mesh['a'=4,'b'=8] {'b'}` (row-major over the mesh's axes), `[G,S]<=[dims]T(perm)`
-    (an iota over dims, transposed, cut into G groups of S), `{{0,1,...},...}`, or a permute's
-    `source_target_pairs={{0,1},...}`; [] when none is printed."""
-    mesh = re.search(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}", attrs)
-    if mesh:
-        axes = [(k, int(v)) for k, v in re.findall(r"'([^']+)'=(\d+)", mesh.group(1))]
-        chosen = set(re.findall(r"'([^']+)'", mesh.group(2)))
-        strides, stride = {}, 1
-        for name, size in reversed(axes):
-            strides[name] = stride
-            stride *= size
-        ids = [0]
-        for name, size in axes:
-            if name in chosen:
-                ids = [i + k * strides[name] for i in ids for k in range(size)]
-        return sorted(ids)
-    iota = re.search(r"replica_groups=\[(\d+),(\d+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?", attrs)
-    if iota:
-        size = int(iota.group(2))
-        dims = [int(d) for d in iota.group(3).split(",")]
-        perm = [int(d) for d in iota.group(4).split(",")] if iota.group(4) else list(range(len(dims)))
-        strides = [math.prod(dims[i + 1:]) for i in range(len(dims))]
-        shape = [dims[p] for p in perm]
-        out = []
-        for flat in range(min(size, math.prod(dims))):  # the first group: the first `size` of the transposed iota
-            index, rest = [], flat
-            for extent in reversed(shape):
-                index.append(rest % extent)
-                rest //= extent
-            index.reverse()
-            out.append(sum(index[j] * strides[perm[j]] for j in range(len(perm))))
-        return out
-    listed = re.search(r"(?:replica_groups|source_target_pairs)=\{\{([0-9,]*)\}", attrs)
-    if listed:
-        return [int(d) for d in listed.group(1).split(",") if d]
-    return []
 
 
 def _backend_config(attrs: str) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from typing import Any
 
 from jax.experimental import topologies
 
-from migration.common import first_line, fmt_gib, fmt_seconds, is_oom
+from migration.common import first_line, fmt_bytes, fmt_gib, fmt_seconds, is_oom
 from migration.config.layouts import parse_layout
 from migration.config.limits import custom_remat, remat_named, state_bytes_per_param
 from migration.config.requests import PlanRequest, RunConfig
@@ -23,6 +23,7 @@ from migration.hardware import TPU_SPECS, Links, TpuSpec
 from migration.planning import steptime
 from migration.planning.compare import tpu_needs_bytes
 from migration.planning.compile_cache import CompileCache, cache_key, workload_fingerprint
+from migration.planning.hlo_collectives import ALL_REDUCE_GATHER
 from migration.planning.hlo_cost import unpack
 from migration.planning.memory import (
     CompileFailed,
@@ -388,12 +389,27 @@ def compile_setup(req: PlanRequest, topo: Any, setup: TpuSetup) -> dict[str, Any
     source, slices = TPU_SPECS[req.source], req.source_slices
     cfg = setup_config(req, setup)
     found, cached = compile_for_tpu(cfg, topo, source, setup.layout, slices)
-    step = steptime.predict(unpack(found["kernels"]), source, tpu_links(source, slices), steptime.TPU_CALIBRATION)
+    kernels = unpack(found["kernels"])
+    gathers = sum(k.bytes for k in kernels if k.kind == ALL_REDUCE_GATHER)
+    if req.source_all_gathers:
+        kernels = steptime.as_all_gathers(kernels)
+    step = steptime.predict(kernels, source, tpu_links(source, slices), steptime.TPU_CALIBRATION)
     return {"peak_bytes_per_chip": found["peak_bytes"], "hbm_bytes_per_device": source.hbm_bytes_per_device,
             "device_kind": topo.devices[0].device_kind, "topology": source.topology, "compile_s": found["compile_s"],
             "cached": cached, "attention": cfg.model.get("attention"), "predicted_step_s": step.seconds,
-            "step_method": tpu_step_method(step, source, slices), "slices": slices, "layout": setup.layout,
-            "remat": setup.remat}
+            "step_method": tpu_step_method(step, source, slices) + gathers_text(gathers, req.source_all_gathers),
+            "slices": slices, "layout": setup.layout, "remat": setup.remat}
+
+
+def gathers_text(gathered_bytes: float, as_all_gathers: bool) -> str:
+    """What the TPU program's all-reduces that gather weights were timed as (hlo_collectives)."""
+    if not gathered_bytes:
+        return ""
+    how = ("timed as the all-gathers --xla_tpu_prefer_async_allgather_to_allreduce=true compiles them to"
+           if as_all_gathers else
+           "timed as compiled, as libtpu's default flags send them (--tpu-prefer-all-gather: as all-gathers, half the "
+           "bytes)")
+    return f"; {fmt_bytes(gathered_bytes)} a device a step of weight gathers compiled as all-reduces, {how}"
 
 
 def tpu_needs_text(reason: str) -> str:

@@ -20,6 +20,7 @@ from collections.abc import Iterable
 
 from migration.common import fmt_seconds
 from migration.hardware import GpuSpec, Links
+from migration.planning.hlo_collectives import ALL_REDUCE_GATHER
 from migration.planning.hlo_cost import Kernel
 
 
@@ -59,7 +60,7 @@ EXPECTED_ERROR_XLA_ATTENTION = 1.0
 # error 8.9%, worst 38.8% (GPT-3 175B on 128 H100s, where FSDP's all-gathers are predicted 4.2 s exposed).
 EXPECTED_ERROR_FP8 = 0.40
 RING_FACTOR = {"all-gather": 1.0, "reduce-scatter": 1.0, "all-reduce": 2.0, "all-to-all": 1.0,
-               "ragged-all-to-all": 1.0, "collective-permute": None}
+               "ragged-all-to-all": 1.0, "collective-permute": None, ALL_REDUCE_GATHER: 2.0}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,6 +125,13 @@ def predict(kernels: Iterable[Kernel], spec: GpuSpec, links: Links | float | Non
     exposed = max(0.0, asynchronous - compute) + synchronous
     return StepPrediction(compute + exposed, compute, matmul, memory, asynchronous + synchronous, exposed, flops,
                           int(launches))
+
+
+def as_all_gathers(kernels: Iterable[Kernel]) -> list[Kernel]:
+    """The kernels as a run with libtpu's `--xla_tpu_prefer_async_allgather_to_allreduce=true` has them: each
+    all-reduce that gathers shards (hlo_collectives.ALL_REDUCE_GATHER, priced as compiled: an all-reduce) sent
+    as the all-gather it is, its result's bytes once round the ring instead of twice."""
+    return [dataclasses.replace(k, kind="all-gather") if k.kind == ALL_REDUCE_GATHER else k for k in kernels]
 
 
 def cross_domain_seconds(kernels: Iterable[Kernel], links: Links,
