@@ -105,6 +105,10 @@ def run_figures(r: RunReport, budget_bytes: int | None = None, budget_of: str = 
                            on, f"largest step {fmt_percent(r.router_dropped_max)}; the router's capacity dispatch"),
                     Figure("router_load", "MoE busiest expert's slots, mean", r.router_load_mean, "x even", MEASURED, on,
                            f"largest step {r.router_load_max:.2f}x")]
+        if r.router_device_load_mean is not None and "+ep" in r.sharding:
+            figures.append(Figure("router_device_load", "MoE busiest GPU's slots (expert parallel), mean",
+                                  r.router_device_load_mean, "x even", MEASURED, on,
+                                  f"largest step {r.router_device_load_max:.2f}x; the experts each GPU holds"))
     if r.loss_last is not None:
         figures.append(Figure("loss_last", f"loss after {len(r.losses)} steps", r.loss_last, "loss", MEASURED, on,
                               f"first step {fmt_loss(r.loss_first)}"))

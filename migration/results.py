@@ -95,11 +95,14 @@ class RunReport(JsonExport):
     skipped_steps: int | None = None
     final_loss_scale: float | None = None
     # a mixture-of-experts run's router over the timed steps (None for other models): the share of token slots
-    # dropped past the experts' capacity, and the busiest expert's slots over an even share (1: evenly spread)
+    # dropped past the experts' capacity, the busiest expert's slots over an even share (1: evenly spread), and
+    # the busiest device's (the slots of the experts it holds; 1 without expert parallelism)
     router_dropped_mean: float | None = None
     router_dropped_max: float | None = None
     router_load_mean: float | None = None
     router_load_max: float | None = None
+    router_device_load_mean: float | None = None
+    router_device_load_max: float | None = None
     # ... and its compiled step's matrix-product FLOPs per device against the model's (migration/running/measure.py)
     compiled_matmul_flops: float | None = None
     model_flops_per_device_step: float | None = None

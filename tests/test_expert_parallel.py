@@ -1,8 +1,9 @@
 """Expert parallelism (+epE, migration/config/layouts.py): the routed experts split over an "expert" mesh axis,
-the tokens sent to them and back by all-to-all. On 8 CPU devices each layout follows the unsplit run's losses,
-holds each expert weight where the layout says, and its compiled step carries the all-to-alls; the planner
-searches it for a mixture-of-experts model with capacity dispatch and writes it in MaxText's settings; the
-step model prices the all-to-all inside a node and across nodes; bad layouts are one line naming `sharding`."""
+the tokens sent to them and back by all-to-all (capacity dispatch) or ragged all-to-all (dropless). On 8 CPU
+devices each layout follows the unsplit run's losses, holds each expert weight where the layout says, and its
+compiled step carries the all-to-alls (the programs compiled for an H100 and a TPU slice the ragged ones); the
+planner searches it for a mixture-of-experts model and writes it in MaxText's settings; the step model prices
+the all-to-all inside a node and across nodes; bad layouts are one line naming `sharding`."""
 
 import re
 
@@ -78,6 +79,73 @@ def test_dropless_experts_on_a_split_batch_compute_each_devices_own_rows(trainer
     assert 0.1 < ratio < 0.2, ratio  # 1/8 of the products (plus the tensor-split attention's share)
 
 
+@pytest.mark.parametrize("layout", ["fsdp+ep4", "hybrid:4+ep2+tp2"])
+def test_dropless_expert_layouts_follow_the_unsplit_losses_and_hold_their_share_of_the_experts(trainer, layout):
+    """Each device's slots sorted by expert, sent to the devices holding their experts, computed there by grouped
+    products over that device's share and sent back (workloads/expert_parallel.py): the losses are the
+    unsplit dropless run's (on the CPU the ragged all-to-all runs in its gathered form)."""
+    if "dropless" not in REFERENCE:
+        REFERENCE["dropless"] = np.array([m["loss"] for m in trainer(moe_run(model={}, sharding="fsdp")).run(4)])
+    run = trainer(moe_run(model={}, sharding=layout))
+    np.testing.assert_allclose([m["loss"] for m in run.run(4)], REFERENCE["dropless"], rtol=1e-3)
+    up = run.state.params["blocks"]["experts"]["up"].value
+    assert tuple(up.sharding.spec)[1] == "expert"
+    assert up.size // up.addressable_shards[0].data.size == parse_layout(layout).expert_shards(8)
+
+
+def _gpu_step_text(sharding: str, devices: int = 8) -> str:
+    from migration.hardware import GPU_SPECS
+    from migration.planning.memory import deviceless_devices
+    from migration.step.train import TrainProgram, make_mesh
+
+    program = TrainProgram.from_config(validate(moe_run(model={}, devices=devices, sharding=sharding)))
+    mesh = make_mesh(deviceless_devices(GPU_SPECS["h100-sxm"], 1, devices), sharding)
+    return jit_step(program, mesh).lower(abstract_state(program, mesh), abstract_batch(program, mesh)).compile(
+    ).as_text()
+
+
+def test_a_dropless_expert_split_compiles_for_an_h100_with_ragged_all_to_alls_read_at_the_rows_sent():
+    """Dispatch and combine, forward and backward: four ragged all-to-alls, each read at the rows a device sends
+    (its slots, not the worst-case receive buffer it is written into); none without the expert axis."""
+    from migration.planning.hlo_cost import read_program
+
+    text = _gpu_step_text("fsdp+ep4", devices=4)
+    ragged = re.findall(r"ragged-all-to-all-start\((%[\w.-]+), (%[\w.-]+)", text)
+    assert len(ragged) >= 4
+    kernels = [k for k in read_program(text) if k.kind == "ragged-all-to-all"]
+    slots = 2 * 64 * 2  # a device's 2 sequences x 64 tokens x top 2
+    d_model = 64
+    per_call = slots * d_model * 4  # float32 rows
+    assert sum(k.count for k in kernels) >= 4
+    assert all(k.bytes / k.count == per_call and k.group == 4 for k in kernels), kernels
+    assert "ragged-all-to-all" not in _gpu_step_text("fsdp", devices=4)
+
+
+@pytest.mark.slow
+def test_on_a_tpu_slice_the_grouped_products_over_the_receive_buffer_count_the_slots_not_the_buffer():
+    """libtpu's grouped products over the worst-case receive buffer (4 x a device's tokens x min(top-k, local
+    experts) rows) count the rows the groups fill at an even spread: the split step's expert products are the
+    unsplit step's."""
+    from migration.hardware import TPU_SPECS
+    from migration.planning.hlo_cost import read_program
+    from migration.planning.source import tpu_topology
+    from migration.step.train import TrainProgram, make_mesh
+
+    devices = list(tpu_topology(TPU_SPECS["tpu-v5p-8"]).devices)  # 4 chips
+
+    def products(sharding: str) -> tuple[float, str]:
+        program = TrainProgram.from_config(validate(moe_run(model={}, devices=len(devices), sharding=sharding)))
+        mesh = make_mesh(devices, sharding)
+        text = jit_step(program, mesh).lower(abstract_state(program, mesh), abstract_batch(program, mesh)).compile(
+        ).as_text()
+        return sum(k.flops for k in read_program(text) if k.kind == "matmul"), text
+
+    whole, _ = products("fsdp")
+    split, text = products("fsdp+ep4")
+    assert len(re.findall(r" ragged-all-to-all\(", text)) >= 4
+    assert split == pytest.approx(whole, rel=0.01)
+
+
 @pytest.mark.parametrize("text,layout", [("fsdp+ep8", Layout("fsdp", 0, 1, 8)),
                                          ("hybrid:16+ep4+tp2", Layout("hybrid", 16, 2, 4)),
                                          ("replicated+ep2", Layout("replicated", 0, 1, 2))])
@@ -88,7 +156,6 @@ def test_expert_layout_names_round_trip(text, layout):
 @pytest.mark.parametrize("over,sharding,message", [
     ({}, "fsdp+ep3", r"\+ep3: the expert split must divide the 4 routed experts; e.g. \+ep2"),
     ({"workload": "llama", "model": {}}, "fsdp+ep2", r"\+ep2: llama has no routed experts"),
-    ({"model": {}}, "fsdp+ep2", r"\+ep2: expert parallelism needs dispatch capacity"),
     ({"devices": 2}, "fsdp+ep4", r"the expert split times the tensor split \(4\) must divide the GPUs \(2\)"),
     ({}, "hybrid:2+ep4", r"hybrid:2: the FSDP group must divide the GPUs \(8\) and be a multiple of the expert"),
 ])
@@ -147,10 +214,11 @@ def test_the_state_share_counts_the_experts_split_under_replicated_state():
     assert parse_layout("fsdp+ep4").state_fraction(8, 0.75) == pytest.approx(1 / 8)
 
 
-def test_the_planner_searches_expert_parallelism_for_a_capacity_moe(tmp_path):
+@pytest.mark.parametrize("model", [CAPACITY, {}], ids=["capacity", "dropless"])
+def test_the_planner_searches_expert_parallelism_for_an_moe(model):
     from migration.planning.planner import plan_migration
 
-    req = PlanRequest.from_dict(dict(workload="moe", preset="tiny", model=CAPACITY, target="h100-sxm", gpus=8,
+    req = PlanRequest.from_dict(dict(workload="moe", preset="tiny", model=model, target="h100-sxm", gpus=8,
                                      global_batch=64, max_per_device_batch=8, compile_for_tpu=False))
     plan = plan_migration(req, lambda *a, **k: None)
     assert "fsdp+ep4" in plan.max_batch_by_sharding, plan.max_batch_by_sharding

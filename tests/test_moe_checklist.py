@@ -1,6 +1,6 @@
 """A mixture-of-experts run measures what its router did (the share of token slots dropped past the experts'
-capacity, the busiest expert's load), and the checklist's MoE items grade from it: dropped slots under the
-bound, the expert-parallel all-to-all inside the link domain. A real deviceless plan for H100s and real CPU
+capacity, the busiest expert's and the busiest GPU's load), and the checklist's MoE items grade from it: dropped
+slots under the bound, the expert-parallel all-to-all inside the link domain and, dropless, evenly spread. A real deviceless plan for H100s and real CPU
 runs of it (4 CPU devices, the plan's fsdp+ep4); a pass only as if the same run had been measured on the
 target (`on_gpu`), never from the CPU figures or the plan alone."""
 
@@ -28,10 +28,10 @@ def make_world(tmp):
     base = RunConfig(workload="moe", preset="tiny", model=ROOMY, per_device_batch=plan.per_device_batch,
                      accumulation_steps=plan.accumulation_steps, devices=4, sharding="fsdp+ep4", steps=6,
                      warmup_steps=1)
-    roomy, tight = run(base), run(dataclasses.replace(base, model=TIGHT))
-    for r in (roomy, tight):
+    roomy, tight, dropless = (run(dataclasses.replace(base, model=m)) for m in (ROOMY, TIGHT, {}))
+    for r in (roomy, tight, dropless):
         assert r.ok, r.message + r.stderr_tail
-    return {"plan": plan, "roomy": roomy, "tight": tight}
+    return {"plan": plan, "roomy": roomy, "tight": tight, "dropless": dropless}
 
 
 @pytest.fixture(scope="module")
@@ -123,3 +123,28 @@ def test_the_all_to_all_grades_from_the_layout_the_run_kept(world):
     status, evidence, _ = grade("moe_all_to_all", plan=wide, run=on_gpu(roomy))
     assert status == WARN and "crosses the network" in evidence
     assert grade("moe_all_to_all", plan=dataclasses.replace(plan, sharding="fsdp"))[0] == NA
+
+
+def test_a_dropless_expert_split_run_measures_the_busiest_gpus_share_and_grades_the_exchange_from_it(world):
+    """The same plan's layout run dropless (slots sent by ragged all-to-all, in its gathered form on the CPU):
+    nothing dropped, and the busiest GPU's share of the slots measured (tiny's 4 experts over 4 GPUs: one each,
+    so the busiest GPU's share is the busiest expert's). The plan times the exchange at an even spread: a run
+    whose busiest GPU held more than MOE_DEVICE_LOAD_BOUND of an even share warns; a capacity run does not
+    (its buffers are fixed, the excess dropped)."""
+    from migration.grading.moe import MOE_DEVICE_LOAD_BOUND
+
+    plan, dropless, roomy = dataclasses.replace(world["plan"], model={}), world["dropless"], world["roomy"]
+    assert dropless.router_dropped_mean == 0.0
+    assert 1.0 <= dropless.router_device_load_mean <= dropless.router_device_load_max
+    assert dropless.router_device_load_mean == pytest.approx(dropless.router_load_mean, rel=1e-5)
+    spread = dropless.router_device_load_mean
+    status, evidence, _ = grade("moe_all_to_all", plan=plan, run=on_gpu(dropless))
+    assert status == (PASS if spread <= MOE_DEVICE_LOAD_BOUND else WARN)
+    assert f"the busiest GPU held {spread:.2f}x an even share" in evidence and "even spread" in evidence
+    skewed = dataclasses.replace(on_gpu(dropless), router_device_load_mean=1.6, router_device_load_max=2.0)
+    status, evidence, action = grade("moe_all_to_all", plan=plan, run=skewed)
+    assert status == WARN and "1.60x" in evidence and "aux_loss" in action
+    capacity_skewed = dataclasses.replace(on_gpu(roomy), router_device_load_mean=1.6, router_device_load_max=2.0)
+    status, evidence, _ = grade("moe_all_to_all", plan=world["plan"], run=capacity_skewed)
+    assert status == PASS and "fixed-size buffers" in evidence
+    assert dropless.router_device_load_mean is not None and roomy.router_device_load_mean is not None

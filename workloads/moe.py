@@ -37,6 +37,13 @@ from workloads import moe_counts
 from workloads.mla import LatentAttention
 from workloads.base import ActivationProfile, BlockWrap, ModelConfigError, chunked_cross_entropy
 from workloads.decoders import DecoderWorkload
+from workloads.expert_parallel import (
+    EXPERT_AXIS,
+    TENSOR_AXIS,
+    exchange_slots,
+    expert_split,
+    moe_expert_parallel_spec,
+)
 from workloads.transformer import (
     ACTIVATION,
     Block,
@@ -55,9 +62,6 @@ from workloads.transformer import (
 )
 
 DISPATCHES = ("dropless", "capacity")
-# The mesh axis of expert parallelism, as migration/config/layouts.py names it (outside the batch's
-# data and FSDP axes, inside which the tensor split comes).
-EXPERT_AXIS, TENSOR_AXIS = "expert", "tensor"
 ROUTER_SCORES = ("softmax", "sigmoid")
 MOE_ATTENTIONS = ("gqa", "mla")
 # Bounds of the MoE dimensions a user may give (beside the decoder's, transformer.DIM_LIMITS).
@@ -160,17 +164,19 @@ def check_moe_config(cfg: MoeConfig) -> MoeConfig:
 
 class Routing(NamedTuple):
     """What a MoE layer's router did with a batch (float32 scalars): its load-balancing loss, the share of
-    token slots dropped past the experts' capacity, and the busiest expert's slots over an even share (1:
-    perfectly spread; n_experts: every slot to one expert)."""
+    token slots dropped past the experts' capacity, the busiest expert's slots over an even share (1:
+    perfectly spread; n_experts: every slot to one expert), and under expert parallelism the busiest device's
+    (the slots of the experts it holds, over an even share; 1 without an expert axis)."""
 
     balance: jax.Array
     dropped: jax.Array
     load: jax.Array
+    device_load: jax.Array
 
     @staticmethod
     def none() -> "Routing":
         zero = jnp.zeros((), jnp.float32)
-        return Routing(zero, zero, zero)
+        return Routing(zero, zero, zero, zero)
 
 
 class _Experts(nnx.Module):
@@ -218,8 +224,12 @@ class _Experts(nnx.Module):
         else:
             y, dropped = self._capacity(flat, experts, weights, up, down, t)
         slots = jnp.bincount(experts.reshape(-1), length=self.cfg.n_experts).astype(jnp.float32)
-        load = jax.lax.stop_gradient(jnp.max(slots) / jnp.mean(slots))
-        return checkpoint_name(y.reshape(b, t, d), "mlp_out"), Routing(balance, jax.lax.stop_gradient(dropped), load)
+        mesh = jax.sharding.get_abstract_mesh()
+        split = 1 if mesh.empty or EXPERT_AXIS not in mesh.axis_names else mesh.shape[EXPERT_AXIS]
+        held = slots.reshape(split, -1).sum(axis=-1)  # each device's experts' slots (consecutive experts)
+        load, device_load = (jax.lax.stop_gradient(jnp.max(v) / jnp.mean(v)) for v in (slots, held))
+        return checkpoint_name(y.reshape(b, t, d), "mlp_out"), Routing(
+            balance, jax.lax.stop_gradient(dropped), load, device_load)
 
     def serve(self, x: jax.Array, apart: bool = False) -> jax.Array:  # (B, S, D)
         """The layer's output as a server computes it: every slot (dropless, whatever the training's
@@ -244,30 +254,49 @@ class _Experts(nnx.Module):
         products over them. A grouped product is a kernel XLA's partitioner cannot split (on a sharded batch
         it would gather every device's rows and compute them all everywhere), so it runs in shard_map over the
         ambient mesh (set by the step: migration/step/train.py), the rows split over every axis but the
-        tensor one. The experts come gathered by the layout, each kept split over a tensor axis by its hidden
-        units (Megatron's split: the gate's and the up projection's columns, the down projection's rows; the
-        partial outputs summed over the axis)."""
+        tensor one. Without an expert axis the experts come gathered by the layout; with one, each device
+        holds its share of them and the slots travel to it and back (workloads/expert_parallel.py
+        `exchange_slots`). Over a tensor axis each expert stays split by its hidden units (Megatron's split:
+        the gate's and the up projection's columns, the down projection's rows; the partial outputs summed
+        over the axis)."""
         mesh = jax.sharding.get_abstract_mesh()
         axes = () if mesh.empty else tuple(a for a in mesh.axis_names if mesh.shape[a] > 1)
-        tensor = TENSOR_AXIS if TENSOR_AXIS in axes else None
         batch = tuple(a for a in axes if a != TENSOR_AXIS)
         if not axes or x.shape[0] % math.prod(mesh.shape[a] for a in batch):
             return self._grouped(x, experts, weights, up, down)
         P = jax.sharding.PartitionSpec  # noqa: N806
-        rows = P(batch or None)
-        if tensor is None:
+        rows, split = P(batch or None), EXPERT_AXIS if EXPERT_AXIS in axes else None
+        if TENSOR_AXIS not in axes and split is None:
             return jax.shard_map(self._grouped, mesh=mesh, in_specs=(rows, rows, rows, P(), P()), out_specs=rows,
                                  check_vma=False)(x, experts, weights, up, down)
+        tensor = TENSOR_AXIS if TENSOR_AXIS in axes else None
         width = down.shape[-2]
-        parts = (up[..., :width], up[..., width:]) if self.cfg.gated else up  # the gate's and the up's columns
+        parts = (up[..., :width], up[..., width:]) if self.cfg.gated and tensor else up  # gate's, up's columns
+        products = self._grouped if split is None else self._exchanged
 
         def local(x, experts, weights, parts, down):
-            return jax.lax.psum(self._grouped(x, experts, weights, parts, down), TENSOR_AXIS)
+            y = products(x, experts, weights, parts, down)
+            return y if tensor is None else jax.lax.psum(y, TENSOR_AXIS)
 
-        by_column = P(None, None, TENSOR_AXIS)
+        by_column = P(split, None, tensor)
         return jax.shard_map(local, mesh=mesh, out_specs=rows, check_vma=False, in_specs=(
-            rows, rows, rows, (by_column, by_column) if self.cfg.gated else by_column, P(None, TENSOR_AXIS, None)))(
-            x, experts, weights, parts, down)
+            rows, rows, rows, (by_column, by_column) if isinstance(parts, tuple) else by_column,
+            P(split, tensor, None)))(x, experts, weights, parts, down)
+
+    def _exchanged(self, x: jax.Array, experts: jax.Array, weights: jax.Array,
+                   up: jax.Array | tuple[jax.Array, ...], down: jax.Array) -> jax.Array:
+        """Inside shard_map with an expert axis: the rows' slots sorted by expert, sent to the devices that hold
+        their experts (`up` and `down` here this device's share), computed there and brought back."""
+        n, k = experts.shape
+        slots = experts.reshape(-1)
+        order = jnp.argsort(slots)
+        token = order // k
+        sizes = jnp.bincount(slots, length=self.cfg.n_experts).astype(jnp.int32)
+        rows = jnp.take(x, token, axis=0).astype(self.dtype)  # (N k, D), by expert
+        y = exchange_slots(rows, sizes, self.cfg.n_experts, k,
+                           lambda received, local: self._products(received, local, up, down))
+        y = y * weights.reshape(-1)[order][:, None].astype(y.dtype)
+        return jnp.zeros_like(x, dtype=y.dtype).at[token].add(y)
 
     def _grouped(self, x: jax.Array, experts: jax.Array, weights: jax.Array, up: jax.Array | tuple[jax.Array, ...],
                  down: jax.Array) -> jax.Array:
@@ -279,14 +308,19 @@ class _Experts(nnx.Module):
         token = order // k
         sizes = jnp.bincount(slots, length=self.cfg.n_experts).astype(jnp.int32)
         rows = jnp.take(x, token, axis=0).astype(self.dtype)  # (N k, D), by expert
+        y = self._products(rows, sizes, up, down)  # (N k, D)
+        y = y * weights.reshape(-1)[order][:, None].astype(y.dtype)
+        return jnp.zeros_like(x, dtype=y.dtype).at[token].add(y)
+
+    def _products(self, rows: jax.Array, sizes: jax.Array, up: jax.Array | tuple[jax.Array, ...],
+                  down: jax.Array) -> jax.Array:
+        """Rows sorted by expert, `sizes` of them per expert, through their experts' two grouped products."""
         if isinstance(up, tuple):
             gate, lin = (checkpoint_name(jax.lax.ragged_dot(rows, w, sizes), "mlp_hidden") for w in up)
             hidden = ACTIVATION[self.cfg.mlp](gate) * lin
         else:
             hidden = self._hidden(checkpoint_name(jax.lax.ragged_dot(rows, up, sizes), "mlp_hidden"))
-        y = jax.lax.ragged_dot(hidden, down, sizes)  # (N k, D)
-        y = y * weights.reshape(-1)[order][:, None].astype(y.dtype)
-        return jnp.zeros_like(x, dtype=y.dtype).at[token].add(y)
+        return jax.lax.ragged_dot(hidden, down, sizes)
 
     def _capacity(self, x: jax.Array, experts: jax.Array, weights: jax.Array, up: jax.Array,
                   down: jax.Array, rows_per_group: int) -> tuple[jax.Array, jax.Array]:
@@ -527,39 +561,6 @@ def moe_tensor_parallel_spec(path: tuple[str, ...], shape: tuple[int, ...], shar
     return tensor_parallel_spec(path, shape, shards, axis)
 
 
-def moe_expert_parallel_spec(path: tuple[str, ...], shape: tuple[int, ...], shards: int,
-                             axis: str) -> jax.sharding.PartitionSpec:
-    """Expert parallelism: the routed experts' up and down projections split along their expert axis
-    (the third from the end: (layers, E, D, F) and (layers, E, F, D)); every other weight whole."""
-    if len(path) > 1 and path[-2] == "experts" and path[-1] in ("up", "down") and len(shape) >= 3:
-        split = len(shape) - 3
-        if shape[split] % shards == 0:
-            return jax.sharding.PartitionSpec(*[axis if i == split else None for i in range(len(shape))])
-    return jax.sharding.PartitionSpec()
-
-
-def expert_split(x: jax.Array, expert_dim: int, to_experts: bool = True) -> jax.Array:
-    """`x` (groups first) held with its groups over the ambient mesh's batch axes and then, `to_experts`, with
-    its experts over the expert axis and its groups over the batch axes left: that reshard is the
-    all-to-all of the dispatch (GShard's; `to_experts=False` after the experts: the combine's, back).
-    Unchanged without an expert axis (no expert parallelism)."""
-    mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty or EXPERT_AXIS not in mesh.axis_names:
-        return x
-    names = mesh.axis_names
-    outer = tuple(a for a in names[:names.index(EXPERT_AXIS)] if mesh.shape[a] > 1)  # the batch's outer axes
-
-    def spec(groups: tuple[str, ...], experts: str | None) -> jax.sharding.PartitionSpec:
-        dims: list = [None] * x.ndim
-        dims[0] = groups or None
-        dims[expert_dim] = experts
-        return jax.sharding.PartitionSpec(*dims)
-
-    by_example, by_expert = spec((*outer, EXPERT_AXIS), None), spec(outer, EXPERT_AXIS)
-    first, then = (by_example, by_expert) if to_experts else (by_expert, by_example)
-    return jax.lax.with_sharding_constraint(jax.lax.with_sharding_constraint(x, first), then)
-
-
 @final
 class MoeWorkload(DecoderWorkload):
     name = "moe"
@@ -596,11 +597,12 @@ class MoeWorkload(DecoderWorkload):
 
     def loss_and_metrics(self, model: MoeDecoder, batch) -> tuple[jax.Array, dict[str, jax.Array]]:
         """The task's loss plus the load-balancing loss, and what the router did: the share of slots dropped
-        and the busiest expert's load over an even share (each the mean over the MoE layers)."""
+        and the busiest expert's and device's load over an even share (each the mean over the MoE layers)."""
         tokens = batch["tokens"]
         hidden, routing = model.hidden_and_router(tokens[:, :-1])
         loss = chunked_cross_entropy(hidden, model.project, tokens[:, 1:]) + model.cfg.aux_loss * routing.balance
-        return loss, {"router_dropped": routing.dropped, "router_load": routing.load}
+        return loss, {"router_dropped": routing.dropped, "router_load": routing.load,
+                      "router_device_load": routing.device_load}
 
     # -- analytic counts (workloads/moe_counts.py) ---------------------------------------------------
     def param_count(self, cfg: MoeConfig) -> int:

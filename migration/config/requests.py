@@ -416,7 +416,7 @@ def _check_range(obj: Any, field: str, limits: dict[str, tuple[float, float]], i
 
 def _check_model_split(obj: Any, lay: Any, per_node: int, field: str = "sharding") -> None:
     """The tensor split needs weights the workload splits; the expert split a mixture-of-experts model whose
-    routed experts it divides, computed by capacity dispatch (the dropless grouped products run whole)."""
+    routed experts it divides."""
     # reason: workloads import JAX (not its backend); kept out of this module's import
     from workloads import resolve_workload
 
@@ -436,11 +436,6 @@ def _check_model_split(obj: Any, lay: Any, per_node: int, field: str = "sharding
         hint = f"; e.g. +ep{fits[-1]}" if fits else ""
         raise ConfigError(field, f"+ep{lay.expert}: the expert split must divide the {experts} routed experts"
                                       f"{hint}")
-    if getattr(model_cfg, "dispatch", "") == "dropless":
-        raise ConfigError(field, f"+ep{lay.expert}: expert parallelism needs dispatch capacity (tokens sent to "
-                                      "their experts' GPUs in fixed-size buffers); the dropless grouped products "
-                                      "run on every GPU's whole expert set: set the model's dispatch to capacity "
-                                      "or drop +ep")
 
 
 def check_run_layout(cfg: Any) -> None:

@@ -16,6 +16,10 @@ from migration.planning.search import recompute_factors
 # The share of token slots a capacity-dispatch MoE run may drop for a pass: GShard and Switch report
 # training at about 1% dropped with a capacity factor of 1.25 to 2 once the router has learnt to spread.
 MOE_DROPPED_BOUND = 0.01
+# The busiest GPU's share of the slots, over an even share, above which a dropless expert-parallel run warns: the
+# plan times the ragged all-to-all and the grouped products at an even spread, so a spread past this makes the
+# busiest GPU's part of the step a quarter longer than planned (more than the step model's expected error).
+MOE_DEVICE_LOAD_BOUND = 1.25
 
 
 def moe_model(ev: Evidence) -> tuple[Any, Grade | None]:
@@ -123,6 +127,16 @@ def grade_moe_all_to_all(ev: Evidence) -> Grade:
         return WARN, f"{planned}; the run used {r.sharding} on {device_count(r)} device(s), not the plan's expert " \
                      "split", f"run the plan's layout on {lay.inner} GPUs of one node"
     measured = f"{planned}; the run ran that expert split on {device_count(r)} devices; {where(r)}"
+    spread, (cfg, _) = r.router_device_load_mean, moe_model(ev)
+    if spread is not None:
+        dropless = cfg is not None and cfg.dispatch == "dropless"
+        measured += (f"; the busiest GPU held {spread:.2f}x an even share of the token slots (largest step "
+                     f"{r.router_device_load_max:.2f}x; " + ("the plan times the exchange and the expert products at "
+                                                            "an even spread)" if dropless else
+                                                            "capacity dispatch: fixed-size buffers, the excess dropped)"))
+        if dropless and spread > MOE_DEVICE_LOAD_BOUND:
+            return WARN, measured, ("keep the load-balancing loss on (aux_loss) or DeepSeek's bias, or expect the "
+                                    f"busiest GPU's exchange and expert products up to {spread:.2f}x the plan's")
     if not ev.on_target(r):
         return WARN, f"{measured}; {elsewhere(ev, r)}", f"confirm on {ev.plan.target_name}"
     return PASS, measured, "none"

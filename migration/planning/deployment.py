@@ -253,9 +253,10 @@ def mesh_of(layout: str, gpus: int, per_node: int, nodes: int) -> dict[str, Any]
     axes = lay.axes(gpus) if lay.kind == "hybrid" or lay.inner > 1 else {"data": gpus}
     state_axis = "fsdp" if "fsdp" in axes else "data"
     batch = [a for a in axes if a != "tensor"]
-    expert_note = ("; routed experts split over 'expert' (their expert axis), the other weights over 'fsdp' x "
-                   "'expert'; tokens dispatched to their experts by all-to-all" if lay.shards_state() else
-                   "; routed experts split over 'expert' (their expert axis); tokens dispatched by all-to-all")
+    sent = "tokens dispatched to their experts by all-to-all (a ragged all-to-all under dropless routing)"
+    expert_note = (f"; routed experts split over 'expert' (their expert axis), the other weights over 'fsdp' x "
+                   f"'expert'; {sent}" if lay.shards_state() else
+                   f"; routed experts split over 'expert' (their expert axis); {sent}")
     return {
         "layout": layout, "axes": axes, "describe": lay.describe(gpus, per_node),
         "mesh": f"jax.make_mesh({tuple(axes.values())}, {tuple(axes)})",

@@ -143,3 +143,36 @@ def _zero(text: str) -> bool:
         return float(text.strip()) == 0.0
     except ValueError:
         return False
+
+
+RAGGED_ALL_TO_ALL = "ragged-all-to-all"
+
+
+def _rows(shape_text: str) -> int | None:
+    found = re.search(r"\[(\d+)", shape_text)
+    return int(found.group(1)) if found else None
+
+
+def ragged_rows(operand_shapes: Sequence[str]) -> tuple[int, int] | None:
+    """A ragged all-to-all's (rows sent, rows of the buffer received into) from its operands' shapes (the
+    rows, then the output buffer): None where they cannot be read."""
+    rows = [_rows(s) for s in operand_shapes[:2]]
+    return (rows[0], rows[1]) if len(rows) == 2 and None not in rows else None  # type: ignore[return-value]
+
+
+def received_buffers(computations: Mapping[str, Sequence[Any]]) -> dict[int, int]:
+    """The receive buffers of a program's ragged all-to-alls (dropless expert parallelism: workloads/
+    expert_parallel.py), by their rows: each sized for the worst case (every slot that could reach one device),
+    mapped to the rows a device's slots fill at an even spread (the rows each device sends: the dispatch's
+    rows sent, the combine's rows received back). A grouped product over such a buffer computes the rows of
+    its groups, the even share of them."""
+    out: dict[int, int] = {}
+    for body in computations.values():
+        shapes = {i.name: i.shape for i in body}
+        for i in body:
+            if i.opcode.removesuffix("-start") != RAGGED_ALL_TO_ALL:
+                continue
+            found = ragged_rows([shapes.get(o, "") for o in i.operands])
+            if found and max(found) > min(found):
+                out[max(found)] = min(found)
+    return out

@@ -37,7 +37,14 @@ import math
 import re
 from typing import Any
 
-from migration.planning.hlo_collectives import ALL_REDUCE_GATHER, ShardAssembly, first_group, group_size
+from migration.planning.hlo_collectives import (
+    ALL_REDUCE_GATHER,
+    RAGGED_ALL_TO_ALL,
+    ShardAssembly,
+    first_group,
+    group_size,
+    received_buffers,
+)
 
 DTYPE_BYTES = {"pred": 1, "s4": 0.5, "u4": 0.5, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "s32": 4, "u32": 4, "s64": 8,
                "u64": 8, "f16": 2, "bf16": 2, "f32": 4, "f64": 8, "c64": 8, "c128": 16,
@@ -156,6 +163,7 @@ class ProgramReader:
         self.per_node = per_node  # devices per node (None: one node)
         self.kernels: list[Kernel] = []
         self.assembly: ShardAssembly | None = None  # built on the first all-reduce
+        self.received: dict[int, int] | None = None  # receive buffers' rows: the rows filled (hlo_collectives)
 
     def read(self) -> list[Kernel]:
         self._walk(self.entry, 1.0, set())
@@ -254,7 +262,7 @@ class ProgramReader:
         for branch in branches:
             sub = ProgramReader.__new__(ProgramReader)
             sub.computations, sub.entry, sub.fp32_unit, sub.kernels = self.computations, branch, self.fp32_unit, []
-            sub.per_node, sub.assembly = self.per_node, self.assembly
+            sub.per_node, sub.assembly, sub.received = self.per_node, self.assembly, self.received
             sub._walk(branch, times, seen)
             if sum(k.flops + k.bytes for k in sub.kernels) > sum(k.flops + k.bytes for k in best):
                 best = sub.kernels
@@ -340,7 +348,7 @@ class ProgramReader:
                 if index is not None and index < len(read):
                     read[index] = 0.0
         flops, units, kind = 0.0, [], "memory"
-        groups = _masked_groups(body, root)
+        groups = _masked_groups(body, root, self._received())
         for i in body:
             if i.opcode == "dot":
                 f, u = self._dot(i, inner)
@@ -414,16 +422,21 @@ class ProgramReader:
             forward /= 2
         return forward * (BACKWARD_ATTENTION if backward else 1.0)
 
-    @staticmethod
-    def _grouped_gemm(ins: Instruction, operands: list[str]) -> float:
+    def _grouped_gemm(self, ins: Instruction, operands: list[str]) -> float:
         """libtpu's grouped product (its Mosaic kernel for `ragged_dot`): rows (M, K) by the groups' weights
-        (G, K, N) into (M, N), each row multiplied by its own group's weights only: 2 x M x K x N."""
+        (G, K, N) into (M, N), each row multiplied by its own group's weights only: 2 x M x K x N (M the rows
+        its groups fill at an even spread where the rows are a ragged all-to-all's receive buffer)."""
         out = arrays(ins.shape)
         if not out or len(out[0][1]) != 2:
             return 0.0
         m, n = out[0][1]
         lhs = next((dims for s in operands for _, dims in arrays(s)[:1] if len(dims) == 2 and dims[0] == m), None)
-        return 2.0 * m * n * lhs[1] if lhs else 0.0
+        return 2.0 * self._received().get(m, m) * n * lhs[1] if lhs else 0.0
+
+    def _received(self) -> dict[int, int]:
+        if self.received is None:
+            self.received = received_buffers(self.computations)
+        return self.received
 
     def _splash(self, ins: Instruction, operands: list[str]) -> float:
         """TPU splash attention (a Pallas kernel, causal: the blocks above the diagonal are skipped), from its
@@ -471,6 +484,8 @@ class ProgramReader:
             result = inner[1] if len(inner) > 1 else result
         # an all-gather sends its result's bytes round the ring; the others (a reduce-scatter too) their operands'
         moved = nbytes(result, in_hbm=False) if kind == "all-gather" else operand_bytes
+        if kind == RAGGED_ALL_TO_ALL:  # the rows sent at an even spread (the smaller of rows and receive buffer)
+            moved = min(nbytes(shapes.get(o, ""), in_hbm=False) for o in ins.operands[:2]) if ins.operands else 0.0
         members = first_group(ins.attrs)
         nodes = len({d // self.per_node for d in members}) if members and self.per_node else 1
         return Kernel(ins.name, kind, 0.0, moved * times, None, times, group=group_size(ins.attrs),
@@ -570,16 +585,21 @@ def unpack(rows: list[list[Any]]) -> list[Kernel]:
             for i, row in enumerate(rows) for (kind, flops, size, unit, count, group, asynchronous) in [row[:7]]]
 
 
-def _masked_groups(body: list[Instruction], root: Instruction | None) -> int:
+def _masked_groups(body: list[Instruction], root: Instruction | None, received: dict[int, int]) -> float:
     """G where the fusion is libtpu's form of a grouped product's transpose (a `ragged_dot`'s weight gradient):
     both inputs masked per group by a pred (G, M) parameter and one convolution over all G x M rows into the
     groups' (G, K, N). Each row belongs to one group, so the work is a grouped GEMM's, 1/G of the product's
-    shape; 1 for every other fusion."""
+    shape; where the M rows are a ragged all-to-all's receive buffer, of which the groups fill `received[M]`,
+    that share of it too. 1 for every other fusion."""
     if root is None or root.opcode != "convolution":
         return 1
     out = arrays(root.shape)
     masks = [dims for i in body if i.opcode == "parameter" for dtype, dims in arrays(i.shape)[:1]
              if dtype == "pred" and len(dims) == 2]
-    if out and len(out[0][1]) == 3 and any(dims[0] == out[0][1][0] > 1 for dims in masks):
-        return out[0][1][0]
+    if not out or len(out[0][1]) != 3:
+        return 1
+    groups = out[0][1][0]
+    for g, m in masks:
+        if g == groups and (g > 1 or m in received):
+            return g * m / received.get(m, m)
     return 1

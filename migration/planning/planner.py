@@ -248,13 +248,14 @@ class Planner:
         return modes, None
 
     def expert_modes(self, modes: list[str]) -> list[str]:
-        """Expert-parallel twins of the sharded layouts for a mixture-of-experts model with capacity dispatch:
-        its routed experts split over the most GPUs of a link domain (a node, or an NVL72 rack) that divide
-        them (MaxText's ici_expert_parallelism), the tokens sent to them by all-to-all inside the domain."""
+        """Expert-parallel twins of the sharded layouts for a mixture-of-experts model: its routed experts split
+        over the most GPUs of a link domain (a node, or an NVL72 rack) that divide them (MaxText's
+        ici_expert_parallelism), the token slots sent to them inside the domain (by all-to-all under capacity
+        dispatch, ragged all-to-all under dropless)."""
         w = get_workload(self.req.workload)
         cfg = w.config(self.req.preset, self.predictor.model)
         experts = w.routed_experts(cfg)
-        if not experts or getattr(cfg, "dispatch", "") != "capacity" or self.req.gpus == 1:
+        if not experts or self.req.gpus == 1:
             return []
         e = max((n for n in range(2, min(self.per_node, self.req.gpus) + 1)
                  if experts % n == 0 and self.req.gpus % n == 0), default=1)

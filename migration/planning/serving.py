@@ -46,7 +46,8 @@ from workloads.kv_cache import SERVING_DTYPES, cache_dtype
 from migration.planning.routed_experts import (routed_kernels, routed_summary, routed_workspace_bytes,
                                                 touched_experts)
 from workloads.decoding import cache_layout_of, cache_shapes, serving_decoder
-from workloads.moe import MoeConfig, moe_expert_parallel_spec, moe_tensor_parallel_spec
+from workloads.expert_parallel import moe_expert_parallel_spec
+from workloads.moe import MoeConfig, moe_tensor_parallel_spec
 from workloads.transformer import CUDNN_HEAD_DIM_MAX, TransformerConfig, tensor_parallel_shardings
 
 MODEL_AXIS = "model"

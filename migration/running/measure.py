@@ -55,6 +55,8 @@ from migration.running.worker_env import jax_env_in_effect
 Emit = Callable[..., None]
 
 BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+# what a mixture-of-experts model's step reports of its router (workloads/moe.py `loss_and_metrics`)
+ROUTER_METRICS = ("router_dropped", "router_load", "router_device_load")
 DATA_POOL_BYTES = 64 * 2**20  # distinct batches kept on device, at most this many bytes
 
 
@@ -266,8 +268,8 @@ def _record_step(emit: Emit, timed: _Timed, index: int, values: dict[str, Any]) 
     timed.last_metrics = values
     router = {}
     if "router_dropped" in values:  # a mixture-of-experts model: what its router did this step
-        timed.router.append((float(values["router_dropped"]), float(values["router_load"])))
-        router = {"router_dropped": timed.router[-1][0], "router_load": timed.router[-1][1]}
+        timed.router.append(tuple(float(values[k]) for k in ROUTER_METRICS))
+        router = dict(zip(ROUTER_METRICS, timed.router[-1]))
     emit("step", index=index, loss=loss, step_ms=timed.step_s[-1] * 1e3, grad_norm=float(values["grad_norm"]),
          loss_scale=float(values["loss_scale"]), skipped=skipped, **router)
 
@@ -339,12 +341,15 @@ def _expert_products(program: TrainProgram, compiled: Any) -> dict[str, Any]:
             * program.accumulation_steps}
 
 
-def _router_figures(router: list[tuple[float, float]]) -> dict[str, Any]:
+def _router_figures(router: list[tuple[float, ...]]) -> dict[str, Any]:
     """A mixture-of-experts run's router over the timed steps: the mean and the largest share of token slots
-    dropped past the experts' capacity, and the mean and largest load of the busiest expert over an even
-    share (each step's figure the mean over the model's MoE layers)."""
+    dropped past the experts' capacity, and the mean and largest load of the busiest expert and of the busiest
+    device (under expert parallelism) over an even share (each step's figure the mean over the model's MoE
+    layers)."""
     if not router:
         return {}
-    dropped, load = [d for d, _ in router], [x for _, x in router]
-    return {"router_dropped_mean": statistics.fmean(dropped), "router_dropped_max": max(dropped),
-            "router_load_mean": statistics.fmean(load), "router_load_max": max(load)}
+    out = {}
+    for i, name in enumerate(ROUTER_METRICS):
+        values = [r[i] for r in router]
+        out.update({f"{name}_mean": statistics.fmean(values), f"{name}_max": max(values)})
+    return out
