@@ -131,12 +131,12 @@ def test_a_published_maxtext_mixtral_config_is_read_as_maxtext_ran_it():
     """Google's GPU recipe for Mixtral 8x7B on 256 H200 (MaxText of December 2024, kept as published): its
     `decoder_block: mistral` with experts is MaxText's Mixtral of the time, its experts base_mlp_dim wide, its
     first moment in its weight_dtype (bfloat16). Read by today's MaxText defaults its experts are dropless,
-    which cannot be split over ici_expert_parallelism 8: one line says what to set."""
+    split over its ici_expert_parallelism 8 (by ragged all-to-all); with the `sparse_matmul: false` its MaxText
+    meant, capacity dispatch at its factor."""
     path = ROOT / "tests/fixtures/configs/maxtext/gpurecipes-mixtral-8x7b-256gpus-a3u-bf16.yaml"
     imported = read_config_bytes(path.read_bytes(), path.name)
-    with pytest.raises(ConfigError) as exc:
-        with_imported(PlanRequest(source="tpu-v5p-512"), imported, given={"source"})
-    assert exc.value.field == "source_expert" and "set the model's dispatch to capacity" in str(exc.value)
+    dropless = with_imported(PlanRequest(source="tpu-v5p-512"), imported, given={"source"})
+    assert dropless.source_expert == 8 and dropless.model.get("dispatch", "dropless") == "dropless"
     capacity = read_config_bytes(path.read_bytes() + b"\nsparse_matmul: false\n", path.name)
     req = with_imported(PlanRequest(source="tpu-v5p-512"), capacity, given={"source"})
     w = get_workload(req.workload)

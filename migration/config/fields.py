@@ -199,8 +199,8 @@ FIELDS: tuple[Field, ...] = (
                "a power of two dividing the slice's devices; 1: none"),
     Field("source_expert", "int", "plan", 1, "", endpoints=(), limits=PLAN_LIMITS["source_expert"], flag="tpu-expert",
           help="expert parallelism inside each slice of the TPU job (MaxText's ici_expert_parallelism; a "
-               "mixture-of-experts model with capacity dispatch): the routed experts split over this many chips, "
-               "their tokens sent by all-to-all; it must divide the experts and the slice's devices; 1: none"),
+               "mixture-of-experts model): the routed experts split over this many chips, their tokens sent by "
+               "all-to-all (ragged under dropless routing); it must divide the experts and the slice's devices; 1: none"),
     Field("source_all_gathers", "bool", "plan", False, "", endpoints=(), flag="tpu-prefer-all-gather",
           help="the TPU job runs libtpu with --xla_tpu_prefer_async_allgather_to_allreduce=true (Google's TPU7x "
                "recipes for DeepSeek-V3 and Llama 3.1 405B do): the weight gathers the default flags compile as "
