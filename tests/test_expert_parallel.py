@@ -224,3 +224,22 @@ def test_the_planner_searches_expert_parallelism_for_an_moe(model):
     assert "fsdp+ep4" in plan.max_batch_by_sharding, plan.max_batch_by_sharding
     timed = {r["sharding"]: r for r in plan.ranked if r.get("status", "").startswith(("chosen", "compiled"))}
     assert "fsdp+ep4" in timed, [(r["sharding"], r.get("status")) for r in plan.ranked]
+
+
+def test_a_dropless_expert_parallel_plan_states_the_spread_its_exchange_is_timed_at():
+    """The step time of a plan whose layout sends the slots by ragged all-to-all says what it assumed of their
+    spread over the expert group (even: factor 1.00) and what measures it; a plan without the exchange says
+    nothing of it."""
+    from migration.planning.planner import plan_migration
+
+    def method(sharding: str) -> str:
+        req = PlanRequest.from_dict(dict(workload="moe", preset="tiny", target="h100-sxm", gpus=8, sharding=sharding,
+                                         global_batch=32, max_per_device_batch=4, compile_for_tpu=False))
+        plan = plan_migration(req, lambda *a, **k: None)
+        assert plan.ok and plan.sharding == sharding, plan.message
+        return {d.decision: d.reason for d in plan.decisions}["step_time"]
+
+    split = method("fsdp+ep4")
+    assert "from the compiled program" in split and "ragged all-to-alls" in split
+    assert "imbalance factor 1.00" in split and "router_device_load" in split
+    assert "ragged" not in method("fsdp")

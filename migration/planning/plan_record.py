@@ -346,7 +346,8 @@ def step_time(p: Planner, chosen: Choice) -> dict[str, Any]:
         error = (steptime.EXPECTED_ERROR_XLA_ATTENTION if getattr(model, "attention", "") == "xla"
                  and getattr(model, "seq_len", 0) >= 1024 and getattr(model, "layer_loop", "") == "scan"
                  else steptime.EXPECTED_ERROR_FP8 if p.precision in FP8_PRECISIONS else steptime.EXPECTED_ERROR)
-        return {"seconds": found.seconds, "method": found.method(spec, p.target.link_note or "no link", error),
+        return {"seconds": found.seconds, "method": found.method(spec, p.target.link_note or "no link", error)
+                + steptime.exchange_text(kernels),
                 "source": "compiled program", "expected_error": error, "compute_s": found.compute_s,
                 "matmul_s": found.matmul_s, "memory_bound_s": found.memory_s, "communication_s": found.communication_s,
                 "exposed_communication_s": found.exposed_communication_s, "compiled_flops": found.flops,

@@ -397,7 +397,8 @@ def compile_setup(req: PlanRequest, topo: Any, setup: TpuSetup) -> dict[str, Any
     return {"peak_bytes_per_chip": found["peak_bytes"], "hbm_bytes_per_device": source.hbm_bytes_per_device,
             "device_kind": topo.devices[0].device_kind, "topology": source.topology, "compile_s": found["compile_s"],
             "cached": cached, "attention": cfg.model.get("attention"), "predicted_step_s": step.seconds,
-            "step_method": tpu_step_method(step, source, slices) + gathers_text(gathers, req.source_all_gathers),
+            "step_method": tpu_step_method(step, source, slices) + gathers_text(gathers, req.source_all_gathers)
+            + steptime.exchange_text(kernels, "chip"),
             "slices": slices, "layout": setup.layout, "remat": setup.remat}
 
 

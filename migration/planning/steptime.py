@@ -18,9 +18,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 
-from migration.common import fmt_seconds
+from migration.common import fmt_bytes, fmt_seconds
 from migration.hardware import GpuSpec, Links
-from migration.planning.hlo_collectives import ALL_REDUCE_GATHER
+from migration.planning.hlo_collectives import ALL_REDUCE_GATHER, RAGGED_ALL_TO_ALL
 from migration.planning.hlo_cost import Kernel
 
 
@@ -141,3 +141,14 @@ def cross_domain_seconds(kernels: Iterable[Kernel], links: Links,
     cross = [k for k in kernels if k.kind in RING_FACTOR and k.nodes > 1]
     return (sum(collective_seconds(k, links, cal) for k in cross),
             sum(collective_seconds(k, links.intra, cal) for k in cross))
+
+
+def exchange_text(kernels: Iterable[Kernel], device: str = "GPU") -> str:
+    """What the step model assumed of a dropless expert exchange (its ragged all-to-alls): the slots evenly
+    spread over the expert group, a stated factor that a run measures."""
+    sent = sum(k.bytes for k in kernels if k.kind == RAGGED_ALL_TO_ALL)
+    if not sent:
+        return ""
+    return (f"; the expert exchange's ragged all-to-alls ({fmt_bytes(sent)} a {device} sends a step) and the grouped "
+            f"products over their receive buffers timed at an even spread of the token slots (imbalance factor 1.00; "
+            f"a run measures the busiest {device}'s share: router_device_load)")
