@@ -287,28 +287,25 @@ class _Experts(nnx.Module):
                    up: jax.Array | tuple[jax.Array, ...], down: jax.Array) -> jax.Array:
         """Inside shard_map with an expert axis: the rows' slots sorted by expert, sent to the devices that hold
         their experts (`up` and `down` here this device's share), computed there and brought back."""
-        n, k = experts.shape
-        slots = experts.reshape(-1)
-        order = jnp.argsort(slots)
-        token = order // k
-        sizes = jnp.bincount(slots, length=self.cfg.n_experts).astype(jnp.int32)
-        rows = jnp.take(x, token, axis=0).astype(self.dtype)  # (N k, D), by expert
-        y = exchange_slots(rows, sizes, self.cfg.n_experts, k,
-                           lambda received, local: self._products(received, local, up, down))
-        y = y * weights.reshape(-1)[order][:, None].astype(y.dtype)
-        return jnp.zeros_like(x, dtype=y.dtype).at[token].add(y)
+        return self._sorted(x, experts, weights, lambda rows, sizes: exchange_slots(
+            rows, sizes, self.cfg.n_experts, experts.shape[1], lambda got, local: self._products(got, local, up, down)))
 
     def _grouped(self, x: jax.Array, experts: jax.Array, weights: jax.Array, up: jax.Array | tuple[jax.Array, ...],
                  down: jax.Array) -> jax.Array:
         """The slots of the rows `x` sorted by expert and computed by grouped products (`up` the fused
         projection, or the gate's and the up projection's columns apart)."""
+        return self._sorted(x, experts, weights, lambda rows, sizes: self._products(rows, sizes, up, down))
+
+    def _sorted(self, x: jax.Array, experts: jax.Array, weights: jax.Array, compute) -> jax.Array:
+        """The rows' N x k slots sorted by expert, `compute(rows, sizes per expert)` of them (N k, D), each
+        weighted by its router weight and summed back into its token's row."""
         n, k = experts.shape
         slots = experts.reshape(-1)
         order = jnp.argsort(slots)
         token = order // k
         sizes = jnp.bincount(slots, length=self.cfg.n_experts).astype(jnp.int32)
         rows = jnp.take(x, token, axis=0).astype(self.dtype)  # (N k, D), by expert
-        y = self._products(rows, sizes, up, down)  # (N k, D)
+        y = compute(rows, sizes)  # (N k, D)
         y = y * weights.reshape(-1)[order][:, None].astype(y.dtype)
         return jnp.zeros_like(x, dtype=y.dtype).at[token].add(y)
 
