@@ -98,3 +98,22 @@ def test_fsdp_spec_leaves_the_tensor_split_alone():
 
     assert fsdp_spec((32, 4096, 14336), 4, "fsdp", P(None, None, "tensor")) == P(None, "fsdp", "tensor")
     assert fsdp_spec((30, 8), 4, "fsdp", P(None, "tensor")) == P(None, "tensor")
+
+
+@pytest.mark.parametrize("sharding,kv_heads", [("fsdp+tp2", 2), ("hybrid:4+tp2", 4), ("fsdp+tp4", 2)])
+def test_a_tensor_split_compiles_with_cudnns_fused_attention_for_an_h100(sharding, kv_heads):
+    """cuDNN's fused attention is a custom call whose partitioner demands the queries, keys and values held
+    alike: under a tensor split the step holds them so (the heads over the tensor axis, or whole where the key
+    heads do not divide over it), and the program compiled for 8 H100s without the devices keeps the fused
+    kernel. Without it the compile raised `Query, key and value should have same sharding`."""
+    from migration.hardware import GPU_SPECS
+    from migration.planning.memory import deviceless_devices
+    from migration.step.train import TrainProgram, abstract_batch, abstract_state, jit_step, make_mesh
+
+    model = {"attention": "cudnn", "n_heads": 4, "n_kv_heads": kv_heads, "d_model": 256, "head_size": 64}
+    program = TrainProgram.from_config(RunConfig(workload="llama", preset="tiny", model=model, per_device_batch=2,
+                                                 devices=8, precision="bf16", sharding=sharding))
+    mesh = make_mesh(deviceless_devices(GPU_SPECS["h100-sxm"], 1, 8), sharding)
+    text = jit_step(program, mesh).lower(abstract_state(program, mesh), abstract_batch(program, mesh)).compile(
+    ).as_text()
+    assert "__cudnn$fmha" in text

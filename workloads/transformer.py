@@ -214,6 +214,8 @@ class Attention(nnx.Module):
             return causal_attention(q, k, v)  # the CPU backend rejects jax.nn's fp16 version (float32 accumulation)
         if self.implementation == "splash":
             return splash_attention(q, k, v)
+        if self.implementation == "cudnn":
+            q, k, v = heads_alike(q, k, v)
         # K < H heads are taken as they are (grouped-query attention)
         return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=self.implementation)
 
@@ -282,6 +284,20 @@ def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
     spec = jax.sharding.PartitionSpec(batch, "tensor" if "tensor" in mesh.axis_names else None, None, None)
     out = jax.shard_map(local, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec, check_vma=False)(q, k, v)
     return out.transpose(0, 2, 1, 3)
+
+
+def heads_alike(q: jax.Array, k: jax.Array, v: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Queries, keys and values (B, T, heads, Dh) held alike, as cuDNN's fused attention demands of its
+    partitioned call: on an ambient mesh with a tensor axis (the step sets it under tensor parallelism), the batch
+    over every other axis and the heads over the tensor axis (whole where the key heads do not divide over
+    it); unchanged otherwise."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or "tensor" not in mesh.axis_names or mesh.shape["tensor"] == 1:
+        return q, k, v
+    batch = tuple(a for a in mesh.axis_names if a != "tensor" and mesh.shape[a] > 1) or None
+    split = "tensor" if k.shape[2] % mesh.shape["tensor"] == 0 and q.shape[2] % mesh.shape["tensor"] == 0 else None
+    spec = jax.sharding.PartitionSpec(batch, None, split, None)
+    return tuple(jax.lax.with_sharding_constraint(x, spec) for x in (q, k, v))  # type: ignore[return-value]
 
 
 def residual(x: jax.Array, cfg: TransformerConfig) -> jax.Array:

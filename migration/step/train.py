@@ -134,7 +134,7 @@ class TrainProgram:
         routed experts keep their expert split, and the block runs with the mesh as its ambient one (the
         workload's dispatch places its tokens on the expert axis: workloads/moe.py `expert_split`)."""
         remat = self.remat.block_wrap()
-        if mesh is not None and EXPERT_AXIS in mesh.axis_names:
+        if mesh is not None and (EXPERT_AXIS in mesh.axis_names or mesh.shape.get(TENSOR_AXIS, 1) > 1):
             remat = _in_mesh(remat, mesh)
         if not parse_layout(self.sharding).shards_state() or mesh is None or not self.workload.gathers_in_blocks:
             return remat
