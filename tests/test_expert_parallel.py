@@ -228,18 +228,18 @@ def test_the_planner_searches_expert_parallelism_for_an_moe(model):
 
 def test_a_dropless_expert_parallel_plan_states_the_spread_its_exchange_is_timed_at():
     """The step time of a plan whose layout sends the slots by ragged all-to-all says what it assumed of their
-    spread over the expert group (even: factor 1.00) and what measures it; a plan without the exchange says
+    spread over the expert group (even: factor 1.00) and what measures it; a program without the exchange says
     nothing of it."""
+    from migration.planning import steptime
+    from migration.planning.hlo_cost import Kernel
     from migration.planning.planner import plan_migration
 
-    def method(sharding: str) -> str:
-        req = PlanRequest.from_dict(dict(workload="moe", preset="tiny", target="h100-sxm", gpus=8, sharding=sharding,
-                                         global_batch=32, max_per_device_batch=4, compile_for_tpu=False))
-        plan = plan_migration(req, lambda *a, **k: None)
-        assert plan.ok and plan.sharding == sharding, plan.message
-        return {d.decision: d.reason for d in plan.decisions}["step_time"]
-
-    split = method("fsdp+ep4")
+    req = PlanRequest.from_dict(dict(workload="moe", preset="tiny", target="h100-sxm", gpus=8, sharding="fsdp+ep4",
+                                     global_batch=32, max_per_device_batch=4, compile_for_tpu=False))
+    plan = plan_migration(req, lambda *a, **k: None)
+    assert plan.ok and plan.sharding == "fsdp+ep4", plan.message
+    split = {d.decision: d.reason for d in plan.decisions}["step_time"]
     assert "from the compiled program" in split and "ragged all-to-alls" in split
     assert "imbalance factor 1.00" in split and "router_device_load" in split
-    assert "ragged" not in method("fsdp")
+    others = [Kernel("a", "all-to-all", 0.0, 1e6, None, 1.0, group=4), Kernel("g", "all-gather", 0.0, 1e6, None, 1.0)]
+    assert steptime.exchange_text(others) == ""
