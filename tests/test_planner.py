@@ -263,3 +263,18 @@ def test_cli_runs_a_saved_plan_on_the_local_devices(cli_plans, tmp_path):
     assert "job 128 samples/s (250 ms per step at a global batch of 32" in (tmp_path / "checklist.csv").read_text()
     r = json.loads(report.read_text())
     assert r["status"] == "ok" and r["precision"] == saved["precision"] and r["global_batch"] == 32
+
+
+def test_an_infeasible_dropless_moe_on_a_gpu_is_told_of_capacity_dispatch():
+    """XLA compiles a dropless MoE layer's grouped products for a GPU as a loop over the experts, each over every
+    routed row (docs/moe.md: a 4-layer Qwen3-30B-A3B at batch 1 peaks at 55 GiB a GPU dropless, 7 GiB at
+    capacity): where the state fits but the step does not, the plan names capacity dispatch among what would
+    help; not for capacity dispatch, another family or the CPU."""
+    from migration.planning.plan_record import dropless_on_gpu, what_would_help
+
+    req = PlanRequest(workload="moe", preset="qwen3-30b-a3b", target="h100-sxm", gpus=16)
+    assert dropless_on_gpu(req, {}, "gpu") and not dropless_on_gpu(req, {"dispatch": "capacity"}, "gpu")
+    assert not dropless_on_gpu(req, {}, "cpu")
+    assert not dropless_on_gpu(PlanRequest(workload="llama", preset="8b", target="h100-sxm"), {}, "gpu")
+    assert any(h.startswith("capacity dispatch (--dim dispatch=capacity") for h in what_would_help(req, "fsdp", True))
+    assert not any("capacity" in h for h in what_would_help(req, "fsdp", False))

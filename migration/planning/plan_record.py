@@ -158,7 +158,7 @@ def infeasible_plan(p: Planner, max_batch: dict[Key, int], ranked: list[Choice],
     message = (why.format(budget=budget_text) + "; parameters, "
                f"gradients and AdamW state alone take {fmt_gib(state_bytes)} per GPU ({p.params:,} parameters x {per_param} "
                f"bytes{f' / {shards} GPUs ({mode})' if shards > 1 else ''}). "
-               "What would help: " + "; ".join(what_would_help(req, mode)) + ".")
+               "What would help: " + "; ".join(what_would_help(req, mode, state_bytes < budget and dropless_on_gpu(req, p.predictor.model, p.target.platform))) + ".")
     p.emit("infeasible", message=message)
     return compared(p, Plan(
         status="infeasible", per_device_batch=0, accumulation_steps=0, global_batch=0,
@@ -169,8 +169,19 @@ def infeasible_plan(p: Planner, max_batch: dict[Key, int], ranked: list[Choice],
         decisions=p.decisions, message=message, **common_fields(p, max_batch, ranked, rejected, mode)))
 
 
-def what_would_help(req: PlanRequest, mode: str) -> list[str]:
+def dropless_on_gpu(req: PlanRequest, model: dict[str, Any], platform: str) -> bool:
+    """Whether the plan is a dropless mixture-of-experts model's (its dimension overrides `model`) for a GPU
+    target (whose XLA compiles the grouped products as a loop over the experts: docs/moe.md)."""
+    cfg = get_workload(req.workload).config(req.preset, model)
+    return platform == "gpu" and getattr(cfg, "dispatch", "") == "dropless"
+
+
+def what_would_help(req: PlanRequest, mode: str, dropless_on_gpu: bool = False) -> list[str]:
     helps = ["a GPU with more memory", "a smaller model"]
+    if dropless_on_gpu:
+        helps.insert(0, "capacity dispatch (--dim dispatch=capacity, MaxText's sparse_matmul false): this XLA "
+                        "compiles the dropless grouped products for a GPU as a loop over the experts, each over every "
+                        "routed row, in many times the memory and FLOPs of grouped products (docs/moe.md)")
     if req.memory_fraction < 0.95:
         helps.insert(0, "a larger memory share")
     if req.remat and req.remat != "full":
