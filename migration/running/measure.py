@@ -268,8 +268,8 @@ def _record_step(emit: Emit, timed: _Timed, index: int, values: dict[str, Any]) 
     timed.last_metrics = values
     router = {}
     if "router_dropped" in values:  # a mixture-of-experts model: what its router did this step
-        timed.router.append(tuple(float(values[k]) for k in ROUTER_METRICS))
-        router = dict(zip(ROUTER_METRICS, timed.router[-1]))
+        timed.router.append(tuple(float(values[k]) if k in values else None for k in ROUTER_METRICS))
+        router = {k: v for k, v in zip(ROUTER_METRICS, timed.router[-1]) if v is not None}
     emit("step", index=index, loss=loss, step_ms=timed.step_s[-1] * 1e3, grad_norm=float(values["grad_norm"]),
          loss_scale=float(values["loss_scale"]), skipped=skipped, **router)
 
@@ -341,7 +341,7 @@ def _expert_products(program: TrainProgram, compiled: Any) -> dict[str, Any]:
             * program.accumulation_steps}
 
 
-def _router_figures(router: list[tuple[float, ...]]) -> dict[str, Any]:
+def _router_figures(router: list[tuple[float | None, ...]]) -> dict[str, Any]:
     """A mixture-of-experts run's router over the timed steps: the mean and the largest share of token slots
     dropped past the experts' capacity, and the mean and largest load of the busiest expert and of the busiest
     device (under expert parallelism) over an even share (each step's figure the mean over the model's MoE
@@ -349,7 +349,8 @@ def _router_figures(router: list[tuple[float, ...]]) -> dict[str, Any]:
     if not router:
         return {}
     out = {}
-    for i, name in enumerate(ROUTER_METRICS):
-        values = [r[i] for r in router]
-        out.update({f"{name}_mean": statistics.fmean(values), f"{name}_max": max(values)})
+    for i, name in enumerate(ROUTER_METRICS):  # a workload's own step may report only some of them
+        values = [r[i] for r in router if r[i] is not None]
+        if values:
+            out.update({f"{name}_mean": statistics.fmean(values), f"{name}_max": max(values)})
     return out
