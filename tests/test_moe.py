@@ -140,3 +140,21 @@ def test_bad_moe_dimensions_are_one_line_naming_the_field(over, field):
         MOE.config("tiny", over)
     text = str(info.value)
     assert text.startswith(f"{field}: ") and "\n" not in text and len(text) < 300
+
+
+def test_under_an_expert_split_the_busiest_devices_share_is_counted_from_the_routers_choices():
+    """The layer traced in a mesh with an expert axis of 2 (experts 0-1 on one device, 2-3 on the other; the
+    capacity dispatch, whose buffers are resharded by expert): its device load is the busier device's slots
+    over an even share, as counted by hand from the router's top-k; without the axis, 1. (The dropless layer's
+    figure under the split, from a whole run: tests/test_moe_checklist.py.)"""
+    cfg, layer = _experts(dispatch="capacity", capacity_factor=4.0)
+    x = jax.random.normal(jax.random.key(3), (2, 16, cfg.d_model))
+    experts = np.asarray(layer.route(x.reshape(-1, cfg.d_model))[0]).reshape(-1)
+    held = np.bincount(experts, minlength=cfg.n_experts).reshape(2, -1).sum(axis=1)
+    mesh = jax.make_mesh((2,), ("expert",), devices=jax.devices()[:2], axis_types=(jax.sharding.AxisType.Auto,))
+    with jax.set_mesh(mesh):
+        y, routing = jax.jit(lambda v: layer(v))(x)
+    assert held.max() > held.mean()  # this batch is not evenly spread: the figure has something to show
+    assert float(routing.device_load) == pytest.approx(held.max() / held.mean(), rel=1e-6)
+    np.testing.assert_allclose(np.asarray(y), _reference(layer, x), rtol=2e-4, atol=2e-5)
+    assert float(layer(x)[1].device_load) == 1.0
