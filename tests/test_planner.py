@@ -1,5 +1,6 @@
 """The planner end to end, with real compiles: deviceless for catalog GPUs, or the estimate."""
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from migration.planning.planner import plan_migration
 from migration.running.runner import plan
 from migration.planning.search import batch_candidates
 from tests.concurrent_plans import cli_plan, start_cli_plans, start_plans, stop_cli_plans
+from workloads import get_workload
 
 ROOT = Path(__file__).resolve().parent.parent
 NO_CUDA_PLUGIN = ROOT / "tests" / "fixtures" / "no_cuda_plugin"
@@ -278,3 +280,19 @@ def test_an_infeasible_dropless_moe_on_a_gpu_is_told_of_capacity_dispatch():
     assert not dropless_on_gpu(PlanRequest(workload="llama", preset="8b", target="h100-sxm"), {}, "gpu")
     assert any(h.startswith("capacity dispatch (--dim dispatch=capacity") for h in what_would_help(req, "fsdp", True))
     assert not any("capacity" in h for h in what_would_help(req, "fsdp", False))
+
+
+def test_capacity_rows_below_a_tensor_core_tile_are_named_as_not_counted():
+    """DeepSeek-V3 at a capacity factor of 0.2 over 1,024 tokens: ceil(0.2 x 1,024 x 8 / 256) = 7 rows an expert a
+    sequence; at 4 sequences a GPU, 28 rows, fewer than wgmma's 64: the step's method says it leaves that out.
+    Under +ep4 the expert's rows come from 4 GPUs (112 rows): nothing said; nor for dropless routing."""
+    from migration.planning.plan_record import capacity_rows_text
+    from migration.planning.search import Choice
+
+    cfg = get_workload("moe").config("deepseek-v3", {"dispatch": "capacity", "capacity_factor": 0.2, "seq_len": 1024})
+    choice = Choice(remat="full", per_device_batch=4, accumulation_steps=1, global_batch=64, exact=True,
+                    step_cost=1.0, fill=1.0, sharding="fsdp")
+    assert "have 28 rows an expert a micro-batch, fewer than a 64-row tensor-core tile" in capacity_rows_text(cfg, choice)
+    assert capacity_rows_text(cfg, dataclasses.replace(choice, sharding="fsdp+ep4")) == ""
+    dropless = get_workload("moe").config("deepseek-v3", {"seq_len": 1024})
+    assert capacity_rows_text(dropless, choice) == ""

@@ -53,6 +53,7 @@ DTYPE_BYTES = {"pred": 1, "s4": 0.5, "u4": 0.5, "s8": 1, "u8": 1, "s16": 2, "u16
 ARRAY = re.compile(r"\b(" + "|".join(sorted(DTYPE_BYTES, key=len, reverse=True)) + r")\[([0-9,]*)\]")
 ARRAY_WITH_LAYOUT = re.compile(ARRAY.pattern + r"(\{[^}]*\})?")
 INSTRUCTION = re.compile(r"^\s*(ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*?)\s+([a-z][\w\-]*)\((.*)$")
+ROW_TILING = re.compile(r'ragged_dot_tiling="(\d+),')  # libtpu's grouped product: rows, contracted, columns
 COMPUTATION = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s*\(.*\)\s*->\s*.*\{\s*$")
 COLLECTIVES = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute", "ragged-all-to-all")
 FREE = {"parameter", "get-tuple-element", "tuple", "bitcast", "constant", "after-all", "partition-id", "replica-id",
@@ -164,6 +165,7 @@ class ProgramReader:
         self.kernels: list[Kernel] = []
         self.assembly: ShardAssembly | None = None  # built on the first all-reduce
         self.received: dict[int, int] | None = None  # receive buffers' rows: the rows filled (hlo_collectives)
+        self.row_tile: int | None = None  # libtpu's grouped-product row tile (its `ragged_dot_tiling`; 0: none)
 
     def read(self) -> list[Kernel]:
         self._walk(self.entry, 1.0, set())
@@ -348,7 +350,7 @@ class ProgramReader:
                 if index is not None and index < len(read):
                     read[index] = 0.0
         flops, units, kind = 0.0, [], "memory"
-        groups = _masked_groups(body, root, self._received())
+        groups = _masked_groups(body, root, self._received(), self._row_tile())
         for i in body:
             if i.opcode == "dot":
                 f, u = self._dot(i, inner)
@@ -424,19 +426,33 @@ class ProgramReader:
 
     def _grouped_gemm(self, ins: Instruction, operands: list[str]) -> float:
         """libtpu's grouped product (its Mosaic kernel for `ragged_dot`): rows (M, K) by the groups' weights
-        (G, K, N) into (M, N), each row multiplied by its own group's weights only: 2 x M x K x N (M the rows
-        its groups fill at an even spread where the rows are a ragged all-to-all's receive buffer)."""
+        (G, K, N) into (M, N), each row multiplied by its own group's weights only: 2 x M x K x N, M the rows
+        its groups fill (at an even spread where the rows are a ragged all-to-all's receive buffer) in the
+        whole row tiles the kernel computes (`tiled_rows`, at the tile its `ragged_dot_tiling` states)."""
         out = arrays(ins.shape)
         if not out or len(out[0][1]) != 2:
             return 0.0
         m, n = out[0][1]
         lhs = next((dims for s in operands for _, dims in arrays(s)[:1] if len(dims) == 2 and dims[0] == m), None)
-        return 2.0 * self._received().get(m, m) * n * lhs[1] if lhs else 0.0
+        weights = next((dims for s in operands for _, dims in arrays(s)[:1] if len(dims) == 3 and dims[-1] == n), None)
+        stated = ROW_TILING.search(ins.attrs)
+        tile = int(stated.group(1)) if stated else self._row_tile()
+        rows = tiled_rows(self._received().get(m, m), weights[0] if weights else 1, tile)
+        return 2.0 * rows * n * lhs[1] if lhs else 0.0
 
     def _received(self) -> dict[int, int]:
         if self.received is None:
             self.received = received_buffers(self.computations)
         return self.received
+
+    def _row_tile(self) -> int:
+        """The row tile libtpu's grouped products state in this program (their `ragged_dot_tiling`; the
+        smallest where they differ), 0 where none does."""
+        if self.row_tile is None:
+            tiles = [int(m.group(1)) for body in self.computations.values() for i in body
+                     if "ragged_dot_tiling" in i.attrs for m in [ROW_TILING.search(i.attrs)] if m]
+            self.row_tile = min((t for t in tiles if t), default=0)
+        return self.row_tile
 
     def _splash(self, ins: Instruction, operands: list[str]) -> float:
         """TPU splash attention (a Pallas kernel, causal: the blocks above the diagonal are skipped), from its
@@ -585,12 +601,28 @@ def unpack(rows: list[list[Any]]) -> list[Kernel]:
             for i, row in enumerate(rows) for (kind, flops, size, unit, count, group, asynchronous) in [row[:7]]]
 
 
-def _masked_groups(body: list[Instruction], root: Instruction | None, received: dict[int, int]) -> float:
+def tiled_rows(rows: int, groups: int, tile: int) -> float:
+    """The rows a grouped kernel computes for `rows` rows sorted into `groups` groups, in row tiles of `tile`
+    (libtpu's `ragged_dot`, megablox's `gmm`: a tile is computed whole, and a tile two groups share is
+    computed once for each). Its tiles are ceil(rows / tile) plus one for each boundary between two groups
+    that falls inside a tile: routed counts are not multiples of the tile, so every boundary is taken to,
+    between the groups the rows fill when routed evenly at random (G (1 - (1 - 1/G)^rows) of them). The
+    kernel's own bound on its tiles is the same: rows / tile + G - 1 (its metadata's length). `rows` itself
+    where no tile is known (0)."""
+    if tile <= 0 or rows <= 0:
+        return float(rows)
+    filled = groups * (1.0 - (1.0 - 1.0 / groups) ** rows) if groups > 1 else 1.0
+    return (math.ceil(rows / tile) + max(0.0, filled - 1.0)) * tile
+
+
+def _masked_groups(body: list[Instruction], root: Instruction | None, received: dict[int, int],
+                   tile: int = 0) -> float:
     """G where the fusion is libtpu's form of a grouped product's transpose (a `ragged_dot`'s weight gradient):
     both inputs masked per group by a pred (G, M) parameter and one convolution over all G x M rows into the
     groups' (G, K, N). Each row belongs to one group, so the work is a grouped GEMM's, 1/G of the product's
     shape; where the M rows are a ragged all-to-all's receive buffer, of which the groups fill `received[M]`,
-    that share of it too. 1 for every other fusion."""
+    that share of it too; in whole row tiles of `tile` (`tiled_rows`; the program's grouped-product tile, 0:
+    none known). The divisor of the convolution's FLOPs; 1 for every other fusion."""
     if root is None or root.opcode != "convolution":
         return 1
     out = arrays(root.shape)
@@ -601,5 +633,5 @@ def _masked_groups(body: list[Instruction], root: Instruction | None, received: 
     groups = out[0][1][0]
     for g, m in masks:
         if g == groups and (g > 1 or m in received):
-            return g * m / received.get(m, m)
+            return g * m / tiled_rows(received.get(m, m), g, tile)
     return 1

@@ -9,6 +9,7 @@ attention, the TPU side): by the same predictor and step-time model that chose i
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -358,7 +359,7 @@ def step_time(p: Planner, chosen: Choice) -> dict[str, Any]:
                  and getattr(model, "seq_len", 0) >= 1024 and getattr(model, "layer_loop", "") == "scan"
                  else steptime.EXPECTED_ERROR_FP8 if p.precision in FP8_PRECISIONS else steptime.EXPECTED_ERROR)
         return {"seconds": found.seconds, "method": found.method(spec, p.target.link_note or "no link", error)
-                + steptime.exchange_text(kernels),
+                + steptime.exchange_text(kernels) + capacity_rows_text(model, chosen),
                 "source": "compiled program", "expected_error": error, "compute_s": found.compute_s,
                 "matmul_s": found.matmul_s, "memory_bound_s": found.memory_s, "communication_s": found.communication_s,
                 "exposed_communication_s": found.exposed_communication_s, "compiled_flops": found.flops,
@@ -370,6 +371,23 @@ def step_time(p: Planner, chosen: Choice) -> dict[str, Any]:
             "method": (f"analytic: the model's FLOPs at {steptime.CALIBRATION.matmul:.0%} of the dense peak, scaled "
                        f"by the device fill and the policy's recompute, collectives over the link; not checked "
                        f"against a compiled program ({p.predictor.method})")}
+
+
+# A Hopper or Blackwell tensor core's smallest product is 64 rows (wgmma's M); fewer rows are computed as 64.
+TENSOR_CORE_ROWS = 64
+
+
+def capacity_rows_text(model: Any, chosen: Choice) -> str:
+    """Where capacity dispatch leaves each expert fewer rows a micro-batch than a tensor-core tile (the
+    device's sequences x the expert axis x the capacity), what the step time leaves out (docs/moe.md)."""
+    if getattr(model, "dispatch", "") != "capacity":
+        return ""
+    capacity = max(1, math.ceil(model.capacity_factor * model.seq_len * model.top_k / model.n_experts))
+    rows = chosen.per_device_batch * parse_layout(chosen.sharding).expert * capacity
+    if rows >= TENSOR_CORE_ROWS:
+        return ""
+    return (f"; not counted: the experts' products have {rows} rows an expert a micro-batch, fewer than a "
+            f"{TENSOR_CORE_ROWS}-row tensor-core tile, and run below the calibrated efficiency (a run of the plan measures the step)")
 
 
 def cudnn_saving(p: Planner, chosen: Choice, peak: int, seconds: float | None) -> Decision | None:
