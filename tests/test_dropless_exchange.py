@@ -12,6 +12,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from migration.planning.hlo_collectives import ragged_rows, received_buffers
 from migration.planning.hlo_cost import ProgramReader, parse, tiled_rows
+from tests.test_hlo_cost_by_hand import GROUPED_PROGRAM
 from workloads.expert_parallel import EXPERT_AXIS, exchange_slots, receive_rows
 
 DEVICES, EXPERTS, TOP_K, TOKENS, WIDTH = 4, 8, 2, 12, 3
@@ -130,34 +131,16 @@ def test_without_a_tile_every_row_counts_once():
     assert tiled_rows(0, 128, 256) == 0.0
 
 
-TILED_PROGRAM = """HloModule step
-
-%select_fusion (kernel: bf16[512,256], activations: bf16[512,64], output_mask: pred[8,512]) -> bf16[8,64,256] {
-  %activations = bf16[512,64]{1,0} parameter(1)
-  %output_mask = pred[8,512]{1,0} parameter(2)
-  %a = bf16[8,512,64]{2,1,0} broadcast(%activations), dimensions={1,2}
-  %kernel = bf16[512,256]{1,0} parameter(0)
-  %k = bf16[8,512,256]{2,1,0} broadcast(%kernel), dimensions={1,2}
-  ROOT %conv = bf16[8,64,256]{2,1,0} convolution(%a, %k), window={size=8 stride=7 lhs_dilate=8}, dim_labels=0fb_0io->0bf
-}
-
-ENTRY %main (x: bf16[512,64], w: bf16[8,64,256], sizes: s32[8], dy: bf16[512,256], mask: pred[8,512]) -> f32[] {
-  %x = bf16[512,64]{1,0} parameter(0)
-  %w = bf16[8,64,256]{2,1,0} parameter(1)
-  %sizes = s32[8]{0} parameter(2)
-  %dy = bf16[512,256]{1,0} parameter(3)
-  %mask = pred[8,512]{1,0} parameter(4)
-  %ragged-dot-none = bf16[512,256]{1,0} custom-call(%sizes, %x, %w), custom_call_target="tpu_custom_call", frontend_attributes={mosaic_fusion_entry_point="true",ragged_dot_tiling="128,64,256"}, metadata={op_name="jit(step)/shard_map/ragged_dot_general/ragged-dot-none"}
-  %grad = bf16[8,64,256]{2,1,0} fusion(%dy, %x, %mask), kind=kOutput, calls=%select_fusion
-  ROOT %r = f32[] constant(0)
-}
-"""
+TILED_PROGRAM = GROUPED_PROGRAM.replace('custom_call_target="tpu_custom_call", metadata={op_name="jit(step)/shard_map',
+                                        'custom_call_target="tpu_custom_call", frontend_attributes={ragged_dot_tiling='
+                                        '"128,64,256"}, metadata={op_name="jit(step)/shard_map')
 
 
 def test_the_reader_counts_libtpus_grouped_products_in_the_row_tiles_the_program_states():
     """512 rows in 8 groups, the kernel's stated row tile 128 (`ragged_dot_tiling="128,..."`): 4 tiles of rows and
     7 boundaries inside tiles, 11 x 128 = 1,408 rows computed, forward (2 x 1,408 x 256 x 64) and in the weights'
     gradient, whose masked convolution states no tile and takes the program's. Without the attribute, 512 rows."""
+    assert TILED_PROGRAM.count('ragged_dot_tiling="128,64,256"') == 1
     by_name = {k.name: k for k in ProgramReader(TILED_PROGRAM).read()}
     assert by_name["ragged-dot-none"].flops == pytest.approx(2 * 1408 * 256 * 64, rel=1e-6)
     assert by_name["grad"].flops == pytest.approx(2 * 1408 * 256 * 64, rel=1e-6)

@@ -124,8 +124,10 @@ def test_a_dropless_expert_split_compiles_for_an_h100_with_ragged_all_to_alls_re
 @pytest.mark.slow
 def test_on_a_tpu_slice_the_grouped_products_over_the_receive_buffer_count_the_slots_not_the_buffer():
     """libtpu's grouped products over the worst-case receive buffer (4 x a device's tokens x min(top-k, local
-    experts) rows) count the rows the groups fill at an even spread: the split step's expert products are the
-    unsplit step's."""
+    experts) rows) count the rows the groups fill at an even spread: row by row, the split step's expert products
+    are the unsplit step's. In the whole row tiles libtpu states (128 rows here), a device's 256 slots in 4
+    experts take 2 tiles and 3 more for the boundaries between experts (2.5 x the rows) unsplit, and 2 tiles
+    split (one expert a device: no boundary)."""
     from migration.hardware import TPU_SPECS
     from migration.planning.hlo_cost import read_program
     from migration.planning.source import tpu_topology
@@ -140,10 +142,16 @@ def test_on_a_tpu_slice_the_grouped_products_over_the_receive_buffer_count_the_s
         ).as_text()
         return sum(k.flops for k in read_program(text) if k.kind == "matmul"), text
 
-    whole, _ = products("fsdp")
+    def row_by_row(text: str) -> float:
+        return sum(k.flops for k in read_program(text.replace('ragged_dot_tiling="', 'untiled="')) if k.kind == "matmul")
+
+    whole, whole_text = products("fsdp")
     split, text = products("fsdp+ep4")
     assert len(re.findall(r" ragged-all-to-all\(", text)) >= 4
-    assert split == pytest.approx(whole, rel=0.01)
+    assert row_by_row(text) == pytest.approx(row_by_row(whole_text), rel=0.01)
+    assert set(re.findall(r'ragged_dot_tiling="(\d+),', whole_text + text)) == {"128"}
+    assert whole == pytest.approx(row_by_row(whole_text) * 5 / 2, rel=0.01)
+    assert split == pytest.approx(row_by_row(text), rel=0.01)
 
 
 @pytest.mark.parametrize("text,layout", [("fsdp+ep8", Layout("fsdp", 0, 1, 8)),

@@ -223,13 +223,7 @@ def test_splash_attention_on_a_tpu_counts_its_kernels_products_under_the_causal_
     assert (k.kind, k.flops) == ("attention", 2.0 * products * (2 * 4 * 128 * 64) * 128 / 2)
 
 
-def test_a_tpu_grouped_product_counts_each_row_once_forward_and_for_the_weights_gradient():
-    """A dropless MoE layer's `ragged_dot` as libtpu compiles it (cut from a v5p compile of the tiny MoE):
-    forward, its Mosaic kernel multiplies rows [512, 64] by 8 groups' [64, 256] weights, each row by its own
-    group's: 2 x 512 x 256 x 64 = 16,777,216 FLOPs. The weights' gradient is one convolution over both inputs
-    masked per group (pred [8, 512]) into [8, 64, 256]: its shape is 8 x that, its work a grouped GEMM's,
-    16,777,216 too."""
-    text = """HloModule step
+GROUPED_PROGRAM = """HloModule step
 
 %select_fusion (kernel: bf16[512,256], activations: bf16[512,64], output_mask: pred[8,512]) -> bf16[8,64,256] {
   %activations = bf16[512,64]{1,0} parameter(1)
@@ -252,6 +246,15 @@ ENTRY %main (x: bf16[512,64], w: bf16[8,64,256], sizes: s32[8], dy: bf16[512,256
   ROOT %r = f32[] constant(0)
 }
 """
+
+
+def test_a_tpu_grouped_product_counts_each_row_once_forward_and_for_the_weights_gradient():
+    """A dropless MoE layer's `ragged_dot` as libtpu compiles it (cut from a v5p compile of the tiny MoE):
+    forward, its Mosaic kernel multiplies rows [512, 64] by 8 groups' [64, 256] weights, each row by its own
+    group's: 2 x 512 x 256 x 64 = 16,777,216 FLOPs. The weights' gradient is one convolution over both inputs
+    masked per group (pred [8, 512]) into [8, 64, 256]: its shape is 8 x that, its work a grouped GEMM's,
+    16,777,216 too."""
+    text = GROUPED_PROGRAM
     k = kernels(text)
     assert (k["ragged-dot-none"].kind, k["ragged-dot-none"].flops) == ("matmul", 2 * 512 * 256 * 64)
     assert (k["ragged-dot-metadata"].kind, k["ragged-dot-metadata"].flops) == ("memory", 0.0)

@@ -296,3 +296,38 @@ def test_capacity_rows_below_a_tensor_core_tile_are_named_as_not_counted():
     assert capacity_rows_text(cfg, dataclasses.replace(choice, sharding="fsdp+ep4")) == ""
     dropless = get_workload("moe").config("deepseek-v3", {"seq_len": 1024})
     assert capacity_rows_text(dropless, choice) == ""
+
+
+def test_a_layout_whose_compile_fails_is_left_out_and_the_others_still_planned(cold_caches, monkeypatch):
+    """XLA refusing one layout (an error that is not memory: the form a jaxlib bug takes) leaves that layout out
+    of the plan, said in its decisions, and the plan is still compiled for the target with the others; only when
+    every layout fails does the plan fall back to the analytic estimate."""
+    from migration.planning import memory
+
+    real = memory.compile_memory
+
+    def refusing(refused):
+        def compile_memory(program, mesh, **kw):
+            if refused(program.sharding):
+                raise RuntimeError(f"INTERNAL: no kernel for this {program.sharding} program")
+            return real(program, mesh, **kw)
+        return compile_memory
+
+    monkeypatch.setenv("MIGRATION_COMPILE_WORKERS", "0")  # compiles in this process, where the failure is made
+    req = tiny(target="h100-sxm", gpus=2, global_batch=64, max_per_device_batch=32, remat="none")
+    first = plan_migration(req, noop)
+    assert first.ok and not [d for d in first.decisions if d.decision == "compile_failed"]
+    monkeypatch.setattr(memory, "compile_memory", refusing(lambda layout: layout == first.sharding))
+    monkeypatch.setenv("MIGRATION_COMPILE_CACHE_DIR", str(cold_caches / "second"))  # compiled again, not read back
+    events = []
+    p = plan_migration(req, lambda kind, **kw: events.append((kind, kw)))
+    assert p.ok and p.prediction_method == "compiled-for-target" and p.sharding != first.sharding
+    assert p.step_time["source"] == "compiled program"
+    (failed,) = [d for d in p.decisions if d.decision == "compile_failed"]
+    assert failed.value == first.sharding
+    assert f"INTERNAL: no kernel for this {first.sharding} program" in failed.reason
+    assert any(kind == "compile_failed" and kw["sharding"] == first.sharding for kind, kw in events)
+    monkeypatch.setattr(memory, "compile_memory", refusing(lambda layout: True))
+    monkeypatch.setenv("MIGRATION_COMPILE_CACHE_DIR", str(cold_caches / "third"))
+    everything = plan_migration(req, noop)
+    assert everything.prediction_method == "estimate" and "INTERNAL: no kernel" in everything.prediction_note

@@ -31,6 +31,7 @@ Pure text: no JAX here, so it is tested on any program text and runs where JAX i
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import math
@@ -262,9 +263,8 @@ class ProgramReader:
                                                         ins.attrs) or ["", ""])[1] if ins.attrs else "")
         best: list[Kernel] = []
         for branch in branches:
-            sub = ProgramReader.__new__(ProgramReader)
-            sub.computations, sub.entry, sub.fp32_unit, sub.kernels = self.computations, branch, self.fp32_unit, []
-            sub.per_node, sub.assembly, sub.received = self.per_node, self.assembly, self.received
+            sub = copy.copy(self)  # the same program and what was read of it, its own kernels
+            sub.entry, sub.kernels = branch, []
             sub._walk(branch, times, seen)
             if sum(k.flops + k.bytes for k in sub.kernels) > sum(k.flops + k.bytes for k in best):
                 best = sub.kernels

@@ -161,6 +161,7 @@ class Planner:
         self.ranking = Ranking(predictor, target, precision, self.cost)
         self.searched: set[Key] = set()  # the (layout, policy) pairs whose largest batch was searched
         self.skipped: dict[Key, float] = {}  # pairs not searched: their fastest possible step (seconds)
+        self.failed: dict[Key, str] = {}  # pairs whose compile failed for a reason other than memory: why
 
     def _cost_model(self, w: Any, cfg: Any) -> StepCostModel:
         """The analytic model that orders the choices: FLOPs at the calibrated share of the peak,
@@ -208,9 +209,14 @@ class Planner:
             max_batch.update(self.search_policies([(m, r) for m in self.tensor_modes() for r in policies]))
             ranked = self.rank(max_batch)
             chosen, peak, rejected = self.verify(ranked)
-        if chosen is None:
-            return plan_record.infeasible_plan(self, max_batch, ranked, rejected)
-        return plan_record.ok_plan(self, chosen, peak, max_batch, ranked, rejected)
+        if self.failed and set(self.failed) >= self.searched:
+            raise CompileFailed(next(iter(self.failed.values())))  # no layout compiles: the analytic estimate
+        plan = (plan_record.infeasible_plan(self, max_batch, ranked, rejected) if chosen is None
+                else plan_record.ok_plan(self, chosen, peak, max_batch, ranked, rejected))
+        if self.failed:
+            plan.decisions.append(Decision("compile_failed", ", ".join(sorted({m for m, _ in self.failed})), "; ".join(
+                f"{m}, remat {r}: not planned, {why}" for (m, r), why in sorted(self.failed.items()))))
+        return plan
 
     def keys(self) -> list[Key]:
         policies = [self.req.remat] if self.req.remat else self.policies
@@ -306,8 +312,13 @@ class Planner:
             guess = self.candidates[0] if tried and not kept else self._guess(mode, remat)
             self._prefetch_second_probe(mode, remat, kept, guess)
             self.searched.add((mode, remat))
-            found[(mode, remat)] = largest_fitting(self.candidates, measure, self.target.budget_bytes,
-                                                   known_fit=kept, first_guess=guess)
+            try:
+                found[(mode, remat)] = largest_fitting(self.candidates, measure, self.target.budget_bytes,
+                                                       known_fit=kept, first_guess=guess)
+            except CompileFailed as exc:  # this layout and policy only: the others are still planned
+                self._compile_failed(mode, remat, exc)
+                found[(mode, remat)] = 0
+                continue
             known[mode] = max(kept, found[(mode, remat)])
             best = min(best, self._verified_best(mode, remat, found[(mode, remat)], best))
         return found
@@ -354,8 +365,13 @@ class Planner:
             elif self.ranking.timing and fitting and self.ranking.estimate(choice) > PRUNE_MARGIN * fastest:
                 self.ranking.assess(choice, f"not compiled: its estimate is over {PRUNE_MARGIN:g}x the fastest compiled choice")
                 continue
-            peak = self.predictor.predict(self.precision, choice.remat, choice.per_device_batch,
-                                          choice.accumulation_steps, sharding=choice.sharding)
+            try:
+                peak = self.predictor.predict(self.precision, choice.remat, choice.per_device_batch,
+                                              choice.accumulation_steps, sharding=choice.sharding)
+            except CompileFailed as exc:
+                self._compile_failed(choice.sharding, choice.remat, exc)
+                self.ranking.assess(choice, f"not planned: {exc}")
+                continue
             if peak is None or peak > self.target.budget_bytes:
                 failed[key] = min(failed.get(key, math.inf), choice.per_device_batch)
                 rejected.append({**choice.to_dict(self.cost), "predicted_peak_bytes": peak})
@@ -375,6 +391,12 @@ class Planner:
         return chosen, peak, rejected
 
     # -- helpers -----------------------------------------------------------------------------
+    def _compile_failed(self, mode: str, remat: str, exc: CompileFailed) -> None:
+        """A compile of one layout and policy failed for a reason other than memory: that pair is left out
+        of the plan (said in its decisions), the others are still planned."""
+        self.failed.setdefault((mode, remat), str(exc))
+        self.emit("compile_failed", sharding=mode, remat=remat, message=str(exc))
+
     def _prefetch_second_probe(self, mode: str, remat: str, kept: int, guess: int | None) -> None:
         """The bracketed search's second probe does not depend on its first when nothing fits yet:
         the bottom candidate after the top, or the candidate after a guess. Compile it meanwhile."""
