@@ -282,20 +282,35 @@ def test_an_infeasible_dropless_moe_on_a_gpu_is_told_of_capacity_dispatch():
     assert not any("capacity" in h for h in what_would_help(req, "fsdp", False))
 
 
-def test_capacity_rows_below_a_tensor_core_tile_are_named_as_not_counted():
+def test_capacity_rows_below_a_tensor_core_tile_count_the_padding():
     """DeepSeek-V3 at a capacity factor of 0.2 over 1,024 tokens: ceil(0.2 x 1,024 x 8 / 256) = 7 rows an expert a
-    sequence; at 4 sequences a GPU, 28 rows, fewer than wgmma's 64: the step's method says it leaves that out.
-    Under +ep4 the expert's rows come from 4 GPUs (112 rows): nothing said; nor for dropless routing."""
-    from migration.planning.plan_record import capacity_rows_text
-    from migration.planning.search import Choice
+    sequence; at 4 sequences a GPU, 28 rows, and the tensor core computes 64: 36 missing rows of every expert's
+    up, gate and down products (7,168 x 3 x 2,048), 256 experts, 58 MoE layers, 4 passes under full remat (3
+    without). Under +ep4 an expert's rows come from 4 GPUs (112 rows): nothing added; nor for dropless routing."""
+    from migration.planning.routed_experts import tile_padding
 
     cfg = get_workload("moe").config("deepseek-v3", {"dispatch": "capacity", "capacity_factor": 0.2, "seq_len": 1024})
-    choice = Choice(remat="full", per_device_batch=4, accumulation_steps=1, global_batch=64, exact=True,
-                    step_cost=1.0, fill=1.0, sharding="fsdp")
-    assert "have 28 rows an expert a micro-batch, fewer than a 64-row tensor-core tile" in capacity_rows_text(cfg, choice)
-    assert capacity_rows_text(cfg, dataclasses.replace(choice, sharding="fsdp+ep4")) == ""
-    dropless = get_workload("moe").config("deepseek-v3", {"seq_len": 1024})
-    assert capacity_rows_text(dropless, choice) == ""
+    padding = tile_padding(cfg, 4, 1, 1, 1, True, "bf16")
+    assert (padding.kind, padding.unit, padding.bytes, padding.count) == ("matmul", "bf16", 0.0, 0.0)
+    assert padding.flops == 2 * 36 * 7168 * (3 * 2048) * 256 * 58 * 4
+    assert tile_padding(cfg, 4, 1, 2, 3, False, "bf16").flops == 2 * 36 * 7168 * (3 * 1024) * 256 * 58 * 3 * 3
+    assert tile_padding(cfg, 4, 4, 1, 1, True, "bf16") is None
+    assert tile_padding(get_workload("moe").config("deepseek-v3", {"seq_len": 1024}), 4, 1, 1, 1, True, "bf16") is None
+
+
+def test_a_capacity_plan_with_few_rows_an_expert_times_the_padding_it_chose_by():
+    """The tiny MoE at capacity dispatch (ceil(1.25 x 64 x 2 / 4) = 40 rows an expert a sequence) at one sequence a
+    GPU: the step is timed, and chosen, with the padding to 64 rows counted, and its method says so."""
+    req = PlanRequest(workload="moe", preset="tiny", model={"dispatch": "capacity"}, target="h100-sxm", gpus=2,
+                      global_batch=2, max_per_device_batch=1, remat="none", sharding="fsdp", compile_for_tpu=False)
+    p = plan_migration(req, noop)
+    assert p.ok and p.per_device_batch == 1, p.message
+    method = {d.decision: d.reason for d in p.decisions}["step_time"]
+    assert "have 40 rows an expert a micro-batch at capacity dispatch, fewer than a 64-row tensor-core tile" in method
+    # 24 missing rows x d_model 64 x (gate, up, down: 3 x 64) x 4 experts x 2 MoE layers x 3 passes (no remat)
+    assert p.step_time["tile_padding_flops"] == 2 * 24 * 64 * (3 * 64) * 4 * 2 * 3
+    chosen = [r for r in p.ranked if r["status"].startswith("chosen")]
+    assert chosen and chosen[0]["compiled_step_s"] == pytest.approx(p.predicted_step_s)
 
 
 def test_a_layout_whose_compile_fails_is_left_out_and_the_others_still_planned(cold_caches, monkeypatch):

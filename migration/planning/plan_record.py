@@ -9,7 +9,6 @@ attention, the TPU side): by the same predictor and step-time model that chose i
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -24,8 +23,10 @@ from migration.planning import steptime
 from migration.planning.capability import planned_model
 from migration.planning.compare import compare
 from migration.planning.deployment import block_params, mesh_of, plan_environment
+from migration.planning.hlo_cost import Kernel
 from migration.planning.memory import CompileFailed, MemoryPredictor, Target
 from migration.planning.ranking import full_key
+from migration.planning.routed_experts import TENSOR_CORE_ROWS, capacity_rows
 from migration.planning.search import RECOMPUTE_NOTE, Choice, describe_choice, rule_of_thumb_batch
 from migration.planning.source import source_sharding, tpu_setup_on_target
 from migration.results import Decision, Plan
@@ -350,7 +351,7 @@ def step_time(p: Planner, chosen: Choice) -> dict[str, Any]:
     for a GPU (steptime.py), else the analytic model's (FLOPs at the calibrated share of the peak,
     collectives over the link), saying which and how far off it is expected to be."""
     analytic = chosen.step_cost if p.cost.peak_flops else None
-    kernels = p.predictor.programs.get((*full_key(chosen), p.precision))
+    kernels = p.ranking.kernels(*full_key(chosen))
     spec = p.target.spec
     if kernels and spec is not None:
         found = steptime.predict(kernels, spec, p.ranking.links())
@@ -359,11 +360,12 @@ def step_time(p: Planner, chosen: Choice) -> dict[str, Any]:
                  and getattr(model, "seq_len", 0) >= 1024 and getattr(model, "layer_loop", "") == "scan"
                  else steptime.EXPECTED_ERROR_FP8 if p.precision in FP8_PRECISIONS else steptime.EXPECTED_ERROR)
         return {"seconds": found.seconds, "method": found.method(spec, p.target.link_note or "no link", error)
-                + steptime.exchange_text(kernels) + capacity_rows_text(model, chosen),
+                + steptime.exchange_text(kernels) + capacity_rows_text(model, chosen, kernels),
                 "source": "compiled program", "expected_error": error, "compute_s": found.compute_s,
                 "matmul_s": found.matmul_s, "memory_bound_s": found.memory_s, "communication_s": found.communication_s,
                 "exposed_communication_s": found.exposed_communication_s, "compiled_flops": found.flops,
-                "kernels": found.kernels, "analytic_s": analytic}
+                "kernels": found.kernels, "analytic_s": analytic,
+                "tile_padding_flops": sum(k.flops for k in kernels if k.name == "expert_tile_padding")}
     if analytic is None:
         return {"seconds": None, "method": "no step time: this device has no known peak", "source": "none",
                 "expected_error": None, "analytic_s": None}
@@ -373,21 +375,15 @@ def step_time(p: Planner, chosen: Choice) -> dict[str, Any]:
                        f"against a compiled program ({p.predictor.method})")}
 
 
-# A Hopper or Blackwell tensor core's smallest product is 64 rows (wgmma's M); fewer rows are computed as 64.
-TENSOR_CORE_ROWS = 64
-
-
-def capacity_rows_text(model: Any, chosen: Choice) -> str:
-    """Where capacity dispatch leaves each expert fewer rows a micro-batch than a tensor-core tile (the
-    device's sequences x the expert axis x the capacity), what the step time leaves out (docs/moe.md)."""
-    if getattr(model, "dispatch", "") != "capacity":
+def capacity_rows_text(model: Any, chosen: Choice, kernels: list[Kernel]) -> str:
+    """Where capacity dispatch leaves each expert fewer rows a micro-batch than a tensor-core tile, what the
+    step time counts for it (routed_experts.tile_padding; docs/moe.md)."""
+    padding = sum(k.flops for k in kernels if k.name == "expert_tile_padding")
+    if not padding:
         return ""
-    capacity = max(1, math.ceil(model.capacity_factor * model.seq_len * model.top_k / model.n_experts))
-    rows = chosen.per_device_batch * parse_layout(chosen.sharding).expert * capacity
-    if rows >= TENSOR_CORE_ROWS:
-        return ""
-    return (f"; not counted: the experts' products have {rows} rows an expert a micro-batch, fewer than a "
-            f"{TENSOR_CORE_ROWS}-row tensor-core tile, and run below the calibrated efficiency (a run of the plan measures the step)")
+    rows = capacity_rows(model, chosen.per_device_batch, parse_layout(chosen.sharding).expert)
+    return (f"; the experts' products have {rows} rows an expert a micro-batch at capacity dispatch, fewer than a "
+            f"{TENSOR_CORE_ROWS}-row tensor-core tile: the padding's {padding / 1e12:,.2f} TFLOP a GPU counted")
 
 
 def cudnn_saving(p: Planner, chosen: Choice, peak: int, seconds: float | None) -> Decision | None:
@@ -428,7 +424,7 @@ def seconds_in(p: Planner, chosen: Choice, precision: str) -> float | None:
                                    record=False, sharding=chosen.sharding)
     except CompileFailed:
         return None
-    kernels = p.predictor.programs.get((*full_key(chosen), precision))
+    kernels = p.ranking.kernels(*full_key(chosen), precision)
     if peak is None or not kernels or p.target.spec is None:
         return None
     return steptime.predict(kernels, p.target.spec, p.ranking.links()).seconds
@@ -445,7 +441,7 @@ def domains_decision(p: Planner, chosen: Choice) -> Decision:
     text = f"{req.gpus} GPUs span {req.domains} {'NVLink domains' if nvlink else 'nodes'} ({sizes} GPUs)"
     if nvlink and rest:
         text += f", not a multiple of the {t.spec.nvlink_domain}-GPU NVLink domain: the last one is partly filled"
-    kernels = p.predictor.programs.get((*full_key(chosen), p.precision))
+    kernels = p.ranking.kernels(*full_key(chosen))
     links = t.links
     if kernels and t.spec is not None and links is not None and links.network:
         cross, inside = steptime.cross_domain_seconds(kernels, links)

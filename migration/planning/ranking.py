@@ -12,9 +12,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from migration.config.layouts import parse_layout
 from migration.planning import steptime
+from migration.planning.hlo_cost import Kernel
 from migration.planning.memory import MemoryPredictor, Target
-from migration.planning.search import Choice, StepCostModel
+from migration.planning.routed_experts import tile_padding
+from migration.planning.search import RECOMPUTES, Choice, StepCostModel
+from workloads import get_workload
 
 RANKED_SHOWN = 10  # ranked choices kept in the plan
 # Fitting choices timed from their compiled programs before the fastest is chosen (each compile with its
@@ -46,10 +50,26 @@ class Ranking:
     def is_compiled(self, c: Choice) -> bool:
         return (*full_key(c), self.precision) in self.predictor.programs
 
+    def kernels(self, sharding: str, remat: str, batch: int, accum: int,
+                precision: str | None = None) -> list[Kernel] | None:
+        """The kernels a choice's step is timed by (in the pass's precision, or `precision`): its compiled
+        program's, and where capacity dispatch leaves each expert fewer rows than a tensor-core tile, the
+        padding's work (routed_experts.tile_padding)."""
+        kernels = self.predictor.programs.get((sharding, remat, batch, accum, precision or self.precision))
+        if not kernels:
+            return None
+        cfg = get_workload(self.predictor.req.workload).config(self.predictor.req.preset, self.predictor.model)
+        layout = parse_layout(sharding)
+        products = [k for k in kernels if k.kind == "matmul" and k.flops]
+        padding = tile_padding(cfg, batch, layout.expert, layout.tensor, accum,
+                               bool({"mlp", "block"} & set(RECOMPUTES.get(remat, ("block",)))),
+                               max(products, key=lambda k: k.flops).unit if products else None)
+        return kernels + [padding] if padding else kernels
+
     def program_seconds(self, sharding: str, remat: str, batch: int, accum: int) -> float | None:
         key = (sharding, remat, batch, accum)
         if key not in self.timed:
-            kernels = self.predictor.programs.get((*key, self.precision))
+            kernels = self.kernels(*key)
             if not kernels or self.target.spec is None:
                 return None
             self.timed[key] = steptime.predict(kernels, self.target.spec, self.links()).seconds

@@ -1,4 +1,6 @@
-"""A mixture-of-experts model's routed experts in a serving step, priced apart from the compiled program.
+"""A mixture-of-experts model's routed experts where the compiled program cannot price them: in a serving step,
+and, in a training step at capacity dispatch, the tensor-core padding of experts with few rows (`tile_padding`,
+at the end).
 
 A server's grouped kernel (vLLM's fused MoE, TensorRT-LLM's, SGLang's) reads the weights of the experts its
 tokens were routed to and no others; which those are is known only when the step runs. No program compiled
@@ -22,6 +24,7 @@ the same step-time model as the compiled ones (planning/steptime.py):
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from migration.planning.hlo_cost import Kernel
@@ -85,3 +88,38 @@ def routed_summary(cfg: Any, gpus: int, weight_itemsize: float) -> dict[str, Any
             "routed_bytes_per_gpu": cfg.n_moe_layers * cfg.n_experts * expert_bytes(cfg, weight_itemsize) / gpus,
             "priced": "apart from the compiled step: touched experts' weights read once by a grouped kernel "
                       "(planning/routed_experts.py)"}
+
+
+# Training at capacity dispatch on a GPU: each expert's products are a batched GEMM over its capacity rows
+# (workloads/moe.py `_capacity`), which a Hopper or Blackwell tensor core computes in products of 64 rows (wgmma's
+# M): fewer rows an expert are computed as 64.
+TENSOR_CORE_ROWS = 64
+# The passes over the experts' products a training step makes: forward, and the gradients of the rows and the
+# weights; one more where the remat policy recomputes the MLP (search.RECOMPUTES).
+TRAINING_PASSES = 3
+
+
+def capacity_rows(cfg: Any, per_device_batch: int, expert_axis: int) -> int | None:
+    """The rows each expert's products take a micro-batch on one GPU under capacity dispatch: the GPU's
+    sequences x the expert axis (its experts' rows come from that many GPUs) x the capacity a sequence; None
+    under dropless routing."""
+    if getattr(cfg, "dispatch", "") != "capacity":
+        return None
+    capacity = max(1, math.ceil(cfg.capacity_factor * cfg.seq_len * cfg.top_k / cfg.n_experts))
+    return per_device_batch * expert_axis * capacity
+
+
+def tile_padding(cfg: Any, per_device_batch: int, expert_axis: int, tensor_axis: int, accumulation: int,
+                 recomputes_mlp: bool, unit: str | None) -> Kernel | None:
+    """The work a GPU's tensor cores add a step where capacity dispatch leaves each expert fewer rows than
+    TENSOR_CORE_ROWS: the missing rows of every local expert's up (with its gate) and down products, in every
+    pass over them, at the compiled products' unit; None where the rows fill the tile. A kernel of FLOPs only
+    (no bytes, no launch): the compiled program's products already read and write the rows."""
+    rows = capacity_rows(cfg, per_device_batch, expert_axis)
+    if rows is None or rows >= TENSOR_CORE_ROWS:
+        return None
+    width = ((2 if cfg.gated else 1) + 1) * cfg.expert_width / tensor_axis
+    passes = TRAINING_PASSES + (1 if recomputes_mlp else 0)
+    flops = (2.0 * (TENSOR_CORE_ROWS - rows) * cfg.d_model * width * (cfg.n_experts / expert_axis)
+             * cfg.n_moe_layers * passes * accumulation)
+    return Kernel("expert_tile_padding", "matmul", flops, 0.0, unit, 0.0)
