@@ -4,6 +4,7 @@ stopped or killed with jobs queued and running, a full history."""
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -39,8 +40,13 @@ def gone(pid):
 
 
 
+STEP_LINE = re.compile(r"\bstep \d+ of \d+")  # a worker's step event, as describe() words it
+
+
 def wait_for_steps(job, within_s=180):
-    assert holds_within(lambda: any("step" in str(value(o[0])) for o in job.outputs()), within_s, 0.2), \
+    """Until the job's progress shows a finished step. Not any line with "step" in it: the budget note heading
+    each line ("... steps") and the queue line come before the first step."""
+    assert holds_within(lambda: any(STEP_LINE.search(str(value(o[0]))) for o in job.outputs()), within_s, 0.2), \
         "the run never reported a step"
 
 
