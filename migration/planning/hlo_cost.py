@@ -241,7 +241,8 @@ class ProgramReader:
     def _step(self, body: str, index: int) -> int:
         """What a loop body adds to its counter (tuple element `index`) each trip: XLA's windowed einsum loops
         (a TPU program's collective matmuls) run two chunks a trip and count by 2. 1 unless the body's result
-        element is `counter + constant`."""
+        element is `counter + constant`, either seen through copies (libtpu copies the counter in some layouts'
+        loops: read without them, such a loop ran twice its trips)."""
         inner = {i.name: i for i in self.computations.get(body, [])}
         root = self.computations[body][-1] if self.computations.get(body) else None
         if root is None or root.opcode != "tuple" or index >= len(root.operands):
@@ -250,7 +251,7 @@ class ProgramReader:
         if add is None or add.opcode != "add" or len(add.operands) != 2:
             return 1
         for a, b in (add.operands, add.operands[::-1]):
-            counter, constant = inner.get(a), _through_copies(inner, b)
+            counter, constant = _through_copies(inner, a), _through_copies(inner, b)
             if (counter is not None and counter.opcode == "get-tuple-element" and f"index={index}" in counter.attrs
                     and constant is not None and constant.opcode == "constant"):
                 value = _integer(constant.args)
