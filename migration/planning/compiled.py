@@ -15,9 +15,12 @@ the read-only store of the test suite, at the cost of one lowering.
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
 import os
+import shutil
+import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -28,6 +31,43 @@ from migration.planning.hlo_cost import pack, read_program
 
 # A failure message kept with a program the compiler said cannot fit (TPU messages list the largest buffers).
 MESSAGE_CHARS = 20_000
+
+
+# XLA's options for a GPU program compiled for its figures (a deviceless target's or this machine's GPU's: the
+# executable is read, never run): each kernel's machine code built without LLVM's and ptxas' optimizations, and a
+# kernel built once in this process taken from its own kernel cache after (the candidates of one search share most
+# of their kernels). What XLA optimizes, fuses, schedules and assigns is the same program: the figures read of it
+# are identical (tests/test_compile_options.py); bench/gpu_compile_options.py measures the time saved.
+GPU_FIGURE_OPTIONS = {"xla_gpu_disable_gpuasm_optimizations": True, "xla_backend_optimization_level": 0,
+                      "xla_gpu_enable_llvm_module_compilation_parallelism": True}
+_KERNEL_CACHE: dict[int, str] = {}  # process id -> the folder of that process's kernel cache
+# A process that plans many models (a test run) starts its kernel cache afresh past this size: XLA reads the
+# whole file at each compile. One plan's search writes a few MB (llama 8B for 256 H100s: 9 MB).
+KERNEL_CACHE_MAX_BYTES = 256 * 2**20
+
+
+def new_kernel_cache() -> None:
+    """Forget this process's kernel caches: the next GPU compile for figures starts a cold one."""
+    _KERNEL_CACHE.pop(os.getpid(), None)
+
+
+def figure_compile_options(devices: Any) -> dict[str, Any]:
+    """The options `figures_of_program` compiles with for `devices`: GPU_FIGURE_OPTIONS and a kernel cache
+    private to this process (a folder of its own, removed when it exits; started afresh past
+    KERNEL_CACHE_MAX_BYTES) for a GPU program; none otherwise."""
+    first = next(iter(getattr(devices, "flat", devices)), None)
+    if getattr(first, "platform", "") != "gpu":
+        return {}
+    pid = os.getpid()
+    if pid not in _KERNEL_CACHE:
+        folder = tempfile.mkdtemp(prefix="migration-kernels-")
+        atexit.register(shutil.rmtree, folder, True)
+        _KERNEL_CACHE[pid] = folder
+    kind = hashlib.sha256(str(getattr(first, "device_kind", "")).encode()).hexdigest()[:12]
+    path = os.path.join(_KERNEL_CACHE[pid], f"kernels-{kind}.bin")  # one per GPU kind: no kernel crosses targets
+    if os.path.exists(path) and os.path.getsize(path) > KERNEL_CACHE_MAX_BYTES:
+        os.remove(path)
+    return {**GPU_FIGURE_OPTIONS, "xla_gpu_kernel_cache_file": path}
 
 
 class CompileOOM(RuntimeError):
@@ -93,7 +133,7 @@ def figures_of_program(lowered: Any, devices: Any, target: Any, reading: tuple[A
     if found is None:
         t0 = time.perf_counter()
         try:
-            compiled = lowered.compile()
+            compiled = lowered.compile(figure_compile_options(devices))
         except Exception as exc:  # noqa: BLE001 - XLA raises several types; memory is told apart by its message
             if not is_oom(str(exc)):
                 raise

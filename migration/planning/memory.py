@@ -92,6 +92,11 @@ class CompileFailed(RuntimeError):
 COMPILE_WORKERS_MAX = 3
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity where the system tells it, else the machine's count)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def compile_workers() -> int:
     """Processes the planner may compile candidates in beside its own. An XLA GPU compile keeps about
     two cores busy (on a 2-core machine one extra worker took 0.96x and 1.09x the serial time in two
@@ -100,8 +105,7 @@ def compile_workers() -> int:
     given = os.environ.get("MIGRATION_COMPILE_WORKERS", "").strip()
     if given.isdigit():
         return min(int(given), 8)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(0, min(COMPILE_WORKERS_MAX, cores // 2 - 1))
+    return max(0, min(COMPILE_WORKERS_MAX, usable_cores() // 2 - 1))
 
 
 _ELSEWHERE: dict[str, "MemoryPredictor"] = {}

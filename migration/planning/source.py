@@ -29,7 +29,7 @@ from migration.planning.memory import (
     CompileFailed,
     MemoryPredictor,
     compile_memory,
-    compile_workers,
+    usable_cores,
 )
 from migration.step.train import TrainProgram, make_multislice_mesh
 from workloads import get_workload
@@ -151,10 +151,11 @@ def compile_for_tpu(cfg: RunConfig, topo: Any, source: TpuSpec, layout: str, sli
 
 
 # 1: the TPU side compiles in a process beside the GPU search; 0: in the planner's own process after it.
-# Unset: beside it where the planner would start compile workers (memory.compile_workers: 4 cores or more).
-# libtpu and XLA's GPU compiler each keep about two cores busy, so on two cores the overlap saves nothing
-# (bench/plan_scale.py: 117 s beside, 120 s after, for a llama 8b plan from 2 x v5p-1024 to 512 H100s) and
-# costs a second process's memory.
+# Unset: beside it wherever there are two cores or more. With the GPU search's figure options
+# (compiled.GPU_FIGURE_OPTIONS) two cores overlap the two for the plans that take longest and lose a few seconds to
+# the second process's start on the short ones: bench/plan_scale.py on 2 cores, 2026-12-07, after then beside,
+# v5p-8 32 -> 36 s, v5p-1024 59 -> 63 s, 2 x v5p-1024 65 -> 68 s, 2 x v6e-256 111 -> 96 s, tpu7x-128 93 -> 82 s
+# (two runs, not alternated). It costs a second process's memory for the length of the plan.
 SIDE_ENV = "MIGRATION_TPU_COMPILE_BESIDE"
 
 
@@ -162,7 +163,7 @@ def compile_beside() -> bool:
     given = os.environ.get(SIDE_ENV, "").strip()
     if given in ("0", "1"):
         return given == "1"
-    return compile_workers() > 0
+    return usable_cores() >= 2
 
 # The remat policies the product tries, in this order, when the TPU compiler says the stated setup needs more
 # HBM than a chip has: keeping less for the backward pass (MaxText's policies, from saving every product
