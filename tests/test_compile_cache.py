@@ -283,3 +283,34 @@ def test_one_program_compiles_once_whatever_names_it_and_keeps_its_figures_acros
     for module in (compile_cache, compiled):
         monkeypatch.setattr(module, "figures_fingerprint", lambda: "other reading code")
     assert predictor("empty-2.json", store=True).predict("bf16", "dots", 8) == peak and len(reads) == 4
+
+
+def loaded_name(name: str) -> str:
+    """In a compile process: the workload `name` as that process resolves it."""
+    from workloads import get_workload
+
+    return get_workload(name).name
+
+
+def test_a_compile_process_imports_the_team_model_its_planner_imported_and_no_other():
+    """The planner's compile processes (the TPU side beside the search, compile workers) resolve a team's model
+    named by reference when the planning process did (the command line, a run worker); one it never imported
+    stays refused there, as in the app."""
+    from migration.planning.memory import compile_pool
+    from workloads import WORKLOADS, WorkloadError, allow_references, resolve_workload
+
+    name = "tests.fixtures.your_models.functional_mlp:WORKLOAD"
+    other = "tests.fixtures.your_models.linen_lm1b:WORKLOAD"
+    allow_references()
+    try:
+        expected = resolve_workload(name).name
+    finally:
+        allow_references(False)
+    try:
+        with compile_pool(1, name) as pool:
+            assert pool.submit(loaded_name, name).result(timeout=300) == expected
+        with compile_pool(1, other) as pool:
+            with pytest.raises(WorkloadError, match="accepted on the command line only"):
+                pool.submit(loaded_name, other).result(timeout=300)
+    finally:
+        WORKLOADS.pop(name, None)

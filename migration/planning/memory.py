@@ -48,7 +48,7 @@ from migration.planning.search import ROWS_PER_SM_TO_FILL
 from migration.config.layouts import parse_layout
 from migration.config.limits import state_bytes_per_param
 from migration.step.train import TrainProgram, abstract_batch, abstract_state, jit_step, make_mesh
-from workloads import get_workload
+from workloads import WORKLOADS, allow_references, get_workload, is_reference
 
 Emit = Callable[..., None]
 # Named activations each policy keeps for the backward pass, at the least: without remat, the q, k,
@@ -106,6 +106,15 @@ def compile_workers() -> int:
     if given.isdigit():
         return min(int(given), 8)
     return max(0, min(COMPILE_WORKERS_MAX, usable_cores() // 2 - 1))
+
+
+def compile_pool(workers: int, workload: str) -> ProcessPoolExecutor:
+    """Spawned processes the planner compiles in (candidates, the TPU side). A team's model named by reference
+    (`package.module:NAME`) that this process has imported is importable there too: this process resolved it,
+    so it allows references (the command line and run workers do; the app never plans one)."""
+    carried = is_reference(workload) and workload in WORKLOADS
+    return ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=allow_references,
+                               initargs=(carried,))
 
 
 _ELSEWHERE: dict[str, "MemoryPredictor"] = {}
@@ -351,7 +360,7 @@ class MemoryPredictor:
             return False
         try:
             if self._pool is None:
-                self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"))
+                self._pool = compile_pool(self.workers, self.req.workload)
             self._inflight[key] = self._pool.submit(_compile_elsewhere, self.req, self.model,
                                                     (precision, remat, batch, accum, sharding))
         except (OSError, RuntimeError, BrokenProcessPool):

@@ -6,7 +6,6 @@ source TPU.
 from __future__ import annotations
 
 import dataclasses
-import multiprocessing
 import os
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -29,6 +28,7 @@ from migration.planning.memory import (
     CompileFailed,
     MemoryPredictor,
     compile_memory,
+    compile_pool,
     usable_cores,
 )
 from migration.step.train import TrainProgram, make_multislice_mesh
@@ -296,7 +296,7 @@ class SourceCompile:
         if cached:
             return
         try:
-            self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+            self._pool = compile_pool(1, self.req.workload)
             self._future = self._pool.submit(compile_for_source_tpu, self.req)
             self.beside = True
         except (OSError, RuntimeError, BrokenProcessPool):
