@@ -178,11 +178,11 @@ def test_a_killed_ray_worker_makes_the_run_crashed_and_the_next_one_runs(service
 
 def test_a_run_past_its_timeout_on_the_cluster_is_stopped_as_timeout(executor):
     """The run's time limit holds on the cluster too: its worker and actor are killed at the limit
-    (here 20 s, the actor's placement and the worker's JAX import included), and the report says so."""
+    (here 10 s, the actor's placement and the worker's JAX import included), and the report says so."""
     t0 = time.monotonic()
     report = executor.start_run(RunConfig(workload="mlp", preset="tiny", steps=100_000, warmup_steps=1,
-                                          timeout_s=20, platform="cpu")).wait()
-    assert report.status == "failed" and report.failure_kind == "timeout" and "timeout_s=20" in report.message
+                                          timeout_s=10, platform="cpu")).wait()
+    assert report.status == "failed" and report.failure_kind == "timeout" and "timeout_s=10" in report.message
     assert time.monotonic() - t0 < 60
     wait(lambda: ray_run_workers() == [], 30)
 
