@@ -48,6 +48,18 @@ if not os.environ.get(JAX_CACHE_ENV):
     if not _reuse:
         atexit.register(shutil.rmtree, _jax_cache, True)
 
+# One temporary folder for the run, removed at its end: gradio_client leaves an empty folder in the system's
+# temporary folder for every file it downloads (its _download_file moves the file out and keeps the folder),
+# 4,000 of them a day of test runs here. The processes the tests start inherit TMPDIR; pytest's own
+# folders (tmp_path) stay where they were, so a failed test's files are still there to read.
+TMP_ENV = "MIGRATION_TEST_TMP"
+if not os.environ.get(TMP_ENV):
+    os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", tempfile.gettempdir())
+    _tmp = Path(tempfile.mkdtemp(prefix="migration-tests-tmp-"))
+    os.environ[TMP_ENV] = os.environ["TMPDIR"] = str(_tmp)
+    tempfile.tempdir = None  # gettempdir() reads TMPDIR again
+    atexit.register(shutil.rmtree, _tmp, True)
+
 import jax  # noqa: E402
 import pytest  # noqa: E402
 from filelock import FileLock  # noqa: E402

@@ -93,6 +93,24 @@ def test_without_libtpu_the_plan_says_the_tpu_compile_is_unavailable_and_why():
     assert "libtpu" in out["reason"] and "requirements.txt" in out["reason"] and "\n" not in out["reason"]
 
 
+def test_compiling_processes_keep_libtpus_log_off_the_disk_unless_the_caller_names_a_folder(tmp_path):
+    """libtpu writes a log file to /tmp/tpu_logs each time a process loads it and never removes it; the
+    compiling processes' environment turns that off, and a folder the caller names is honoured. Shown on
+    libtpu itself: a process loading it with the variable set to a folder writes its log there."""
+    from migration.running.worker_env import compile_environment
+
+    env = compile_environment({"PATH": os.environ["PATH"]})
+    assert env["TPU_LOG_DIR"] == "disabled"
+    logs = tmp_path / "tpu-logs"
+    env = {**compile_environment({**os.environ, "TPU_LOG_DIR": str(logs)}), "PYTHONPATH": str(ROOT)}
+    env.pop("TPU_LIBRARY_PATH", None)
+    code = ("from jax.experimental import topologies; "
+            "print(len(topologies.get_topology_desc(topology_name='v5p:2x2x1', platform='tpu').devices))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.split()[-1] == "4", proc.stderr[-2000:]
+    assert any(p.name.startswith("tpu_driver") for p in logs.iterdir())
+
+
 def test_the_tpu_side_runs_splash_attention_and_the_reader_counts_its_products():
     """A model whose heads and sequence suit Pallas' splash kernel is compiled for the TPU with it (the TPU's
     fused attention, as MaxText runs it): three kernels (forward, dK/dV, dQ) whose FLOPs the program reader

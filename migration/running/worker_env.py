@@ -103,9 +103,12 @@ NO_CODEGEN_OPTIMISATION = "--xla_backend_optimization_level=0"
 
 # libtpu, compiling for a TPU slice without its chips, first looks for the TPU host it runs on and logs
 # that it found none unless these say: a compiling process is its own host (the slice compiled for is the
-# topology asked for, whatever these name).
+# topology asked for, whatever these name). It also writes a log file to /tmp/tpu_logs each time a process
+# loads it (about 5 KB; a hosted server's planner workers load it for every TPU plan, 1,800 files in a day
+# of test runs here) and never removes them: TPU_LOG_DIR=disabled keeps its log on stderr only, unless the
+# caller set a folder of their own (tests/test_tpu_source.py shows libtpu reads the variable).
 LIBTPU_COMPILE_ONLY = {"TPU_WORKER_HOSTNAMES": "localhost", "TPU_ACCELERATOR_TYPE": "v5p-8",
-                       "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
+                       "ALLOW_MULTIPLE_LIBTPU_LOAD": "1", "TPU_LOG_DIR": "disabled"}
 
 
 def compile_environment(base: Mapping[str, str] | None = None, platform: str = "cpu") -> dict[str, str]:
