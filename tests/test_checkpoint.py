@@ -229,3 +229,16 @@ def test_cli_saves_to_a_relative_folder_and_refuses_another_model(tmp_path):
     missing = cli("--preset", "tiny", "--restore-checkpoint", "nowhere")
     assert missing.returncode == 2 and "(flag --restore-checkpoint)" in missing.stderr
     assert f"no such folder: {tmp_path / 'nowhere'}" in missing.stderr
+
+
+def test_a_run_worker_imports_orbax_only_when_it_saves_or_restores():
+    """Orbax costs about half a second of CPU to import (bench/import_cost.py measures a worker's start): a run
+    worker's modules leave it out until a checkpoint is written or read, which brings it in."""
+    code = ("import sys, migration.running.worker, migration.running.measure, workloads; "
+            "before = 'orbax.checkpoint' in sys.modules; "
+            "from migration.running import checkpoint; checkpoint.orbax(); "
+            "print(before, 'orbax.checkpoint' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["False", "True"]

@@ -27,7 +27,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import orbax.checkpoint as ocp
 from flax import nnx
 from jax.sharding import Mesh
 
@@ -64,8 +63,17 @@ def check_matches(meta: CheckpointMeta, cfg: RunConfig, model_cfg: Any) -> None:
     )
 
 
+def orbax() -> Any:
+    """orbax.checkpoint, imported when a checkpoint is saved or read: the import alone costs about half a second
+    of CPU, which every run worker paid at its start, checkpoint or not (bench/import_cost.py measures that start)."""
+    import orbax.checkpoint as ocp  # reason: see the docstring
+
+    return ocp
+
+
 def restore(path: str | Path, cfg: RunConfig, program: TrainProgram, mesh: Mesh) -> tuple[TrainState, CheckpointMeta]:
     """The saved state, placed as `program` holds it on `mesh` (its sharding, its device count)."""
+    ocp = orbax()
     meta = read_meta(path)
     check_matches(meta, cfg, program.model_cfg)
     target = abstract_state(program, mesh)
@@ -80,6 +88,7 @@ def save(path: str | Path, state: TrainState, cfg: RunConfig, program: TrainProg
          device_kind: str) -> dict[str, Any]:
     """Write `state` (and its `checkpoint.json`) to the folder `path`, replacing a checkpoint there;
     returns what was written: path, step, layout, bytes."""
+    ocp = orbax()
     folder = Path(path).absolute()
     folder.mkdir(parents=True, exist_ok=True)
     step = int(_local_value(state.step))
@@ -140,6 +149,7 @@ def restore_params(path: str | Path, accept: Callable[[Any], None] | None = None
                                                                      rngs=nnx.Rngs(0)))
     target = {"params": jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=cpu),
                                      nnx.state(model, nnx.Param))}
+    ocp = orbax()
     state_dir = folder / STATE_DIR
     try:
         with ocp.Checkpointer(ocp.PyTreeCheckpointHandler()) as checkpointer:
