@@ -40,7 +40,8 @@ def child_cpu(path_first: str | None, orbax: bool) -> tuple[float, str]:
     env = {**os.environ, "JAX_PLATFORMS": "cpu",
            "PYTHONPATH": os.pathsep.join(p for p in (path_first, str(ROOT)) if p)}
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    done = subprocess.run([sys.executable, "-c", ("import orbax.checkpoint; " if orbax else "") + STACK], env=env, capture_output=True, text=True, timeout=300,
+    code = ("import orbax.checkpoint; " if orbax else "") + STACK
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300,
                           check=True)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)

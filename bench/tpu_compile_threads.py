@@ -28,6 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench import record  # noqa: E402
 from migration.planning.memory import usable_cores  # noqa: E402
+from migration.running.worker_env import LIBTPU_COMPILE_ONLY  # noqa: E402
 
 ONE_THREAD = "--xla_jf_internal_num_threads=1"
 
@@ -50,10 +51,11 @@ def timed(source: str, threads_flag: str, attention: str = "splash") -> dict:
     """One compile in a fresh process, libtpu given `threads_flag` (or nothing: its own setting)."""
     with tempfile.TemporaryDirectory() as tmp:
         env = {k: v for k, v in os.environ.items() if k != "MIGRATION_COMPILE_STORE"}
+        env = {**LIBTPU_COMPILE_ONLY, **env}  # as a planner's compiling process (libtpu's log kept off the disk)
         env.update(MIGRATION_CACHE_DIR=tmp, MIGRATION_COMPILE_CACHE_DIR=tmp, JAX_PLATFORMS="cpu",
                    LIBTPU_INIT_ARGS=" ".join(f for f in (env.get("LIBTPU_INIT_ARGS", ""), threads_flag) if f))
-        done = subprocess.run([sys.executable, __file__, "--one", source, attention], cwd=ROOT, env=env, capture_output=True,
-                              text=True, timeout=1800)
+        done = subprocess.run([sys.executable, __file__, "--one", source, attention], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=1800)
     if done.returncode != 0:
         raise SystemExit(f"{source} ({threads_flag or 'libtpu default'}) failed:\n{done.stderr[-2000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
