@@ -262,3 +262,45 @@ def test_a_worker_moves_to_the_worker_cpus_from_a_server_pinned_elsewhere():
     done = subprocess.run([sys.executable, "-c", script], cwd=Path(__file__).resolve().parent.parent,
                           capture_output=True, text=True, timeout=60, check=True)
     assert done.stdout.split("] [") == [f"[{worker_cpu}", f"{worker_cpu}]\n"], done.stdout
+
+
+def test_a_worker_ends_as_python_ends_without_tearing_down_its_modules():
+    """`leave`, the worker's last call, does what a normal exit does, in its order: a thread still working
+    finishes, a thread pool's queued task is done, then the exit handlers run and buffered output reaches the
+    pipe; the code given is the exit status, and nothing after the call runs."""
+    script = textwrap.dedent("""
+        import atexit, concurrent.futures, threading, time
+        from migration.running.worker import leave
+        atexit.register(lambda: print("exit handler"))
+        threading.Thread(target=lambda: (time.sleep(0.3), print("thread finished"))).start()
+        pool = concurrent.futures.ThreadPoolExecutor(1)
+        pool.submit(lambda: (time.sleep(0.3), print("pool task finished")))
+        print("buffered", end="|")
+        leave(3)
+        print("after leave")
+    """)
+    buffered = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # a pipe's output waits in a buffer
+    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env=buffered)
+    assert proc.returncode == 3, proc.stderr
+    out = proc.stdout
+    assert out.startswith("buffered|") and "after leave" not in out, out
+    assert out.index("thread finished") < out.index("exit handler"), out
+    assert out.index("pool task finished") < out.index("exit handler"), out
+
+
+def test_the_command_lines_code_check_and_help_never_import_jax(tmp_path):
+    """Only a command that reads a model config or starts a worker pays for JAX: `check` (a team's pre-commit
+    hook) and `--help` answer without it."""
+    script = tmp_path / "train.py"
+    script.write_text("import jax\nparams = jax.tree_map(lambda x: x, {})\n")
+    code = ("import sys; from migration.cli.commands import main; status = main(['check', sys.argv[1]]); "
+            "print(status, 'jax' in sys.modules, 'flax' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code, str(script)], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120, check=True).stdout
+    assert "jax.tree_map" in out and out.split()[-3:] == ["1", "False", "False"], out
+    code = ("import sys; from migration.cli.commands import main\ntry: main(['--help'])\nexcept SystemExit: pass\n"
+            "print('jax' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                         check=True).stdout
+    assert "usage:" in out and out.split()[-1] == "False", out

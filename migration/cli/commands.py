@@ -33,7 +33,6 @@ from migration.codecheck import CodeCheckError, check_files, check_paths, has_er
 from migration.common import ConfigError, model_name, write_csv
 from migration.config import forms
 from migration.config.fields import AUTO, DIMENSIONS, FIELD, flags_of
-from migration.config.imported import read_config_path, with_imported
 from migration.config.requests import PlanRequest, RunConfig
 from migration.config.serving import MEMORY_FRACTION, serve_request, serve_run_request
 from migration.grading.checklist import to_csv
@@ -216,7 +215,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def plan_request(args: argparse.Namespace) -> PlanRequest:
     """The plan flags given (the others: the form's defaults), checked like the form's values; a
     workload may also be a reference (package.module:NAME)."""
-    imported = read_config_path(args.config_from) if getattr(args, "config_from", None) else None
+    imported = None
+    if getattr(args, "config_from", None):
+        # reason: reading a config imports the workloads and JAX with them, about a second: only a command
+        # given a file pays it (`--help`, `check`, `env` and the account commands never do)
+        from migration.config.imported import read_config_path, with_imported
+
+        imported = read_config_path(args.config_from)
     if imported is not None:
         named = {"workload"} if args.workload is not None else set()
         named |= {"preset"} if args.preset is not None else set()
