@@ -1,8 +1,7 @@
 """`python -m migration`: the command line (migration/cli/)."""
 
-import sys
-
 from migration.cli.commands import main
+from migration.common import leave
 
 if __name__ == "__main__":
-    sys.exit(main())
+    leave(main())

@@ -265,12 +265,12 @@ def test_a_worker_moves_to_the_worker_cpus_from_a_server_pinned_elsewhere():
 
 
 def test_a_worker_ends_as_python_ends_without_tearing_down_its_modules():
-    """`leave`, the worker's last call, does what a normal exit does, in its order: a thread still working
+    """`leave`, the last call of a worker and of the command line, does what a normal exit does, in its order: a thread still working
     finishes, a thread pool's queued task is done, then the exit handlers run and buffered output reaches the
     pipe; the code given is the exit status, and nothing after the call runs."""
     script = textwrap.dedent("""
         import atexit, concurrent.futures, threading, time
-        from migration.running.worker import leave
+        from migration.common import leave
         atexit.register(lambda: print("exit handler"))
         threading.Thread(target=lambda: (time.sleep(0.3), print("thread finished"))).start()
         pool = concurrent.futures.ThreadPoolExecutor(1)

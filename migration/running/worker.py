@@ -31,7 +31,6 @@ executables it served (`compile_cache_hits`).
 from __future__ import annotations
 
 import argparse
-import atexit
 import json
 import os
 import resource
@@ -44,7 +43,7 @@ from collections.abc import Callable
 from typing import Any
 
 from migration.codecheck import FINDINGS_KEPT, CodeCheckError, check_sources
-from migration.common import ConfigError, enable_compile_cache, first_line, is_oom, json_safe
+from migration.common import ConfigError, enable_compile_cache, first_line, is_oom, json_safe, leave
 from migration.config.forms import number
 from migration.config.limits import LIMITS
 from migration.config.requests import PlanRequest, RunConfig, validate, validate_plan_request
@@ -392,20 +391,6 @@ def serve(mode: str, payload: Any, emit: EventWriter) -> int:
         return 2 if kind == "invalid" else 1
     emit(SERVE_RESULT_EVENTS[mode], result=result)
     return 0
-
-
-def leave(code: int) -> None:
-    """End the process with `code` as the interpreter would, without its last part. Threads' exit hooks
-    and joins, then the `atexit` handlers (JAX's clean-up and distributed shutdown, the kernel caches'
-    removal), then the streams flushed: all as at a normal exit. What is left out is the teardown of
-    every loaded module, one object at a time: with JAX and Flax loaded it cost a run or plan worker 0.3 to
-    0.6 s of CPU and of wall time (bench/worker_exit.py), after its result was sent and before the runner,
-    which reaps it first, could report the outcome and free the queue's slot."""
-    threading._shutdown()  # reason: the interpreter's own first step at exit; no public name does it
-    atexit._run_exitfuncs()  # reason: as above
-    for stream in (sys.stdout, sys.stderr):
-        stream.flush()
-    os._exit(code)
 
 
 if __name__ == "__main__":
