@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -24,6 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 _TMP = tempfile.mkdtemp(prefix="guard-overhead-")
+atexit.register(shutil.rmtree, _TMP, True)  # the app's history, exports and uploads of this run alone
 os.environ.setdefault("MIGRATION_CACHE_DIR", _TMP)
 os.environ.setdefault("GRADIO_TEMP_DIR", os.path.join(_TMP, "gradio"))
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")

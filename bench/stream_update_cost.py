@@ -10,14 +10,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import os
+import shutil
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-os.environ.setdefault("MIGRATION_CACHE", tempfile.mkdtemp(prefix="stream-cost-"))
+_TMP = tempfile.mkdtemp(prefix="stream-cost-")
+atexit.register(shutil.rmtree, _TMP, True)
+os.environ.setdefault("MIGRATION_CACHE_DIR", _TMP)  # the app's files go there, not to the user's ~/.cache
+os.environ.setdefault("GRADIO_TEMP_DIR", os.path.join(_TMP, "gradio"))
 
 import gradio as gr  # noqa: E402
 from gradio.state_holder import SessionState  # noqa: E402

@@ -16,8 +16,8 @@ from tests.server import ROOT
 pytestmark = pytest.mark.slow
 
 
-def bench(name: str, *args: str, timeout_s: float = 400) -> str:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MIGRATION_")}
+def bench(name: str, *args: str, timeout_s: float = 400, **env_given: str) -> str:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MIGRATION_")} | env_given
     done = subprocess.run([sys.executable, f"bench/{name}", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=timeout_s, env=env)
     out = done.stdout + done.stderr
@@ -47,13 +47,26 @@ def test_the_worst_paste_bench_at_smoke_size(tmp_path):
     assert "| 2 uploads of 0.002 MB |" in out and "| 0.002 MB training script |" in out, out
 
 
-def test_the_stream_update_cost_bench_at_smoke_size():
-    out = bench("stream_update_cost.py", "--updates", "5")
+def own_folders(tmp_path):
+    """A temporary folder and a home of the bench's own, both empty: a bench that builds the app in its own
+    process keeps the app's files in a temporary folder it removes, and never writes to the user's ~/.cache."""
+    (tmp := tmp_path / "tmp").mkdir()
+    (home := tmp_path / "home").mkdir()
+    return tmp, home
+
+
+def test_the_stream_update_cost_bench_at_smoke_size(tmp_path):
+    tmp, home = own_folders(tmp_path)
+    out = bench("stream_update_cost.py", "--updates", "5", TMPDIR=str(tmp), HOME=str(home))
     assert "gr.skip()" in out
+    assert list(tmp.iterdir()) == [] and not (home / ".cache" / "tpu-gpu-migration").exists()
 
 
 def test_the_guard_overhead_bench_at_smoke_size(tmp_path):
-    out = bench("guard_overhead.py", "--requests", "5", "--json", str(tmp_path / "guard.json"))
+    tmp, home = own_folders(tmp_path)
+    out = bench("guard_overhead.py", "--requests", "5", "--json", str(tmp_path / "guard.json"), TMPDIR=str(tmp),
+                HOME=str(home))
+    assert list(tmp.iterdir()) == [] and not (home / ".cache" / "tpu-gpu-migration").exists()
     assert "POST /gradio_api/run/history" in out and "x  (status" in out, out
     page = rendered(tmp_path / "guard.json")  # the record renders as the docs' benchmark page would show it
     assert "| GET /config |" in page and "`python bench/guard_overhead.py --requests 5 --json" in page, page
