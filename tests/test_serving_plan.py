@@ -6,7 +6,7 @@ with it, decode time above the bandwidth limit, and refusals."""
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from migration.common import ConfigError
@@ -155,6 +155,7 @@ def test_int8_weights_are_planned_without_a_dequantised_copy():
 
 
 @settings(max_examples=300, deadline=None)
+@example(classes=[(1.0, 676, 916)], free=0.0, per_token=1000.0, chunk=1990)  # 1990 / (1 + 676/916) is 1145 exactly
 @given(classes=st.lists(st.tuples(st.floats(0.01, 10), st.integers(1, 100_000), st.integers(1, 20_000)),
                         min_size=1, max_size=8),
        free=st.floats(0, 2e11), per_token=st.floats(1e3, 1e6), chunk=st.integers(16, 65536))

@@ -62,13 +62,21 @@ def kv_bound_concurrency(free_bytes: float, kv_bytes_per_token: float, tokens_he
     sequence's full-length pages."""
     if free_bytes <= 0:
         return 0
-    return int(free_bytes // (kv_bytes_per_token * tokens_held))
+    return whole_count(free_bytes, kv_bytes_per_token * tokens_held)
 
 
 def budget_bound_concurrency(chunk: int, prompt_per_output: float) -> int:
     """Running sequences a step's token budget sustains: each step n decode tokens and n x prompt per
     output prompt tokens must fit in `chunk`."""
-    return int(chunk // (1 + prompt_per_output))
+    return whole_count(chunk, 1 + prompt_per_output)
+
+
+def whole_count(total: float, each: float) -> int:
+    """The most of `each` that `total` holds. A float quotient that is a whole number in exact arithmetic can
+    land just under it (1990 / (1 + 676 / 916) is 1145 exactly, 1144.9999999999998 in floats): a count one more
+    than the floor is taken where it fits to within a part in 10^12."""
+    n = int(total // each)
+    return n + 1 if (n + 1) * each <= total * (1 + 1e-12) else n
 
 
 @dataclasses.dataclass(frozen=True)
