@@ -48,10 +48,12 @@ from migration.running.worker_env import (  # noqa: E402  (imports no JAX)
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
 # The step compiled as the planner compiles it (XLA's rematerialisation off), by XLA's default pipeline
-# otherwise: a caller's NO_CODEGEN_OPTIMISATION (the test suite's processes carry it) is dropped, so that the
-# stored programs and their keys are the same whoever starts this script.
+# otherwise: a caller's NO_CODEGEN_OPTIMISATION and CPU-backend flags (the test suite's processes carry both;
+# the programs here are GPU and TPU programs, which no --xla_cpu_ flag shapes) are dropped, so that the stored
+# programs and their keys are the same whoever starts this script.
 os.environ["XLA_FLAGS"] = " ".join(
-    [f for f in os.environ.get("XLA_FLAGS", "").split() if f not in (NO_CODEGEN_OPTIMISATION, DISABLE_XLA_REMAT)]
+    [f for f in os.environ.get("XLA_FLAGS", "").split()
+     if f not in (NO_CODEGEN_OPTIMISATION, DISABLE_XLA_REMAT) and not f.startswith("--xla_cpu_")]
     + [DISABLE_XLA_REMAT])
 for _name, _value in LIBTPU_COMPILE_ONLY.items():  # libtpu compiles only, in any number of processes
     os.environ.setdefault(_name, _value)
